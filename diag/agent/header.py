@@ -1,0 +1,116 @@
+"""The trace header: who wrote this file, and the job's layout as far as it is known at start.
+
+Fields learned later (the DeepSpeed engine is created after the agent started, the Megatron parallel
+state is initialized) are written as `meta` events by `describe_job` and merged by the reader.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from diag.schema import SCHEMA_VERSION
+
+
+def _version(mod: str) -> str | None:
+    m = sys.modules.get(mod)
+    return getattr(m, "__version__", None) if m is not None else None
+
+
+def rank_and_world() -> tuple[int | None, int | None]:
+    """The global rank and world size: from torch.distributed once initialized, else torchrun's env."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a half-initialized group is not our problem
+        pass
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    return (int(rank) if rank and rank.isdigit() else None,
+            int(world) if world and world.isdigit() else None)
+
+
+def build_header(wall0_ns: int, perf0_ns: int, options: dict[str, Any]) -> dict[str, Any]:
+    """The first line of a rank's trace file."""
+    rank, world = rank_and_world()
+    return {
+        "k": "header",
+        "schema": SCHEMA_VERSION,
+        "rank": rank,
+        "world_size": world,
+        "local_rank": int(os.environ["LOCAL_RANK"]) if os.environ.get("LOCAL_RANK", "").isdigit() else None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "argv": list(sys.argv),
+        "python": sys.version.split()[0],
+        "torch": _version("torch"),
+        "deepspeed": _version("deepspeed"),
+        "megatron": _version("megatron.core"),
+        "start_ts": wall0_ns,
+        "start_wall": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(wall0_ns / 1e9)),
+        "options": options,
+        **describe_job(),
+    }
+
+
+def _megatron_layout() -> dict[str, Any]:
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is None:
+        return {}
+    try:
+        if not ps.model_parallel_is_initialized():
+            return {}
+        return {
+            "tp": ps.get_tensor_model_parallel_world_size(),
+            "pp": ps.get_pipeline_model_parallel_world_size(),
+            "dp": ps.get_data_parallel_world_size(),
+        }
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _engine_info(engine: Any) -> dict[str, Any]:
+    """ZeRO stage, dtype and the effective config of a live DeepSpeedEngine."""
+    out: dict[str, Any] = {}
+    try:
+        out["zero_stage"] = int(engine.zero_optimization_stage())
+        out["dtype"] = ("fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled()
+                        else "fp32")
+        cfg = getattr(engine, "_config", None)
+        raw = getattr(cfg, "_param_dict", None)
+        if isinstance(raw, dict):
+            out["ds_config"] = _jsonable(raw)
+        if cfg is not None:
+            zc = getattr(cfg, "zero_config", None)
+            if zc is not None and hasattr(zc, "model_dump"):
+                out["zero_config"] = _jsonable(zc.model_dump())
+        mpu = getattr(engine, "mpu", None)
+        if mpu is not None:
+            out.setdefault("tp", mpu.get_model_parallel_world_size())
+        out["dp"] = getattr(engine, "dp_world_size", None)
+        out["gradient_accumulation_steps"] = engine.gradient_accumulation_steps()
+        out["train_micro_batch_size_per_gpu"] = engine.train_micro_batch_size_per_gpu()
+    except Exception:  # noqa: BLE001 - partial info beats none
+        pass
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def describe_job(engine: Any = None) -> dict[str, Any]:
+    """Parallel layout and DeepSpeed settings known right now (empty fields are left out)."""
+    info = _megatron_layout()
+    if engine is not None:
+        info = {**_engine_info(engine), **info}
+    return {k: v for k, v in info.items() if v is not None}

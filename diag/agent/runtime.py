@@ -1,0 +1,231 @@
+"""The in-process agent: owns the ring, the writer thread, the installed collectors and their undo.
+
+Threading: `start()` may be called from any thread (attach runs it on a fresh daemon thread while
+the training loop keeps going). Collectors only install hooks and class-level wrappers, which take
+effect on the training thread's next call. Hooks call `emit` (a bound `Ring.push`) and nothing else
+that allocates much; all formatting happens on the writer thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from diag import schema
+from diag.agent import faults as _faults
+from diag.agent.header import build_header, describe_job, rank_and_world
+from diag.agent.ring import Ring
+from diag.agent.undo import Undo
+from diag.trace.writer import TraceFileWriter, rank_file_name
+
+ALL_COLLECTORS = ("steps", "layers", "comms", "memory", "overflow")
+DEFAULT_WHAT = ALL_COLLECTORS
+DEFAULT_LAYERS_EVERY = 50  # always-on: one step in 50 gets per-layer time and FLOPs
+RING_CAPACITY = 200_000  # records; at ~200 B each this caps the agent near 40 MB (documented)
+FLUSH_INTERVAL_S = 0.2
+STATS_INTERVAL_S = 2.0
+MAX_ERROR_MESSAGES = 20
+
+
+def default_trace_dir() -> str:
+    return os.environ.get("DIAG_TRACE_DIR") or os.path.abspath("diag-trace")
+
+
+class Agent:
+    """One per process. Collectors read and update the shared state below from their hooks."""
+
+    def __init__(self, trace_dir: str, what: tuple[str, ...], options: dict[str, Any]) -> None:
+        self.trace_dir = trace_dir
+        self.what = what
+        self.options = options
+        self.ring = Ring(int(options.get("ring_capacity", RING_CAPACITY)))
+        self.emit: Callable[[tuple[Any, ...]], None] = self.ring.push
+        self.faults: dict[str, str] = dict(options.get("faults") or _faults.from_env())
+        # shared, hook-updated state
+        self.step = 0  # index of the step in progress (steps collector)
+        self.layers_every = int(options.get("layers_every", 0))  # 0: layers off except on request
+        self.sampled = False  # is the current step a per-layer sampled step
+        self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
+        self.step_listeners: list[Callable[[int], None]] = []
+        self.engine: Any = None  # the DeepSpeed engine once seen
+        # bookkeeping
+        self.errors: dict[str, int] = {}
+        self.error_messages: list[tuple[str, str, str, str]] = []
+        self.captured: dict[str, int] = {}
+        self.installed: list[str] = []
+        self.install_failures: dict[str, str] = {}
+        self.undo = Undo()
+        self._wall0 = time.time_ns()
+        self._perf0 = time.perf_counter_ns()
+        self._stop = threading.Event()
+        self._flush_now = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._file: TraceFileWriter | None = None
+        self._lock = threading.Lock()
+        self._errors_written: dict[str, int] = {}
+        self._last_stats = 0.0
+
+    # ---- hot-path helpers -------------------------------------------------------------------
+    def now(self) -> int:
+        return time.perf_counter_ns()
+
+    def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None
+              ) -> Callable[..., Any]:
+        """Wrap a hook so that nothing it raises reaches the job: the error is counted instead."""
+        label = where or getattr(fn, "__name__", "hook")
+        agent = self
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                if agent.faults:
+                    action = agent.faults.get(collector)
+                    if action:
+                        _faults.trigger(action)
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the whole point
+                agent.record_error(collector, label, exc)
+                return None
+
+        guarded.__wrapped__ = fn  # type: ignore[attr-defined]
+        return guarded
+
+    def record_error(self, collector: str, where: str, exc: BaseException) -> None:
+        key = f"{collector}:{where}:{type(exc).__name__}"
+        n = self.errors.get(key, 0) + 1
+        self.errors[key] = n
+        if n == 1 and len(self.error_messages) < MAX_ERROR_MESSAGES:
+            tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self.error_messages.append((collector, where, type(exc).__name__, tb[:500]))
+
+    def begin_step(self, step: int) -> None:
+        """Called by the steps collector at each optimizer-step boundary (training thread)."""
+        self.step = step
+        every = self.layers_every
+        self.sampled = every > 0 and step % every == 0
+        for listener in self.step_listeners:
+            listener(step)
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.emit((schema.META, self.now(), key, value))
+
+    def saw_engine(self, engine: Any) -> None:
+        """Record the DeepSpeed engine's layout and effective config once it exists."""
+        if self.engine is engine:
+            return
+        self.engine = engine
+        for key, value in describe_job(engine).items():
+            self.set_meta(key, value)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        rank, _ = rank_and_world()
+        self._file = TraceFileWriter(self.trace_dir, rank_file_name(rank, os.getpid()))
+        header = build_header(self._wall0, self._perf0, {
+            "what": list(self.what), "layers_every": self.layers_every,
+            "ring_capacity": self.ring.capacity,
+        })
+        self._file.write_objects([header])
+        for name in self.what:
+            self._install(name)
+        self._thread = threading.Thread(target=self._run, name="diag-writer", daemon=True)
+        self._thread.start()
+
+    def _install(self, name: str) -> None:
+        try:
+            module = importlib.import_module(f"collectors.{name}")
+            module.install(self, self.undo)
+            self.installed.append(name)
+        except Exception as exc:  # noqa: BLE001 - one broken collector must not stop the others
+            self.install_failures[name] = f"{type(exc).__name__}: {exc}"
+            self.record_error(name, "install", exc)
+
+    def stop(self) -> list[str]:
+        """Remove every hook and wrapper, flush, close. Returns undo actions that failed."""
+        failed = self.undo.run()
+        self.step_listeners.clear()
+        self.installed.clear()
+        self._stop.set()
+        self._flush_now.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._flush(final=True)
+        if self._file is not None:
+            self._file.close()
+        return failed
+
+    def flush(self) -> None:
+        """Ask the writer thread to write what is buffered now (snapshot)."""
+        self._flush_now.set()
+
+    # ---- writer thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._flush_now.wait(FLUSH_INTERVAL_S)
+            self._flush_now.clear()
+            try:
+                self._flush(final=False)
+            except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
+                self.record_error("agent", "writer", exc)
+
+    def _flush(self, final: bool) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            recs = self.ring.drain()
+            objs = []
+            for rec in recs:
+                kind = rec[0]
+                self.captured[kind] = self.captured.get(kind, 0) + 1
+                try:
+                    objs.append(schema.to_json(rec, self._wall0, self._perf0))
+                except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
+                    self.record_error("agent", f"format:{kind}", exc)
+            objs.extend(self._new_errors())
+            now = time.monotonic()
+            if final or now - self._last_stats >= STATS_INTERVAL_S:
+                self._last_stats = now
+                objs.append(schema.to_json(self._stats_record(), self._wall0, self._perf0))
+            self._file.write_objects(objs)
+
+    def _new_errors(self) -> list[dict[str, Any]]:
+        out = []
+        messages = {(c, w, e): m for c, w, e, m in self.error_messages}
+        for key, count in list(self.errors.items()):
+            if self._errors_written.get(key) != count:
+                self._errors_written[key] = count
+                collector, where, exc = key.split(":", 2)
+                out.append(schema.to_json(
+                    (schema.ERROR, self.now(), collector, where, exc,
+                     messages.get((collector, where, exc), ""), count),
+                    self._wall0, self._perf0))
+        return out
+
+    def _stats_record(self) -> tuple[Any, ...]:
+        errors: dict[str, int] = {}
+        for key, n in self.errors.items():
+            collector = key.split(":", 1)[0]
+            errors[collector] = errors.get(collector, 0) + n
+        return (schema.STATS, self.now(), dict(self.captured), dict(self.ring.dropped), errors,
+                self.ring.capacity, self.ring.high_water)
+
+    def status(self) -> dict[str, Any]:
+        """What `diag status` shows: collectors, captured/dropped/failed counts, file health."""
+        stats = self._stats_record()
+        return {
+            "pid": os.getpid(),
+            "trace_file": self._file.path if self._file else None,
+            "collectors": list(self.installed),
+            "install_failures": dict(self.install_failures),
+            "step": self.step,
+            "layers_every": self.layers_every,
+            "captured": stats[2], "dropped": stats[3], "errors": stats[4],
+            "error_messages": [list(m) for m in self.error_messages],
+            "buffered": len(self.ring),
+            "lines_lost": self._file.lines_lost if self._file else 0,
+            "write_error": self._file.last_error if self._file else None,
+        }

@@ -1,0 +1,77 @@
+"""The `diag` command line: one module per subcommand, imported only when that command runs.
+
+Each command module defines `add_arguments(parser)` and `run(args) -> int`; its docstring's first
+line is the help text. A `DiagError` raised anywhere becomes one line on stderr and its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from diag import __version__
+from diag.errors import DiagError
+
+# name -> module; the order is the order of `diag --help`
+COMMANDS = {
+    "demo": "diag.cli.demo",
+    "run": "diag.cli.run",
+    "attach": "diag.cli.attach",
+    "detach": "diag.cli.detach",
+    "status": "diag.cli.status",
+    "stacks": "diag.cli.stacks",
+    "top": "diag.cli.top",
+    "analyze": "diag.cli.analyze",
+    "export": "diag.cli.export",
+}
+
+
+def _summary(module_name: str) -> str | None:
+    """First docstring line of a command module without importing it (keeps --help fast)."""
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        return None
+    import ast
+
+    with open(spec.origin, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="diag", description=__doc__.splitlines()[0] if __doc__
+                                     else None)
+    parser.add_argument("--version", action="version", version=f"diag {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        summary = _summary(module_name)
+        if summary is not None:
+            sub.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = build_parser()
+    if not argv or argv[0] not in COMMANDS:
+        top.parse_args(argv or ["--help"])
+        return 2
+    name = argv[0]
+    try:
+        module = importlib.import_module(COMMANDS[name])
+    except ModuleNotFoundError as e:
+        print(f"diag: error: command {name!r} is not available ({e.name} missing)", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog=f"diag {name}", description=module.__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except DiagError as e:
+        print(f"diag {name}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,99 @@
+"""Event schema: the record kinds a trace holds and the field order of each.
+
+Hooks append flat tuples `(kind, *fields)` in the order declared here; the writer thread turns them
+into JSON objects with `to_json`. Readers fill `DEFAULTS` for fields an older writer did not know and
+keep fields they do not know, so the file format can grow without breaking either side.
+
+Time: `ts` is an integer nanosecond timestamp on the wall clock (comparable across ranks of one
+host); `dur` is nanoseconds. Hooks record `time.perf_counter_ns()`; the writer converts it with the
+(wall, perf) pair taken at start, so the hot path never calls the slower wall clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+STEP = "step"
+LAYER = "layer"
+COMM = "comm"
+MEMORY = "memory"
+OVERFLOW = "overflow"
+ERROR = "error"
+STATS = "stats"
+META = "meta"
+GPU = "gpu"
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    # one optimizer step (a gradient-accumulation boundary); samples/tokens when the job tells us
+    STEP: ("step", "ts", "dur", "samples", "tokens", "applied"),
+    # one module's forward or backward on a sampled step; flops counted from real shapes
+    LAYER: ("step", "module", "phase", "ts", "dur", "flops", "mem_delta"),
+    # one collective or p2p op; group is the process group's name, module the one running at issue
+    COMM: (
+        "step", "op", "bytes", "dtype", "group", "group_size", "group_ranks",
+        "ts", "dur", "module", "async_op",
+    ),
+    # per step: device memory (bytes) from the allocator's host-side counters, and process RSS
+    MEMORY: ("step", "ts", "device", "allocated", "reserved", "peak", "capacity", "rss", "module"),
+    # one loss-scale update or non-finite check
+    OVERFLOW: ("step", "ts", "overflow", "scale_before", "scale_after", "skipped_steps", "source"),
+    # a collector failure: counted, never raised into the job
+    ERROR: ("ts", "collector", "where", "exc", "message", "count"),
+    # agent health: events captured / dropped / failed per collector, since start
+    STATS: ("ts", "captured", "dropped", "errors", "ring_capacity", "ring_high_water"),
+    # a header field learned after start (the engine appeared, the parallel layout was set up)
+    META: ("ts", "key", "value"),
+    # one GPU's health sample from NVML (the sidecar); missing values are null
+    GPU: (
+        "ts", "index", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "sm_clock",
+        "mem_clock", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx",
+        "ecc_errors", "xid",
+    ),
+}
+
+# Defaults the reader fills for fields missing from a record (older writers, partial records).
+DEFAULTS: dict[str, Any] = {
+    "samples": None, "tokens": None, "applied": True, "flops": 0, "mem_delta": None,
+    "group_ranks": None, "module": None, "async_op": False, "capacity": None, "rss": None,
+}
+
+# Bus-bandwidth factors of nccl-tests, as a function of the group size n.
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+
+
+def bus_factor(op: str, group_size: int) -> float:
+    """nccl-tests' algbw -> busbw factor for a canonical op name (1.0 for broadcast, p2p, ...)."""
+    fn = _BUS_FACTOR.get(op)
+    if fn is None or group_size <= 0:
+        return 1.0
+    return fn(group_size)
+
+
+def bandwidths(op: str, nbytes: int, dur_ns: int, group_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes per second); 0.0 for a zero duration."""
+    if dur_ns <= 0:
+        return 0.0, 0.0
+    alg = nbytes / dur_ns  # bytes per ns == GB/s
+    return alg, alg * bus_factor(op, group_size)
+
+
+def to_json(rec: tuple[Any, ...], wall0_ns: int, perf0_ns: int) -> dict[str, Any]:
+    """Turn a hot-path tuple into the JSON object written to the trace (writer thread only)."""
+    kind = rec[0]
+    out: dict[str, Any] = {"k": kind}
+    out.update(zip(FIELDS[kind], rec[1:]))
+    ts = out.get("ts")
+    if isinstance(ts, int):
+        out["ts"] = wall0_ns + (ts - perf0_ns)
+    if kind == COMM:
+        out["algbw"], out["busbw"] = bandwidths(
+            out["op"], out["bytes"] or 0, out["dur"] or 0, out["group_size"] or 0
+        )
+    return out

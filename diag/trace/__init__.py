@@ -1,0 +1,1 @@
+"""The trace file: per-rank JSON lines, written by the agent, read into pandas frames."""

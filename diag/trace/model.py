@@ -1,0 +1,103 @@
+"""`Trace`: every rank's events as one pandas frame per kind, plus headers and load problems.
+
+The same type carries what the Kineto and log importers produce (extra kinds such as `kernel`), so
+analyzers take a `Trace` whatever the source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from diag import schema
+
+# Columns whose values repeat a lot: stored as pandas categoricals (interned strings).
+CATEGORICAL = ("module", "phase", "op", "dtype", "group", "device", "source", "collector", "where",
+               "exc", "key", "name", "cat")
+
+
+@dataclass
+class LoadProblem:
+    """Something the reader had to skip or could not read; `str()` is the one-line message."""
+
+    path: str
+    message: str
+    line: int | None = None
+    truncated: bool = False
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class Trace:
+    """All ranks of one job. `headers[rank]` is that rank's header merged with its `meta` events."""
+
+    headers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    problems: list[LoadProblem] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    def frame(self, kind: str) -> pd.DataFrame:
+        """The frame of one kind, with at least the schema's columns (empty if none recorded)."""
+        df = self.frames.get(kind)
+        if df is not None:
+            return df
+        cols = ["rank", *schema.FIELDS.get(kind, ())]
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.headers)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.frame(schema.STEP)
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        return self.frame(schema.LAYER)
+
+    @property
+    def comms(self) -> pd.DataFrame:
+        return self.frame(schema.COMM)
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        return self.frame(schema.MEMORY)
+
+    @property
+    def overflow(self) -> pd.DataFrame:
+        return self.frame(schema.OVERFLOW)
+
+    @property
+    def errors(self) -> pd.DataFrame:
+        return self.frame(schema.ERROR)
+
+    @property
+    def stats(self) -> pd.DataFrame:
+        return self.frame(schema.STATS)
+
+    @property
+    def gpu(self) -> pd.DataFrame:
+        return self.frame(schema.GPU)
+
+    @property
+    def truncated(self) -> list[LoadProblem]:
+        return [p for p in self.problems if p.truncated]
+
+    def layout(self) -> dict[str, Any]:
+        """The job's layout as the headers agree on it (from the lowest rank that knows)."""
+        keys = ("world_size", "tp", "pp", "dp", "zero_stage", "dtype", "ds_config", "host")
+        out: dict[str, Any] = {}
+        for rank in self.ranks:
+            for k in keys:
+                if k not in out and self.headers[rank].get(k) is not None:
+                    out[k] = self.headers[rank][k]
+        return out
+
+    def hosts(self) -> dict[int, str]:
+        return {r: h.get("host", "?") for r, h in self.headers.items()}

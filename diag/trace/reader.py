@@ -1,0 +1,116 @@
+"""Load a trace directory: tolerant of killed jobs (a truncated last line), unknown fields, and
+older schema versions. Never raises for one bad file when others are readable: each problem is kept
+in `Trace.problems` and the CLI prints them one line each.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+import pandas as pd
+
+from diag import schema
+from diag.errors import DiagError
+from diag.trace.model import CATEGORICAL, LoadProblem, Trace
+
+TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl")
+
+
+def trace_files(path: str) -> list[str]:
+    """The per-rank files of a trace directory (or the one file given)."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise DiagError(f"{path}: no such file or directory")
+    files = sorted({f for pat in TRACE_GLOB for f in glob.glob(os.path.join(path, pat))})
+    if not files:
+        raise DiagError(f"{path}: no diag trace files (rank-*.jsonl) in this directory")
+    return files
+
+
+def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
+    """One rank file -> (header, events, problems). A bad last line is a truncation, not an error."""
+    problems: list[LoadProblem] = []
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        return None, [], [LoadProblem(path, e.strerror or str(e))]
+    lines = raw.split(b"\n")
+    ends_clean = raw.endswith(b"\n")
+    header: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = []
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            if i == last and not ends_clean:
+                problems.append(LoadProblem(path, f"truncated after {len(events)} events (last "
+                                            "line incomplete: the process was killed mid-write)",
+                                            line=i + 1, truncated=True))
+            else:
+                problems.append(LoadProblem(path, "skipped a line that is not valid JSON", i + 1))
+            continue
+        if not isinstance(obj, dict) or "k" not in obj:
+            problems.append(LoadProblem(path, "skipped a line that is not a diag record", i + 1))
+        elif obj["k"] == "header":
+            header = header or obj
+        else:
+            events.append(obj)
+    if header is None:
+        problems.append(LoadProblem(path, "no header line: not a diag trace file"))
+    elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
+        problems.append(LoadProblem(path, f"written by a newer diag (schema {header['schema']}); "
+                                    "unknown fields are kept"))
+    return header, events, problems
+
+
+def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame.from_records(rows)
+    for col in ("rank", *schema.FIELDS.get(kind, ())):
+        if col not in df.columns:
+            df[col] = schema.DEFAULTS.get(col)
+    df = df.drop(columns=["k"], errors="ignore")
+    for col in CATEGORICAL:
+        if col in df.columns and df[col].dtype == object:
+            try:
+                df[col] = df[col].astype("category")
+            except TypeError:  # unhashable values (lists) stay objects
+                pass
+    if "ts" in df.columns:
+        df = df.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
+    return df
+
+
+def load_trace(path: str, *, strict: bool = False) -> Trace:
+    """Read every rank file under `path` into a `Trace`. With `strict`, any problem is an error."""
+    trace = Trace(sources=[path])
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for file in trace_files(path):
+        header, events, problems = read_file(file)
+        trace.problems.extend(problems)
+        if header is None:
+            continue
+        rank = header.get("rank")
+        if rank is None:
+            rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
+        merged = trace.headers.setdefault(rank, dict(header))
+        for ev in events:
+            ev["rank"] = rank
+            by_kind[ev["k"]].append(ev)
+            if ev["k"] == schema.META and isinstance(ev.get("key"), str):
+                merged[ev["key"]] = ev.get("value")
+    if strict and trace.problems:
+        raise DiagError(str(trace.problems[0]))
+    if not trace.headers:
+        msg = str(trace.problems[0]) if trace.problems else f"{path}: no readable trace"
+        raise DiagError(msg)
+    trace.frames = {kind: _frame(kind, rows) for kind, rows in by_kind.items()}
+    return trace
