@@ -18,6 +18,7 @@ from typing import Any
 
 from diag import schema
 from diag.agent import faults as _faults
+from diag.agent import pending as _pending
 from diag.agent.header import build_header, describe_job, rank_and_world
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
@@ -69,6 +70,7 @@ class Agent:
         self._lock = threading.Lock()
         self._errors_written: dict[str, int] = {}
         self._last_stats = 0.0
+        self._held: list[tuple[float, tuple[Any, ...]]] = []  # records waiting on GPU timings
 
     # ---- hot-path helpers -------------------------------------------------------------------
     def now(self) -> int:
@@ -176,7 +178,7 @@ class Agent:
         with self._lock:
             if self._file is None:
                 return
-            recs = self.ring.drain()
+            recs = self._ready(self.ring.drain(), final)
             objs = []
             for rec in recs:
                 kind = rec[0]
@@ -191,6 +193,25 @@ class Agent:
                 self._last_stats = now
                 objs.append(schema.to_json(self._stats_record(), self._wall0, self._perf0))
             self._file.write_objects(objs)
+
+    def _ready(self, recs: list[tuple[Any, ...]], final: bool) -> list[tuple[Any, ...]]:
+        """Resolve pending GPU timings; hold back records whose CUDA events have not completed."""
+        if not recs and not self._held:
+            return recs
+        now = time.monotonic()
+        candidates = [*self._held, *((now, r) for r in recs)]
+        self._held = []
+        out = []
+        for since, rec in candidates:
+            if _pending.unresolved(rec):
+                if final or now - since > _pending.MAX_HOLD_S:
+                    self.record_error("agent", "gpu-timing-timeout", TimeoutError("event pending"))
+                    out.append(_pending.resolve(rec, give_up=True))
+                else:
+                    self._held.append((since, rec))
+            else:
+                out.append(_pending.resolve(rec))
+        return out
 
     def _new_errors(self) -> list[dict[str, Any]]:
         out = []

@@ -84,5 +84,5 @@ def test_load_errors_are_one_line(tmp_path):
     with pytest.raises(DiagError, match="no diag trace files"):
         diag.load(str(tmp_path))
     (tmp_path / "rank-00000.jsonl").write_bytes(b"\x00\x01binary")
-    with pytest.raises(DiagError, match="rank-00000.jsonl"):
+    with pytest.raises(DiagError, match=r"rank-00000\.jsonl"):
         diag.load(str(tmp_path))

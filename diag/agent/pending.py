@@ -1,0 +1,39 @@
+"""Values a hook cannot know yet: a GPU duration measured by CUDA events that have not completed.
+
+A hook puts a `Pending` into its record instead of a number; the writer thread holds such a record
+back until `ready()` (never synchronizing the device), then writes `value()`. After `MAX_HOLD_S` a
+still-pending value is written as null and counted, so a stuck stream cannot grow memory forever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_HOLD_S = 10.0
+
+
+class Pending:
+    """Base class: subclasses answer `ready()` cheaply and `value()` once ready."""
+
+    __slots__ = ()
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def value(self) -> Any:
+        raise NotImplementedError
+
+
+def unresolved(rec: tuple[Any, ...]) -> bool:
+    """True when some field of the record is a Pending that is not ready yet."""
+    return any(isinstance(v, Pending) and not v.ready() for v in rec)
+
+
+def resolve(rec: tuple[Any, ...], give_up: bool = False) -> tuple[Any, ...]:
+    """The record with every Pending replaced by its value (or None when giving up)."""
+    if not any(isinstance(v, Pending) for v in rec):
+        return rec
+    return tuple(
+        (None if give_up and not v.ready() else v.value()) if isinstance(v, Pending) else v
+        for v in rec
+    )
