@@ -1,0 +1,72 @@
+"""Layering rules of DESIGN.md, enforced: what each part of the tree may import.
+
+- The agent and collectors run inside the training job: stdlib + torch/deepspeed/megatron only.
+- Analyzers are pure: no torch, collectors or textual.
+- Only diag/tui imports textual.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IN_JOB_FORBIDDEN = {"pandas", "textual", "rich", "numpy", "psutil", "pynvml"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _py_files(*parts: str) -> list[Path]:
+    return sorted(p for part in parts for p in (ROOT / part).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _py_files("analyzers"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_analyzers_are_pure(path: Path) -> None:
+    bad = _imports(path) & {"torch", "collectors", "textual", "deepspeed", "megatron"}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_only_tui_imports_textual() -> None:
+    offenders = [str(p.relative_to(ROOT)) for p in _py_files("diag", "collectors", "analyzers")
+                 if "textual" in _imports(p) and "tui" not in p.relative_to(ROOT).parts]
+    assert not offenders
+
+
+def test_in_job_modules_import_nothing_heavy() -> None:
+    """Start the agent with every collector in a fresh interpreter: no pandas/textual/rich loaded.
+    (nvml.py is a sidecar outside the job and is excluded.)"""
+    code = (
+        "import sys, tempfile, diag.agent as a\n"
+        "ag = a.start(tempfile.mkdtemp())\n"
+        "a.stop()\n"
+        f"bad = sorted(m for m in {sorted(IN_JOB_FORBIDDEN)!r} if m in sys.modules)\n"
+        "print(','.join(bad))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr
+    loaded = set(filter(None, out.stdout.strip().split(",")))
+    # torch itself imports numpy when present; that is the job's own dependency, not ours
+    assert loaded - {"numpy"} == set(), f"in-job code loaded {loaded}"
+
+
+def test_collectors_source_has_no_heavy_imports() -> None:
+    files = [p for p in _py_files("collectors", "diag/agent") if p.name != "nvml.py"
+             and not p.name.startswith("nvml_")]
+    offenders = {str(p.relative_to(ROOT)): _imports(p) & IN_JOB_FORBIDDEN for p in files}
+    assert not {k: v for k, v in offenders.items() if v}
