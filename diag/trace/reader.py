@@ -17,7 +17,20 @@ from diag import schema
 from diag.errors import DiagError
 from diag.trace.model import CATEGORICAL, LoadProblem, Trace
 
-TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl")
+# gpu-<host>.jsonl: the NVML sidecar's file (a header with "sidecar": "nvml", then `gpu` events)
+TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl")
+
+
+def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """One JSON line -> (record, None), or (None, why it was skipped). Shared with the live tailer
+    (diag/tui/tail.py), which feeds it complete lines as they are appended."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None, "not valid JSON"
+    if not isinstance(obj, dict) or "k" not in obj:
+        return None, "not a diag record"
+    return obj, None
 
 
 def trace_files(path: str) -> list[str]:
@@ -48,19 +61,16 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            if i == last and not ends_clean:
+        obj, why = parse_line(line)
+        if obj is None:
+            if why == "not valid JSON" and i == last and not ends_clean:
                 problems.append(LoadProblem(path, f"truncated after {len(events)} events (last "
                                             "line incomplete: the process was killed mid-write)",
                                             line=i + 1, truncated=True))
             else:
-                problems.append(LoadProblem(path, "skipped a line that is not valid JSON", i + 1))
+                problems.append(LoadProblem(path, f"skipped a line that is {why}", i + 1))
             continue
-        if not isinstance(obj, dict) or "k" not in obj:
-            problems.append(LoadProblem(path, "skipped a line that is not a diag record", i + 1))
-        elif obj["k"] == "header":
+        if obj["k"] == "header":
             header = header or obj
         else:
             events.append(obj)
@@ -98,6 +108,11 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
         trace.problems.extend(problems)
         if header is None:
             continue
+        if header.get("sidecar"):  # host-level samples (NVML): not a rank, no rank header
+            for ev in events:
+                ev["rank"] = None
+                by_kind[ev["k"]].append(ev)
+            continue
         rank = header.get("rank")
         if rank is None:
             rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
@@ -112,5 +127,11 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
     if not trace.headers:
         msg = str(trace.problems[0]) if trace.problems else f"{path}: no readable trace"
         raise DiagError(msg)
-    trace.frames = {kind: _frame(kind, rows) for kind, rows in by_kind.items()}
+    trace.frames = build_frames(by_kind)
     return trace
+
+
+def build_frames(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, pd.DataFrame]:
+    """Records (each with its "rank") grouped by kind -> one frame per kind; also used by the TUI
+    to build a `Trace` from what it has tailed so far."""
+    return {kind: _frame(kind, rows) for kind, rows in by_kind.items() if rows}

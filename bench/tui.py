@@ -1,0 +1,76 @@
+"""`diag top` at 256 synthetic ranks refreshed at 1 Hz: the UI's own CPU use and refresh latency.
+
+A synthetic job appends one step per rank per second to 256 rank files (a real 256-rank job does
+not fit a 2-core machine); the app follows the directory live, headless, at its default 1 s
+interval. Printed: CPU seconds of the UI per wall second (the writer's own CPU subtracted), the
+worker's time per refresh (poll + ingest + view), the UI thread's time per refresh (table cell
+updates), and write-to-screen latency, as fractions of the 1 s refresh period.
+
+    python -m bench.tui [--ranks 256] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from diag.tui.app import TopApp
+from diag.tui.source import LiveSource
+from tests.tui.synth import SynthJob
+
+
+def _p(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def measure(ranks: int, seconds: int, interval: float) -> dict[str, float]:
+    d = tempfile.mkdtemp(prefix="diag-bench-tui-")
+    job = SynthJob(d, ranks, slow_rank=3)
+    app = TopApp(LiveSource(d), analyze=None, interval=interval)
+    writer_cpu, latencies = 0.0, []
+    async with app.run_test(size=(160, 50)) as pilot:
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        for step in range(seconds):
+            c = time.process_time()
+            job.write_step(step)
+            writer_cpu += time.process_time() - c
+            written = time.monotonic()
+            while app.view is None or app.view.last_step != step:
+                await pilot.pause(0.01)
+            latencies.append(time.monotonic() - written)
+            await pilot.pause(max(0.0, written + interval - time.monotonic()))
+        cpu, wall = time.process_time() - cpu0 - writer_cpu, time.monotonic() - wall0
+        rows = app.query_one("#ranks-table").row_count
+    job.close()
+    return {"ranks": rows, "cpu_per_wall": cpu / wall, "tick_p50": _p(app.pump.tick_s, 0.5),
+            "tick_p95": _p(app.pump.tick_s, 0.95), "apply_p50": _p(app.apply_s, 0.5),
+            "apply_p95": _p(app.apply_s, 0.95), "latency_p50": statistics.median(latencies),
+            "latency_p95": _p(latencies, 0.95), "events": app.model.events, "interval": interval}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=256)
+    p.add_argument("--seconds", type=int, default=20)
+    p.add_argument("--interval", type=float, default=1.0)
+    a = p.parse_args()
+    r = asyncio.run(measure(a.ranks, a.seconds, a.interval))
+    per = r["interval"]
+    print(f"diag top, {r['ranks']} ranks, {r['events']} events over {a.seconds} refreshes")
+    print(f"  UI CPU use:               {r['cpu_per_wall']:.2f} core-seconds per second")
+    print(f"  worker per refresh:       p50 {r['tick_p50'] * 1e3:.1f} ms, p95 "
+          f"{r['tick_p95'] * 1e3:.1f} ms ({r['tick_p95'] / per:.3f} of the period)")
+    print(f"  UI apply per refresh:     p50 {r['apply_p50'] * 1e3:.1f} ms, p95 "
+          f"{r['apply_p95'] * 1e3:.1f} ms ({r['apply_p95'] / per:.3f} of the period)")
+    print(f"  written -> shown latency: p50 {r['latency_p50'] * 1e3:.0f} ms, p95 "
+          f"{r['latency_p95'] * 1e3:.0f} ms ({r['latency_p95'] / per:.2f} of the period)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Per-step memory: one `memory` record at each step boundary (an `agent.step_listeners` callback).
+
+On CUDA (only once the job itself has initialized it): allocated / reserved / peak bytes from one
+`torch.cuda.memory_stats` call (host-side allocator counters, no synchronization) and the device's
+capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent).
+
+Peak: by default `peak` is the allocator's running peak (`allocated_bytes.all.peak`), which the agent
+never resets, because `torch.cuda.reset_peak_memory_stats` would change what the job's own
+`max_memory_allocated()` logging reads. A step's own peak is still exact wherever it matters: when
+the running peak rose during step n, step n set it (peak[n] > peak[n-1]); otherwise step n stayed
+below it. Option `memory_reset_peak=True` resets the peak at each boundary instead, making `peak` the
+step's own peak. A `memory_peak` meta record ("running" / "per_step") says which one a trace holds.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from collectors import cuda
+from diag import schema
+
+NAME = "memory"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * PAGE
+    except (ValueError, OSError):
+        return None
+
+
+class _Memory:
+    """Holds /proc/self/statm open (re-read with pread) and the device capacity once known."""
+
+    def __init__(self, agent: Any, reset_peak: bool) -> None:
+        self.agent = agent
+        self.reset_peak = reset_peak
+        self.fd: int | None = None
+        try:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            pass  # not Linux: rss stays null
+        self.capacity: dict[int, int] = {}
+        self.ram = physical_memory()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def rss(self) -> int | None:
+        if self.fd is None:
+            return None
+        fields = os.pread(self.fd, 128, 0).split()
+        return int(fields[1]) * PAGE if len(fields) > 1 else None
+
+    def device(self) -> tuple[str, int | None, int | None, int | None, int | None]:
+        """(device, allocated, reserved, peak, capacity): CUDA counters, or the host's RAM on CPU."""
+        dev = cuda.backend
+        if not dev.ready():
+            return "cpu", None, None, None, self.ram
+        index = dev.current_device()
+        stats = dev.memory_stats(index)
+        cap = self.capacity.get(index)
+        if cap is None:
+            cap = self.capacity[index] = dev.total_memory(index)
+        peak = stats.get("allocated_bytes.all.peak")
+        if self.reset_peak:
+            dev.reset_peak(index)
+        return (f"cuda:{index}", stats.get("allocated_bytes.all.current"),
+                stats.get("reserved_bytes.all.current"), peak, cap)
+
+    def on_step(self, next_step: int) -> None:
+        """Boundary of the step before `next_step`: record what it left and reached."""
+        stack = self.agent.module_stack
+        self.agent.emit((schema.MEMORY, next_step - 1, self.agent.now(), *self.device(), self.rss(),
+                         stack[-1] if stack else None))
+
+
+def install(agent: Any, undo: Any) -> None:
+    """Register the per-step listener; close the statm file on undo."""
+    state = _Memory(agent, bool(agent.options.get("memory_reset_peak", False)))
+    undo.call(state.close, "memory: close /proc/self/statm")
+    listener = agent.guard(NAME, state.on_step, "step")
+    agent.step_listeners.append(listener)
+    undo.call(lambda: agent.step_listeners.remove(listener)
+              if listener in agent.step_listeners else None, "memory: step listener")
+    agent.set_meta("memory_peak", "per_step" if state.reset_peak else "running")

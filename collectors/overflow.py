@@ -1,0 +1,146 @@
+"""Loss-scale updates and non-finite values: one `overflow` record per optimizer step with a scaler.
+
+DeepSpeed fp16 (every ZeRO stage, pipeline too): a class-level wrapper of
+`DeepSpeedEngine._take_model_step` reads the loss scale before and after (`loss_scale_config.cur_scale`
+at stage 0, `loss_scaler.cur_scale` under ZeRO: host floats), the optimizer's `overflow` flag and
+`engine.skipped_steps`; source "deepspeed_fp16". One wrapper at the boundary covers every optimizer
+type, where `DynamicLossScaler.update_scale` / `FP16_UnfusedOptimizer._update_scale` / `has_overflow`
+differ per optimizer and stage.
+Megatron: `DynamicGradScaler.update(found_inf)` (and `ConstantGradScaler`); found_inf is already a
+host bool, the scale a device tensor copied asynchronously (`cuda.host_scalar`), never `.item()`;
+`skipped_steps` counts found_inf updates since install (Megatron keeps no such counter); source
+"megatron".
+bf16 / fp32: a record when the loss (`engine.backward`) or the global grad norm (the engine's cached
+`_global_grad_norm`, a Megatron step's returned norm) is non-finite, checked only where the value is
+already on the host; sources "nonfinite_loss" / "nonfinite_grad_norm".
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from collectors import cuda
+from collectors.steps import engine_class, megatron_step_classes
+from diag import schema
+
+NAME = "overflow"
+GRAD_SCALER = "megatron.core.optimizer.grad_scaler"
+
+
+def _around(original: Callable[..., Any], before: Callable[..., Any],
+            after: Callable[..., Any]) -> Callable[..., Any]:
+    """A method wrapper: `after(self, token, result, *args)` with the token `before(self, *args)` gave."""
+
+    def wrapper(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        token = before(obj, *args, **kwargs)
+        out = original(obj, *args, **kwargs)
+        after(obj, token, out, *args, **kwargs)
+        return out
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _nonfinite(value: Any) -> bool:
+    v = cuda.host_float(value)
+    return v is not None and not math.isfinite(v)
+
+
+class _Overflow:
+    def __init__(self, agent: Any, undo: Any) -> None:
+        self.agent, self.undo = agent, undo
+        self.done: set[str] = set()
+        self.megatron_skipped = 0
+        self.loss_flagged = -1  # step whose non-finite loss was recorded (once per step)
+        g = agent.guard
+        self.ds_before, self.ds_after = g(NAME, self._ds_before), g(NAME, self._ds_after)
+        self.loss_check = g(NAME, self._loss_check)
+        self.mg_before, self.mg_after = g(NAME, self._mg_before), g(NAME, self._mg_after)
+        self.mg_step_after = g(NAME, self._mg_step_after)
+
+    def patch_loaded(self, _step: int = 0) -> None:
+        """Wrap what is imported now; also a step listener, for modules imported later."""
+        if len(self.done) == 2:
+            return
+        cls = engine_class()
+        if cls is not None and "deepspeed" not in self.done:
+            self.done.add("deepspeed")
+            name = "_take_model_step" if hasattr(cls, "_take_model_step") else "step"
+            self.undo.patch(cls, name, _around(getattr(cls, name), self.ds_before, self.ds_after))
+            self.undo.patch(cls, "backward", _around(cls.backward, self.loss_check, _nothing))
+        scalers = sys.modules.get(GRAD_SCALER)
+        if scalers is not None and "megatron" not in self.done:
+            self.done.add("megatron")
+            for sname in ("DynamicGradScaler", "ConstantGradScaler"):
+                scls = getattr(scalers, sname, None)
+                if scls is not None and "update" in scls.__dict__:
+                    self.undo.patch(scls, "update", _around(scls.update, self.mg_before, self.mg_after))
+            for mcls in megatron_step_classes():
+                self.undo.patch(mcls, "step", _around(mcls.__dict__["step"], _nothing,
+                                                      self.mg_step_after))
+
+    def emit(self, step: int, overflow: bool, before: Any, after: Any, skipped: int | None,
+             source: str) -> None:
+        self.agent.emit((schema.OVERFLOW, step, self.agent.now(), overflow, before, after, skipped,
+                         source))
+
+    # ---- DeepSpeed ---------------------------------------------------------------------------
+    def _ds_before(self, engine: Any, *_a: Any, **_k: Any) -> tuple[int, Any]:
+        scale = cuda.host_float(engine._get_optimizer_loss_scale()) if engine.fp16_enabled() else None
+        return int(engine.global_steps), scale
+
+    def _ds_after(self, engine: Any, token: tuple[int, Any] | None, _out: Any, *_a: Any,
+                  **_k: Any) -> None:
+        if token is None or engine.global_steps == token[0]:
+            return
+        skipped = int(engine.skipped_steps)
+        if engine.fp16_enabled():
+            overflow = bool(getattr(engine.optimizer, "overflow", False))
+            after = cuda.host_float(engine._get_optimizer_loss_scale())
+            self.emit(token[0], overflow, token[1], after, skipped, "deepspeed_fp16")
+        elif _nonfinite(getattr(engine, "_global_grad_norm", None)):
+            self.emit(token[0], True, None, None, skipped, "nonfinite_grad_norm")
+
+    def _loss_check(self, engine: Any, loss: Any = None, *_a: Any, **_k: Any) -> None:
+        step = int(engine.global_steps)
+        if step != self.loss_flagged and not engine.fp16_enabled() and _nonfinite(loss):
+            self.loss_flagged = step
+            self.emit(step, True, None, None, int(engine.skipped_steps), "nonfinite_loss")
+
+    # ---- Megatron ----------------------------------------------------------------------------
+    def _mg_before(self, scaler: Any, *_a: Any, **_k: Any) -> tuple[Any, Any]:
+        tensor = scaler._scale
+        return tensor, cuda.host_scalar(tensor)
+
+    def _mg_after(self, scaler: Any, token: tuple[Any, Any] | None, _out: Any,
+                  found_inf: Any = False, *_a: Any, **_k: Any) -> None:
+        if token is None:
+            return
+        tensor, before = token
+        after = before if scaler._scale is tensor else cuda.host_scalar(scaler._scale)
+        if found_inf:
+            self.megatron_skipped += 1
+        self.emit(self.agent.step, bool(found_inf), before, after, self.megatron_skipped, "megatron")
+
+    def _mg_step_after(self, optimizer: Any, _token: Any, out: Any, *_a: Any, **_k: Any) -> None:
+        if getattr(optimizer, "grad_scaler", None) is not None or not isinstance(out, tuple):
+            return  # a scaler's record covers this step
+        if len(out) > 1 and _nonfinite(out[1]):
+            self.emit(self.agent.step, True, None, None, self.megatron_skipped, "nonfinite_grad_norm")
+
+
+def _nothing(*_a: Any, **_k: Any) -> None:
+    return None
+
+
+def install(agent: Any, undo: Any) -> None:
+    """Wrap the loaded DeepSpeed engine / Megatron scalers; patch later imports at step boundaries."""
+    state = _Overflow(agent, undo)
+    state.patch_loaded()
+    listener = agent.guard(NAME, state.patch_loaded, "late-install")
+    agent.step_listeners.append(listener)
+    undo.call(lambda: agent.step_listeners.remove(listener)
+              if listener in agent.step_listeners else None, "overflow: step listener")

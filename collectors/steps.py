@@ -1,0 +1,178 @@
+"""Step boundaries: one `step` record per optimizer step, and `agent.begin_step` for the others.
+
+Sources, in order of trust:
+- DeepSpeed: a class-level wrapper of `DeepSpeedEngine._take_model_step`, the boundary itself
+  (`engine.step()` calls it only at gradient-accumulation boundaries, and `PipelineEngine.train_batch`
+  calls it directly, bypassing `step()`). Step numbers are `engine.global_steps`, so an agent attached
+  mid-run numbers steps as the job does; samples are the engine's `global_samples` delta (micro batch x
+  grad accumulation x DP); `applied` is `engine.was_step_applied()` (false for an fp16 overflow).
+  A wrapper of `DeepSpeedEngine.forward` notices the engine before its first boundary.
+- Megatron optimizers (`megatron.core.optimizer`, not torch Optimizers): their own `step`, whose
+  result says whether the update was applied (a skipped fp16 step never reaches the torch optimizer).
+- torch's global optimizer step post-hook for plain torch loops, numbered from 0 at install.
+Nesting (a DeepSpeed or Megatron step running a torch optimizer inside) is counted once: only the
+outermost source emits. While DeepSpeed is loaded, torch hooks are ignored unless no engine shows up
+within `TORCH_GRACE` of them (then the job trains without the engine; those first steps are lost).
+The first step seen has no previous boundary, so its `dur` is null and its `ts` the install time.
+Modules imported after install are patched at the next torch optimizer step.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from diag import schema
+
+NAME = "steps"
+DS_ENGINE = "deepspeed.runtime.engine"
+MEGATRON_OPTIMIZER = "megatron.core.optimizer.optimizer"
+TORCH_GRACE = 2  # torch-hook steps without a DeepSpeed engine before they count
+
+
+def megatron_step_classes() -> list[type]:
+    """Loaded Megatron optimizer classes that define a concrete `step` of their own."""
+    base = getattr(sys.modules.get(MEGATRON_OPTIMIZER), "MegatronOptimizer", None)
+    out, todo = [], [base] if base is not None else []
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        fn = cls.__dict__.get("step")
+        if fn is not None and not getattr(fn, "__isabstractmethod__", False):
+            out.append(cls)
+    return out
+
+
+def engine_class() -> Any:
+    return getattr(sys.modules.get(DS_ENGINE), "DeepSpeedEngine", None)
+
+
+class _Steps:
+    """Boundary state shared by the wrappers: nesting depth and the previous boundary's time."""
+
+    def __init__(self, agent: Any, undo: Any) -> None:
+        self.agent, self.undo = agent, undo
+        self.depth = 0
+        self.t_install = agent.now()
+        self.last_ts: int | None = None
+        self.ignored_torch = 0
+        self.done: set[str] = set()
+        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()  # engines described so far
+        self.before = agent.guard(NAME, self._before, "engine-before")
+        self.after_engine = agent.guard(NAME, self._after_engine, "engine-after")
+        self.after_megatron = agent.guard(NAME, self._after_megatron, "megatron-after")
+        self.sight = agent.guard(NAME, self._sight, "engine-sight")
+        self.torch_post = agent.guard(NAME, self._torch_post, "torch-post")
+
+    # ---- patching --------------------------------------------------------------------------
+    def patch_loaded(self) -> None:
+        """Wrap what is imported now; called at install and (cheaply) at each torch step."""
+        cls = engine_class()
+        if cls is not None and "deepspeed" not in self.done:
+            self.done.add("deepspeed")
+            name = "_take_model_step" if hasattr(cls, "_take_model_step") else "step"
+            self.undo.patch(cls, name, self._wrap_engine(getattr(cls, name)))
+            self.undo.patch(cls, "forward", self._wrap_forward(cls.forward))
+        if "megatron" not in self.done and MEGATRON_OPTIMIZER in sys.modules:
+            self.done.add("megatron")
+            for mcls in megatron_step_classes():
+                self.undo.patch(mcls, "step", self._wrap_megatron(mcls.__dict__["step"]))
+
+    def _wrap_engine(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        state = self
+
+        def wrapper(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            before = state.before(engine)
+            state.depth += 1
+            try:
+                out = original(engine, *args, **kwargs)
+            finally:
+                state.depth -= 1
+            if state.depth == 0:
+                state.after_engine(engine, before)
+            return out
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        return wrapper
+
+    def _wrap_forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        state = self
+
+        def forward(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            if engine not in state.seen:
+                state.sight(engine)
+            return original(engine, *args, **kwargs)
+
+        forward.__wrapped__ = original  # type: ignore[attr-defined]
+        return forward
+
+    def _wrap_megatron(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        state = self
+
+        def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            state.depth += 1
+            try:
+                out = original(optimizer, *args, **kwargs)
+            finally:
+                state.depth -= 1
+            if state.depth == 0:
+                state.after_megatron(out)
+            return out
+
+        step.__wrapped__ = original  # type: ignore[attr-defined]
+        return step
+
+    # ---- hooks (guarded) ---------------------------------------------------------------------
+    def _sight(self, engine: Any) -> None:
+        """First forward of an engine: record its layout; number the step in progress its way.
+
+        A step already under way is not sampled for layers: its records would be partial."""
+        self.seen.add(engine)
+        self.agent.saw_engine(engine)
+        self.agent.step = int(engine.global_steps)
+
+    def _before(self, engine: Any) -> tuple[int, int]:
+        return int(engine.global_steps), int(getattr(engine, "global_samples", 0))
+
+    def _after_engine(self, engine: Any, before: tuple[int, int] | None) -> None:
+        if before is None or engine.global_steps == before[0]:
+            return  # not a boundary (`step` fallback between accumulation boundaries)
+        if engine not in self.seen:  # attached inside a step: no forward seen yet
+            self.seen.add(engine)
+            self.agent.saw_engine(engine)
+        samples = int(getattr(engine, "global_samples", 0)) - before[1]
+        applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
+        self.boundary(before[0], samples or None, applied, int(engine.global_steps))
+
+    def _after_megatron(self, out: Any) -> None:
+        applied = bool(out[0]) if isinstance(out, tuple) and out else None
+        self.boundary(self.agent.step, None, applied, self.agent.step + 1)
+
+    def _torch_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if len(self.done) < 2:
+            self.patch_loaded()
+        if self.depth or self.agent.engine is not None:
+            return
+        if "deepspeed" in self.done and self.ignored_torch < TORCH_GRACE:
+            self.ignored_torch += 1  # an engine may be running this optimizer: wait for it
+            return
+        self.boundary(self.agent.step, None, True, self.agent.step + 1)
+
+    def boundary(self, step: int, samples: int | None, applied: bool | None, next_step: int) -> None:
+        now = self.agent.now()
+        prev, self.last_ts = self.last_ts, now
+        start = self.t_install if prev is None else prev
+        dur = None if prev is None else now - prev
+        self.agent.emit((schema.STEP, step, start, dur, samples, None, applied))
+        self.agent.begin_step(next_step)
+
+
+def install(agent: Any, undo: Any) -> None:
+    """Wrap DeepSpeed / Megatron steps that are loaded now and hook torch's optimizer steps."""
+    import torch.optim.optimizer as topt
+
+    state = _Steps(agent, undo)
+    state.patch_loaded()
+    undo.hook(topt.register_optimizer_step_post_hook(state.torch_post), "torch optimizer post-hook")

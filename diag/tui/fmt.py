@@ -1,0 +1,43 @@
+"""Number formatting shared by the panels (pure functions; "-" for unknown values)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ms(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def nbytes(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(x) < 1000 or unit == "TB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return "-"
+
+
+def rate(x: float | None) -> str:
+    return "-" if x is None else f"{nbytes(x)}/s"
+
+
+def num(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}f}"
+
+
+def mem(peak: int | None, capacity: int | None) -> str:
+    if peak is None:
+        return "-"
+    if not capacity:
+        return nbytes(peak)
+    return f"{nbytes(peak)} / {nbytes(capacity)} ({100 * peak / capacity:.0f}%)"

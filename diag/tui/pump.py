@@ -1,0 +1,88 @@
+"""The worker side of `diag top`: poll the source, aggregate, build the view, run the analyzers
+now and then, and post typed messages to the app. Runs on a Textual thread worker; the model is
+touched only under `lock` (the UI takes it briefly for a rank's drill-in)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from textual.message import Message
+
+from diag.tui.model import JobModel
+from diag.tui.view import JobView, build_view
+
+Analyze = Callable[[Any], tuple[list[Any], dict[str, str]]]
+
+
+def run_analyzers(trace: Any) -> tuple[list[Any], dict[str, str]]:
+    """`analyzers.run_all` on what has been seen so far (imported lazily: pandas-heavy rules)."""
+    from analyzers import run_all
+
+    return run_all(trace)
+
+
+class ViewUpdated(Message):
+    def __init__(self, view: JobView, built_at: float) -> None:
+        super().__init__()
+        self.view, self.built_at = view, built_at
+
+
+class FindingsUpdated(Message):
+    def __init__(self, findings: list[Any], failures: dict[str, str], error: str | None) -> None:
+        super().__init__()
+        self.findings, self.failures, self.error = findings, failures, error
+
+
+class Pump:
+    def __init__(self, source: Any, post: Callable[[Message], Any], *, interval: float,
+                 analyze: Analyze | None, analyze_every: float) -> None:
+        self.source, self.post, self.interval = source, post, interval
+        self.analyze, self.analyze_every = analyze, analyze_every
+        self.model = JobModel()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.tick_s: list[float] = []  # poll + ingest + build_view, per refresh
+        self.analyses = 0
+        self._posted = -1
+        self._analyzed = -1
+        self._last_analysis = float("-inf")
+
+    def run(self, cancelled: Callable[[], bool]) -> None:
+        """Refresh once per `interval` until stopped (a new view only when something changed)."""
+        while not (cancelled() or self.stop.is_set()):
+            self.poll_once()
+            self.maybe_analyze()
+            self.stop.wait(self.interval)
+
+    def poll_once(self) -> None:
+        t0 = time.perf_counter()
+        chunks = self.source.poll()
+        with self.lock:
+            self.model.ingest(chunks)
+            if self.model.version == self._posted:
+                return
+            self._posted = self.model.version
+            view = build_view(self.model)
+        self.tick_s.append(time.perf_counter() - t0)
+        self.post(ViewUpdated(view, time.monotonic()))
+
+    def maybe_analyze(self) -> None:
+        """Every `analyze_every` seconds while data changes, and once as soon as a replay ends."""
+        now = time.monotonic()
+        done = getattr(self.source, "done", False)
+        due = now - self._last_analysis >= self.analyze_every or (done and self.analyses == 0)
+        if not (self.analyze and self.model.events and due and self.model.version != self._analyzed):
+            return
+        self._last_analysis, self._analyzed = now, self.model.version
+        with self.lock:
+            trace = self.model.to_trace()
+        try:
+            findings, failures = self.analyze(trace)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - the UI keeps running whatever the analyzers do
+            findings, failures, error = [], {}, f"{type(exc).__name__}: {exc}"
+        self.analyses += 1
+        self.post(FindingsUpdated(list(findings or []), dict(failures or {}), error))

@@ -1,0 +1,92 @@
+"""Per-rank and per-key running aggregates the model updates one event at a time (O(1) each)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+STEP_HISTORY = 120  # step durations kept per rank (sparkline, means)
+COMM_STEPS_KEPT = 8  # steps of per-step communication time kept per rank
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str = "?"
+    pid: int | None = None
+    steps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    comm_ns: dict[int, int] = field(default_factory=dict)  # step -> communication ns
+    mem_peak: int | None = None
+    mem_capacity: int | None = None
+    last_comm: tuple[str, str, int] | None = None  # (op, group, ts)
+    errors: int = 0
+    dropped: int = 0
+    overflows: int = 0
+    last_ts: int = 0
+    samples: int | None = None
+    tokens: int | None = None
+
+    def add_step(self, step: int, dur: int) -> None:
+        self.steps.append((step, dur))
+        if len(self.comm_ns) > COMM_STEPS_KEPT:
+            for old in sorted(self.comm_ns)[:-COMM_STEPS_KEPT]:
+                del self.comm_ns[old]
+
+    @property
+    def last_step(self) -> tuple[int, int] | None:
+        return self.steps[-1] if self.steps else None
+
+    def comm_share(self) -> float | None:
+        """Communication time / step time of the last completed step (wall clock, so async
+        collectives overlapping compute can push it to 1.0, where it is capped)."""
+        last = self.last_step
+        if last is None or last[1] <= 0:
+            return None
+        return min(1.0, self.comm_ns.get(last[0], 0) / last[1])
+
+
+@dataclass
+class CommStat:
+    """One (process group, op): totals since start and the latest op."""
+
+    group: str
+    op: str
+    group_size: int = 0
+    count: int = 0
+    bytes: int = 0
+    dur: int = 0
+    busbw_sum: float = 0.0
+    last_dur: int = 0
+
+    def add(self, ev: dict[str, Any]) -> None:
+        self.count += 1
+        self.bytes += int(ev.get("bytes") or 0)
+        self.last_dur = int(ev.get("dur") or 0)
+        self.dur += self.last_dur
+        self.busbw_sum += float(ev.get("busbw") or 0.0)
+        self.group_size = int(ev.get("group_size") or self.group_size or 0)
+
+    @property
+    def mean_busbw(self) -> float:
+        return self.busbw_sum / self.count if self.count else 0.0
+
+    @property
+    def mean_latency(self) -> float:
+        return self.dur / self.count if self.count else 0.0
+
+
+@dataclass
+class LayerStat:
+    module: str
+    fwd: int = 0
+    bwd: int = 0
+    flops: int = 0
+
+    def add(self, ev: dict[str, Any]) -> None:
+        dur = int(ev.get("dur") or 0)
+        if ev.get("phase") in ("bwd", "backward"):
+            self.bwd += dur
+        else:
+            self.fwd += dur
+        self.flops += int(ev.get("flops") or 0)

@@ -1,0 +1,139 @@
+"""The view model against pandas: the numbers `diag top` shows equal those computed from
+`diag.load` of the same real trace; the tailer and the sources behave on growing files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import diag
+from diag.errors import DiagError
+from diag.tui.model import JobModel
+from diag.tui.source import LiveSource, ReplaySource, trace_dir_of_pid
+from diag.tui.tail import DirTail
+from diag.tui.view import build_view
+
+
+def _view(path):
+    m = JobModel()
+    src = ReplaySource(path, speed=0)
+    m.ingest(src.poll())
+    return m, build_view(m)
+
+
+def test_ranks_and_steps_match_pandas(real_trace):
+    tr = diag.load(real_trace)
+    _, v = _view(real_trace)
+    assert v.ranks == len(tr.ranks) >= 2
+    steps = tr.steps.dropna(subset=["dur"])
+    job = steps.groupby("step")["dur"].max() / 1e6
+    assert v.step_series == pytest.approx(list(job.values[-60:]))
+    assert v.last_step == job.index[-1] and v.last_ms == pytest.approx(job.iloc[-1])
+    for row in v.rank_rows:
+        mine = steps[steps["rank"] == row.rank].sort_values("ts").iloc[-1]
+        assert (row.step, row.step_ms) == (mine["step"], pytest.approx(mine["dur"] / 1e6))
+        comm = tr.comms[(tr.comms["rank"] == row.rank) & (tr.comms["step"] == mine["step"])]
+        assert row.comm_share == pytest.approx(min(1.0, comm["dur"].sum() / mine["dur"]))
+        mem = tr.memory[tr.memory["rank"] == row.rank]
+        peak = mem["peak"].max() if mem["peak"].notna().any() else mem["rss"].max()
+        assert row.mem_peak == peak
+
+
+def test_collectives_layers_overflow_match_pandas(real_trace):
+    tr = diag.load(real_trace)
+    _, v = _view(real_trace)
+    c = tr.comms
+    expect = {(str(g), str(o)): (len(d), d["bytes"].sum(), d["busbw"].mean())
+              for (g, o), d in c.groupby(["group", "op"], observed=True)} if len(c) else {}
+    got = {(r.group, r.op): (r.count, r.bytes, r.mean_busbw) for r in v.comm_rows}
+    assert got.keys() == expect.keys()
+    for k, (n, b, bw) in expect.items():
+        assert got[k][:2] == (n, b) and got[k][2] == pytest.approx(bw)
+    lay = tr.layers
+    per_step = len(lay[["rank", "step"]].drop_duplicates())
+    totals = lay.groupby("module", observed=True)["dur"].sum() / per_step / 1e6
+    assert v.layer_rows, "the real trace has layer events"
+    for row in v.layer_rows:
+        assert row.ms_per_step == pytest.approx(totals[row.module])
+    names = [r.module for r in v.layer_rows]
+    assert any("wte" in n or "embed" in n for n in names) and any("head" in n for n in names)
+    assert not any(n == "module" or ("." not in n and n[:1].isupper()) for n in names)
+    over = tr.overflow
+    bad = sorted(over[over["overflow"].astype(bool)]["step"].unique())
+    assert [r["step"] for r in v.overflow_rows if r["ranks"]] == sorted(bad, reverse=True)
+    rank0 = over[over["rank"] == min(tr.ranks)].sort_values("ts")
+    if len(rank0):  # fp16 traces (the recorded one forces an overflow at step 3)
+        assert v.loss_scale == rank0["scale_after"].iloc[-1]
+        assert v.skipped_steps == over["skipped_steps"].max()
+    else:
+        assert v.loss_scale is None and not v.overflow_rows
+
+
+def test_to_trace_feeds_the_analyzers(real_trace):
+    m, _ = _view(real_trace)
+    tr = m.to_trace()
+    loaded = diag.load(real_trace)
+    assert len(tr.steps) == len(loaded.steps) and tr.ranks == loaded.ranks
+
+
+def test_tailer_partial_lines_and_late_files(tmp_path):
+    f0 = tmp_path / "rank-00000.jsonl"
+    f0.write_text(json.dumps({"k": "header", "rank": 0, "pid": 1}) + "\n" + '{"k": "step", "st')
+    tail = DirTail(str(tmp_path))
+    first = tail.poll()
+    assert first[0].header["rank"] == 0 and first[0].events == []
+    with open(f0, "a") as f:
+        f.write('ep": 1, "ts": 5, "dur": 7}\nnot json\n')
+    (tmp_path / "rank-00001.jsonl").write_text(json.dumps({"k": "header", "rank": 1}) + "\n")
+    chunks = {os.path.basename(c.path): c for c in tail.poll()}
+    assert chunks["rank-00000.jsonl"].events == [{"k": "step", "step": 1, "ts": 5, "dur": 7}]
+    assert chunks["rank-00000.jsonl"].skipped == 1
+    assert chunks["rank-00001.jsonl"].header["rank"] == 1
+    assert tail.poll() == []
+
+
+def test_replay_releases_records_by_their_time(real_trace):
+    clock = [0.0]
+    src = ReplaySource(real_trace, speed=2.0, clock=lambda: clock[0])
+    everything = sum(len(c.events) for c in ReplaySource(real_trace, speed=0).poll())
+    first = src.poll()
+    assert {os.path.basename(c.path) for c in first if c.header} >= {"rank-00000.jsonl"}
+    got = sum(len(c.events) for c in first)
+    assert got < everything
+    span = (src.last_ts - src.first_ts) / 1e9
+    clock[0] = span / 4  # half the trace at speed 2
+    half = sum(len(c.events) for c in src.poll())
+    assert 0 < got + half < everything and not src.done
+    src.paused = True
+    clock[0] = 10 * span
+    assert src.poll() == []
+    src.paused = False
+    src.poll()
+    clock[0] = 20 * span
+    src.poll()
+    assert src.done
+
+
+def test_pid_resolution(tmp_path):
+    (tmp_path / "rank-00000.jsonl").write_text(json.dumps({"k": "header", "rank": 0}) + "\n")
+    code = "import time; time.sleep(30)"
+    env = {**os.environ, "DIAG_TRACE_DIR": str(tmp_path)}
+    with_dir = subprocess.Popen([sys.executable, "-c", code], env=env)
+    without = subprocess.Popen([sys.executable, "-c", code], cwd=str(tmp_path),
+                               env={k: v for k, v in os.environ.items() if k != "DIAG_TRACE_DIR"})
+    try:
+        assert trace_dir_of_pid(with_dir.pid) == str(tmp_path)
+        with pytest.raises(DiagError, match="is not attached"):
+            trace_dir_of_pid(without.pid)
+    finally:
+        for p in (with_dir, without):
+            p.kill()
+            p.wait()
+    with pytest.raises(DiagError, match="no process"):
+        trace_dir_of_pid(with_dir.pid)
+    with pytest.raises(DiagError, match="no such trace directory"):
+        LiveSource(str(tmp_path / "nope"))

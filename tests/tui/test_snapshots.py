@@ -1,0 +1,46 @@
+"""SVG snapshots of the main screens (pytest-textual-snapshot). Deterministic: a fixed synthetic
+8-rank trace with fixed timestamps, replayed all at once, fixed terminal size, no clock shown,
+a fixed analyzer result. Update with `pytest tests/tui/test_snapshots.py --snapshot-update`."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyzers import Finding, Fix
+from diag.tui.app import TopApp
+from diag.tui.source import ReplaySource
+from tests.tui.conftest import wait_for
+from tests.tui.synth import SynthJob
+
+SIZE = (150, 36)
+
+
+def _findings(trace):
+    return [Finding("straggler", "warning", "rank 5 is 1.6x slower than the median",
+                    "rank 5 took 160 ms per step, the median rank 100 ms", ranks=[5],
+                    recoverable_s=0.06, fixes=[Fix("check rank 5's host (node0) for throttling",
+                                                   env={"NCCL_DEBUG": "INFO"})])], {}
+
+
+@pytest.fixture
+def app(tmp_path) -> TopApp:
+    job = SynthJob(str(tmp_path), 8, slow_rank=5, t0=1_700_000_000_000_000_000, overflow_at=3)
+    for step in range(12):
+        job.write_step(step)
+    job.close()
+    return TopApp(ReplaySource(str(tmp_path), speed=0, label="sample"), analyze=_findings,
+                  interval=0.05)
+
+
+def _ready(app: TopApp):
+    async def run_before(pilot) -> None:
+        await wait_for(pilot, lambda: app.refreshes > 0 and app.pump.analyses > 0)
+        await pilot.pause()
+    return run_before
+
+
+@pytest.mark.parametrize("keys", [[], ["2"], ["3"], ["4"], ["6"], ["s"], ["enter"], ["question_mark"]],
+                         ids=["ranks", "collectives", "layers", "overflow", "findings", "sorted",
+                              "rank-drill-in", "help"])
+def test_screens(snap_compare, app, keys):
+    assert snap_compare(app, press=keys, terminal_size=SIZE, run_before=_ready(app))
