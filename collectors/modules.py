@@ -1,0 +1,253 @@
+"""Which module is running now, forward and backward: `agent.module_stack`, shared by the collectors.
+
+Always on and cheap, so that a collective (comms) or a layer record (layers) can name the module it
+belongs to. Forward uses torch's global module hooks, which take effect on the training thread's next
+call even when the agent starts from another thread (attach). Backward uses grad_fn pre-hooks, as
+`torch/utils/module_tracker.py` does with multi-grad hooks but cheaper, and never global full-backward
+hooks (they break the in-place ops of DeepSpeed and Megatron):
+
+- a module's output node gets a pre-hook that *enters* the module when its gradient arrives: the
+  stack becomes the module's forward path (root ... module);
+- the node that produced its first positional input (as of the forward's end) gets a pre-hook that
+  *exits* it (the gradient has reached the input, so the module's backward is done): the stack becomes
+  the parent path;
+- the end of each backward (an engine callback) restores the stack it found.
+
+Backward moves are transitions between whole paths, so a missed exit (input passed by keyword or not
+requiring grad, as for the first layer) only lasts until the next module's backward starts.
+Modules returning their input unchanged (Megatron's IdentityOp) get no backward hooks at all.
+
+Names are fully qualified (state_dict style, without the root's prefix, e.g. `layers.3.mlp.fc1`);
+the root is named by its class (a DeepSpeedEngine's model is `module`, its blocks `module.layers.0`).
+They are resolved once per new module (its root found through gc) and cached by id.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+from diag.agent.undo import Undo
+
+Path = tuple[str, ...]
+Entry = tuple[weakref.ref, str, bool]
+_graph_task_id = torch._C._current_graph_task_id
+_Tensor = torch.Tensor
+MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
+_META_KEY = "diag_modules"  # our key in autograd Node.metadata
+
+
+def ensure_installed(agent: Any, undo: Undo) -> ModuleTracker:
+    """Install the tracker once per agent (layers and comms both call this); returns it."""
+    tracker = agent.__dict__.get("module_tracker")
+    if tracker is None:
+        tracker = ModuleTracker(agent)
+        tracker.install(undo)
+    return tracker
+
+
+def _first_node(value: Any) -> Any:
+    """grad_fn of the first tensor in a forward's args or output (a tensor, tuple or list)."""
+    if type(value) is _Tensor or isinstance(value, _Tensor):
+        return value.grad_fn
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            if isinstance(item, _Tensor):
+                return item.grad_fn
+    return None
+
+
+class ModuleTracker:
+    """Keeps `agent.module_stack` right; `listener` (the layers collector) hears every move."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.stack: list[str] = agent.module_stack
+        self.names: dict[int, Entry] = {}
+        self.live = False
+        self.listener: Any = None  # has .active, .fwd(name, outermost), .fwd_end(name), .bwd(old, new)
+        self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
+        self._task = -1  # graph task whose end-of-backward callback is queued
+        self._lock = threading.Lock()
+
+    def install(self, undo: Undo) -> None:
+        guard = self.agent.guard
+        undo.hook(register_module_forward_pre_hook(guard("modules", self._pre, "fwd-pre")), "modules.pre")
+        undo.hook(register_module_forward_hook(guard("modules", self._post, "fwd-post")), "modules.post")
+        self.agent.module_tracker = self
+        self.live = True
+        undo.call(self._uninstall, "modules.state")
+
+    def _uninstall(self) -> None:
+        self.live = False  # hooks still attached to live autograd graphs become no-ops
+        self.listener = None
+        self.stack.clear()
+        self._track.clear()
+        self.agent.__dict__.pop("module_tracker", None)
+
+    # ---- forward (hot path: every module call of every step) --------------------------------
+    def _pre(self, mod: Any, args: tuple[Any, ...]) -> None:
+        entry = self.names.get(id(mod))
+        if entry is None or entry[0]() is not mod:
+            entry = self.entry_of(mod)
+        name = entry[1]
+        outermost = not self.stack
+        self.stack.append(name)
+        lis = self.listener
+        if lis is not None and (lis.active or outermost):
+            lis.fwd(name, outermost)
+        # parameter-less leaves (activations, dropout) are skipped in backward unless sampled
+        track = torch.is_grad_enabled() and (not entry[2] or (lis is not None and lis.active))
+        self._track.append(track)
+
+    def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
+        if not self.stack:
+            return  # started mid-forward (attach): this call's pre-hook never ran
+        name = self.stack.pop()
+        track = self._track.pop() if self._track else False
+        lis = self.listener
+        if lis is not None and lis.active:
+            lis.fwd_end(name)
+        if not track:
+            return
+        # the input's node as of now: an in-place op on a view of it (Megatron's masked_fill_)
+        # replaces the node it had at the pre-hook, which would then never see a gradient
+        in_node = _first_node(args)
+        out_node = _first_node(output)
+        if out_node is None or out_node is in_node:
+            return  # no gradient flows through, or an identity module: nothing to attribute
+        path = (*self.stack, name)
+        self._on_node(out_node).append((self._enter, path))
+        if in_node is not None:
+            self._on_node(in_node).append((self._exit, path))
+
+    def _on_node(self, node: Any) -> list[tuple[Callable[[Path], None], Path]]:
+        """The actions to run when backward reaches `node`: one pre-hook per node (registering costs
+        ~3.6 us, appending ~0.1 us), the list kept in the node's own metadata dict."""
+        meta = node.metadata
+        actions = meta.get(_META_KEY)
+        if actions is None:
+            actions = meta[_META_KEY] = []
+            node.register_prehook(functools.partial(self._run, actions))
+        return actions
+
+    # ---- backward ------------------------------------------------------------------------------
+    def _run(self, actions: list[tuple[Callable[[Path], None], Path]], _grads: Any) -> None:
+        if self.live:
+            for action, path in actions:
+                action(path)
+
+    def _enter(self, path: Path) -> None:
+        if tuple(self.stack[: len(path)]) != path:
+            self._guarded(self._move, path)
+
+    def _exit(self, path: Path) -> None:
+        if tuple(self.stack[: len(path)]) == path:
+            self._guarded(self._move, path[:-1])
+
+    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - never raise into the job's backward
+            self.agent.record_error("modules", "bwd", exc)
+
+    def _move(self, path: Path) -> None:
+        task = _graph_task_id()
+        if task != self._task and task != -1:
+            torch.autograd.Variable._execution_engine.queue_callback(
+                functools.partial(self._backward_done, self._task, tuple(self.stack)))
+            self._task = task
+        self._set(path)
+
+    def _backward_done(self, outer_task: int, saved: Path) -> None:
+        """End of one backward (nested ones, from reentrant checkpointing, restore the outer path)."""
+        self._task = outer_task
+        if self.live:
+            self._guarded(self._set, saved)
+
+    def _set(self, path: Path) -> None:
+        lis = self.listener
+        if lis is not None and lis.active:
+            old = tuple(self.stack)
+            self.stack[:] = path
+            lis.bwd(old, path)
+        else:
+            self.stack[:] = path
+
+    # ---- names (once per new module) -----------------------------------------------------------
+    def name_of(self, mod: Any) -> str:
+        """Fully qualified name of `mod` (cached)."""
+        entry = self.names.get(id(mod))
+        return entry[1] if entry is not None and entry[0]() is mod else self.entry_of(mod)[1]
+
+    def entry_of(self, mod: Any) -> Entry:
+        """Outside any module: index the whole tree of `mod`'s root (found through gc) once. Inside a
+        known module, an unknown one is ephemeral (Megatron builds a `torch.nn.Softmax` per call):
+        it is named after its caller, `<caller>.<Class>`, without a gc walk."""
+        with self._lock:
+            if self.stack:
+                name = f"{self.stack[-1]}.{type(mod).__name__}"
+            else:
+                try:
+                    self._index(_find_root(mod))
+                except Exception as exc:  # noqa: BLE001 - an odd module tree: name it alone
+                    self.agent.record_error("modules", "names", exc)
+                entry = self.names.get(id(mod))
+                if entry is not None and entry[0]() is mod:
+                    return entry
+                name = type(mod).__name__
+            if len(self.names) > MAX_NAMES:
+                self.names = {k: e for k, e in self.names.items() if e[0]() is not None}
+            entry = self.names[id(mod)] = _entry(mod, name)
+            return entry
+
+    def _index(self, root: Any) -> None:
+        self.names[id(root)] = _entry(root, type(root).__name__)
+        for name, sub in root.named_modules(remove_duplicate=True):
+            if name:
+                self.names[id(sub)] = _entry(sub, name)
+
+
+def _entry(mod: Any, name: str) -> Entry:
+    """(weak reference, qualified name, parameter-less leaf?)."""
+    return weakref.ref(mod), name, not mod._parameters and not mod._modules
+
+
+def _find_root(mod: Any) -> Any:
+    """Walk up through the modules whose `_modules` dict holds `mod` (gc, once per new tree)."""
+    seen = {id(mod)}
+    while True:
+        parent = _parent_of(mod)
+        if parent is None or id(parent) in seen:
+            return mod
+        seen.add(id(parent))
+        mod = parent
+
+
+def _parent_of(mod: Any) -> Any:
+    """The module whose `_modules` dict holds `mod`, or None (an instance dict may sit between)."""
+    for holder in gc.get_referrers(mod):
+        if type(holder) is not dict:
+            continue
+        for ref in gc.get_referrers(holder):
+            owner = _module_owning(ref, holder)
+            if owner is not None:
+                return owner
+    return None
+
+
+def _module_owning(ref: Any, modules_dict: dict) -> Any:
+    if isinstance(ref, torch.nn.Module):
+        return ref if ref.__dict__.get("_modules") is modules_dict else None
+    if type(ref) is dict and ref.get("_modules") is modules_dict:
+        for owner in gc.get_referrers(ref):
+            if isinstance(owner, torch.nn.Module) and owner.__dict__ is ref:
+                return owner
+    return None

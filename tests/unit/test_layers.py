@@ -1,0 +1,226 @@
+"""The layers collector on real training loops (the real steps collector drives the boundaries):
+exact per-module FLOPs forward and backward, untouched numerics, sampling, faults, stop from another
+thread, and the CUDA-event timing path through its seam with a fake event class."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _len_torch_dispatch_stack
+from torch.utils.flop_counter import FlopCounterMode
+
+from collectors import layers, timing
+from diag import agent as diag_agent
+from diag import schema
+from diag.trace.reader import read_file
+
+
+class Tiny(torch.nn.Module):
+    """Embedding, one transformer encoder layer (SDPA inside), a head: a small real transformer."""
+
+    def __init__(self, vocab: int = 32, d: int = 16) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.block = torch.nn.TransformerEncoderLayer(d, 2, dim_feedforward=32, dropout=0.0,
+                                                      batch_first=True)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.embed(ids)))
+
+
+def train(steps: int, pause: Any = None) -> list[float]:
+    """A plain torch loop (Adam): the steps collector hooks the optimizer step."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 32, (4, 8))
+    losses = []
+    for step in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        if pause is not None:
+            pause(step)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def events(trace_dir: str, kind: str) -> list[dict[str, Any]]:
+    out = []
+    for path in glob.glob(os.path.join(trace_dir, "*.jsonl")):
+        out.extend(e for e in read_file(path)[1] if e["k"] == kind)
+    return out
+
+
+def test_numerics_unchanged_and_every_step_recorded(tmp_path) -> None:
+    reference = train(3)
+    diag_agent.start(str(tmp_path), what=("layers",), layers_every=1)
+    observed = train(3)
+    diag_agent.stop()
+    assert observed == reference  # bit-identical
+    recs = events(str(tmp_path), schema.LAYER)
+    assert {r["step"] for r in recs} == {0, 1, 2}
+    names = {r["module"] for r in recs}
+    assert {"Tiny", "embed", "block", "block.self_attn", "block.linear1", "head"} <= names
+    embed = [r for r in recs if r["module"] == "embed"]
+    assert {r["phase"] for r in embed} == {"fwd", "bwd"} and all(r["flops"] == 0 for r in embed)
+    assert all(r["dur"] >= 0 and r["mem_delta"] is None for r in recs)
+
+
+def test_module_flops_exact_and_inclusive(tmp_path) -> None:
+    m, k, n, p = 6, 8, 16, 4
+    model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.ReLU(), torch.nn.Linear(n, p))
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1)
+    ag.begin_step(0)
+    model(torch.randn(m, k)).sum().backward()
+    diag_agent.stop()
+    got = {(r["module"], r["phase"]): r["flops"] for r in events(str(tmp_path), schema.LAYER)}
+    first, second = 2 * m * k * n, 2 * m * n * p
+    assert got[("0", "fwd")] == first and got[("2", "fwd")] == second
+    assert got[("1", "bwd")] == 0  # a parameter-less leaf (ReLU) is tracked on sampled steps
+    assert got[("0", "bwd")] == first  # its input needs no grad: only the weight-gradient matmul
+    assert got[("2", "bwd")] == 2 * second  # weight gradient + input gradient
+    assert got[("Sequential", "fwd")] == first + second
+    assert got[("Sequential", "bwd")] == first + 2 * second  # inclusive of its children
+
+
+def test_sampling_every_n_steps(tmp_path) -> None:
+    diag_agent.start(str(tmp_path), what=("layers",), layers_every=3)
+    train(7)
+    diag_agent.stop()
+    assert {r["step"] for r in events(str(tmp_path), schema.LAYER)} == {0, 3, 6}
+    assert len({r["step"] for r in events(str(tmp_path), schema.STEP)}) == 7
+
+
+def test_hook_faults_are_counted_not_raised(tmp_path) -> None:
+    reference = train(2)
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, faults={"layers": "raise"})
+    assert train(2) == reference
+    status = ag.status()
+    diag_agent.stop()
+    assert status["errors"].get("layers", 0) > 0
+    assert events(str(tmp_path), schema.LAYER) == []
+    assert _len_torch_dispatch_stack() == 0
+
+
+def test_stop_from_another_thread_mid_step(tmp_path) -> None:
+    reference = train(4)
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1)
+    stack_during: list[int] = []
+
+    def pause(step: int) -> None:
+        if step == 1:  # the FlopMode is pushed on this thread, between forward and backward
+            stack_during.append(_len_torch_dispatch_stack())
+            stopper = threading.Thread(target=diag_agent.stop, name="stopper")
+            stopper.start()
+            stopper.join()
+
+    assert train(4, pause) == reference
+    assert stack_during == [1]
+    assert _len_torch_dispatch_stack() == 0  # popped by the training thread's next module call
+    assert diag_agent.current() is None and ag.module_stack == []
+
+
+class FakeEvent:
+    """Stands for torch.cuda.Event: a fake clock in ms, completion controlled by the test."""
+
+    clock = 0.0
+    done = False
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t = -1.0
+
+    def record(self, stream: Any = None) -> None:
+        FakeEvent.clock += 1.5
+        self.t = FakeEvent.clock
+
+    def query(self) -> bool:
+        return FakeEvent.done
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.t - self.t
+
+
+def test_cuda_event_path_through_the_seam(tmp_path) -> None:
+    ag = diag_agent.start(str(tmp_path), what=("steps",), layers_every=1)
+    allocated = iter(range(0, 10**9, 1024))
+    layers.install(ag, ag.undo, event_cls=FakeEvent, device="cuda", memory=lambda: next(allocated))
+    lin = torch.nn.Linear(4, 4)
+    ag.begin_step(0)
+    lin(torch.randn(2, 4)).sum().backward()
+    assert isinstance(ag.layer_recorder.timer, timing.CudaTimer)
+    ag.flush()
+    time.sleep(0.5)  # the writer holds the records back: the end events have not completed
+    assert events(str(tmp_path), schema.LAYER) == []
+    FakeEvent.done = True
+    diag_agent.stop()
+    recs = events(str(tmp_path), schema.LAYER)
+    assert {(r["module"], r["phase"]) for r in recs} == {("Linear", "fwd"), ("Linear", "bwd")}
+    assert all(r["dur"] == 1_500_000 and r["mem_delta"] == 1024 for r in recs)
+
+
+@pytest.fixture
+def megatron_tp1(tmp_path):
+    """A tiny megatron-core GPTModel, TP=1 in this process (gloo, world size 1), torch.cuda shimmed."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    from megatron.core import parallel_state
+
+    from tests.workloads import shims
+    from tests.workloads.megatron_tp import build_model
+
+    touched = ("current_device", "synchronize", "get_rng_state", "set_rng_state", "manual_seed",
+               "manual_seed_all")
+    saved = {name: getattr(torch.cuda, name) for name in touched}
+    shims.megatron_cpu()
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
+                                         world_size=1)
+    args = argparse.Namespace(tp=1, seed=0, layers=1, hidden=32, heads=4, vocab=64, seq=16, batch=2)
+    try:
+        yield build_model(args), args
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+
+
+def test_megatron_gpt_names_and_flops(tmp_path, megatron_tp1) -> None:
+    model, a = megatron_tp1
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq))
+    pos = torch.arange(a.seq).unsqueeze(0).expand(a.batch, -1)
+    mask = torch.tril(torch.ones(1, 1, a.seq, a.seq)) < 0.5
+
+    def step() -> None:
+        model(tokens, pos, mask, labels=tokens).mean().backward()
+
+    trace = tmp_path / "trace"
+    ag = diag_agent.start(str(trace), what=("layers",), layers_every=1)
+    ag.begin_step(0)
+    step()
+    diag_agent.stop()
+    with FlopCounterMode(display=False) as reference:
+        step()
+    got = {(r["module"], r["phase"]): r["flops"] for r in events(str(trace), schema.LAYER)}
+    qkv, tokens_n = "decoder.layers.0.self_attention.linear_qkv", a.batch * a.seq
+    assert got[(qkv, "fwd")] == 2 * tokens_n * a.hidden * 3 * a.hidden
+    assert got[(qkv, "bwd")] == 2 * got[(qkv, "fwd")]
+    head_dim = a.hidden // a.heads
+    core = "decoder.layers.0.self_attention.core_attention"
+    assert got[(core, "fwd")] == 4 * a.batch * a.heads * a.seq * a.seq * head_dim  # baddbmm + bmm
+    # everything counted once: the root's forward + backward is torch's total
+    assert got[("GPTModel", "fwd")] + got[("GPTModel", "bwd")] == reference.get_total_flops()
+    # Megatron's IdentityOp placeholders do no work (torch's counter gives them backward FLOPs)
+    for name in ("pre_cross_attn_layernorm", "cross_attention", "self_attention.q_layernorm"):
+        assert got.get((f"decoder.layers.0.{name}", "bwd"), 0) == 0
+    # the Softmax megatron builds on every call is named after its caller
+    assert (f"{core}.scale_mask_softmax.Softmax", "fwd") in got
