@@ -1,0 +1,93 @@
+"""Collectives and p2p ops: one `comm` record per call DeepSpeed, Megatron or the job makes.
+
+DeepSpeed's TorchBackend and Megatron's mappings hold references to torch.distributed functions
+taken at import time, so wrapping those functions misses calls. Every one of them ends in one method
+of the `ProcessGroup` class (`collectors.comms_ops` lists them), so the class methods are wrapped
+instead: that also catches groups created before the agent started (attach), and records each call
+once. A wrapper calls the original exactly once and returns or raises what it does; diag's own work
+runs before and after it inside `agent.guard`, so a failure there is counted, never raised.
+
+Record: (comm, step, op, bytes, dtype, group, group_size, group_ranks, ts, dur, module, async_op);
+`ts` is the issue time, `dur` a `Later` set at completion (`collectors.comms_timing`), `module` the
+innermost module running (`collectors.modules`). The hot path builds that one tuple; group name and
+ranks are cached per group, dtype names per dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from collectors.comms_groups import Groups
+from collectors.comms_ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
+from collectors.comms_timing import CommTiming, Later
+from diag import schema
+from diag.agent.undo import Undo
+
+NAME = "comms"
+_COMM = schema.COMM
+_now = time.perf_counter_ns
+
+State = tuple[int, int, Any, Later]
+
+
+def install(agent: Any, undo: Undo, timing: CommTiming | None = None) -> None:
+    """Wrap every collective method of `ProcessGroup` (those this torch has)."""
+    from torch.distributed import ProcessGroup
+
+    _track_modules(agent, undo)
+    timing = timing or CommTiming(agent)
+    timing.install(undo)
+    groups = Groups()
+    undo.call(groups.clear, "comms: group cache")
+    for name, spec in METHODS.items():
+        if name in ProcessGroup.__dict__:
+            original = getattr(ProcessGroup, name)
+            undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, groups, timing))
+
+
+def _track_modules(agent: Any, undo: Undo) -> None:
+    """Module attribution needs `agent.module_stack` maintained (shared with the layers collector)."""
+    try:
+        from collectors import modules
+    except ImportError:
+        return
+    modules.ensure_installed(agent, undo)
+
+
+def _wrapper(agent: Any, name: str, spec: Spec, original: Callable[..., Any], groups: Groups,
+             timing: CommTiming) -> Callable[..., Any]:
+    start = timing.start
+
+    def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
+        x = payload_arg(spec, args, kwargs)
+        nbytes, tensor = payload(x) if x is not None else (0, None)
+        t0 = _now()
+        return t0, nbytes, tensor, start(tensor, t0)
+
+    def after(state: State, pg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], work: Any
+              ) -> None:
+        t0, nbytes, tensor, later = state
+        group, size, ranks = groups.info(pg)
+        stack = agent.module_stack
+        async_op = is_async(spec, args, kwargs)
+        agent.emit((_COMM, agent.step, spec.op, nbytes * size if spec.times_n else nbytes,
+                    dtype_name(tensor), group, size, ranks, t0, later,
+                    stack[-1] if stack else None, async_op))
+        timing.bind(work, later, spec.p2p, async_op)
+
+    guarded_before = agent.guard(NAME, before, name)
+    guarded_after = agent.guard(NAME, after, name)
+
+    def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
+        state = guarded_before(args, kwargs)
+        work = original(pg, *args, **kwargs)
+        if state is not None:
+            guarded_after(state, pg, args, kwargs, work)
+        return work
+
+    wrapper.__name__ = wrapper.__qualname__ = name
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper

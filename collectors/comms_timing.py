@@ -1,0 +1,130 @@
+"""When a collective ends: a duration set by its completion, never by waiting for it.
+
+A c10d call only enqueues the work (gloo runs it on its own threads, NCCL on its stream), so the
+wall clock around the call says nothing. The record is emitted at issue with a `Later` duration that
+the completion fills in, by the cheapest signal that is exact for the kind of call:
+- blocking calls (the caller's async_op=False): torch itself calls `Work.wait()` right after, so a
+  class-level `Work.wait` wrapper ends them (one identity test per wait; ~3 us less than a future
+  callback, which also needs the GIL on gloo's thread);
+- async calls: the Work's future callback, on gloo's thread when it finishes, or for NCCL on a
+  stream that waits for the collective (where the end CUDA event is recorded);
+- send/recv (gloo's p2p Work has no future; `send` and `isend` look alike here): the first wait.
+The writer thread holds the record until the duration is known (`diag.agent.pending`). Works are
+referenced weakly or until the next wait, so one never waited does not leak: its record is written
+with a null duration. GPU time comes from `collectors.timing`'s CUDA-event timer (the seam tests fake);
+the host never synchronizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from collectors.timing import CpuTimer, Timer, make_timer
+from diag.agent.pending import Pending
+from diag.agent.undo import Undo
+
+
+class Later(Pending):
+    """A duration in ns (or a CUDA-event span) that `finish()` sets when the work completes."""
+
+    __slots__ = ("dur", "timer", "token")
+
+    def __init__(self, timer: Timer, token: Any) -> None:
+        self.timer = timer
+        self.token = token
+        self.dur: Any = None
+
+    def finish(self) -> None:
+        if self.dur is None:
+            self.dur = self.timer.stop(self.token)
+
+    def ready(self) -> bool:
+        d = self.dur
+        return d is not None and (type(d) is int or d.ready())
+
+    def value(self) -> Any:
+        d = self.dur
+        return d if type(d) is int else d.value()
+
+
+def _on_cuda(tensor: Any) -> bool:
+    return bool(tensor.is_cuda)
+
+
+def _finish(later: Later, _future: Any = None) -> None:
+    later.finish()
+
+
+class CommTiming:
+    """Starts a `Later` per call and ties it to the call's Work. `gpu_timer` / `is_gpu` are the seam
+    for tests (fake CUDA events on CPU tensors)."""
+
+    def __init__(self, agent: Any, gpu_timer: Timer | None = None,
+                 is_gpu: Callable[[Any], bool] | None = None) -> None:
+        self.cpu = CpuTimer()
+        self.gpu_timer = gpu_timer
+        self.is_gpu = is_gpu or _on_cuda
+        self.waiting: weakref.WeakKeyDictionary[Any, Later] = weakref.WeakKeyDictionary()
+        self.last: Any = None  # the blocking call's Work, until the wait torch makes next
+        self.last_later: Later | None = None
+        self._finish = agent.guard("comms", _finish, "complete")
+        self._waited = agent.guard("comms", self._on_wait, "wait")
+
+    def start(self, tensor: Any, t0: int) -> Later:
+        """Before the call: a wall-clock start (t0), or a CUDA event on the current stream."""
+        if tensor is not None and self.is_gpu(tensor):
+            timer = self.gpu_timer
+            if timer is None:
+                timer = self.gpu_timer = make_timer("cuda")
+            return Later(timer, timer.start())
+        return Later(self.cpu, t0)
+
+    def bind(self, work: Any, later: Later, p2p: bool, async_op: bool | None) -> None:
+        """After the call: finish `later` when `work` completes (now, if the call was blocking)."""
+        if work is None:  # monitored_barrier and other blocking calls return no Work
+            later.finish()
+        elif p2p:
+            self.waiting[work] = later
+        elif async_op is False:
+            if self.last is not None:  # another thread's blocking call, not waited yet
+                self.waiting[self.last] = self.last_later
+            self.last, self.last_later = work, later
+        else:
+            try:
+                future = work.get_future()
+            except RuntimeError:  # "getFuture not implemented" (a third-party backend's work)
+                self.waiting[work] = later
+                return
+            future.then(functools.partial(self._finish, later))
+
+    def _on_wait(self, work: Any) -> None:
+        if work is self.last:
+            later = self.last_later
+            self.last = self.last_later = None
+        else:
+            later = self.waiting.pop(work, None)
+        if later is not None:
+            later.finish()
+
+    def _forget(self) -> None:
+        self.waiting.clear()
+        self.last = self.last_later = None
+
+    def install(self, undo: Undo) -> None:
+        """Wrap `Work.wait` (class-level) to see completions; costs one test for other works."""
+        from torch._C._distributed_c10d import Work
+
+        original = Work.wait
+        waited = self._waited
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(work, *args, **kwargs)
+            if work is self.last or self.waiting:
+                waited(work)
+            return result
+
+        undo.patch(Work, "wait", wait)
+        undo.call(self._forget, "comms: pending works")

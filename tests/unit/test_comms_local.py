@@ -1,0 +1,139 @@
+"""The comms collector in this process (a one-rank gloo group): the CUDA-event path through the
+timing seam with fake events, faults, module and step attribution, leaks, and undo."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Work
+from torch.distributed import ProcessGroup
+
+from collectors import comms
+from collectors.comms_timing import CommTiming, Later
+from collectors.timing import CudaTimer
+from diag import agent, schema
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: completes when the test says so; synchronizing is a bug."""
+
+    done = False
+    clock_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.at: float | None = None
+
+    def record(self, stream=None) -> None:
+        FakeEvent.clock_ms += 1.5
+        self.at = FakeEvent.clock_ms
+
+    def query(self) -> bool:
+        return FakeEvent.done
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert FakeEvent.done and self.at is not None and end.at is not None
+        return end.at - self.at
+
+    def synchronize(self) -> None:
+        raise AssertionError("diag must never synchronize the device")
+
+
+def _comm_lines(path: str) -> list[dict]:
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r["k"] == schema.COMM]
+
+
+def test_cuda_path_records_events_and_waits_for_them(group, tmp_path) -> None:
+    ag = agent.start(str(tmp_path), what=("steps",))
+    timing = CommTiming(ag, gpu_timer=CudaTimer(FakeEvent), is_gpu=lambda t: True)
+    comms.install(ag, ag.undo, timing=timing)
+    FakeEvent.done = False
+    t = torch.ones(8)
+    dist.all_reduce(t)  # blocking: ended by the wait torch makes
+    dist.all_reduce(t, async_op=True).wait()  # async: ended by the Work's future callback
+    ag._flush(final=False)
+    path = ag.status()["trace_file"]
+    assert _comm_lines(path) == [], "written before its end event completed"
+    FakeEvent.done = True
+    agent.stop()
+    recs = _comm_lines(path)
+    assert [(r["op"], r["bytes"], r["async_op"]) for r in recs] == [
+        ("all_reduce", 32, False), ("all_reduce", 32, True)]
+    assert [r["dur"] for r in recs] == [1_500_000] * 2  # start/end events 1.5 ms apart (fake clock)
+    assert torch.equal(t, torch.ones(8))
+
+
+def test_faults_leave_collectives_working_and_are_counted(group, tmp_path) -> None:
+    ag = agent.start(str(tmp_path), what=("comms",), faults={"comms": "raise"})
+    t = torch.full((4,), 3.0)
+    for _ in range(5):
+        dist.all_reduce(t)
+    work = dist.all_gather_into_tensor(torch.zeros(4), t, async_op=True)
+    work.wait()
+    assert ag.errors == {"comms:allreduce:InjectedFault": 5, "comms:all_gather_single:InjectedFault": 1}
+    path = ag.status()["trace_file"]
+    agent.stop()
+    assert torch.equal(t, torch.full((4,), 3.0))
+    assert _comm_lines(path) == []
+
+
+def test_module_and_step_attribution(group, tmp_path) -> None:
+    class Reduce(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(x)
+            return x
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.sync = Reduce()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.sync(self.lin(x))
+
+    net = Net()
+    ag = agent.start(str(tmp_path), what=("comms",))
+    ag.begin_step(7)
+    net(torch.ones(2, 4))
+    dist.barrier()
+    path = ag.status()["trace_file"]
+    agent.stop()
+    recs = _comm_lines(path)
+    assert [(r["op"], r["step"]) for r in recs] == [("all_reduce", 7), ("barrier", 7)]
+    assert recs[0]["module"] == "sync" and recs[1]["module"] is None
+
+
+def test_unwaited_work_does_not_leak(group, tmp_path) -> None:
+    ag = agent.start(str(tmp_path), what=("steps",))
+    timing = CommTiming(ag)
+    work, later = Work(), Later(timing.cpu, 0)
+    timing.bind(work, later, p2p=True, async_op=None)
+    assert len(timing.waiting) == 1
+    del work
+    gc.collect()
+    assert len(timing.waiting) == 0 and not later.ready()
+    agent.stop()
+
+
+def test_stop_restores_process_group_and_work(group, tmp_path) -> None:
+    methods = dict(ProcessGroup.__dict__)
+    allreduce, wait = ProcessGroup.allreduce, Work.wait
+    agent.start(str(tmp_path), what=("comms",))
+    assert ProcessGroup.allreduce is not allreduce and Work.wait is not wait
+    agent.stop()
+    assert ProcessGroup.allreduce is allreduce and Work.wait is wait
+    assert {n for n, v in methods.items() if ProcessGroup.__dict__.get(n) is not v} == set()
