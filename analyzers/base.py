@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 SEVERITIES = ("info", "warning", "critical")
 
 # Every rule module, in report order. A rule module that fails to import is reported, not fatal.
-RULE_MODULES: list[str] = []
+RULE_MODULES: list[str] = [
+    "analyzers.hang_desync", "analyzers.zero3_slow_link", "analyzers.tp_cross_node",
+    "analyzers.overflow_storm", "analyzers.memory_pressure", "analyzers.embedding_comm",
+    "analyzers.straggler", "analyzers.exposed_comm", "analyzers.pipeline_bubble",
+    "analyzers.tiny_collectives", "analyzers.idle_between_steps",
+]
 
 
 @dataclass

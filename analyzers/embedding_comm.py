@@ -1,0 +1,90 @@
+"""Communication-heavy embedding: collectives issued while the embedding / output layer runs dominate."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from analyzers import common
+from analyzers.base import Finding, Fix, rule
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+STEP_SHARE = 0.20  # embedding collectives take at least this share of the step ...
+COMM_SHARE = 0.40  # ... and at least this share of all communication
+EMBEDDING = re.compile(
+    r"(^|\.)(wte|wpe|embed\w*|word_embeddings|position_embeddings|tok_embeddings|"
+    r"lm_head|head|output_layer)(\.|$)", re.IGNORECASE)
+
+
+def is_embedding(module: object) -> bool:
+    return isinstance(module, str) and bool(EMBEDDING.search(module))
+
+
+def embedding_mask(c: pd.DataFrame) -> pd.Series:
+    """Collectives that move embedding / output-layer data: issued while such a module runs, or (ZeRO-3
+    buckets gradients, so the reduce-scatter carrying a module's gradient is issued during the next
+    module's backward) a gradient reduction of exactly the size of one of that rank's embedding
+    gathers: partitioned parameters make that size specific to the module."""
+    by_module = c["module"].astype(object).map(is_embedding).astype(bool)
+    gathers = c[by_module & (c["kind"] == "all_gather")]
+    sizes = set(zip(gathers["rank"], gathers["bytes"]))
+    grads = c["kind"].isin(("reduce_scatter", "all_reduce")) & pd.Series(
+        [(r, b) in sizes for r, b in zip(c["rank"], c["bytes"])], index=c.index)
+    return by_module | grads
+
+
+def _fixes(stage: int) -> list[Fix]:
+    fixes = [Fix("Megatron: shard the vocabulary over tensor parallelism, keep it a multiple of 128, and "
+                 "untie input/output embeddings so pipeline stages stop all-reducing the tied weight",
+                 megatron_args=["--make-vocab-size-divisible-by", "128",
+                                "--untie-embeddings-and-output-weights"])]
+    if stage == 3:
+        fixes.insert(0, Fix("ZeRO-3 gathers the whole vocab x hidden matrix every forward and backward: "
+                            "keep a node-local replica (hpZ) and quantize the gathered weights",
+                            ds_config={"zero_optimization": {"zero_hpz_partition_size": 8,
+                                                             "zero_quantized_weights": True}}))
+    else:
+        fixes.insert(0, Fix("all-reduce only the embedding rows a batch touched (nn.Embedding(sparse=True))",
+                            ds_config={"sparse_gradients": True}))
+    return fixes
+
+
+@rule("embedding_comm")
+def embedding_comm(trace: Trace) -> list[Finding]:
+    """Fires when collectives moving embedding/output-layer data (see `embedding_mask`) cover >= 20%
+    of the median step (union of their intervals) and carry >= 40% of all bytes communicated.
+    Fix: ZeRO-3 -> hpZ / quantized weights; else sparse embedding gradients; Megatron: vocab padded to
+    128, untied embeddings, TP-sharded vocab. recoverable_s: an upper bound, the embedding's median
+    communication time per step. Under ZeRO-3 prefetch (stage3_prefetch_bucket_size > 0) gathers are
+    issued ahead by an earlier module and cannot be attributed: the rule then stays silent."""
+    c = common.comms(trace)
+    if c.empty or "module" not in c:
+        return []
+    emb = embedding_mask(c)
+    per = common.union_per_step(trace, emb)
+    total_bytes = float(c["bytes"].fillna(0).sum())
+    if per.empty or total_bytes <= 0:
+        return []
+    emb_s, step_s = float(per["comm_s"].median()), float(per["dur_s"].median())
+    comm_share = float(c.loc[emb, "bytes"].fillna(0).sum()) / total_bytes
+    if step_s <= 0 or emb_s / step_s < STEP_SHARE or comm_share < COMM_SHARE:
+        return []
+    rows = c[emb]
+    named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
+    modules = named.groupby(named["module"].astype(str))["dur_s"].sum().sort_values(ascending=False)
+    ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
+    return [Finding(
+        rule="embedding_comm", severity="warning",
+        title=f"embedding/output-layer collectives take {emb_s / step_s:.0%} of each step",
+        detail=(f"{emb_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step is communication issued by "
+                f"{', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes communicated)."),
+        evidence={"embedding_comm_s": emb_s, "step_s": step_s, "step_share": emb_s / step_s,
+                  "comm_share": comm_share,
+                  "ops": {k: {"count": int(v["count"]), "bytes": int(v["sum"])} for k, v in ops.iterrows()}},
+        ranks=sorted(int(r) for r in rows["rank"].unique()), layers=list(modules.index[:5]),
+        steps=sorted(int(s) for s in per["step"].unique())[:20], recoverable_s=emb_s,
+        fixes=_fixes(common.zero_stage(trace)))]

@@ -1,0 +1,79 @@
+"""Hang / desync: ranks disagree on their last collective, or a rank stopped emitting."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from analyzers import common
+from analyzers.base import Finding, Fix, rule
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+SILENT_S = 60.0  # a rank silent this long while the others went on ...
+SILENT_STEPS = 20  # ... or this many median steps, whichever is longer
+STEP_LAG = 2  # a rank this many steps behind the furthest one
+
+
+def last_seen(trace: Trace) -> pd.Series:
+    """Each rank's last event timestamp (ns) over steps and comms."""
+    parts = [df.groupby("rank")["ts"].max() for df in (trace.steps, trace.comms) if not df.empty]
+    if not parts:
+        return pd.Series(dtype="int64")
+    return pd.concat(parts, axis=1).max(axis=1).astype("int64")
+
+
+def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
+    """Per group: each member rank's count of collectives and its last one (op, bytes, step)."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for (group, rank), g in c.groupby([c["group"].astype(str), "rank"], observed=True):
+        last = g.loc[g["ts"].idxmax()]
+        out.setdefault(group, {})[int(rank)] = {"count": len(g), "op": last["kind"],
+                                                "bytes": int(last["bytes"] or 0), "step": int(last["step"])}
+    return out
+
+
+def _diverged(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
+    bad = {}
+    for group, ranks in last_collectives(c).items():
+        counts = {v["count"] for v in ranks.values()}
+        lasts = {(v["op"], v["bytes"]) for v in ranks.values()}
+        if len(ranks) > 1 and len(counts) > 1 and len(lasts) > 1:
+            bad[group] = ranks
+    return bad
+
+
+@rule("hang_desync")
+def hang_desync(trace: Trace) -> list[Finding]:
+    """Fires when ranks of one group completed different numbers of collectives and their last ones
+    differ (op or size: a desync), when a rank is >= 2 steps behind the furthest, or when a rank went
+    silent >= max(60 s, 20 median steps) before the others' last event (stopped emitting: hung or
+    dead). Fix: run `diag attach` / py-spy dump on the ranks named, look for a rank-dependent branch
+    around a collective; NCCL_ASYNC_ERROR_HANDLING / TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into
+    an error with the op named."""
+    seen = last_seen(trace)
+    if len(seen) < 2:
+        return []
+    silent_ns = max(SILENT_S, SILENT_STEPS * common.median_step_s(trace)) * common.NS
+    stopped = [int(r) for r, t in seen.items() if seen.max() - t >= silent_ns]
+    st = trace.steps
+    max_step = st.groupby("rank")["step"].max() if not st.empty else pd.Series(dtype=int)
+    behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
+    diverged = _diverged(common.comms(trace)) if not trace.comms.empty else {}
+    if not (stopped or behind or diverged):
+        return []
+    ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})
+    what = ("ranks stopped emitting" if stopped else "ranks diverged in their collectives" if diverged
+            else "ranks fell behind")
+    return [Finding(
+        rule="hang_desync", severity="critical", title=f"hang or desync: {what} ({ranks})",
+        detail="ranks disagree on where they are: a hang, a crash, or a rank-dependent collective",
+        evidence={"last_seen_s_before_end": {int(r): (seen.max() - t) / common.NS for r, t in seen.items()},
+                  "max_step": {int(r): int(s) for r, s in max_step.items()},
+                  "stopped": stopped, "behind": behind, "diverged_groups": diverged},
+        ranks=ranks, steps=sorted({int(s) for s in max_step.values}),
+        fixes=[Fix("surface the hung op as an error and dump every rank's stack (`diag attach`, py-spy)",
+                   env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "INFO",
+                        "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})])]

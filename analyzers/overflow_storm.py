@@ -1,0 +1,87 @@
+"""fp16 overflow storm / loss-scale collapse: steps keep being skipped after the scale has settled."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from analyzers import common
+from analyzers.base import Finding, Fix, rule
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+RATE = 0.10  # overflow share of steps after the initial calibration
+MIN_OVERFLOWS = 3  # and at least this many of them
+COLLAPSE_SCALE = 1.0  # or the loss scale fell to this (or to min_loss_scale)
+
+
+def per_step(trace: Trace) -> pd.DataFrame:
+    """One row per (rank, step): overflow seen, last loss scale."""
+    of = trace.overflow
+    if of.empty:
+        return pd.DataFrame(columns=["rank", "step", "overflow", "scale"])
+    df = of.assign(overflow=of["overflow"].fillna(False).astype(bool),
+                   scale=pd.to_numeric(of["scale_after"], errors="coerce"))
+    return (df.sort_values("ts").groupby(["rank", "step"], observed=True)
+            .agg(overflow=("overflow", "any"), scale=("scale", "last")).reset_index())
+
+
+def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
+    """Drop each rank's leading run of overflows: dynamic scaling starts high and halves until it fits."""
+    keep = []
+    for _, g in df.sort_values("step").groupby("rank"):
+        clean = (~g["overflow"]).cumsum() > 0
+        keep.append(g[clean])
+    return pd.concat(keep) if keep else df
+
+
+def _fixes(trace: Trace) -> list[Fix]:
+    power = int(common.setting(trace, "initial_scale_power") or 16)
+    window = int(common.setting(trace, "loss_scale_window") or 1000)
+    return [
+        Fix("on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss scaling",
+            ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}}),
+        Fix("keep fp16 but scale more gently: lower the initial scale, grow it less often and tolerate "
+            "isolated overflows before halving",
+            ds_config={"fp16": {"initial_scale_power": max(power - 4, 8),
+                                "loss_scale_window": max(window, 2000), "hysteresis": 4,
+                                "min_loss_scale": 1}}),
+        Fix("a persistent inf usually comes from real divergence: clip gradients and lower the LR",
+            ds_config={"gradient_clipping": 1.0}),
+    ]
+
+
+@rule("overflow_storm")
+def overflow_storm(trace: Trace) -> list[Finding]:
+    """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
+    or when the loss scale collapses to <= max(1, min_loss_scale). Fix: bf16 on Ampere+, lower
+    initial_scale_power, larger loss_scale_window, hysteresis > 1, gradient clipping.
+    recoverable_s: skipped steps per step times the median step time (work thrown away)."""
+    df = per_step(trace)
+    if df.empty:
+        return []
+    post = after_calibration(df)
+    n_over = int(post["overflow"].sum())
+    rate = n_over / max(len(post), 1)
+    floor = max(COLLAPSE_SCALE, float(common.setting(trace, "min_loss_scale") or 1))
+    min_scale = float(df["scale"].min()) if df["scale"].notna().any() else None
+    collapsed = min_scale is not None and min_scale <= floor
+    if not collapsed and (n_over < MIN_OVERFLOWS or rate < RATE):
+        return []
+    bad = post[post["overflow"]]
+    skipped = df.groupby("rank")["overflow"].sum()
+    step_s = common.median_step_s(trace)
+    return [Finding(
+        rule="overflow_storm", severity="critical" if collapsed else "warning",
+        title=(f"fp16 loss scale collapsed to {min_scale:g}" if collapsed else
+               f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"),
+        detail=(f"{n_over} overflowing steps after calibration out of {len(post)} rank-steps; "
+                f"loss scale went from {df['scale'].max():g} down to {min_scale}."),
+        evidence={"overflow_steps": n_over, "rank_steps": len(post), "overflow_rate": rate,
+                  "min_scale": min_scale, "max_scale": float(df["scale"].max()),
+                  "skipped_by_rank": {int(r): int(n) for r, n in skipped.items()}},
+        ranks=sorted(int(r) for r in bad["rank"].unique()),
+        steps=sorted({int(s) for s in bad["step"]})[:50],
+        recoverable_s=rate * step_s if step_s else None, fixes=_fixes(trace))]

@@ -1,0 +1,60 @@
+"""Pipeline bubble above the schedule's (p-1)/m: stages idle waiting for activations or gradients."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from analyzers import common
+from analyzers.base import Finding, Fix, rule
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+TOLERANCE = 0.05  # measured bubble may exceed (p-1)/m by this much (timing noise)
+MIN_BUBBLE = 0.10  # and must be at least this large to matter
+SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches
+
+
+def microbatches(trace: Trace) -> int:
+    for key in ("num_microbatches", "gradient_accumulation_steps"):
+        for h in trace.headers.values():
+            if h.get(key):
+                return int(h[key])
+    return int(common.ds_config(trace).get("gradient_accumulation_steps") or 1)
+
+
+@rule("pipeline_bubble")
+def pipeline_bubble(trace: Trace) -> list[Finding]:
+    """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
+    the step, Megatron's definition) exceeds (p-1)/m + 0.05 and is >= 0.10, or when the schedule's own
+    (p-1)/m >= 0.25 with a measured bubble >= 0.10. Fix: more microbatches (m), interleaved schedule
+    (virtual stages), balanced stages. recoverable_s: the excess over (p-1)/m times compute."""
+    p, m = int(trace.layout().get("pp") or 1), microbatches(trace)
+    if p <= 1:
+        return []
+    c = common.comms(trace)
+    per = common.comm_per_step(trace, c["kind"].isin(common.P2P)) if not c.empty else None
+    if per is None or per.empty:
+        return []
+    per["bubble"] = per["comm_s"] / (per["dur_s"] - per["comm_s"]).clip(lower=1e-9)
+    by_rank = per.groupby("rank")["bubble"].median()
+    measured, ideal = float(by_rank.max()), (p - 1) / m
+    if measured < MIN_BUBBLE or (measured <= ideal + TOLERANCE and ideal < SCHEDULE_LIMIT):
+        return []
+    step_s = float(per["dur_s"].median())
+    compute = step_s / (1 + measured)
+    return [Finding(
+        rule="pipeline_bubble", severity="warning",
+        title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
+        detail=f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute.",
+        evidence={"pp": p, "microbatches": m, "bubble_ideal": ideal, "bubble_measured": measured,
+                  "bubble_by_rank": {int(r): float(v) for r, v in by_rank.items()}},
+        ranks=[int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]],
+        recoverable_s=max(measured - ideal, 0.0) * compute if measured > ideal else ideal / 2 * compute,
+        fixes=[Fix(f"raise microbatches per step to >= {4 * (p - 1)} (bubble (p-1)/m <= 0.25) and "
+                   "interleave virtual stages",
+                   ds_config={"gradient_accumulation_steps": max(4 * (p - 1), m)},
+                   megatron_args=["--num-layers-per-virtual-pipeline-stage", "2"]),
+               Fix("balance layers across stages (first/last stages also hold embedding and loss)",
+                   megatron_args=["--decoder-first-pipeline-num-layers", "<fewer>",
+                                  "--decoder-last-pipeline-num-layers", "<fewer>"])])]

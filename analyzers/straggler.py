@@ -1,0 +1,82 @@
+"""Straggler rank: one rank computes slower and every other rank waits for it in the next collective."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from analyzers.base import Finding, Fix, rule
+from analyzers.exposed_comm import exposed_per_step
+from diag.metrics import breakdown
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+# Thresholds sit above what host jitter and rank-0 duties produce on healthy runs (measured on the
+# shared 2-core CI machine: up to 1.4x and 22% of the step), and far below a real slow rank.
+SLOWER = 1.50  # the rank's median compute time vs the median of the other ranks
+MIN_STEP_SHARE = 0.25  # and the difference is at least this share of the step
+CONSISTENT = 0.60  # and it is the slowest rank in at least this share of steps
+WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
+MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
+
+
+def compute_per_step(trace: Trace) -> pd.DataFrame:
+    """Step time minus time blocked in collectives: what the rank itself spent (its own work)."""
+    df = exposed_per_step(trace, waits=True)
+    if df.empty:
+        return df
+    xfer = exposed_per_step(trace)["exposed_s"].to_numpy()
+    df = df.assign(compute_s=(df["dur_s"] - df["exposed_s"]).clip(lower=0),
+                   wait_s=(df["exposed_s"] - xfer).clip(lower=0))
+    st = trace.steps
+    skipped = st[st["applied"].astype(object).eq(False)] if "applied" in st else st.iloc[:0]
+    # steps skipped for an fp16 overflow take a different path (no optimizer update) on some ranks
+    gone = set(zip(skipped["rank"], skipped["step"]))
+    return df[[(r, s) not in gone for r, s in zip(df["rank"], df["step"])]]
+
+
+def _last_arrival(trace: Trace) -> dict[int, float]:
+    """Supporting evidence from the metrics package: how often each rank arrived last at a collective."""
+    df = breakdown.stragglers(trace)
+    return {int(r): float(f) for r, f in zip(df["rank"], df["last_arrival_frac"])}
+
+
+@rule("straggler")
+def straggler(trace: Trace) -> list[Finding]:
+    """Fires when one rank's median compute time (step minus blocking-collective time; the others
+    wait for it inside collectives, so step times alone look equal) is >= 1.5x the other ranks'
+    median, the gap is >= 25% of the step, it is the slowest in >= 60% of steps, and the other ranks
+    wait in collectives (duration beyond the op's transfer time) for >= half the gap. Steps skipped
+    for an fp16 overflow are left out (their work differs between ranks by design); at least 5 steady
+    applied steps are needed. Fix: check
+    that host (thermal throttling, other processes, a slow disk or data shard), move the job off it,
+    balance the data. recoverable_s: the compute gap per step."""
+    df = compute_per_step(trace)
+    if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
+        return []
+    med = df.groupby("rank")["compute_s"].median()
+    slow = int(med.idxmax())
+    others = float(med.drop(slow).median())
+    gap, step_s = float(med[slow]) - others, float(df["dur_s"].median())
+    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+    consistent = float((wide.idxmax(axis=1) == slow).mean()) if not wide.empty else 0.0
+    waited = float(df[df["rank"] != slow].groupby("rank")["wait_s"].median().median())
+    if (others <= 0 or med[slow] < SLOWER * others or gap < MIN_STEP_SHARE * step_s
+            or consistent < CONSISTENT or waited < WAITED * gap):
+        return []
+    host = trace.headers.get(slow, {}).get("host", "?")
+    return [Finding(
+        rule="straggler", severity="warning",
+        title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
+        detail=(f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
+                f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."),
+        evidence={"compute_s": {int(r): float(v) for r, v in med.items()}, "ratio": float(med[slow] / others),
+                  "gap_s": gap, "step_s": step_s, "slowest_share": consistent, "host": host,
+                  "others_wait_s": waited,
+                  "last_arrival_frac": _last_arrival(trace)},
+        ranks=[slow], steps=[int(s) for s in wide.index[wide.idxmax(axis=1) == slow]][:20],
+        recoverable_s=gap,
+        fixes=[Fix(f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
+                   "exclude it or rebalance", env={"NCCL_DEBUG": "INFO"})])]

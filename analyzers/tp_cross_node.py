@@ -1,0 +1,58 @@
+"""Tensor-parallel group spanning nodes: TP's per-layer all-reduces leave NVLink for the network."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from analyzers import common
+from analyzers.base import Finding, Fix, rule
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+
+def tp_groups(trace: Trace, tp: int) -> list[tuple[int, ...]]:
+    """TP groups as recorded by the comms collector (groups of size tp), else Megatron's default order
+    (consecutive global ranks)."""
+    c = trace.comms
+    seen: set[tuple[int, ...]] = set()
+    if not c.empty and "group_ranks" in c:
+        for ranks, size in zip(c["group_ranks"], c["group_size"]):
+            if isinstance(ranks, list) and size == tp:
+                seen.add(tuple(int(r) for r in ranks))
+    if seen:
+        return sorted(seen)
+    world = trace.layout().get("world_size") or len(trace.ranks)
+    return [tuple(range(i, i + tp)) for i in range(0, int(world), tp)]
+
+
+@rule("tp_cross_node")
+def tp_cross_node(trace: Trace) -> list[Finding]:
+    """Fires when tp > 1 and any tensor-parallel group holds ranks on more than one host (headers'
+    host). Threshold: one such group. Fix: tensor-model-parallel-size <= GPUs per node, ranks of a TP
+    group on one node (Megatron's default rank order does this when TP divides GPUs per node).
+    recoverable_s: TP-group communication time on those groups per step (upper bound)."""
+    tp = int(trace.layout().get("tp") or 1)
+    host_of = common.hosts(trace)
+    if tp <= 1 or len(set(host_of.values())) < 2:
+        return []
+    bad = [g for g in tp_groups(trace, tp) if common.spans_hosts(list(g), host_of)]
+    if not bad:
+        return []
+    per_node = min(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
+    c = common.comms(trace)
+    in_bad = c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in bad)
+    per = common.comm_per_step(trace, in_bad) if not c.empty else None
+    tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
+    return [Finding(
+        rule="tp_cross_node", severity="critical",
+        title=f"{len(bad)} tensor-parallel group(s) of size {tp} span nodes",
+        detail=(f"TP={tp} but hosts have {per_node} rank(s) each: every layer's TP all-reduce crosses "
+                "the network."),
+        evidence={"tp": tp, "ranks_per_host": per_node, "groups": [list(g) for g in bad],
+                  "hosts": {int(r): h for r, h in host_of.items()}, "tp_comm_s": tp_s},
+        ranks=sorted({r for g in bad for r in g}), recoverable_s=tp_s,
+        fixes=[Fix(f"keep TP inside a node: tensor parallel size <= {per_node} ranks per node, use data "
+                   "or pipeline parallelism across nodes",
+                   megatron_args=["--tensor-model-parallel-size", str(max(per_node, 1)),
+                                  "--pipeline-model-parallel-size", str(max(tp // max(per_node, 1), 1))])])]

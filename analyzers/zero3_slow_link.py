@@ -1,0 +1,89 @@
+"""ZeRO-3 over slow links: parameter all-gathers / gradient reduce-scatters crawl across nodes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from analyzers import common
+from analyzers.base import Finding, Fix, rule
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+STEP_SHARE = 0.25  # cross-node gathers/scatters take at least this share of the step
+SLOW_FRACTION = 0.25  # and run below this fraction of the nominal inter-node bandwidth
+LINK_GBS_GPU = 25.0  # GB/s: one 200 Gb/s NIC per GPU, the common inter-node rail
+LINK_GBS_CPU = 1.25  # GB/s: 10 GbE, what a gloo/CPU job may expect between hosts
+ZERO3_OPS = ("all_gather", "reduce_scatter")
+
+
+def nominal_link_gbs(trace: Trace) -> float:
+    """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
+    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda")
+                                        for d in trace.memory.get("device", []))
+    return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
+
+
+def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
+    prefetch = float(common.setting(trace, "stage3_prefetch_bucket_size") or 5e7)
+    return [
+        Fix("ZeRO++: quantize weights and gradients on the wire"
+            + (" and keep a node-local copy of the parameters (hpZ)" if gpus_per_node > 1 else ""),
+            ds_config={"zero_optimization": {
+                **({"zero_hpz_partition_size": gpus_per_node} if gpus_per_node > 1 else {}),
+                "zero_quantized_weights": True, "zero_quantized_gradients": True}}),
+        Fix("fewer, larger gathers that overlap compute: raise the prefetch bucket "
+            f"(now {prefetch:.0e}) and keep overlap_comm on",
+            ds_config={"zero_optimization": {"stage3_prefetch_bucket_size": int(prefetch * 4),
+                                             "overlap_comm": True}}),
+        Fix("if the model fits with sharded optimizer state and gradients only, ZeRO-2 stops gathering "
+            "parameters every step", ds_config={"zero_optimization": {"stage": 2}}),
+        Fix("NCCL: ring algorithms use the inter-node links better for large gathers",
+            env={"NCCL_ALGO": "Ring"}),
+    ]
+
+
+@rule("zero3_slow_link")
+def zero3_slow_link(trace: Trace) -> list[Finding]:
+    """Fires for ZeRO stage 3 when all-gather / reduce-scatter on groups spanning hosts (headers' host)
+    take >= 25% of the median step and their median busbw is < 25% of the nominal inter-node link
+    (25 GB/s on GPU jobs, 1.25 GB/s on CPU/gloo). Fix: ZeRO++ hpZ + quantized weights/gradients,
+    larger stage3_prefetch_bucket_size, ZeRO-2, NCCL_ALGO=Ring. recoverable_s: the time the same bytes
+    would save at the nominal link bandwidth."""
+    if common.zero_stage(trace) != 3:
+        return []
+    c = common.comms(trace)
+    host_of = common.hosts(trace)
+    if c.empty or len(set(host_of.values())) < 2:
+        return []
+    cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: common.spans_hosts(g, host_of))
+    per = common.union_per_step(trace, cross)
+    rows = c[cross & (c["dur_s"] > 0)]
+    if rows.empty or per.empty:
+        return []
+    step_s, cross_s = float(per["dur_s"].median()), float(per["comm_s"].median())
+    busbw = float(rows["busbw"].median())
+    moved = float((rows["busbw"] * rows["dur_s"]).sum())  # bus bytes (GB) moved
+    aggregate = moved / float(rows["dur_s"].sum())
+    link = nominal_link_gbs(trace)
+    if step_s <= 0 or cross_s / step_s < STEP_SHARE or busbw >= SLOW_FRACTION * link:
+        return []
+    nsteps = max(per["step"].nunique(), 1)
+    nranks = max(rows["rank"].nunique(), 1)
+    ideal_s = float(rows["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
+    per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
+    return [Finding(
+        rule="zero3_slow_link", severity="critical",
+        title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
+        detail=(f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts take "
+                f"{cross_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step at a median bus bandwidth of "
+                f"{busbw:.3g} GB/s against a nominal {link:g} GB/s link."),
+        evidence={"busbw_gbs": busbw, "busbw_aggregate_gbs": aggregate, "nominal_link_gbs": link,
+                  "cross_node_comm_s": cross_s,
+                  "step_s": step_s, "step_share": cross_s / step_s, "ops": len(rows),
+                  "bytes_per_step_per_rank": float(rows["bytes"].sum()) / nsteps / nranks,
+                  "hosts": sorted(set(host_of.values()))},
+        ranks=sorted(int(r) for r in rows["rank"].unique()),
+        layers=sorted({str(m) for m in rows["module"].dropna()})[:10],
+        steps=sorted(int(s) for s in per["step"].unique())[:20],
+        recoverable_s=max(cross_s - ideal_s, 0.0), fixes=_fixes(trace, per_node))]

@@ -1,0 +1,135 @@
+"""Communication rules on synthetic traces: each fires on its pattern and stays silent on a healthy job."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyzers import run_all
+from tests.unit.synth_trace import Job, fired
+
+
+def healthy() -> Job:
+    job = Job()
+    job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
+    return job
+
+
+def test_healthy_job_is_silent(tmp_path):
+    findings, failures = run_all(healthy().write(str(tmp_path)))
+    assert failures == {}
+    assert findings == []
+
+
+def test_embedding_comm_fires_on_embedding_gathers(tmp_path):
+    job = healthy()
+    job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", module="wte", at_ms=5,
+                                         dur_ms=30, nbytes=64 << 20))
+    (f,) = fired(job.write(str(tmp_path)), "embedding_comm")
+    assert f.layers == ["wte"] and f.evidence["step_share"] == pytest.approx(0.30, abs=0.01)
+    assert f.evidence["comm_share"] == pytest.approx(64 / (64 + 3 * 4), abs=0.01)  # by bytes
+    assert f.recoverable_s == pytest.approx(0.030, abs=1e-3)
+    assert f.fixes[0].ds_config == {"sparse_gradients": True}
+
+
+def test_embedding_comm_below_threshold_is_silent(tmp_path):
+    job = healthy()
+    job.each_step(lambda r, s: job.comm(r, s, module="head", at_ms=5, dur_ms=10))
+    assert fired(job.write(str(tmp_path)), "embedding_comm") == []
+
+
+def zero3_job(hosts: list[str], dur_ms: float) -> Job:
+    job = Job(header={"zero_stage": 3, "dtype": "fp16",
+                      "ds_config": {"zero_optimization": {"stage": 3}}}, hosts=hosts)
+    job.each_step(lambda r, s: [job.comm(r, s, op="all_gather_into_tensor", nbytes=8 << 20, at_ms=10 * i,
+                                         dur_ms=dur_ms) for i in range(4)])
+    return job
+
+
+def test_zero3_slow_link_fires_across_hosts(tmp_path):
+    (f,) = fired(zero3_job(["a", "b"], 15).write(str(tmp_path)), "zero3_slow_link")
+    # 8 MiB in 15 ms on 2 ranks: algbw 0.56 GB/s, busbw half of it, < 25% of the CPU link's 1.25 GB/s
+    assert f.evidence["busbw_gbs"] == pytest.approx((8 << 20) / 15e6 / 2, rel=1e-3)
+    assert f.evidence["step_share"] == pytest.approx(0.45, abs=0.01)  # 0-45 ms: overlaps count once
+    patch = f.fixes[0].ds_config["zero_optimization"]
+    assert "zero_hpz_partition_size" not in patch and patch["zero_quantized_weights"]  # 1 rank/node
+    four = zero3_job(["a", "a", "b", "b"], 15)
+    four.ranks = 4
+    four.each_step(lambda r, s: four.comm(r, s, op="all_gather_into_tensor", nbytes=8 << 20, dur_ms=60))
+    (g,) = fired(four.write(str(tmp_path / "four")), "zero3_slow_link")
+    assert g.fixes[0].ds_config["zero_optimization"]["zero_hpz_partition_size"] == 2
+    assert f.fixes[1].ds_config["zero_optimization"]["stage3_prefetch_bucket_size"] == int(2e8)  # 4x 5e7
+    assert 0 < f.recoverable_s < f.evidence["cross_node_comm_s"]
+
+
+@pytest.mark.parametrize("hosts,dur_ms", [(["a", "a"], 15), (["a", "b"], 5)])
+def test_zero3_slow_link_silent_on_one_host_or_fast_link(tmp_path, hosts, dur_ms):
+    assert fired(zero3_job(hosts, dur_ms).write(str(tmp_path)), "zero3_slow_link") == []
+
+
+def test_exposed_comm_counts_nested_wrappers_once_and_skips_async(tmp_path):
+    job = healthy()
+    job.each_step(lambda r, s: [job.comm(r, s, at_ms=10, dur_ms=40),  # outer wrapper
+                                job.comm(r, s, at_ms=12, dur_ms=30),  # the same op seen inside it
+                                job.comm(r, s, at_ms=55, dur_ms=30, async_op=True)])
+    (f,) = fired(job.write(str(tmp_path)), "exposed_comm")
+    assert f.evidence["exposed_share"][0] == pytest.approx(0.45, abs=0.01)  # 10-50 ms (holds 2 ops) + 60-65
+    assert f.evidence["overlap_comm"] is False  # code default below stage 3
+    assert f.fixes[0].ds_config["zero_optimization"]["overlap_comm"] is True
+
+
+def test_tiny_collectives(tmp_path):
+    job = healthy()
+    job.each_step(lambda r, s: [job.comm(r, s, nbytes=4096, at_ms=10 + i, dur_ms=0.5) for i in range(40)])
+    (f,) = fired(job.write(str(tmp_path)), "tiny_collectives")
+    assert f.evidence["per_step"] == 40 and f.evidence["tiny_s"] == pytest.approx(0.020)
+    few = healthy()
+    few.each_step(lambda r, s: [few.comm(r, s, nbytes=4096, at_ms=10 + i, dur_ms=0.5) for i in range(20)])
+    assert fired(few.write(str(tmp_path / "few")), "tiny_collectives") == []
+
+
+def test_tp_cross_node(tmp_path):
+    job = Job(ranks=4, header={"tp": 2}, hosts=["a", "b", "a", "b"])
+    job.each_step(lambda r, s: job.comm(r, s, group_ranks=[r - r % 2, r - r % 2 + 1], group="tp"))
+    (f,) = fired(job.write(str(tmp_path)), "tp_cross_node")
+    assert f.evidence["groups"] == [[0, 1], [2, 3]] and f.ranks == [0, 1, 2, 3]
+    assert f.fixes[0].megatron_args[:2] == ["--tensor-model-parallel-size", "2"]
+    ok = Job(ranks=4, header={"tp": 2}, hosts=["a", "a", "b", "b"])
+    assert fired(ok.write(str(tmp_path / "ok")), "tp_cross_node") == []
+
+
+def test_imported_collectives_without_step_are_attributed_by_time(tmp_path):
+    job = healthy()
+    job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", module="wte", at_ms=5,
+                                         dur_ms=30, nbytes=64 << 20))
+    trace = job.write(str(tmp_path))
+    trace.frames["comm"] = trace.comms.assign(step=-1)  # as the Kineto importer writes them
+    (f,) = fired(trace, "embedding_comm")
+    assert f.evidence["step_share"] == pytest.approx(0.30, abs=0.01)
+
+
+def test_effective_zero_config_beats_defaults(tmp_path):
+    job = zero3_job(["a", "b"], 15)
+    # the engine's dump uses field names (prefetch_bucket_size), not the ds_config aliases (stage3_...)
+    job.header["zero_config"] = {"stage": 3, "prefetch_bucket_size": 10**8, "overlap_comm": False}
+    (f,) = fired(job.write(str(tmp_path)), "zero3_slow_link")
+    assert f.fixes[1].ds_config["zero_optimization"]["stage3_prefetch_bucket_size"] == 4 * 10**8
+
+
+def test_embedding_gradient_bucketed_into_next_module_still_counts(tmp_path):
+    job = healthy()
+
+    def emb(r: int, s: int) -> None:
+        job.comm(r, s, op="all_gather_into_tensor", module="wte", at_ms=5, dur_ms=10, nbytes=3 << 22)
+        # ZeRO-3 bucketing: wte's gradient leaves during the next module's backward
+        job.comm(r, s, op="reduce_scatter_tensor", module="blocks.0", at_ms=70, dur_ms=15, nbytes=3 << 22)
+
+    job.each_step(emb)
+    (f,) = fired(job.write(str(tmp_path)), "embedding_comm")
+    assert f.evidence["step_share"] == pytest.approx(0.25, abs=0.01) and f.layers == ["wte"]
+
+
+def test_exposed_comm_ignores_waiting_for_a_straggler(tmp_path):
+    job = healthy()
+    # rank 0 waits 45 ms for rank 1 in every all-reduce; the transfer itself takes 5 ms
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=10 if r == 0 else 55, dur_ms=50 if r == 0 else 5))
+    assert fired(job.write(str(tmp_path)), "exposed_comm") == []

@@ -1,0 +1,115 @@
+"""Health rules on synthetic traces: overflow, memory, straggler, idle gaps, pipeline bubble, hangs."""
+
+from __future__ import annotations
+
+import pytest
+
+from diag import schema
+from tests.unit.synth_trace import MS, Job, fired
+from tests.unit.test_rules_comm import healthy
+
+FP16 = {"zero_stage": 1, "dtype": "fp16", "ds_config": {"fp16": {"enabled": True, "initial_scale_power": 8,
+                                                                  "loss_scale_window": 1000}}}
+
+
+def overflow_job(overflow_steps: set[int], steps: int = 12) -> Job:
+    job = Job(steps=steps, header=FP16)
+    for r in range(job.ranks):
+        scale = 2.0**8
+        for s in range(steps):
+            hit = s in overflow_steps
+            before, scale = scale, scale / 2 if hit else scale
+            job.add(r, schema.OVERFLOW, step=s, ts=job.start(r, s) + 90 * MS, overflow=hit,
+                    scale_before=before, scale_after=scale, skipped_steps=0, source="update_scale")
+    return job
+
+
+def test_overflow_calibration_is_not_a_storm(tmp_path):
+    assert fired(overflow_job({0, 1, 2}).write(str(tmp_path)), "overflow_storm") == []
+
+
+def test_overflow_storm_after_calibration(tmp_path):
+    (f,) = fired(overflow_job({0, 4, 6, 8}).write(str(tmp_path)), "overflow_storm")
+    assert f.evidence["overflow_steps"] == 6 and f.steps == [4, 6, 8]  # 3 per rank
+    assert f.severity == "warning" and f.evidence["min_scale"] == 16
+    assert f.fixes[0].ds_config["bf16"] == {"enabled": True}
+    assert f.fixes[1].ds_config["fp16"]["initial_scale_power"] == 8  # max(8 - 4, 8)
+
+
+def test_loss_scale_collapse_is_critical(tmp_path):
+    (f,) = fired(overflow_job({0, *range(3, 12)}).write(str(tmp_path)), "overflow_storm")
+    assert f.severity == "critical" and f.evidence["min_scale"] == 0.25
+
+
+def memory_job(alloc: float, reserved: float, cap: float | None) -> Job:
+    job = Job(header={"zero_stage": 1})
+    job.each_step(lambda r, s: job.add(r, schema.MEMORY, step=s, ts=job.start(r, s) + 99 * MS,
+                                       device="cuda:0", allocated=int(alloc), reserved=int(reserved),
+                                       peak=int(alloc), capacity=cap, rss=1, module=None))
+    return job
+
+
+def test_memory_near_capacity_and_fragmentation(tmp_path):
+    gib = 2**30
+    (near,) = fired(memory_job(130 * gib, 131 * gib, 140 * gib).write(str(tmp_path / "a")), "memory_pressure")
+    assert near.evidence["peak_share"] == pytest.approx(130 / 140) and near.severity == "warning"
+    (frag,) = fired(memory_job(20 * gib, 40 * gib, 140 * gib).write(str(tmp_path / "b")), "memory_pressure")
+    assert frag.evidence["stranded_bytes"] == 20 * gib
+    assert frag.fixes[0].env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert {"stage": 2} in [f.ds_config.get("zero_optimization") for f in frag.fixes if f.ds_config]
+    calm = memory_job(60 * gib, 70 * gib, 140 * gib).write(str(tmp_path / "c"))
+    assert fired(calm, "memory_pressure") == []
+
+
+def test_straggler_found_by_compute_not_step_time(tmp_path):
+    job = Job(ranks=4)
+    # rank 2 computes 40 ms longer; the others wait that long in the step's all-reduce
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=60 if r != 2 else 95, dur_ms=45 if r != 2 else 5))
+    (f,) = fired(job.write(str(tmp_path)), "straggler")
+    assert f.ranks == [2] and f.evidence["ratio"] == pytest.approx(95 / 55, rel=1e-3)
+    assert f.recoverable_s == pytest.approx(0.040)
+    assert fired(healthy().write(str(tmp_path / "ok")), "straggler") == []
+
+
+def test_idle_between_steps(tmp_path):
+    job = Job(gap_ms=30)
+    (f,) = fired(job.write(str(tmp_path)), "idle_between_steps")
+    assert f.recoverable_s == pytest.approx(0.030, abs=1e-6)
+    assert f.evidence["gap_share"][0] == pytest.approx(30 / 130, abs=1e-6)
+
+
+def test_idle_lead_in_before_first_forward(tmp_path):
+    def layer(job: Job, r: int, s: int, lead_ms: float) -> None:
+        job.add(r, schema.LAYER, step=s, module="module", phase="fwd", ts=job.start(r, s) + int(lead_ms * MS),
+                dur=20 * MS, flops=0, mem_delta=None)
+
+    slow, fast = Job(gap_ms=0), Job(gap_ms=0)  # steps recorded boundary to boundary, as the collector does
+    slow.each_step(lambda r, s: layer(slow, r, s, 25))
+    fast.each_step(lambda r, s: layer(fast, r, s, 1))
+    (f,) = fired(slow.write(str(tmp_path / "slow")), "idle_between_steps")
+    assert f.recoverable_s == pytest.approx(0.025, abs=1e-6)
+    assert fired(fast.write(str(tmp_path / "fast")), "idle_between_steps") == []
+
+
+def test_pipeline_bubble_above_schedule(tmp_path):
+    job = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 8})
+    job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=40 if r else 10,
+                                         group_ranks=[0, 1]))
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    assert f.evidence["bubble_ideal"] == pytest.approx(1 / 8)
+    assert f.evidence["bubble_measured"] == pytest.approx(40 / 60) and f.ranks == [1]
+    ok = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 8})
+    ok.each_step(lambda r, s: ok.comm(r, s, op="recv", at_ms=0, dur_ms=8, group_ranks=[0, 1]))
+    assert fired(ok.write(str(tmp_path / "ok")), "pipeline_bubble") == []
+
+
+def test_hang_desync_rank_stopped_and_diverged(tmp_path):
+    job = healthy()
+    job.comm(0, 7, op="broadcast", nbytes=8, at_ms=90, dur_ms=1)  # rank 0 alone in one more collective
+    (f,) = fired(job.write(str(tmp_path / "a")), "hang_desync")
+    assert f.evidence["diverged_groups"]["world"][0]["op"] == "broadcast" and f.ranks == [0, 1]
+    stuck = Job(steps=8)
+    trace = stuck.write(str(tmp_path / "b"))
+    trace.frames["step"] = trace.steps[(trace.steps["rank"] != 1) | (trace.steps["step"] < 3)]
+    (g,) = fired(trace, "hang_desync")
+    assert g.evidence["behind"] == [1]
