@@ -1,0 +1,99 @@
+"""Analyze diag traces, PyTorch profiler (Kineto) traces and DeepSpeed/Megatron logs post-mortem.
+
+Inputs may be mixed (a trace plus the log of the same job); each one's kind is detected by content.
+Unreadable inputs are reported one line each on stderr (exit code 2) and the rest is analyzed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from diag.errors import DiagError
+
+if TYPE_CHECKING:
+    from diag.importers import Progress
+
+PROGRESS_BYTES = 32 << 20  # show a progress bar when the inputs are bigger than this
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="diag trace dir, Kineto trace files/dirs (.json, .json.gz), training logs")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema v1)")
+    parser.add_argument("--markdown", metavar="FILE", help="also write a Markdown report")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
+    parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
+
+
+@contextmanager
+def _progress(paths: list[str], quiet: bool) -> Iterator[Progress | None]:
+    """A rich progress bar over the input bytes, for big inputs on a terminal."""
+    from diag.importers import input_files, size_of
+
+    items, _ = input_files(paths)
+    total = sum(size_of(p) for p, _ in items)
+    if quiet or total < PROGRESS_BYTES or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("loading"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("load", total=total)
+        yield lambda _path, size: bar.advance(task, size)
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise DiagError(f"{path}: cannot write report ({e.strerror or e})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from analyzers import registered_rules, run_all
+    from diag.importers import load_inputs
+    from diag.report import model
+
+    only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    if only:
+        unknown = sorted(set(only) - set(registered_rules()))
+        if unknown:
+            raise DiagError(f"unknown rule(s): {', '.join(unknown)} (known: "
+                            f"{', '.join(sorted(registered_rules())) or 'none'})")
+    with _progress(args.paths, args.quiet) as progress:
+        trace = load_inputs(args.paths, progress)
+    findings, failures = run_all(trace, only)
+    doc = model.build(trace, findings, failures)
+    _render(doc, args)
+    for p in doc["problems"]:
+        print(f"diag analyze: error: {p['message']}", file=sys.stderr)
+    return 2 if doc["problems"] else 0
+
+
+def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.markdown:
+        from diag.report import markdown
+
+        _write(args.markdown, markdown.render(doc))
+    if args.html:
+        from diag.report import html
+
+        _write(args.html, html.render(doc))
+    if args.json:
+        from diag.report import json_report
+
+        print(json_report.render(doc))
+    else:
+        from rich.console import Console
+
+        from diag.report import terminal
+
+        terminal.render(doc, Console(), quiet=args.quiet)

@@ -1,0 +1,67 @@
+"""Tell what a path holds by its content: a diag trace, a Kineto trace, or a training log."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import zlib
+
+from diag.importers.errors import ImportProblem
+from diag.importers.jsonfile import GZIP_MAGIC
+from diag.importers.logs import MARKERS
+from diag.trace.reader import TRACE_GLOB
+
+DIAG, KINETO, LOG = "diag", "kineto", "log"
+# files a directory contributes (a file named on the command line is always read)
+DIR_SUFFIXES = (".json", ".json.gz", ".gz", ".log", ".txt", ".out", ".err")
+
+
+def _head(path: str, n: int = 8192) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(n)
+            if raw[:2] != GZIP_MAGIC:
+                return raw
+            f.seek(0)
+            with gzip.open(f) as g:
+                return g.read(n)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ImportProblem(f"truncated or corrupt gzip ({e})") from None
+    except OSError as e:
+        raise ImportProblem(e.strerror or str(e)) from None
+
+
+def kind_of_file(path: str) -> str:
+    """DIAG, KINETO or LOG; `ImportProblem` for an empty, binary or unknown file."""
+    head = _head(path)
+    text = head.lstrip()
+    if not text:
+        raise ImportProblem("empty file")
+    if text.startswith(b"{") and b'"k"' in text.split(b"\n", 1)[0][:200]:
+        return DIAG
+    if (text.startswith(b"{") or (text.startswith(b"[") and text[1:].lstrip()[:1] in (b"{", b"]"))
+            or path.endswith((".json", ".json.gz"))):  # a JSON name: let the parser say what is wrong
+        return KINETO
+    if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:
+        raise ImportProblem("binary file: not a diag trace, PyTorch profiler trace or training log")
+    if any(m in head for m in MARKERS) or os.path.getsize(path) > len(head):
+        return LOG
+    raise ImportProblem("not a diag trace, PyTorch profiler trace or DeepSpeed/Megatron log")
+
+
+def expand(path: str) -> list[tuple[str, str | None]]:
+    """(path, kind) pairs: a diag trace directory stays one entry; any other directory gives its
+    files (sorted). Kind None means undetectable: `kind_of_file` will say why."""
+    if not os.path.exists(path):
+        raise ImportProblem("no such file or directory")
+    if os.path.isfile(path):
+        return [(path, None)]
+    if any(glob.glob(os.path.join(path, pat)) for pat in TRACE_GLOB):
+        return [(path, DIAG)]
+    files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.isfile(f)
+                   and not os.path.basename(f).startswith(".")
+                   and (f.endswith(DIR_SUFFIXES) or "." not in os.path.basename(f)))
+    if not files:
+        raise ImportProblem("empty directory: no traces or logs in it")
+    return [(f, None) for f in files]

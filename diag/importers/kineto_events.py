@@ -1,0 +1,128 @@
+"""Read a Kineto trace's events into column frames, a few MB of JSON at a time.
+
+Parsing a whole trace into Python objects costs about 5x its size in memory. torch writes traces
+pretty-printed, one event per indented block, and JSON strings cannot hold a raw newline, so the
+boundary `\\n<indent>},\\n<indent>{` between two top-level events is unambiguous: the event array is
+cut there into chunks that are parsed and reduced to columns one by one. A compact (one-line) file,
+or one where any chunk does not parse, is parsed whole, the slow but always-right way.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diag.importers.errors import ImportProblem
+from diag.importers.jsonfile import JSONError, load_json, loads, read_bytes
+
+CHUNK = 4 << 20
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
+HOST_CATS = {"cpu_op", "user_annotation", "Operator", "python_function"}
+KEEP_ARGS = ("record_param_comms", "gloo:", "nccl:")  # host ops whose args the comm import reads
+
+
+def _split(data: bytes) -> tuple[bytes, Iterator[bytes]] | None:
+    """(document without its events, event chunks as JSON arrays), or None if not pretty-printed."""
+    key = data.find(b'"traceEvents"')
+    start = data.find(b"[", key) + 1 if key >= 0 else 0
+    first = data.find(b"{", start) if start else -1
+    nl = data.rfind(b"\n", start, first) if first > 0 else -1
+    if nl < 0 or data[nl + 1:first].strip():
+        return None
+    indent = data[nl + 1:first]
+    close = data.rfind(b"\n" + indent + b"}")
+    after = close + len(indent) + 2
+    if close < first or data[after:].lstrip()[:1] != b"]":
+        return None
+    end = data.find(b"]", after)
+    sep = b"\n" + indent + b"},\n" + indent + b"{"
+
+    def chunks() -> Iterator[bytes]:
+        pos = first
+        while pos < after:
+            cut = data.find(sep, min(pos + CHUNK, after), after)
+            stop = after if cut < 0 else cut + len(indent) + 2
+            yield b"[" + data[pos:stop] + b"]"
+            pos = stop if cut < 0 else cut + len(sep) - 1
+
+    return data[:start] + b"]" + data[end + 1:], chunks()
+
+
+def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+    """Complete (`X`) events by kind -> small frames; only the args the importer reads are kept."""
+    rows: dict[str, list[dict[str, Any]]] = {"gpu": [], "runtime": [], "host": []}
+    for e in events:
+        if e.get("ph") == "X":
+            cat = e.get("cat")
+            kind = "gpu" if cat in GPU_CATS else "runtime" if cat in RUNTIME_CATS else (
+                "host" if cat in HOST_CATS else None)
+            if kind is not None:
+                rows[kind].append(e)
+    out = {}
+    for kind, evs in rows.items():
+        name, cat, ts, dur, tid = _fields(evs)
+        df = pd.DataFrame({"name": name, "cat": cat, "ts": _ns(ts), "dur": _ns(dur), "tid": tid})
+        args = [e.get("args") or {} for e in evs]
+        if kind != "host":
+            df["correlation"] = np.array([a.get("correlation", -1) for a in args], dtype=np.int64)
+            df["stream"] = np.array([a.get("stream", -1) for a in args], dtype=np.int64)
+        else:
+            df["args"] = [a if str(n).startswith(KEEP_ARGS) else None for a, n in zip(args, name)]
+        out[kind] = df
+    return out
+
+
+_GET = operator.itemgetter("name", "cat", "ts", "dur", "tid")
+
+
+def _fields(evs: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """name, cat, ts, dur, tid columns: one C-level pass when every event has them all."""
+    try:
+        cols = tuple(zip(*map(_GET, evs)))
+    except KeyError:
+        cols = tuple(zip(*((e.get("name", ""), e.get("cat"), e.get("ts"), e.get("dur", 0), e.get("tid"))
+                           for e in evs)))
+    return cols if cols else ((), (), (), (), ())
+
+
+def _ns(us: Any) -> np.ndarray:
+    """Microseconds (float, int, or junk) -> integer nanoseconds; junk counts 0."""
+    try:
+        vals = np.asarray(us, dtype=float)
+    except (TypeError, ValueError):
+        vals = pd.to_numeric(pd.Series(list(us), dtype=object), errors="coerce").to_numpy(float)
+    return np.rint(np.nan_to_num(vals) * 1000).astype(np.int64)
+
+
+def _parse_chunks(data: bytes) -> tuple[dict[str, Any], list[dict[str, pd.DataFrame]]] | None:
+    split = _split(data)
+    if split is None:
+        return None
+    head, chunks = split
+    try:
+        doc = loads(head)
+        parts = [_frames(loads(c)) for c in chunks]
+    except JSONError:
+        return None
+    return (doc, parts) if isinstance(doc, dict) else None
+
+
+def read_events(path: str) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """(the document without `traceEvents`, frames `gpu`, `runtime`, `host`)."""
+    data = read_bytes(path)
+    parsed = _parse_chunks(data)
+    if parsed is None:
+        del data
+        doc = load_json(path)
+        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+            raise ImportProblem("not a PyTorch profiler trace (no traceEvents list)")
+        parsed = doc, [_frames(doc.pop("traceEvents"))]
+    doc, parts = parsed
+    frames = {k: pd.concat([p[k] for p in parts], ignore_index=True) if len(parts) > 1 else parts[0][k]
+              for k in ("gpu", "runtime", "host")}
+    return doc, frames

@@ -1,0 +1,63 @@
+"""What each rank's device was doing: the intervals the breakdown and overlap figures are built on.
+
+GPU traces: the GPU kernels (incl. memcpy/memset) launched before the last ProfilerStep started, as
+Holistic Trace Analysis counts them (its default drops the last, often incomplete, step). CPU-only
+traces have no device timeline: compute is the union of host ops on the thread running the
+ProfilerSteps, communication the collectives' execution (gloo thread), with the same cut.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from diag import schema
+from diag.importers.kineto_names import COMM, COMPUTE
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+_NOT_COMPUTE = ("ProfilerStep", "c10d::", "record_param_comms", "gloo:", "Optimizer.", "##")
+
+
+def _cut(trace: Trace, rank: int) -> int | None:
+    steps = trace.frame(schema.STEP)
+    starts = steps.loc[steps["rank"] == rank, "ts"]
+    return int(starts.max()) if len(starts) >= 2 else None
+
+
+def gpu_activity(kernels: pd.DataFrame, cut: int | None) -> pd.DataFrame:
+    k = kernels
+    if cut is not None:  # as HTA: only kernels a host op launched before the last step began
+        k = k[(k["launch_ts"] >= 0) & (k["launch_ts"] < cut)]
+    return pd.DataFrame({"ts": k["ts"].to_numpy(), "end": (k["ts"] + k["dur"]).to_numpy(),
+                         "kind": k["kind"].astype(str).to_numpy()})
+
+
+def cpu_activity(ops: pd.DataFrame, comms: pd.DataFrame, cut: int | None) -> pd.DataFrame:
+    prof = ops[ops["name"].astype(str).str.startswith("ProfilerStep")]
+    main = prof["tid"].iloc[0] if len(prof) else None
+    names = ops["name"].astype(str)
+    comp = ops[(ops["tid"] == main) & (ops["cat"].astype(str) == "cpu_op")
+               & ~names.str.startswith(_NOT_COMPUTE)]
+    parts = [pd.DataFrame({"ts": comp["ts"].to_numpy(), "end": (comp["ts"] + comp["dur"]).to_numpy(),
+                           "kind": COMPUTE}),
+             pd.DataFrame({"ts": comms["ts"].to_numpy(), "end": (comms["ts"] + comms["dur"]).to_numpy(),
+                           "kind": COMM})]
+    df = pd.concat(parts, ignore_index=True)
+    return df[df["ts"] < cut] if cut is not None else df
+
+
+def activity(trace: Trace, rank: int) -> tuple[pd.DataFrame, str]:
+    """(intervals ts/end/kind, "gpu" or "cpu") of one rank."""
+    cut = _cut(trace, rank)
+    kernels = trace.frame("kernel")
+    mine = kernels[kernels["rank"] == rank] if "kind" in kernels.columns else kernels.iloc[:0]
+    if len(mine):
+        return gpu_activity(mine, cut), "gpu"
+    ops = trace.frame("cpu_op")
+    comms = trace.frame(schema.COMM)
+    if "tid" not in ops.columns:
+        return pd.DataFrame(columns=["ts", "end", "kind"]), "none"
+    return cpu_activity(ops[ops["rank"] == rank], comms[comms["rank"] == rank], cut), "cpu"

@@ -1,0 +1,149 @@
+"""Per-rank trace metrics: temporal breakdown, communication/computation overlap, per-collective
+statistics and straggler ranks. Pure pandas/numpy on a `Trace`; analyzers and reports both use it.
+
+Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the figure:
+- total = last activity end - first activity start; idle = total - |union of all activity|;
+  compute = |union of compute kernels|; non-compute = total - compute - idle.
+- overlap % = |union(comm) ∩ union(compute)| / |union(comm)| * 100.
+- straggler: for the k-th collective of each rank, the rank that spent least time in it arrived last
+  (the others waited for it); a rank that is last in more than half the collectives is a straggler.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from diag import schema
+from diag.importers.kineto_names import COMM, COMPUTE
+from diag.metrics import intervals
+from diag.metrics.activity import activity
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+
+def cached(fn: Callable[[Trace], pd.DataFrame]) -> Callable[[Trace], pd.DataFrame]:
+    """Compute a per-trace figure once: rules and the report ask for the same ones. Kept on the
+    Trace instance (frames do not change after loading); callers get a copy."""
+
+    @functools.wraps(fn)
+    def wrapper(trace: Trace) -> pd.DataFrame:
+        memo = vars(trace).setdefault("_metrics_cache", {})
+        if fn.__name__ not in memo:
+            memo[fn.__name__] = fn(trace)
+        return memo[fn.__name__].copy()
+
+    return wrapper
+
+
+def _union(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    return intervals.merge(df["ts"].to_numpy(np.int64), df["end"].to_numpy(np.int64))
+
+
+def _ranks(trace: Trace) -> list[int]:
+    return sorted(set(trace.ranks) | set(trace.frame("kernel")["rank"].dropna().astype(int)))
+
+
+@cached
+def temporal_breakdown(trace: Trace) -> pd.DataFrame:
+    """One row per rank: idle / compute / non-compute time (ns) and % of the active span."""
+    rows = []
+    for rank in _ranks(trace):
+        act, source = activity(trace, rank)
+        if act.empty:
+            continue
+        every = _union(act)
+        span = int(every[1][-1] - every[0][0])
+        idle = span - intervals.total(*every)
+        compute = intervals.total(*_union(act[act["kind"] == COMPUTE]))
+        rows.append({"rank": rank, "source": source, "total_ns": span, "idle_ns": idle,
+                     "compute_ns": compute, "non_compute_ns": span - compute - idle})
+    df = pd.DataFrame(rows, columns=["rank", "source", "total_ns", "idle_ns", "compute_ns",
+                                     "non_compute_ns"])
+    for col in ("idle", "compute", "non_compute"):
+        df[f"{col}_pct"] = (100 * df[f"{col}_ns"] / df["total_ns"].where(df["total_ns"] > 0)).round(2)
+    return df
+
+
+@cached
+def comm_overlap(trace: Trace) -> pd.DataFrame:
+    """One row per rank with collectives: % of communication time hidden under computation."""
+    rows = []
+    for rank in _ranks(trace):
+        act, source = activity(trace, rank)
+        comm = _union(act[act["kind"] == COMM])
+        if len(comm[0]) == 0:
+            continue
+        hidden = intervals.overlap(comm, _union(act[act["kind"] == COMPUTE]))
+        rows.append({"rank": rank, "source": source, "comm_ns": intervals.total(*comm),
+                     "overlap_ns": hidden})
+    df = pd.DataFrame(rows, columns=["rank", "source", "comm_ns", "overlap_ns"])
+    df["overlap_pct"] = (100 * df["overlap_ns"] / df["comm_ns"].where(df["comm_ns"] > 0)).round(2)
+    return df
+
+
+@cached
+def collective_stats(trace: Trace) -> pd.DataFrame:
+    """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw with nccl-tests factors,
+    from total bytes over total time)."""
+    c = trace.comms
+    if c.empty:
+        return pd.DataFrame(columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes",
+                                     "algbw", "busbw"])
+    g = c.assign(op=c["op"].astype(str)).groupby(["rank", "op"], observed=True)
+    df = g.agg(calls=("dur", "size"), time_ns=("dur", "sum"), bytes=("bytes", "sum"),
+               group_size=("group_size", "max")).reset_index()
+    df["mean_bytes"] = df["bytes"] / df["calls"]
+    df["algbw"] = df["bytes"] / df["time_ns"].where(df["time_ns"] > 0)
+    df["busbw"] = df["algbw"] * [schema.bus_factor(o, int(n or 0)) for o, n in
+                                 zip(df["op"], df["group_size"])]
+    return df.fillna({"algbw": 0.0, "busbw": 0.0})
+
+
+@cached
+def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
+    """Median bus bandwidth per op and message size over all ranks (the bandwidth-vs-size plot)."""
+    c = trace.comms
+    if c.empty:
+        return pd.DataFrame(columns=["op", "bytes", "busbw", "calls"])
+    c = c[c["bytes"] > 0].assign(op=lambda d: d["op"].astype(str))
+    return (c.groupby(["op", "bytes"], observed=True)
+            .agg(busbw=("busbw", "median"), calls=("busbw", "size")).reset_index())
+
+
+@cached
+def stragglers(trace: Trace) -> pd.DataFrame:
+    """Per rank: the fraction of collectives it arrived last at, and its median step time."""
+    c = trace.comms
+    ranks = sorted(c["rank"].unique()) if not c.empty else []
+    cols = ["rank", "last_arrival_frac", "median_step_ns", "straggler"]
+    if len(ranks) < 2:
+        return pd.DataFrame(columns=cols)
+    c = c.sort_values(["rank", "ts"]).assign(k=lambda d: d.groupby("rank").cumcount())
+    wide = c.pivot_table(index="k", columns="rank", values="dur", aggfunc="first").dropna()
+    last = wide.idxmin(axis=1).value_counts() / max(len(wide), 1)
+    steps = trace.steps.groupby("rank")["dur"].median() if not trace.steps.empty else pd.Series()
+    df = pd.DataFrame({"rank": ranks})
+    df["last_arrival_frac"] = df["rank"].map(last).fillna(0.0).round(3)
+    df["median_step_ns"] = df["rank"].map(steps)
+    df["straggler"] = df["last_arrival_frac"] > 0.5
+    return df
+
+
+@cached
+def step_times(trace: Trace) -> pd.DataFrame:
+    """rank, step, dur_ns from step events, else from the training log's iteration times."""
+    s = trace.steps
+    if not s.empty and "dur" in s.columns and s["dur"].notna().any():
+        return s[["rank", "step", "dur"]].rename(columns={"dur": "dur_ns"}).dropna()
+    log = trace.frame("log_step")
+    if "iter_ms" in log.columns and log["iter_ms"].notna().any():
+        ok = log.dropna(subset=["iter_ms"])
+        return pd.DataFrame({"rank": ok["rank"], "step": ok["step"],
+                             "dur_ns": (ok["iter_ms"] * 1e6).round().astype("int64")})
+    return pd.DataFrame(columns=["rank", "step", "dur_ns"])

@@ -1,0 +1,43 @@
+"""`--html FILE`: one self-contained HTML page (inline CSS and SVG plots, no scripts, no network)."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from diag.report.figures import figures
+from diag.report.tables import finding_lines, summary_line, tables
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
+text-align:right}th{background:#f3f3f3}.f{border-left:4px solid #999;padding:.2em 1em;margin:1em 0}
+.critical{border-color:#c00}.warning{border-color:#e90}.info{border-color:#49c}
+.plots{display:flex;flex-wrap:wrap;gap:12px}small{color:#666}"""
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<h2>{escape(title)}</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def _finding(f: dict[str, Any]) -> str:
+    items = "".join(f"<li>{escape(line)}</li>" for line in finding_lines(f))
+    return (f'<div class="f {escape(f["severity"])}"><h3>[{escape(f["severity"])}] '
+            f'{escape(f["title"])} <small>{escape(f["rule"])}</small></h3><ul>{items}</ul></div>')
+
+
+def render(doc: dict[str, Any]) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>diag analysis</title>"
+             f"<style>{_CSS}</style></head><body><h1>diag analysis</h1>"
+             f"<p>{escape(summary_line(doc))}</p><h2>Findings</h2>"]
+    parts += [_finding(f) for f in doc["findings"]] or ["<p>No findings.</p>"]
+    parts.append('<h2>Plots</h2><div class="plots">' + "".join(figures(doc).values()) + "</div>")
+    parts += [_table(*t) for t in tables(doc)]
+    problems = [p["message"] for p in doc["problems"]] + [
+        f"rule {k} failed: {v}" for k, v in doc["rule_failures"].items()]
+    if problems:
+        parts.append("<h2>Problems</h2><ul>" + "".join(f"<li>{escape(p)}</li>" for p in problems) + "</ul>")
+    parts.append(f"<p><small>schema {escape(doc['schema'])} v{doc['version']} · diag "
+                 f"{escape(doc['diag_version'])} · inputs: {escape(', '.join(doc['sources']))}</small></p>")
+    return "".join(parts) + "</body></html>\n"

@@ -1,0 +1,34 @@
+"""`--markdown FILE`: the report as GitHub-flavoured Markdown (no plots; the HTML report has them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diag.report.tables import finding_lines, summary_line, tables
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def render(doc: dict[str, Any]) -> str:
+    out = ["# diag analysis", "", summary_line(doc), ""]
+    out += ["## Findings", ""]
+    if not doc["findings"]:
+        out += ["No findings.", ""]
+    for f in doc["findings"]:
+        out.append(f"### [{f['severity']}] {f['title']} (`{f['rule']}`)")
+        out += [""] + [f"- {_cell(line)}" for line in finding_lines(f)] + [""]
+    for title, header, rows in tables(doc):
+        out += [f"## {title}", "", "| " + " | ".join(header) + " |",
+                "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+        out.append("")
+    if doc["problems"] or doc["rule_failures"]:
+        out += ["## Problems", ""]
+        out += [f"- {_cell(p['message'])}" for p in doc["problems"]]
+        out += [f"- rule `{k}` failed: {_cell(v)}" for k, v in doc["rule_failures"].items()]
+        out.append("")
+    out.append(f"_schema {doc['schema']} v{doc['version']}, diag {doc['diag_version']}; inputs: "
+               + ", ".join(f"`{s}`" for s in doc["sources"]) + "_")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,96 @@
+"""The report document: everything a renderer shows, as plain JSON-able data (schema in docs/analyze.md).
+
+Bump `VERSION` when a field changes meaning or disappears; adding fields keeps the version.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from diag import __version__
+from diag.metrics import breakdown
+
+if TYPE_CHECKING:
+    from analyzers.base import Finding
+    from diag.trace.model import Trace
+
+SCHEMA = "diag.analyze"
+VERSION = 1
+
+
+def plain(value: Any) -> Any:
+    """numpy/pandas scalars -> Python, NaN -> None, recursively."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return value
+
+
+def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return plain(df.astype(object).to_dict("records"))
+
+
+def _steps_summary(st: pd.DataFrame) -> dict[str, Any]:
+    if st.empty:
+        return {"count": 0}
+    ms = st["dur_ns"].astype(float) / 1e6
+    return {"count": int(st["step"].nunique()), "median_ms": ms.median(), "p90_ms": ms.quantile(0.9),
+            "max_ms": ms.max()}
+
+
+def _loss_scale(trace: Trace) -> pd.DataFrame:
+    log = trace.frame("log_step")
+    if "loss_scale" in log.columns and log["loss_scale"].notna().any():
+        return log.dropna(subset=["loss_scale"])[["step", "loss_scale"]].drop_duplicates("step")
+    ov = trace.overflow
+    if "scale_after" in ov.columns and ov["scale_after"].notna().any():
+        ov = ov.dropna(subset=["scale_after"]).sort_values("step")
+        first = ov.iloc[:1].assign(step=ov["step"].iloc[0] - 1, scale_after=ov["scale_before"].iloc[0])
+        both = pd.concat([first.dropna(subset=["scale_after"]), ov])
+        return (both.groupby("step")["scale_after"].min().reset_index()
+                .rename(columns={"scale_after": "loss_scale"}))
+    return pd.DataFrame(columns=["step", "loss_scale"])
+
+
+def _overflows(trace: Trace) -> int:
+    ov = trace.overflow
+    if ov.empty or "overflow" not in ov.columns:
+        return 0
+    return int(ov["overflow"].astype("boolean").fillna(False).sum())
+
+
+def build(trace: Trace, findings: list[Finding], failures: dict[str, str]) -> dict[str, Any]:
+    """The report document for one analysis."""
+    steps = breakdown.step_times(trace)
+    log = trace.frame("log_step")
+    return plain({
+        "schema": SCHEMA, "version": VERSION, "diag_version": __version__,
+        "sources": list(trace.sources), "ranks": trace.ranks, "layout": trace.layout(),
+        "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
+        "summary": {"steps": _steps_summary(steps),
+                    "tflops_median": (log["tflops"].median() if "tflops" in log.columns else None),
+                    "overflows": _overflows(trace),
+                    "findings": len(findings)},
+        "metrics": {
+            "breakdown": rows(breakdown.temporal_breakdown(trace)),
+            "overlap": rows(breakdown.comm_overlap(trace)),
+            "collectives": rows(breakdown.collective_stats(trace)),
+            "bandwidth_by_size": rows(breakdown.bandwidth_by_size(trace)),
+            "stragglers": rows(breakdown.stragglers(trace)),
+            "step_times": rows(steps),
+            "loss_scale": rows(_loss_scale(trace)),
+        },
+        "findings": [f.to_dict() for f in findings],
+        "rule_failures": dict(failures),
+    })

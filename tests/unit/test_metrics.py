@@ -1,0 +1,82 @@
+"""Trace metrics: interval arithmetic against brute force, breakdown/overlap/straggler definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diag import schema
+from diag.metrics import breakdown, intervals
+from diag.trace.model import Trace
+
+spans = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 15)), max_size=12)
+
+
+def _cover(pairs):
+    return {t for ts, d in pairs for t in range(ts, ts + d)}
+
+
+def _merged(pairs):
+    ts = np.array([p[0] for p in pairs], dtype=np.int64)
+    return intervals.merge(ts, ts + np.array([p[1] for p in pairs], dtype=np.int64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(spans, spans)
+def test_union_and_overlap_equal_brute_force(a, b):
+    ma, mb = _merged(a), _merged(b)
+    assert intervals.total(*ma) == len(_cover(a))
+    assert (ma[0][1:] > ma[1][:-1]).all()  # disjoint and sorted
+    assert intervals.overlap(ma, mb) == len(_cover(a) & _cover(b))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(1, 9)), min_size=1, max_size=20))
+def test_union_by_group_equals_per_group_union(rows):
+    df = pd.DataFrame(rows, columns=["rank", "ts", "dur"])
+    got = intervals.union_by_group(df, ["rank"])
+    for rank, part in df.groupby("rank"):
+        assert got[rank] == len(_cover(zip(part["ts"], part["dur"])))
+
+
+def _kernel_trace(rows, steps=((0, 0, 100), (1, 100, 100))):
+    k = pd.DataFrame(rows, columns=["rank", "name", "kind", "ts", "dur"])
+    k = k.assign(stream=7, correlation=range(len(k)), launch_ts=k["ts"], step=0)
+    st_ = pd.DataFrame(steps, columns=["step", "ts", "dur"]).assign(rank=0)
+    return Trace(headers={0: {"rank": 0}}, frames={"kernel": k, schema.STEP: st_})
+
+
+def test_breakdown_and_overlap_definitions():
+    tr = _kernel_trace([(0, "gemm", "compute", 0, 10), (0, "gemm", "compute", 5, 10),
+                        (0, "ncclDevKernel_AllReduce", "comm", 12, 8), (0, "Memcpy", "memory", 30, 10),
+                        (0, "late", "compute", 150, 10)])  # launched in the last step: not counted
+    row = breakdown.temporal_breakdown(tr).iloc[0]
+    assert (row["total_ns"], row["idle_ns"], row["compute_ns"], row["non_compute_ns"]) == (40, 10, 15, 15)
+    assert row["idle_pct"] == 25.0
+    mine = breakdown.temporal_breakdown(tr)
+    mine.loc[0, "idle_ns"] = -1  # callers get copies of the cached figure
+    assert breakdown.temporal_breakdown(tr).iloc[0]["idle_ns"] == 10
+    ov = breakdown.comm_overlap(tr).iloc[0]
+    assert (ov["comm_ns"], ov["overlap_ns"], ov["overlap_pct"]) == (8, 3, 37.5)
+
+
+def _comm_trace(durs_by_rank):
+    rows = [{"rank": r, "step": 0, "op": "all_reduce", "bytes": 1 << 20, "group_size": 2, "ts": 100 * i,
+             "dur": d, "busbw": 0.0} for r, durs in durs_by_rank.items() for i, d in enumerate(durs)]
+    return Trace(headers={r: {} for r in durs_by_rank}, frames={schema.COMM: pd.DataFrame(rows)})
+
+
+def test_straggler_is_the_rank_others_wait_for():
+    tr = _comm_trace({0: [50, 60, 55, 10], 1: [5, 6, 4, 40]})  # rank 1 arrives last 3 of 4 times
+    df = breakdown.stragglers(tr).set_index("rank")
+    assert df.loc[1, "last_arrival_frac"] == 0.75 and bool(df.loc[1, "straggler"])
+    assert not bool(df.loc[0, "straggler"])
+
+
+def test_collective_bandwidth_uses_nccl_tests_factor():
+    stats = breakdown.collective_stats(_comm_trace({0: [1 << 20], 1: [1 << 19]})).set_index("rank")
+    assert stats.loc[0, "algbw"] == pytest.approx(1.0)  # 1 MiB in 1 Mi ns = 1 GB/s
+    assert stats.loc[1, "busbw"] == pytest.approx(2.0 * 2 * 1 / 2)
