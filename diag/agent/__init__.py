@@ -48,6 +48,8 @@ def start(trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] 
         agent = Agent(trace_dir or default_trace_dir(), names, options)
         agent.start()
         _agent = agent
+        if options.get("control"):
+            agent._start_control()  # serves `detach` only now that stop() can find this agent
         return agent
 
 

@@ -132,10 +132,23 @@ class Agent:
             "ring_capacity": self.ring.capacity,
         })
         self._file.write_objects([header])
-        for name in self.what:
-            self._install(name)
         self._thread = threading.Thread(target=self._run, name="diag-writer", daemon=True)
-        self._thread.start()
+        self._thread.start()  # before the installs: on attach, events flow while `layers` warms up
+        for name in sorted(self.what, key=lambda n: n == "layers"):  # its 1-3 s install goes last
+            self._install(name)
+        # the control socket is started by diag.agent.start() once this agent is the current one:
+        # a `detach` that arrives at once must find it there (else it stops a half-started agent)
+
+    def _start_control(self) -> None:
+        """The control socket for `diag status/detach` (attach and `diag run` ask for it)."""
+        try:
+            from diag.control.server import ControlServer
+
+            server = ControlServer(self)
+            self.undo.call(server.stop, "control-server")  # before it can serve a detach
+            server.start()
+        except Exception as exc:  # noqa: BLE001 - tracing goes on without the socket
+            self.record_error("control", "start", exc)
 
     def _install(self, name: str) -> None:
         try:
@@ -205,7 +218,7 @@ class Agent:
         for since, rec in candidates:
             if _pending.unresolved(rec):
                 if final or now - since > _pending.MAX_HOLD_S:
-                    self.record_error("agent", "gpu-timing-timeout", TimeoutError("event pending"))
+                    self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
                     out.append(_pending.resolve(rec, give_up=True))
                 else:
                     self._held.append((since, rec))

@@ -1,0 +1,76 @@
+"""Attach the diag agent to a running Python training job (a rank, or a torchrun/deepspeed launcher).
+
+Tries sys.remote_exec (Python 3.14+ targets), then a ptrace injector without gdb (pyinjector), then
+gdb batch mode. Given a launcher pid, attaches to every local rank under it. The agent writes
+<trace-dir>/rank-NNNNN.jsonl and answers `diag status` / `diag detach` on a private socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from diag.agent.runtime import ALL_COLLECTORS
+from diag.errors import USAGE, DiagError
+from diag.inject import METHODS
+from diag.inject.attach import Attached, attach_one
+from diag.procs import ranks_under
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pid", type=int, help="a rank's pid, or the torchrun/deepspeed launcher's")
+    parser.add_argument("--trace-dir", default=os.path.abspath("diag-trace"),
+                        help="where the ranks write their trace files (default: ./diag-trace)")
+    parser.add_argument("--what", default=",".join(ALL_COLLECTORS),
+                        help=f"collectors, comma-separated (default: {','.join(ALL_COLLECTORS)})")
+    parser.add_argument("--layers-every", type=int, default=None,
+                        help="per-layer time and FLOPs on every Nth step (default 50)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="detach after this many seconds (default: stay attached)")
+    parser.add_argument("--method", choices=METHODS, default=None,
+                        help="force one injection method (default: the first that works)")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="attach even if the target has not imported torch")
+    parser.add_argument("-v", "--verbose", action="store_true", help="say which method and latency")
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    unknown = [w for w in args.what.split(",") if w.strip() and w.strip() not in ALL_COLLECTORS]
+    if unknown:
+        raise DiagError(f"unknown collector(s) {', '.join(unknown)}; choose from "
+                        f"{', '.join(ALL_COLLECTORS)}", USAGE)
+    options: dict[str, object] = {"trace_dir": os.path.abspath(args.trace_dir), "what": args.what}
+    if args.layers_every is not None:
+        options["layers_every"] = args.layers_every
+    ranks = ranks_under(args.pid)
+    with ThreadPoolExecutor(max_workers=min(8, len(ranks))) as pool:
+        results = list(pool.map(lambda pr: attach_one(pr[0], pr[1], options, args.method,
+                                                        not args.no_torch), ranks))
+    for res in results:
+        print(_line(res, args.verbose, time.perf_counter() - t0))
+    print(f"trace: {options['trace_dir']}")
+    if args.duration is not None:
+        _detach_after(results, args.duration)
+    return 0
+
+
+def _line(res: Attached, verbose: bool, total: float) -> str:
+    who = f"pid {res.pid}" + (f" (rank {res.rank})" if res.rank is not None else "")
+    if res.reused:
+        return f"{who}: already attached, reusing the running agent"
+    detail = f" via {res.method}: injected in {res.inject_s:.3f} s, agent ready at {total:.2f} s"
+    return f"attached to {who}" + (detail if verbose else "")
+
+
+def _detach_after(results: list[Attached], seconds: float) -> None:
+    from diag.control.client import request
+
+    try:
+        time.sleep(seconds)
+    finally:
+        for res in results:
+            request(res.pid, "detach")
+            print(f"detached from pid {res.pid}")

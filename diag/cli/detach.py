@@ -1,0 +1,21 @@
+"""Detach diag from a process (or every rank under a launcher): remove all hooks, stop its threads."""
+
+from __future__ import annotations
+
+import argparse
+
+from diag.control.client import request
+from diag.procs import ranks_under
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pid", type=int, help="an attached process, or the launcher above the ranks")
+
+
+def run(args: argparse.Namespace) -> int:
+    for pid, rank in ranks_under(args.pid):
+        reply = request(pid, "detach")
+        who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
+        failed = reply.get("undo_failed") or []
+        print(f"detached from {who}" + (f"; could not undo: {', '.join(failed)}" if failed else ""))
+    return 0

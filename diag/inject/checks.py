@@ -1,0 +1,97 @@
+"""Preflight checks before injecting: each failure becomes one specific line (memray's model).
+
+Everything is read from /proc without touching the target: owner, executable, loaded libraries
+(libpython's version, torch), and whether this kernel lets us ptrace it at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+from diag.errors import FAILURE, DiagError
+
+MIN_PYTHON = (3, 10)
+CAP_SYS_PTRACE = 19
+PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+_VERSION = re.compile(r"python(\d)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Target:
+    pid: int
+    exe: str
+    version: tuple[int, int]
+    has_torch: bool
+
+
+def inspect(pid: int, need_torch: bool = True) -> Target:
+    """Check that `pid` is our own live Python >= 3.10 process (with torch imported, by default)."""
+    try:
+        st = os.stat(f"/proc/{pid}")
+    except FileNotFoundError:
+        raise DiagError(f"no such process: {pid}", FAILURE) from None
+    if st.st_uid != os.getuid():
+        raise DiagError(f"pid {pid} belongs to another user (uid {st.st_uid}); attach as that user",
+                        FAILURE)
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read()
+    except (PermissionError, FileNotFoundError) as e:
+        raise DiagError(f"pid {pid}: cannot read /proc/{pid} ({e.strerror})", FAILURE) from None
+    version = python_version(exe, maps)
+    if version is None:
+        raise DiagError(f"pid {pid} is not a Python process ({exe})", FAILURE)
+    if version < MIN_PYTHON:
+        raise DiagError(f"pid {pid} runs Python {version[0]}.{version[1]}; diag needs "
+                        f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer", FAILURE)
+    has_torch = "/torch/lib/libtorch" in maps or "/torch/_C" in maps
+    if need_torch and not has_torch:
+        raise DiagError(f"pid {pid} has not imported torch (attach once the job has started, or "
+                        "pass --no-torch)", FAILURE)
+    return Target(pid, exe, version, has_torch)
+
+
+def python_version(exe: str, maps: str) -> tuple[int, int] | None:
+    """From libpython3.X in the mapped libraries, else from the executable (static builds)."""
+    m = re.search(r"libpython(\d)\.(\d+)", maps) or _VERSION.search(os.path.basename(exe))
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    if not os.path.basename(exe).startswith("python"):
+        return None
+    out = subprocess.run([exe, "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
+                         capture_output=True, text=True, timeout=10, check=False).stdout
+    m = _VERSION.search(out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def ptrace_hint(scope_file: str = PTRACE_SCOPE, status_file: str = "/proc/self/status") -> str:
+    """Why ptrace may be refused here, for the error line: the yama scope and CAP_SYS_PTRACE."""
+    try:
+        with open(scope_file) as f:
+            scope = int(f.read().strip())
+    except (OSError, ValueError):
+        scope = 0
+    cap = _has_cap_sys_ptrace(status_file)
+    if scope == 3:
+        return "kernel.yama.ptrace_scope=3 forbids ptrace until reboot: use `diag run` instead"
+    if scope >= 1 and not cap:
+        return (f"kernel.yama.ptrace_scope={scope}: run `sudo sysctl kernel.yama.ptrace_scope=0`, "
+                "or grant CAP_SYS_PTRACE, or use `diag run`")
+    if not cap:
+        return "no CAP_SYS_PTRACE (containers: --cap-add SYS_PTRACE), or use `diag run`"
+    return "ptrace was refused (seccomp or a security module?); `diag run` needs no ptrace"
+
+
+def _has_cap_sys_ptrace(status_file: str) -> bool:
+    try:
+        with open(status_file) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError):
+        pass
+    return False

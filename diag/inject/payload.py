@@ -1,0 +1,94 @@
+"""The code injected into a target, and the in-process half that it calls.
+
+The injected string only fixes sys.path and calls `boot(options_file)`; `boot` reads the options
+from a private 0600 file (then deletes it) and starts the agent on a daemon thread, so the target's
+own thread is held for microseconds. A second attach finds the running agent and reuses it. A start
+failure is written next to the socket as `<pid>.err` for the attach command to report.
+Stdlib only: this module runs inside the training process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import traceback
+from typing import Any
+
+import diag
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(diag.__file__)))
+
+
+def write_options(pid: int, options: dict[str, Any]) -> str:
+    """The options for one attach, in a fresh unguessable 0600 file in the per-user 0700 dir."""
+    from diag.control import protocol
+
+    name = f"attach-{pid}-{os.urandom(8).hex()}.json"
+    return protocol.write_private(name, json.dumps(options).encode())
+
+
+def code(options_file: str) -> str:
+    """A one-line Python statement with no double quotes or backslashes (safe for gdb's C string)."""
+    for s in (ROOT, options_file):
+        if any(c in s for c in "'\"\\\n"):
+            raise ValueError(f"path {s!r} contains quotes or backslashes")
+    return (f"import sys;p='{ROOT}';p in sys.path or sys.path.append(p);"
+            f"import diag.inject.payload as d;d.boot('{options_file}')")
+
+
+def boot(options_file: str) -> None:
+    """Runs in the target's thread that the injector borrowed: hand off to a daemon thread."""
+    threading.Thread(target=_start, args=(options_file,), name="diag-attach", daemon=True).start()
+
+
+def _start(options_file: str) -> None:
+    try:
+        with open(options_file, encoding="utf-8") as f:
+            opts = json.load(f)
+        os.unlink(options_file)
+        running = start_agent(opts)
+        if not os.path.exists(_socket()):
+            raise RuntimeError(f"control socket missing: {running.error_messages}")
+    except Exception as exc:  # noqa: BLE001 - report to the attach command, never to the job
+        _report(exc)
+
+
+def start_agent(opts: dict[str, Any]) -> Any:
+    """Start (or reuse) the agent with its control socket; flush it at interpreter exit too, so a
+    job that ends while attached loses nothing (the exit hook is removed again on detach)."""
+    import atexit
+
+    from diag import agent
+
+    if agent.current() is not None:
+        return agent.current()
+    running = agent.start(opts.pop("trace_dir", None), opts.pop("what", None), control=True, **opts)
+    atexit.register(agent.stop)
+    running.undo.call(lambda: atexit.unregister(agent.stop), "atexit")
+    if agent.current() is not running:  # a detach came through the socket before this line
+        atexit.unregister(agent.stop)
+    return running
+
+
+def _socket() -> str:
+    from diag.control import protocol
+
+    return protocol.socket_path(os.getpid())
+
+
+def error_file(pid: int) -> str:
+    from diag.control import protocol
+
+    return os.path.join(protocol.runtime_dir(), f"{pid}.err")
+
+
+def _report(exc: BaseException) -> None:
+    try:
+        msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        path = error_file(os.getpid())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(msg.splitlines()[-1][:500])
+    except Exception:  # noqa: BLE001 - nothing else we can do inside the job
+        pass

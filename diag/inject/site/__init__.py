@@ -1,0 +1,1 @@
+"""Holds the sitecustomize.py that `diag run` puts first on PYTHONPATH (a package so wheels ship it)."""

@@ -1,0 +1,62 @@
+"""From a pid the user gives to the training ranks to attach to (torchrun / deepspeed launchers).
+
+A launcher (torchrun, `deepspeed`, `python -m deepspeed.launcher.launch`) imports torch too, so
+"imports torch" alone does not tell a rank: ranks are the topmost Python descendants whose
+environment carries RANK (their own data-loader workers inherit it but sit below them).
+"""
+
+from __future__ import annotations
+
+import psutil
+
+from diag.errors import FAILURE, DiagError
+
+
+def environ_rank(pid: int) -> int | None:
+    """RANK from /proc/<pid>/environ (the value the process started with)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            value = item[5:].decode(errors="replace")
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _is_python(proc: psutil.Process) -> bool:
+    try:
+        return "python" in proc.name().lower() or "python" in (proc.exe() or "").lower()
+    except (psutil.Error, OSError):
+        return False
+
+
+def ranks_under(pid: int) -> list[tuple[int, int | None]]:
+    """[(pid, rank)] of the ranks at or under `pid`, by rank; `[(pid, None)]` for a lone process."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        raise DiagError(f"no such process: {pid}", FAILURE) from None
+    if environ_rank(pid) is not None:
+        return [(pid, environ_rank(pid))]
+    found: list[tuple[int, int | None]] = []
+    frontier = _children(root)
+    while frontier:
+        proc = frontier.pop(0)
+        rank = environ_rank(proc.pid)
+        if rank is not None and _is_python(proc):
+            found.append((proc.pid, rank))
+        else:
+            frontier.extend(_children(proc))
+    if not found:
+        return [(pid, None)]
+    return sorted(found, key=lambda pr: (pr[1] is None, pr[1] or 0))
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children()
+    except psutil.Error:
+        return []

@@ -1,0 +1,62 @@
+"""py-spy dumps of live processes, reduced to each process's main-thread stack."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.errors import FAILURE, DiagError
+
+TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str  # full path, as py-spy reports it
+    line: int
+
+    def short(self) -> str:
+        return f"{self.name} ({self.file.rsplit('/', 1)[-1]}:{self.line})"
+
+
+@dataclass
+class RankStack:
+    pid: int
+    rank: int | None
+    frames: list[Frame]  # innermost first, as py-spy orders them
+    thread: str = "MainThread"
+    other_threads: dict[str, list[Frame]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+
+def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
+    """`py-spy dump --json` of one process: a list of threads with their frames."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        raise DiagError("py-spy not found on PATH (pip install diag[attach])", FAILURE)
+    cmd = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        raise DiagError(f"py-spy dump of pid {pid} failed: {why}", FAILURE)
+    return json.loads(proc.stdout)
+
+
+def rank_stack(pid: int, rank: int | None, threads: list[dict[str, Any]]) -> RankStack:
+    """The main thread's stack (the training loop), the other threads kept for the full listing."""
+    parsed = {t.get("thread_name") or str(t.get("thread_id")): _frames(t) for t in threads}
+    main = "MainThread" if "MainThread" in parsed else next(iter(parsed), "none")
+    frames = parsed.pop(main, [])
+    return RankStack(pid, rank, frames, main, parsed)
+
+
+def _frames(thread: dict[str, Any]) -> list[Frame]:
+    return [Frame(f.get("name", "?"), f.get("filename", "?"), int(f.get("line") or 0))
+            for f in thread.get("frames", [])]

@@ -1,0 +1,73 @@
+"""Join stacks with the collectives each rank's agent saw complete, and state the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag.stacks.cluster import collective_of, user_frame
+from diag.stacks.dump import RankStack
+
+
+@dataclass
+class Progress:
+    """What a rank's trace says about its collectives so far (None: no trace for this rank)."""
+    completed: int
+    last_op: str | None
+    last_step: int | None
+
+
+def progress(trace_file: str) -> Progress:
+    """Completed collectives in one rank's trace file (read with the tolerant trace reader). A record
+    with a null duration was issued but never completed (written when the agent gave up waiting):
+    that is the collective a rank is stuck in, not one it finished."""
+    from diag.trace.reader import read_file
+
+    _, events, _ = read_file(trace_file)
+    comms = [e for e in events if e.get("k") == "comm" and e.get("dur") is not None]
+    last = comms[-1] if comms else {}
+    return Progress(len(comms), last.get("op"), last.get("step"))
+
+
+def describe(st: RankStack, prog: Progress | None) -> str:
+    coll = collective_of(st.frames)
+    where = user_frame(st.frames)
+    done = "" if prog is None else (
+        f"; {prog.completed} collectives completed since diag started" +
+        (f", last {prog.last_op} at step {prog.last_step}" if prog.last_op else ""))
+    if coll:
+        nth = f" (its collective #{prog.completed + 1} since diag started)" if prog is not None else ""
+        return f"{st.label}: waiting in {coll}{nth}{done}"
+    return f"{st.label}: not in a collective, in {where.short() if where else '?'}{done}"
+
+
+def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
+    """Who is stuck in which collective, and who never arrived; None when nothing is wrong."""
+    inside = {st.pid: collective_of(st.frames) for st in stacks}
+    waiting = [st for st in stacks if inside[st.pid]]
+    absent = [st for st in stacks if not inside[st.pid]]
+    if not waiting:
+        return None
+    ops = sorted({inside[st.pid] for st in waiting})  # type: ignore[type-var]
+    if len(ops) > 1:
+        return "ranks are in different collectives: " + "; ".join(
+            f"{st.label} in {inside[st.pid]}" for st in waiting)
+    if not absent:
+        return None if _same_count(waiting, progs) else "all ranks in " + ops[0] + \
+            " but at different collective counts: " + ", ".join(
+                f"{st.label} #{progs[st.pid].completed + 1}" for st in waiting if st.pid in progs)
+    stuck = ", ".join(st.label for st in waiting)
+    never = "; ".join(f"{st.label} (in {_where(st)})" for st in absent)
+    nth = ""
+    if waiting[0].pid in progs:
+        nth = f" (collective #{progs[waiting[0].pid].completed + 1} since diag started)"
+    return f"{stuck} stuck in {ops[0]}{nth}; never arrived: {never}"
+
+
+def _where(st: RankStack) -> str:
+    fr = user_frame(st.frames)
+    return fr.short() if fr else "?"
+
+
+def _same_count(stacks: list[RankStack], progs: dict[int, Progress]) -> bool:
+    counts = {progs[st.pid].completed for st in stacks if st.pid in progs}
+    return len(counts) <= 1

@@ -1,0 +1,118 @@
+"""Injection pieces that run without ptrace: preflight parsing, the payload's in-process half,
+finding ranks under a launcher, and the sitecustomize decision of `diag run`."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from diag import agent
+from diag.control import protocol
+from diag.errors import DiagError
+from diag.inject import checks, payload
+from diag.procs import ranks_under
+
+
+@pytest.fixture(autouse=True)
+def private(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+
+
+def test_python_version_from_maps_or_executable():
+    maps = "7f00 r-xp 00000000 08:01 1 /usr/lib/libpython3.12.so.1.0\n"
+    assert checks.python_version("/usr/bin/python3", maps) == (3, 12)
+    assert checks.python_version("/root/.pyenv/versions/3.9.1/bin/python3.9", "") == (3, 9)
+    assert checks.python_version("/usr/bin/sleep", "") is None
+    assert checks.python_version(sys.executable, "") == sys.version_info[:2]  # asks the interpreter
+
+
+def test_ptrace_hints(tmp_path):
+    scope, status = tmp_path / "scope", tmp_path / "status"
+    status.write_text("CapEff:\t0000000000000000\n")
+    scope.write_text("1\n")
+    assert "kernel.yama.ptrace_scope=1" in checks.ptrace_hint(str(scope), str(status))
+    scope.write_text("3\n")
+    assert "until reboot" in checks.ptrace_hint(str(scope), str(status))
+    scope.write_text("0\n")
+    assert "CAP_SYS_PTRACE" in checks.ptrace_hint(str(scope), str(status))
+    status.write_text(f"CapEff:\t{1 << checks.CAP_SYS_PTRACE:016x}\n")
+    assert "seccomp" in checks.ptrace_hint(str(scope), str(status))
+
+
+def test_inspect_own_process_and_missing_pid():
+    me = checks.inspect(os.getpid(), need_torch=False)
+    assert me.version == sys.version_info[:2]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with pytest.raises(DiagError, match="no such process"):
+        checks.inspect(dead.pid)
+
+
+def test_payload_code_is_one_safe_line():
+    line = payload.code("/run/user/0/diag/attach-1-ab.json")
+    assert '"' not in line and "\\" not in line and "\n" not in line
+    with pytest.raises(ValueError, match="quotes"):
+        payload.code("/tmp/x'; import os; os.system('id') #")
+
+
+def _wait(path: str) -> None:
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def test_boot_starts_agent_once_and_removes_its_options(tmp_path):
+    opts = payload.write_options(os.getpid(), {"trace_dir": str(tmp_path / "t"), "what": "steps"})
+    assert stat.S_IMODE(os.stat(opts).st_mode) == 0o600
+    payload.boot(opts)
+    _wait(protocol.socket_path(os.getpid()))
+    first = agent.current()
+    assert first is not None and not os.path.exists(opts)
+    again = payload.write_options(os.getpid(), {"trace_dir": str(tmp_path / "other")})
+    payload.boot(again)
+    deadline = time.monotonic() + 10
+    while os.path.exists(again) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert agent.current() is first  # reused
+    agent.stop()
+    assert not os.path.exists(protocol.socket_path(os.getpid()))
+
+
+def test_boot_failure_is_reported_next_to_the_socket(tmp_path):
+    opts = payload.write_options(os.getpid(), {"trace_dir": str(tmp_path), "what": "nonsense"})
+    payload.boot(opts)
+    err = payload.error_file(os.getpid())
+    _wait(err)
+    assert "unknown collector(s) nonsense" in open(err).read()
+    os.unlink(err)
+    assert agent.current() is None
+
+
+CHILD = "import os,time; os.environ['RANK'] and time.sleep(30)"
+LAUNCHER = f"""
+import os, subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, '-c', {CHILD!r}], env={{**os.environ, 'RANK': str(r)}})
+        for r in (1, 0)]
+print('ready', flush=True)
+time.sleep(30)
+"""
+
+
+def test_ranks_under_a_launcher_are_its_topmost_rank_processes():
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline().strip() == "ready"
+        found = ranks_under(launcher.pid)
+        assert [r for _, r in found] == [0, 1]
+        assert ranks_under(found[0][0]) == [found[0]]
+    finally:
+        for child in __import__("psutil").Process(launcher.pid).children():
+            child.kill()
+        launcher.kill()
+        launcher.wait()

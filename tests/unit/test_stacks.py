@@ -1,0 +1,67 @@
+"""Clustering rank stacks and the hang verdict, on py-spy's JSON shape and a real trace file."""
+
+from __future__ import annotations
+
+from diag.stacks.cluster import cluster, collective_of, odd_ones_out
+from diag.stacks.dump import rank_stack
+from diag.stacks.join import Progress, describe, progress, verdict
+from diag.trace.writer import TraceFileWriter
+
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
+TRAIN = "/job/train.py"
+
+
+def thread(*frames: tuple[str, str, int], name: str = "MainThread") -> dict:
+    return {"thread_name": name, "thread_id": 1, "frames": [
+        {"name": n, "filename": f, "line": ln} for n, f, ln in frames]}
+
+
+IN_ALL_REDUCE = [("all_reduce", C10D, 3252), ("wrapper", LOGGER, 83), ("step", TRAIN, 40),
+                 ("main", TRAIN, 60)]
+IN_LOADER = [("next_batch", TRAIN, 22), ("main", TRAIN, 58)]
+
+
+def stacks(*per_rank):
+    return [rank_stack(100 + r, r, [thread(*frames), thread(("run", "/x/threading.py", 1), name="w")])
+            for r, frames in enumerate(per_rank)]
+
+
+def test_collective_named_from_innermost_library_frame():
+    st = stacks(IN_ALL_REDUCE)[0]
+    assert collective_of(st.frames) == "all_reduce"
+    assert collective_of(stacks(IN_LOADER)[0].frames) is None
+    assert "w" in st.other_threads and st.thread == "MainThread"
+
+
+def test_identical_stacks_group_and_the_odd_rank_is_named():
+    sts = stacks(IN_ALL_REDUCE, IN_ALL_REDUCE, IN_LOADER, IN_ALL_REDUCE)
+    groups = cluster(sts)
+    assert [[s.rank for s in g.ranks] for g in groups] == [[0, 1, 3], [2]]
+    assert [s.rank for s in odd_ones_out(groups)] == [2]
+    assert odd_ones_out(cluster(stacks(IN_ALL_REDUCE, IN_LOADER))) == []  # 1 vs 1: no majority
+
+
+def test_verdict_names_stuck_rank_collective_and_absent_rank():
+    sts = stacks(IN_ALL_REDUCE, IN_LOADER)
+    progs = {100: Progress(5, "all_reduce", 4), 101: Progress(5, "all_reduce", 4)}
+    text = verdict(sts, progs)
+    assert text == ("rank 0 stuck in all_reduce (collective #6 since diag started); never arrived: "
+                    "rank 1 (in next_batch (train.py:22))")
+    assert "waiting in all_reduce (its collective #6" in describe(sts[0], progs[100])
+    assert verdict(stacks(IN_LOADER, IN_LOADER), {}) is None
+
+
+def test_verdict_reports_ranks_in_different_collectives():
+    broadcast = [("broadcast", C10D, 2800), *IN_ALL_REDUCE[1:]]
+    assert "different collectives" in (verdict(stacks(IN_ALL_REDUCE, broadcast), {}) or "")
+
+
+def test_progress_counts_completed_collectives_in_a_trace(tmp_path):
+    w = TraceFileWriter(str(tmp_path), "rank-00000.jsonl")
+    ops = ["broadcast", "all_reduce"]
+    w.write_objects([{"k": "header", "rank": 0},
+                     *({"k": "comm", "op": op, "step": i} for i, op in enumerate(ops)),
+                     {"k": "step", "step": 1}])
+    w.close()
+    assert progress(w.path) == Progress(2, "all_reduce", 1)
