@@ -56,7 +56,7 @@ def build_header(wall0_ns: int, perf0_ns: int, options: dict[str, Any]) -> dict[
     }
 
 
-def _megatron_layout() -> dict[str, Any]:
+def megatron_layout() -> dict[str, Any]:
     ps = sys.modules.get("megatron.core.parallel_state")
     if ps is None:
         return {}
@@ -110,7 +110,7 @@ def _jsonable(obj: Any) -> Any:
 
 def describe_job(engine: Any = None) -> dict[str, Any]:
     """Parallel layout and DeepSpeed settings known right now (empty fields are left out)."""
-    info = _megatron_layout()
+    info = megatron_layout()
     if engine is not None:
         info = {**_engine_info(engine), **info}
     return {k: v for k, v in info.items() if v is not None}

@@ -19,7 +19,7 @@ from typing import Any
 from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import pending as _pending
-from diag.agent.header import build_header, describe_job, rank_and_world
+from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
 from diag.trace.writer import TraceFileWriter, rank_file_name
@@ -54,6 +54,9 @@ class Agent:
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
         self.step_listeners: list[Callable[[int], None]] = []
         self.engine: Any = None  # the DeepSpeed engine once seen
+        self._header_rank: int | None = None
+        self._rank_known = False  # header lacked the rank (agent started before the process group)
+        self._layout_known = False  # Megatron's parallel state is initialized after the agent starts
         # bookkeeping
         self.errors: dict[str, int] = {}
         self.error_messages: list[tuple[str, str, str, str]] = []
@@ -109,8 +112,31 @@ class Agent:
         self.step = step
         every = self.layers_every
         self.sampled = every > 0 and step % every == 0
+        if not (self._layout_known and self._rank_known):
+            self._learn_layout()
         for listener in self.step_listeners:
             listener(step)
+
+    def _learn_layout(self) -> None:
+        """Write rank / world and Megatron's TP/PP/DP as meta once they exist (checked per step
+        until then: a dict lookup in sys.modules and one call)."""
+        try:
+            if not self._rank_known:
+                rank, world = rank_and_world()
+                if rank is not None:
+                    self._rank_known = True
+                    if rank != self._header_rank:
+                        self.set_meta("rank", rank)
+                        self.set_meta("world_size", world)
+            if not self._layout_known:
+                layout = megatron_layout()
+                if layout:
+                    self._layout_known = True
+                    for key, value in layout.items():
+                        self.set_meta(key, value)
+        except Exception as exc:  # noqa: BLE001
+            self._layout_known = self._rank_known = True  # don't retry a broken parallel state
+            self.record_error("agent", "layout", exc)
 
     def set_meta(self, key: str, value: Any) -> None:
         self.emit((schema.META, self.now(), key, value))
@@ -132,6 +158,9 @@ class Agent:
             "ring_capacity": self.ring.capacity,
         })
         self._file.write_objects([header])
+        self._header_rank = header.get("rank")
+        self._rank_known = self._header_rank is not None
+        self._layout_known = bool(header.get("tp"))
         self._thread = threading.Thread(target=self._run, name="diag-writer", daemon=True)
         self._thread.start()  # before the installs: on attach, events flow while `layers` warms up
         for name in sorted(self.what, key=lambda n: n == "layers"):  # its 1-3 s install goes last

@@ -114,6 +114,9 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
                 by_kind[ev["k"]].append(ev)
             continue
         rank = header.get("rank")
+        if rank is None:  # started before the process group: the rank came later, as meta
+            rank = next((ev.get("value") for ev in events
+                         if ev.get("k") == schema.META and ev.get("key") == "rank"), None)
         if rank is None:
             rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
         merged = trace.headers.setdefault(rank, dict(header))

@@ -1,0 +1,110 @@
+"""Step-time overhead of diag's agent vs torch.profiler and DeepSpeed's own profilers, measured side
+by side in one real 2-rank DeepSpeed job (the test GPT, hidden 128, 4 blocks, ZeRO-2 bf16, CPU/gloo):
+
+    python -m bench.overhead [--rounds 12] [--block 10] [-- --hidden 256 --seq 128 ...]
+
+(flags after `--` go to the job: tests/workloads/gpt_ds.py's size knobs)
+
+The job trains in blocks of `--block` steps; before each block one variant is switched on in-process
+(agent started, profiler entered) and after it switched off, in a shuffled order each round
+(bench/variants.py). Two tables: wall time per step (the slowest rank) and CPU time per step (the
+ranks' process CPU summed: the work a variant adds, which other jobs on a shared machine do not
+inflate); per variant the median and the 20th percentile of its steps (each block's first step left
+out: it pays the switch).
+
+Always-on (`layers_every=50`) is derived from two measured variants, because a block of a few steps
+rarely contains the one sampled step in 50: (49 x "diag, not sampled" + 1 x "diag per-layer") / 50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = ["--zero", "2", "--dtype", "bf16", "--hidden", "128", "--layers", "4", "--seq", "64"]
+EVERY = 50  # the agent's default layers_every
+PROFILER = "torch.profiler (CPU, record_shapes)"
+ALWAYS_ON = f"diag always-on (layers_every={EVERY}, derived)"
+
+
+Times = list[dict[str, list[list[list[float]]]]]  # rank -> variant -> block -> step -> (wall, cpu)
+
+
+def pooled_steps(per_rank: Times, cpu: bool) -> dict[str, list[float]]:
+    """{variant: one figure per step}, pooled over the variant's blocks, each block's first step left
+    out (it pays the switch). Wall: the slowest rank (collectives keep ranks in step); CPU: the sum
+    over ranks (the job's work)."""
+    out: dict[str, list[float]] = {}
+    for name in per_rank[0]:
+        out[name] = []
+        for blocks in zip(*(r[name] for r in per_rank)):
+            for ranks in list(zip(*blocks))[1:]:
+                out[name].append(sum(t[1] for t in ranks) if cpu else max(t[0] for t in ranks))
+    return out
+
+
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarize(steps: dict[str, list[float]], q: float) -> dict[str, float]:
+    """The q-quantile step time per variant, plus the derived always-on figure."""
+    out = {k: quantile(v, q) for k, v in steps.items()}
+    out[ALWAYS_ON] = ((EVERY - 1) * out["diag, not sampled"]
+                      + out["diag per-layer (layers_every=1)"]) / EVERY
+    return out
+
+
+def added_ratio(med: dict[str, float], name: str) -> str:
+    added, added_prof = med[name] - med["bare"], med[PROFILER] - med["bare"]
+    if added > 0 and added_prof > 0:
+        return f"{added_prof / added:.1f}x"
+    return "n/a (an added time <= 0: within noise)"
+
+
+def table(steps: dict[str, list[float]], title: str) -> str:
+    """Median and 20th percentile: on a loaded machine the low quantile is the stabler estimate
+    (preemption only ever adds time to a step)."""
+    med, low = summarize(steps, 0.5), summarize(steps, 0.2)
+    rows = [f"{title:45} {'median ms':>9} {'x bare':>7} {'p20 ms':>8} {'x bare':>7} {'steps':>6}"]
+    for name in med:
+        n = len(steps.get(name, [])) or "-"
+        rows.append(f"{name:45} {med[name] * 1e3:9.2f} {med[name] / med['bare']:7.3f} "
+                    f"{low[name] * 1e3:8.2f} {low[name] / low['bare']:7.3f} {n:>6}")
+    for name in (ALWAYS_ON, "diag per-layer (layers_every=1)"):
+        rows.append(f"torch.profiler's added time / {name}'s: median {added_ratio(med, name)}, "
+                    f"p20 {added_ratio(low, name)}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--block", type=int, default=10, help="steps per block (first one not counted)")
+    p.add_argument("--seed", type=int, default=0)
+    argv = sys.argv[1:] if argv is None else argv
+    job = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    sys.path.insert(0, ROOT)
+    from tests.workloads import launch
+
+    with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
+        result = os.path.join(tmp, "times.json")
+        launch.run("bench.variants", ["--rounds", str(args.rounds), "--block", str(args.block),
+                                      "--seed", str(args.seed), "--result", result, *JOB, *job],
+                   timeout=3600)
+        with open(result) as f:
+            times = json.load(f)
+        print(table(pooled_steps(times, cpu=False), "wall time per step (slowest rank)"))
+        print()
+        print(table(pooled_steps(times, cpu=True), "CPU time per step (sum of ranks)"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""The benchmark's worker (runs on every rank under torchrun): one DeepSpeed job that trains in
+short blocks, each block under one profiling variant switched on before it and off after it, in a
+shuffled order per round that every rank draws from the same seed. Switching inside one process
+keeps machine noise (other jobs on the box) the same for every variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+from tests.workloads import common, gpt_ds, shims
+from tests.workloads.gpt import batch
+
+NEVER = 10**9  # layers_every for "agent on, never sampled" (the always-on cost between samples)
+
+
+@contextlib.contextmanager
+def agent_on(trace_dir: str, layers_every: int) -> Iterator[None]:
+    from diag import agent
+
+    agent.start(trace_dir, layers_every=layers_every)
+    try:
+        yield
+    finally:
+        agent.stop()
+
+
+@contextlib.contextmanager
+def torch_profiler() -> Iterator[None]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+        yield
+
+
+@contextlib.contextmanager
+def deepspeed_profilers(engine: Any) -> Iterator[None]:
+    """DeepSpeed's flops profiler on the model and its comms logger on every collective."""
+    from deepspeed.comm import comm
+    from deepspeed.profiling.flops_profiler import FlopsProfiler
+
+    prof = FlopsProfiler(engine.module, ds_engine=engine)
+    prof.start_profile()
+    comm.comms_logger.enabled = True
+    try:
+        yield
+    finally:
+        comm.comms_logger.enabled = False
+        prof.stop_profile()
+        prof.end_profile()
+
+
+def variants(engine: Any, trace_dir: str) -> dict[str, Callable[[], Any]]:
+    return {
+        "bare": contextlib.nullcontext,
+        "diag, not sampled": lambda: agent_on(trace_dir, NEVER),
+        "diag per-layer (layers_every=1)": lambda: agent_on(trace_dir, 1),
+        "torch.profiler (CPU, record_shapes)": torch_profiler,
+        "DeepSpeed flops profiler + comms logger": lambda: deepspeed_profilers(engine),
+    }
+
+
+def run_block(engine: Any, args: argparse.Namespace, rank: int, first: int, n: int
+              ) -> list[tuple[float, float]]:
+    """(wall, process CPU) seconds of each step. CPU time (all threads: the agent's writer too) is
+    what a variant adds in work; unlike wall time it does not grow when other jobs preempt us."""
+    times = []
+    for step in range(first, first + n):
+        t0, c0 = time.perf_counter(), time.process_time()
+        tokens, targets = batch(step, rank, args.batch, args.seq, args.vocab)
+        engine.backward(engine(tokens, targets))
+        engine.step()
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+    return times
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--block", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result", required=True)
+    ours, job = p.parse_known_args(argv)
+    args = gpt_ds.parse_args([*job, "--comms-logger"])
+    shims.deepspeed_cpu()
+    rank, _ = common.init_process_group()
+    engine, _, _ = gpt_ds.make_engine(args, rank)
+    from deepspeed.comm import comm
+
+    comm.comms_logger.enabled = False
+    table = variants(engine, tempfile.mkdtemp(prefix="diag-bench-"))
+    rng, step = random.Random(ours.seed), 0
+    run_block(engine, args, rank, step, ours.block)  # warm-up
+    step += ours.block
+    times: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in table}
+    for _ in range(ours.rounds):
+        order = list(table)
+        rng.shuffle(order)
+        for name in order:
+            dist.barrier()
+            with table[name]():
+                times[name].append(run_block(engine, args, rank, step, ours.block))
+            step += ours.block
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, times)
+    if rank == 0:
+        with open(ours.result, "w") as f:
+            json.dump(everyone, f)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""The short summary `diag demo` prints: a glance at each signal the agent recorded, from the trace
+alone (pandas + rich; the full rule-based analysis is `diag analyze`)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from diag import schema
+from diag.trace.model import Trace
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.2f}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
+    """Layer records of modules without children (parents' records are inclusive of them). The root
+    is named by its class, not as a prefix of its children: it is the one with the most FLOPs."""
+    names = set(layers["module"].astype(str))
+    leaves = {n for n in names if not any(o.startswith(n + ".") for o in names)}
+    if len(leaves) > 1:
+        leaves.discard(str(layers.groupby("module", observed=True)["flops"].sum().idxmax()))
+    return layers[layers["module"].astype(str).isin(leaves)]
+
+
+def job_table(trace: Trace) -> Table:
+    t = Table(title="job", show_header=False)
+    layout = trace.layout()
+    steps = trace.steps.dropna(subset=["dur"])
+    for key in ("world_size", "zero_stage", "dtype", "tp", "dp"):
+        if key in layout:
+            t.add_row(key, str(layout[key]))
+    t.add_row("steps recorded", str(trace.steps.groupby("rank").size().to_dict()))
+    if not steps.empty:
+        per_rank = steps.groupby("rank")["dur"].median()
+        t.add_row("median step time (ms)", ", ".join(f"r{r}: {_ms(v)}" for r, v in per_rank.items()))
+    return t
+
+
+def layers_table(trace: Trace, top: int = 8) -> Table:
+    t = Table(title=f"top layers (leaf modules, sampled steps, rank 0, top {top} by time)")
+    for col in ("module", "fwd ms", "bwd ms", "GFLOP"):
+        t.add_column(col, justify="left" if col == "module" else "right")
+    layers = leaf_layers(trace.layers[trace.layers["rank"] == 0])
+    if layers.empty:
+        return t
+    by = layers.pivot_table(index="module", columns="phase", values="dur", aggfunc="sum",
+                            observed=True).fillna(0)
+    flops = layers.groupby("module", observed=True)["flops"].sum()
+    by["total"] = by.sum(axis=1)
+    for name, row in by.sort_values("total", ascending=False).head(top).iterrows():
+        t.add_row(str(name), _ms(row.get("fwd", 0)), _ms(row.get("bwd", 0)),
+                  f"{flops.get(name, 0) / 1e9:.3f}")
+    return t
+
+
+def busbw(op: str, df: pd.DataFrame) -> float:
+    """Bus bandwidth over all calls (total bus bytes / total time): a median of per-call figures
+    would be dominated by the many one-element flag reductions."""
+    dur = df["dur"].sum()
+    if not dur:
+        return 0.0
+    factors = df["group_size"].map(lambda n: schema.bus_factor(op, int(n or 0)))
+    return float((df["bytes"] * factors).sum() / dur)  # bytes per ns == GB/s
+
+
+def comms_table(trace: Trace) -> Table:
+    t = Table(title="collectives (all ranks)")
+    for col in ("op", "count", "bytes", "time ms", "busbw GB/s"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    comms = trace.comms
+    if comms.empty:
+        return t
+    g = comms.groupby(comms["op"].astype(str))
+    for op, df in sorted(g, key=lambda kv: -kv[1]["dur"].sum()):
+        t.add_row(op, str(len(df)), _bytes(df["bytes"].sum()), _ms(df["dur"].sum()),
+                  f"{busbw(op, df):.3f}")
+    return t
+
+
+def memory_table(trace: Trace) -> Table:
+    t = Table(title="memory (peak per rank)")
+    for col in ("rank", "device", "peak allocated", "peak RSS"):
+        t.add_column(col, justify="right")
+    mem = trace.memory
+    for rank, df in mem.groupby("rank"):
+        peak = df["peak"].dropna()
+        t.add_row(str(rank), str(df["device"].iloc[-1]), _bytes(peak.max()) if len(peak) else "-",
+                  _bytes(df["rss"].dropna().max()) if df["rss"].notna().any() else "-")
+    return t
+
+
+def overflow_table(trace: Trace) -> Table:
+    t = Table(title="fp16 overflows (steps skipped)")
+    for col in ("rank", "step", "loss scale", "source"):
+        t.add_column(col, justify="right")
+    ov = trace.overflow
+    for _, row in ov[ov["overflow"] == True].iterrows():  # noqa: E712 - pandas column compare
+        t.add_row(str(row["rank"]), str(row["step"]),
+                  f"{row['scale_before']:g} -> {row['scale_after']:g}", str(row["source"]))
+    return t
+
+
+def health_line(trace: Trace) -> str:
+    errors = int(trace.errors["count"].sum()) if not trace.errors.empty else 0
+    stats = trace.stats.groupby("rank").tail(1)
+    dropped = sum(sum(d.values()) for d in stats["dropped"] if isinstance(d, dict))
+    return f"agent health: {errors} collector errors, {dropped} records dropped, " \
+           f"{len(trace.problems)} load problems"
+
+
+def print_summary(trace: Trace, console: Console | None = None) -> None:
+    console = console or Console()
+    for table in (job_table(trace), layers_table(trace), comms_table(trace), memory_table(trace),
+                  overflow_table(trace)):
+        console.print(table)
+    console.print(health_line(trace))

@@ -1,0 +1,63 @@
+"""Real 2-rank training runs shared by the integration tests: each distinct command runs once per
+session (the runs are the expensive part; many assertions read the same run)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag import load
+from diag.trace.model import Trace
+from tests.workloads import launch
+
+GPT = "tests.workloads.gpt_ds"
+MEGATRON = "tests.workloads.megatron_tp"
+
+
+@dataclass
+class Job:
+    """One finished run: the workload's own result file, its output, and the diag trace if any."""
+
+    result: dict[str, Any]
+    output: str
+    trace_dir: str | None
+    _trace: Trace | None = field(default=None, repr=False)
+
+    @property
+    def trace(self) -> Trace:
+        assert self.trace_dir is not None, "this run had no agent"
+        if self._trace is None:
+            self._trace = load(self.trace_dir)
+        return self._trace
+
+    def rank(self, r: int) -> dict[str, Any]:
+        return self.result["ranks"][r]
+
+
+class Runs:
+    """Cache of runs keyed by (module, args, env)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._done: dict[tuple[Any, ...], Job] = {}
+
+    def get(self, module: str, args: list[str], diag: bool = True,
+            env: dict[str, str] | None = None) -> Job:
+        key = (module, tuple(args), diag, tuple(sorted((env or {}).items())))
+        if key not in self._done:
+            self._done[key] = self._run(module, args, diag, env, len(self._done))
+        return self._done[key]
+
+    def _run(self, module: str, args: list[str], diag: bool, env: dict[str, str] | None,
+             n: int) -> Job:
+        folder = os.path.join(self.root, f"run{n}")
+        os.makedirs(folder)
+        out = os.path.join(folder, "result.json")
+        trace_dir = os.path.join(folder, "trace") if diag else None
+        extra = ["--diag", "--trace-dir", trace_dir] if trace_dir else []
+        proc = launch.run(module, [*args, "--out", out, *extra], env=env)
+        with open(out) as f:
+            result = json.load(f)
+        return Job(result, proc.stdout + proc.stderr, trace_dir)

@@ -1,0 +1,50 @@
+"""A real 2-rank gloo hang (rank 1 skips an all_reduce) under `diag run`: `diag stacks` on the
+launcher must name rank 0 as stuck in all_reduce and rank 1 as never arrived, in wait_for_data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.workloads import launch
+
+pytestmark = pytest.mark.slow
+HANG_AT = 5
+
+
+def test_stacks_names_the_stuck_rank_and_collective(tmp_path):
+    trace = tmp_path / "trace"
+    env = launch.job_env({"XDG_RUNTIME_DIR": str(tmp_path)})  # sockets of the killed job stay here
+    cmd = [sys.executable, "-m", "diag", "run", "--trace-dir", str(trace), "--what", "comms", "--",
+           *launch.torchrun_cmd("tests.workloads.hang", ["--out", str(tmp_path), "--hang-at",
+                                                         str(HANG_AT), "--max-wait", "90"])]
+    job = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"rank-{r}.state").exists() for r in (0, 1)):
+            assert job.poll() is None and time.monotonic() < deadline, "the job never reached the hang"
+            time.sleep(0.2)
+        time.sleep(0.5)  # rank 0 enters all_reduce right after writing its marker
+        names = sorted(os.listdir(trace))
+        assert names == ["rank-00000.jsonl", "rank-00001.jsonl"], "the launcher must not be traced"
+        res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["verdict"].startswith("rank 0 stuck in all_reduce"), out
+        assert "never arrived: rank 1 (in wait_for_data (hang.py:" in out["verdict"]
+        assert [g["ranks"] for g in out["groups"]] in ([[0], [1]], [[1], [0]])
+        if importlib.util.find_spec("collectors.comms") is not None:  # the join with the trace
+            assert f"collective #{HANG_AT + 1} since diag started" in out["verdict"]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()

@@ -1,0 +1,86 @@
+"""What both workloads share: command-line flags, the agent on/off switch, the ground-truth collective
+count from torch.profiler, and the result file rank 0 writes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.workloads import truth
+
+
+def base_parser(doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--out", help="rank 0 writes losses and ground truth here (JSON)")
+    p.add_argument("--diag", action="store_true", help="run the diag agent in-process")
+    p.add_argument("--trace-dir", default="diag-trace")
+    p.add_argument("--what", default=None, help="collectors, comma-separated (default: all)")
+    p.add_argument("--layers-every", type=int, default=None)
+    p.add_argument("--truth", action="store_true",
+                   help="count collectives with torch.profiler (ground truth for the tests)")
+    p.add_argument("--kineto", help="export one torch.profiler Chrome trace per rank to this folder")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep every step")
+    p.add_argument("--seed", type=int, default=1234)
+    return p
+
+
+def init_process_group() -> tuple[int, int]:
+    """gloo on CPU, from torchrun's environment."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+@contextlib.contextmanager
+def agent_if(args: argparse.Namespace) -> Iterator[Any]:
+    """Start the diag agent around the block when `--diag` is given (rank-local, like `diag run`)."""
+    if not args.diag:
+        yield None
+        return
+    from diag import agent
+
+    opts: dict[str, Any] = {}
+    if args.layers_every is not None:
+        opts["layers_every"] = args.layers_every
+    handle = agent.start(args.trace_dir, what=args.what, **opts)
+    try:
+        yield handle
+    finally:
+        agent.stop()
+
+
+@contextlib.contextmanager
+def profiled(args: argparse.Namespace, rank: int) -> Iterator[Any]:
+    """torch.profiler around the block: `--truth` counts collectives, `--kineto` exports a trace."""
+    if args.kineto:
+        with truth.kineto(args.kineto, rank) as prof:
+            yield prof
+    elif args.truth:
+        with truth.collectives() as counter:
+            yield counter
+    else:
+        yield None
+
+
+def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any],
+                 common: dict[str, Any]) -> None:
+    """Gather every rank's `mine` (after the agent stopped, so it never sees this) and write JSON."""
+    world = dist.get_world_size()
+    ranks: list[Any] = [None] * world
+    dist.all_gather_object(ranks, mine)
+    if rank == 0 and args.out:
+        out = {**common, "world_size": world, "ranks": ranks, "losses": ranks[0]["losses"]}
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(tmp, args.out)

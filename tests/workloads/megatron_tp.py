@@ -1,0 +1,93 @@
+"""Train a tiny megatron-core GPTModel with tensor parallel size 2 on CPU/gloo:
+`torchrun --nproc_per_node=2 -m tests.workloads.megatron_tp`.
+
+Plain torch AdamW on the TP-sharded parameters (data-parallel size 1, so no gradient all-reduce):
+every collective in the run is one of megatron's tensor-parallel mappings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from tests.workloads import common, shims
+from tests.workloads.gpt import batch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = common.base_parser(__doc__)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=4)
+    return p.parse_args(argv)
+
+
+def build_model(args: argparse.Namespace) -> Any:
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=args.tp)
+    torch.manual_seed(args.seed)
+    model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=True)
+    config = TransformerConfig(
+        num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+        tensor_model_parallel_size=args.tp, use_cpu_initialization=True, params_dtype=torch.float32,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, gradient_accumulation_fusion=False, hidden_dropout=0.0,
+        attention_dropout=0.0)
+    return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
+                    vocab_size=args.vocab, max_sequence_length=args.seq)
+
+
+def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
+    from megatron.core import parallel_state
+
+    model = build_model(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    pos = torch.arange(args.seq).unsqueeze(0).expand(args.batch, -1)
+    mask = torch.tril(torch.ones(1, 1, args.seq, args.seq)) < 0.5  # True = masked out
+    losses, times = [], []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        tokens, targets = batch(step, dp_rank, args.batch, args.seq, args.vocab)
+        opt.zero_grad(set_to_none=True)
+        loss = model(tokens, pos, mask, labels=targets).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.step()
+    return {"losses": losses, "step_times": times}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    shims.megatron_cpu()
+    rank, _ = common.init_process_group()
+    with common.agent_if(args), common.profiled(args, rank) as prof:
+        mine = train(args, prof)
+    if args.truth and prof is not None:
+        mine["truth_comms"] = prof.as_dict()
+    common.write_result(args, rank, mine, {
+        "workload": "megatron_tp", "tp": args.tp, "steps": args.steps,
+        "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
