@@ -61,7 +61,9 @@ def test_progress_counts_completed_collectives_in_a_trace(tmp_path):
     w = TraceFileWriter(str(tmp_path), "rank-00000.jsonl")
     ops = ["broadcast", "all_reduce"]
     w.write_objects([{"k": "header", "rank": 0},
-                     *({"k": "comm", "op": op, "step": i} for i, op in enumerate(ops)),
-                     {"k": "step", "step": 1}])
+                     *({"k": "comm", "op": op, "step": i, "dur": 1000} for i, op in enumerate(ops)),
+                     {"k": "step", "step": 1},
+                     # issued, never completed (written when the agent gave up waiting): not counted
+                     {"k": "comm", "op": "all_gather", "step": 2, "dur": None}])
     w.close()
     assert progress(w.path) == Progress(2, "all_reduce", 1)
