@@ -1,7 +1,10 @@
-"""Helpers the rules share: per-step tables, op-name canonicalization, host topology, effective config.
+"""Helpers the rules share: per-step tables, host topology, effective config.
 
-Kept here (not in diag/metrics) only for what the rules need and the metrics package does not offer;
-the rules stay pure functions of a `Trace`.
+Kept here (not in diag/metrics) only for what the rules need and the metrics package does not offer:
+op names come from the importers' `canonical_op`, bus bandwidth from `diag.metrics.bandwidth`,
+interval unions from `diag.metrics.intervals` (vectorized over ranks and steps), and the tables
+every rule asks for are computed once per trace (`diag.metrics.breakdown.cached`).
+The rules stay pure functions of a `Trace`.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from diag import schema
-from diag.metrics import intervals
+from diag.importers.kineto_names import canonical_op
+from diag.metrics import bandwidth, intervals
+from diag.metrics.breakdown import cached
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -31,41 +35,26 @@ DS_DEFAULTS: dict[str, Any] = {
     "min_loss_scale": 1,
 }
 
-_OPS = (  # substring -> canonical name, most specific first
-    ("reduce_scatter", "reduce_scatter"), ("_reduce_scatter_base", "reduce_scatter"),
-    ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
-    ("allgather", "all_gather"), ("all_gather", "all_gather"),
-    ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
-    ("broadcast", "broadcast"), ("barrier", "barrier"), ("isend", "send"), ("irecv", "recv"),
-    ("send", "send"), ("recv", "recv"), ("reduce", "reduce"), ("gather", "gather"),
-    ("scatter", "scatter"),
-)
-P2P = ("send", "recv")
-
-
-def canon_op(op: Any) -> str:
-    """Canonical collective name for any spelling (torch, deepspeed.comm, c10d, gloo, NCCL kernels)."""
-    name = str(op).lower().replace("ncclkernel_", "").replace("ncclDevKernel_".lower(), "")
-    for key, canon in _OPS:
-        if key in name:
-            return canon
-    return name
+P2P = ("send", "recv", "send_recv")
 
 
 def comms(trace: Trace) -> pd.DataFrame:
-    """The comm frame with a canonical `kind` column and seconds (`dur_s`); empty-safe."""
+    """The comm frame with a canonical `kind` column, seconds (`dur_s`) and every collective in a
+    step (imported traces); computed once per trace, callers get a copy. Empty-safe."""
+    return _comm_frame(trace)
+
+
+@cached
+def _comm_frame(trace: Trace) -> pd.DataFrame:
     df = trace.comms.copy()
     if df.empty:
-        df["kind"] = pd.Series(dtype=str)
-        df["dur_s"] = pd.Series(dtype=float)
-        return df
-    df["kind"] = df["op"].astype(str).map(canon_op)
-    df["dur_s"] = pd.to_numeric(df["dur"], errors="coerce").fillna(0) / NS
+        return df.assign(kind=pd.Series(dtype=str), dur_s=pd.Series(dtype=float))
+    ops = df["op"].astype(str)
+    df["kind"] = ops.map({op: canonical_op(op) for op in ops.unique()})
+    dur = pd.to_numeric(df["dur"], errors="coerce").fillna(0)
+    df["dur_s"] = dur / NS
     # busbw again from the canonical name: the writer's factor only knows canonical spellings
-    nbytes = pd.to_numeric(df["bytes"], errors="coerce").fillna(0)
-    factor = [schema.bus_factor(k, int(n or 0)) for k, n in zip(df["kind"], df["group_size"].fillna(0))]
-    alg = (nbytes / (df["dur_s"] * NS)).where(df["dur_s"] > 0, 0.0)
-    df["busbw"] = alg * factor
+    df["busbw"] = bandwidth.busbw(df["kind"], df["bytes"], dur, df["group_size"])
     return _attribute_steps(df, trace)
 
 
@@ -97,7 +86,13 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
 
 
 def steps(trace: Trace) -> pd.DataFrame:
-    """One row per (rank, step): `dur_s`, `start`, `end` (ns). Steps with no duration are dropped."""
+    """One row per (rank, step): `dur_s`, `start`, `end` (ns). Steps with no duration are dropped.
+    Computed once per trace; callers get a copy."""
+    return _step_frame(trace)
+
+
+@cached
+def _step_frame(trace: Trace) -> pd.DataFrame:
     df = trace.steps.copy()
     if df.empty:
         return pd.DataFrame(columns=["rank", "step", "ts", "dur", "dur_s", "start", "end"])
@@ -114,46 +109,59 @@ def steady(df: pd.DataFrame, skip: int = 1) -> pd.DataFrame:
     """Drop each rank's first `skip` steps (warm-up) when enough steps remain."""
     if df.empty or df.groupby("rank").size().min() <= skip + 1:
         return df
-    first = df.groupby("rank")["step"].transform(lambda s: sorted(s)[skip])
-    return df[df["step"] >= first]
+    pos = df[["rank", "step"]].reset_index(drop=True)
+    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
+    first = pos["step"].where(nth == skip).groupby(pos["rank"]).transform("max")  # skip-th smallest
+    return df[(pos["step"] >= first).to_numpy()]
+
+
+def join_steps(trace: Trace, values: pd.Series, name: str) -> pd.DataFrame:
+    """A figure indexed by (rank, step) joined to the steady steps: rank, step, dur_s and `name`
+    (0.0 for a step without any)."""
+    st = steady(steps(trace))[["rank", "step", "dur_s"]]
+    if values.empty:
+        return st.assign(**{name: 0.0})
+    out = st.merge(values.rename(name).reset_index(), on=["rank", "step"], how="left")
+    return out.fillna({name: 0.0})
+
+
+def union_by_step(c: pd.DataFrame) -> pd.Series:
+    """Seconds covered by the union of each (rank, step)'s [ts, ts + dur) intervals (nested or async
+    ops count once), indexed by (rank, step)."""
+    if c.empty:
+        return pd.Series(dtype=float)
+    ts = pd.to_numeric(c["ts"]).astype("int64")
+    # offsets from the first op: epoch nanoseconds are past float64's exact integers (union_by_group
+    # compares against a shifted, hence float, running end)
+    rows = pd.DataFrame({"rank": c["rank"], "step": c["step"], "ts": ts - ts.min(),
+                         "dur": pd.to_numeric(c["dur"]).fillna(0).astype("int64")})
+    return intervals.union_by_group(rows, ["rank", "step"]) / NS
+
+
+def _selected(trace: Trace, mask: pd.Series | None) -> pd.DataFrame:
+    c = comms(trace)
+    return c if mask is None else c[mask.reindex(c.index, fill_value=False)]
 
 
 def comm_per_step(trace: Trace, mask: pd.Series | None = None) -> pd.DataFrame:
-    """Seconds of (selected) communication per (rank, step), joined to the step's duration."""
-    c = comms(trace)
-    if mask is not None:
-        c = c[mask.reindex(c.index, fill_value=False)]
-    st = steady(steps(trace))
-    per = c.groupby(["rank", "step"], observed=True)["dur_s"].sum().rename("comm_s").reset_index()
-    out = st[["rank", "step", "dur_s"]].merge(per, on=["rank", "step"], how="left")
-    out["comm_s"] = out["comm_s"].fillna(0.0)
-    return out
-
-
-def union_s(starts: pd.Series, durs: pd.Series) -> float:
-    """Seconds covered by the union of [start, start + dur) intervals (nested or async ops count once)."""
-    ts = starts.to_numpy(dtype="int64")
-    return intervals.total(*intervals.merge(ts, ts + durs.to_numpy(dtype="int64"))) / NS
+    """Seconds of (selected) communication per (rank, step), summed, joined to the step's duration."""
+    c = _selected(trace, mask)
+    return join_steps(trace, c.groupby(["rank", "step"], observed=True)["dur_s"].sum(), "comm_s")
 
 
 def union_per_step(trace: Trace, mask: pd.Series | None = None) -> pd.DataFrame:
     """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
-    c = comms(trace)
-    if mask is not None:
-        c = c[mask.reindex(c.index, fill_value=False)]
-    st = steady(steps(trace))
-    if c.empty:
-        return st[["rank", "step", "dur_s"]].assign(comm_s=0.0)
-    per = (c.groupby(["rank", "step"], observed=True)
-           .apply(lambda g: union_s(pd.to_numeric(g["ts"]), pd.to_numeric(g["dur"]).fillna(0)))
-           .rename("comm_s").reset_index())
-    out = st[["rank", "step", "dur_s"]].merge(per, on=["rank", "step"], how="left")
-    return out.fillna({"comm_s": 0.0})
+    return join_steps(trace, union_by_step(_selected(trace, mask)), "comm_s")
 
 
 def median_step_s(trace: Trace) -> float:
     st = steady(steps(trace))
     return float(st["dur_s"].median()) if not st.empty else 0.0
+
+
+def by_rank(values: pd.Series, cast: type = float) -> dict[int, Any]:
+    """A per-rank series as evidence: {rank: value} with plain Python numbers (JSON-ready)."""
+    return {int(r): cast(v) for r, v in values.items()}
 
 
 def hosts(trace: Trace) -> dict[int, str]:

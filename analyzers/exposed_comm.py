@@ -26,11 +26,7 @@ def exposed_per_step(trace: Trace, waits: bool = False) -> pd.DataFrame:
     st = common.steady(common.steps(trace))
     if sync.empty or st.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
-    per = (sync.groupby(["rank", "step"], observed=True)
-           .apply(lambda g: common.union_s(pd.to_numeric(g["ts"]), pd.to_numeric(g["dur"]).fillna(0)))
-           .rename("exposed_s").reset_index())
-    out = st[["rank", "step", "dur_s"]].merge(per, on=["rank", "step"], how="left")
-    return out.fillna({"exposed_s": 0.0})
+    return common.join_steps(trace, common.union_by_step(sync), "exposed_s")
 
 
 def timeline_exposed(trace: Trace) -> pd.DataFrame | None:
@@ -87,9 +83,9 @@ def exposed_comm(trace: Trace) -> list[Finding]:
         title=f"{exp_s / step_s:.0%} of each step waits on communication (rank {worst})",
         detail=(f"rank {worst} spends {exp_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step blocked in "
                 "collectives that no compute overlaps."),
-        evidence={"exposed_s": {int(r): float(v) for r, v in med["exposed_s"].items()},
-                  "step_s": {int(r): float(v) for r, v in med["dur_s"].items()},
-                  "exposed_share": {int(r): float(v) for r, v in med["share"].items()},
+        evidence={"exposed_s": common.by_rank(med["exposed_s"]),
+                  "step_s": common.by_rank(med["dur_s"]),
+                  "exposed_share": common.by_rank(med["share"]),
                   "overlap_comm": bool(common.setting(trace, "overlap_comm"))},
         ranks=sorted(int(r) for r in bad.index),
         steps=sorted(int(s) for s in df["step"].unique())[:20] if not df.empty else [],

@@ -28,10 +28,12 @@ def last_seen(trace: Trace) -> pd.Series:
 def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     """Per group: each member rank's count of collectives and its last one (op, bytes, step)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for (group, rank), g in c.groupby([c["group"].astype(str), "rank"], observed=True):
-        last = g.loc[g["ts"].idxmax()]
-        out.setdefault(group, {})[int(rank)] = {"count": len(g), "op": last["kind"],
-                                                "bytes": int(last["bytes"] or 0), "step": int(last["step"])}
+    by = c.groupby([c["group"].astype(str), "rank"], observed=True)
+    counts, last = by.size(), c.loc[by["ts"].idxmax()]
+    for (group, rank), n, op, nbytes, step in zip(counts.index, counts, last["kind"], last["bytes"],
+                                                  last["step"]):
+        out.setdefault(group, {})[int(rank)] = {"count": int(n), "op": op, "bytes": int(nbytes or 0),
+                                                "step": int(step)}
     return out
 
 
@@ -71,7 +73,7 @@ def hang_desync(trace: Trace) -> list[Finding]:
         rule="hang_desync", severity="critical", title=f"hang or desync: {what} ({ranks})",
         detail="ranks disagree on where they are: a hang, a crash, or a rank-dependent collective",
         evidence={"last_seen_s_before_end": {int(r): (seen.max() - t) / common.NS for r, t in seen.items()},
-                  "max_step": {int(r): int(s) for r, s in max_step.items()},
+                  "max_step": common.by_rank(max_step, int),
                   "stopped": stopped, "behind": behind, "diverged_groups": diverged},
         ranks=ranks, steps=sorted({int(s) for s in max_step.values}),
         fixes=[Fix("surface the hung op as an error and dump every rank's stack (`diag attach`, py-spy)",

@@ -58,8 +58,8 @@ def idle_between_steps(trace: Trace) -> list[Finding]:
         rule="idle_between_steps", severity="warning",
         title=f"{bad['share'].max():.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
         detail="nothing runs between one optimizer step and the next forward: the input pipeline is late",
-        evidence={"gap_s": {int(r): float(v) for r, v in med["gap_s"].items()},
-                  "gap_share": {int(r): float(v) for r, v in med["share"].items()}},
+        evidence={"gap_s": common.by_rank(med["gap_s"]),
+                  "gap_share": common.by_rank(med["share"])},
         ranks=sorted(int(r) for r in bad.index), recoverable_s=gap,
         fixes=[Fix("prefetch batches in background workers: DataLoader(num_workers=4, pin_memory=True, "
                    "prefetch_factor=4, persistent_workers=True)", megatron_args=["--num-workers", "4"])])]

@@ -30,11 +30,10 @@ def per_step(trace: Trace) -> pd.DataFrame:
 
 def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
     """Drop each rank's leading run of overflows: dynamic scaling starts high and halves until it fits."""
-    keep = []
-    for _, g in df.sort_values("step").groupby("rank"):
-        clean = (~g["overflow"]).cumsum() > 0
-        keep.append(g[clean])
-    return pd.concat(keep) if keep else df
+    if df.empty:
+        return df
+    d = df.sort_values(["rank", "step"], kind="stable")
+    return d[(~d["overflow"]).groupby(d["rank"]).cumsum() > 0]
 
 
 def _fixes(trace: Trace) -> list[Fix]:
@@ -81,7 +80,7 @@ def overflow_storm(trace: Trace) -> list[Finding]:
                 f"loss scale went from {df['scale'].max():g} down to {min_scale}."),
         evidence={"overflow_steps": n_over, "rank_steps": len(post), "overflow_rate": rate,
                   "min_scale": min_scale, "max_scale": float(df["scale"].max()),
-                  "skipped_by_rank": {int(r): int(n) for r, n in skipped.items()}},
+                  "skipped_by_rank": common.by_rank(skipped, int)},
         ranks=sorted(int(r) for r in bad["rank"].unique()),
         steps=sorted({int(s) for s in bad["step"]})[:50],
         recoverable_s=rate * step_s if step_s else None, fixes=_fixes(trace))]

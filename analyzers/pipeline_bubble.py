@@ -48,7 +48,7 @@ def pipeline_bubble(trace: Trace) -> list[Finding]:
         title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
         detail=f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute.",
         evidence={"pp": p, "microbatches": m, "bubble_ideal": ideal, "bubble_measured": measured,
-                  "bubble_by_rank": {int(r): float(v) for r, v in by_rank.items()}},
+                  "bubble_by_rank": common.by_rank(by_rank)},
         ranks=[int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]],
         recoverable_s=max(measured - ideal, 0.0) * compute if measured > ideal else ideal / 2 * compute,
         fixes=[Fix(f"raise microbatches per step to >= {4 * (p - 1)} (bubble (p-1)/m <= 0.25) and "

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from analyzers import common
 from analyzers.base import Finding, Fix, rule
 from analyzers.exposed_comm import exposed_per_step
 from diag.metrics import breakdown
@@ -39,8 +40,7 @@ def compute_per_step(trace: Trace) -> pd.DataFrame:
 
 def _last_arrival(trace: Trace) -> dict[int, float]:
     """Supporting evidence from the metrics package: how often each rank arrived last at a collective."""
-    df = breakdown.stragglers(trace)
-    return {int(r): float(f) for r, f in zip(df["rank"], df["last_arrival_frac"])}
+    return common.by_rank(breakdown.stragglers(trace).set_index("rank")["last_arrival_frac"])
 
 
 @rule("straggler")
@@ -72,7 +72,7 @@ def straggler(trace: Trace) -> list[Finding]:
         title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
         detail=(f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
                 f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."),
-        evidence={"compute_s": {int(r): float(v) for r, v in med.items()}, "ratio": float(med[slow] / others),
+        evidence={"compute_s": common.by_rank(med), "ratio": float(med[slow] / others),
                   "gap_s": gap, "step_s": step_s, "slowest_share": consistent, "host": host,
                   "others_wait_s": waited,
                   "last_arrival_frac": _last_arrival(trace)},

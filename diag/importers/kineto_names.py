@@ -32,6 +32,13 @@ _OPS = {
     "all_to_all_single": "all_to_all", "alltoallv": "all_to_all", "sendrecv": "send_recv",
     "broadcast": "broadcast", "barrier": "barrier", "reduce": "reduce", "gather": "gather",
     "scatter": "scatter", "send": "send", "recv": "recv", "recv_any_source": "recv",
+    # ProcessGroup / torch.distributed / deepspeed.comm spellings (one table for importers and rules)
+    "all_gather_single": "all_gather", "all_gather_single_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather", "all_gather_object": "all_gather",
+    "all_reduce_coalesced": "all_reduce", "inference_all_reduce": "all_reduce",
+    "reduce_scatter_single": "reduce_scatter", "reduce_scatter_single_coalesced": "reduce_scatter",
+    "broadcast_object_list": "broadcast", "monitored_barrier": "barrier", "isend": "send",
+    "irecv": "recv", "recvanysource": "recv", "recv_anysource": "recv", "batch_isend_irecv": "send_recv",
 }
 _NCCL_OP_RE = re.compile(r"(?i)^nccl(?:dev)?kernel_([a-z]+)")
 

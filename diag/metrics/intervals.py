@@ -42,7 +42,10 @@ def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) 
 def union_by_group(df: pd.DataFrame, keys: list[str], ts: str = "ts", dur: str = "dur") -> pd.Series:
     """Length of the union of each group's [ts, ts+dur) intervals (e.g. per rank and step), without
     a Python loop per group: sort, running max of the ends within each group, new block on a gap."""
-    d = df[[*keys, ts]].assign(_end=df[ts] + df[dur]).sort_values([*keys, ts], kind="stable")
+    # relative to the earliest start: epoch nanoseconds (~1.8e18) lose ~256 ns as float64, and a
+    # nullable duration turns the sum into float64
+    start = df[ts] - df[ts].min() if len(df) else df[ts]
+    d = df[keys].assign(**{ts: start, "_end": start + df[dur]}).sort_values([*keys, ts], kind="stable")
     g = d.groupby(keys, sort=False, observed=True)
     reach = g["_end"].cummax()
     prev = reach.groupby([d[k] for k in keys], sort=False, observed=True).shift()

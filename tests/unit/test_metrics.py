@@ -80,3 +80,15 @@ def test_collective_bandwidth_uses_nccl_tests_factor():
     stats = breakdown.collective_stats(_comm_trace({0: [1 << 20], 1: [1 << 19]})).set_index("rank")
     assert stats.loc[0, "algbw"] == pytest.approx(1.0)  # 1 MiB in 1 Mi ns = 1 GB/s
     assert stats.loc[1, "busbw"] == pytest.approx(2.0 * 2 * 1 / 2)
+
+
+def test_union_by_group_is_exact_at_epoch_nanoseconds():
+    """float64 cannot hold epoch ns exactly (~256 ns steps): the union must not round."""
+    import pandas as pd
+
+    from diag.metrics.intervals import union_by_group
+
+    base = 1_796_000_000_000_000_000
+    df = pd.DataFrame({"rank": [0, 0, 1], "ts": [base, base + 1, base + 7],
+                       "dur": pd.array([10, 10, 3], dtype="Float64")})
+    assert union_by_group(df, ["rank"]).to_dict() == {0: 11, 1: 3}
