@@ -32,6 +32,16 @@ def base_parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def add_size_args(p: argparse.ArgumentParser) -> None:
+    """The GPT size knobs both workloads take (a huge --vocab makes the embedding-heavy variant)."""
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=4)
+
+
 def init_process_group() -> tuple[int, int]:
     """gloo on CPU, from torchrun's environment."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")

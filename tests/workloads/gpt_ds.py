@@ -25,12 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overflow-rank", type=int, default=0)
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=0.0)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=4)
+    common.add_size_args(p)
     p.add_argument("--comms-logger", action="store_true",
                    help="enable DeepSpeed's comms logger (ground truth for deepspeed.comm bytes)")
     p.add_argument("--flops-profiler", type=int, default=None, metavar="STEP",

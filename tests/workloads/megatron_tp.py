@@ -20,12 +20,7 @@ from tests.workloads.gpt import batch
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.base_parser(__doc__)
     p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=4)
+    common.add_size_args(p)
     return p.parse_args(argv)
 
 
