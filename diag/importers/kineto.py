@@ -16,6 +16,7 @@ import pandas as pd
 
 from diag import schema
 from diag.importers import kineto_comms
+from diag.importers.errors import ImportProblem
 from diag.importers.kineto_events import read_events
 from diag.importers.kineto_names import classify_kernels
 
@@ -73,7 +74,17 @@ def rank_of(doc: dict[str, Any], path: str) -> int:
 
 
 def import_file(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]]:
-    """(rank, header, frames by kind) of one Kineto trace; `ImportProblem` when unreadable."""
+    """(rank, header, frames by kind) of one Kineto trace; `ImportProblem` when unreadable.
+
+    Valid JSON can still hold events of the wrong shape (a string `ts`, a list `args`): whatever
+    that breaks below is reported as one problem with this file, never a traceback."""
+    try:
+        return _import(path)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise ImportProblem(f"malformed trace events ({type(exc).__name__}: {str(exc)[:120]})") from exc
+
+
+def _import(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]]:
     doc, cols = read_events(path)
     rank = rank_of(doc, path)
     info = doc.get("distributedInfo") or {}

@@ -57,8 +57,10 @@ def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
     """Complete (`X`) events by kind -> small frames; only the args the importer reads are kept."""
     rows: dict[str, list[dict[str, Any]]] = {"gpu": [], "runtime": [], "host": []}
     for e in events:
-        if e.get("ph") == "X":
+        if type(e) is dict and e.get("ph") == "X":
             cat = e.get("cat")
+            if not isinstance(cat, str):
+                continue
             kind = "gpu" if cat in GPU_CATS else "runtime" if cat in RUNTIME_CATS else (
                 "host" if cat in HOST_CATS else None)
             if kind is not None:

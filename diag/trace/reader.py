@@ -28,7 +28,7 @@ def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None, "not valid JSON"
-    if not isinstance(obj, dict) or "k" not in obj:
+    if not isinstance(obj, dict) or not isinstance(obj.get("k"), str):
         return None, "not a diag record"
     return obj, None
 
@@ -76,6 +76,9 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
             events.append(obj)
     if header is None:
         problems.append(LoadProblem(path, "no header line: not a diag trace file"))
+    elif not all(_is_int(header.get(f)) for f in ("rank", "pid", "schema")):
+        problems.append(LoadProblem(path, "header's rank, pid or schema is not an integer: skipped"))
+        header = None
     elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
         problems.append(LoadProblem(path, f"written by a newer diag (schema {header['schema']}); "
                                     "unknown fields are kept"))
@@ -115,8 +118,8 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
             continue
         rank = header.get("rank")
         if rank is None:  # started before the process group: the rank came later, as meta
-            rank = next((ev.get("value") for ev in events
-                         if ev.get("k") == schema.META and ev.get("key") == "rank"), None)
+            rank = next((ev.get("value") for ev in events if ev.get("k") == schema.META
+                         and ev.get("key") == "rank" and _is_int(ev.get("value"))), None)
         if rank is None:
             rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
         merged = trace.headers.setdefault(rank, dict(header))
@@ -130,11 +133,29 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
     if not trace.headers:
         msg = str(trace.problems[0]) if trace.problems else f"{path}: no readable trace"
         raise DiagError(msg)
-    trace.frames = build_frames(by_kind)
+    trace.frames = build_frames(by_kind, trace.problems, path)
     return trace
 
 
-def build_frames(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, pd.DataFrame]:
+def _is_int(value: Any) -> bool:
+    """None (absent) or a real integer: header fields a corrupt or hostile file may get wrong."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def build_frames(by_kind: dict[str, list[dict[str, Any]]], problems: list[LoadProblem] | None = None,
+                 path: str = "") -> dict[str, pd.DataFrame]:
     """Records (each with its "rank") grouped by kind -> one frame per kind; also used by the TUI
-    to build a `Trace` from what it has tailed so far."""
-    return {kind: _frame(kind, rows) for kind, rows in by_kind.items() if rows}
+    to build a `Trace` from what it has tailed so far. Given `problems`, a kind whose records have
+    fields of the wrong type (a corrupt file) is skipped and reported there instead of raising."""
+    out = {}
+    for kind, rows in by_kind.items():
+        if not rows:
+            continue
+        try:
+            out[kind] = _frame(kind, rows)
+        except (TypeError, ValueError) as e:
+            if problems is None:
+                raise
+            problems.append(LoadProblem(path, f"{kind} records skipped: a field has the wrong type "
+                                        f"({type(e).__name__})"))
+    return out

@@ -1,0 +1,1 @@
+"""Reliability and security suite: diag never harms the job, never loses data, lets no one in."""
