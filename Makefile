@@ -7,10 +7,16 @@ setup: .venv/.installed
 	./scripts/setup.sh
 	touch $@
 
+# the tests also compare diag with Meta's HTA on the same traces (bench extra)
+.venv/.bench: .venv/.installed
+	.venv/bin/python -m pip install -q -e ".[bench]"
+	touch $@
+
 demo: setup
 	.venv/bin/diag demo
 
-test: setup
+test: setup .venv/.bench
+	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q
 
 lint: setup
