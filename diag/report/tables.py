@@ -58,7 +58,7 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
     if where:
         lines.append("; ".join(where))
     if f.get("evidence"):
-        lines.append("evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
+        lines.append("evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in f["evidence"].items()))
     if f.get("recoverable_s") is not None:
         lines.append(f"recoverable: ~{f['recoverable_s'] * 1e3:.1f} ms per step")
     for fix in f.get("fixes") or []:
@@ -85,3 +85,8 @@ def summary_line(doc: dict[str, Any]) -> str:
         bits.append(f"{s['overflows']} overflow(s)")
     bits.append(f"{s['findings']} finding(s)")
     return " · ".join(bits)
+
+
+def _short(v: object) -> object:
+    """Evidence floats to 4 significant digits for reading (the JSON report keeps them exact)."""
+    return f"{v:.4g}" if isinstance(v, float) else v
