@@ -9,10 +9,12 @@ import pandas as pd
 
 from analyzers import common
 from analyzers.base import Finding, Fix, rule
+from diag import schema
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
+ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP
 STEP_SHARE = 0.20  # embedding collectives take at least this share of the step ...
 COMM_SHARE = 0.40  # ... and at least this share of all communication
 EMBEDDING = re.compile(
@@ -37,6 +39,30 @@ def embedding_mask(c: pd.DataFrame) -> pd.Series:
     return by_module | grads
 
 
+def attributed_steps(trace: Trace) -> dict[int, set[int]]:
+    """{rank: steps whose collectives carry module attribution} for ranks whose agent attributes only
+    some steps (header/meta `attribute_every`, one `attributed_step` meta per such step); ranks not
+    listed attributed every step (traces from before the option, imported traces)."""
+    ranks = [r for r, h in trace.headers.items() if h.get(schema.META_ATTRIBUTE_EVERY) is not None]
+    if not ranks:
+        return {}
+    meta = trace.frame("meta")
+    rows = meta[meta["key"].astype(object) == ATTRIBUTED_STEP]
+    out: dict[int, set[int]] = {r: set() for r in ranks}
+    for r, step in zip(rows["rank"], rows["value"]):
+        if r in out:
+            out[r].add(int(step))
+    return out
+
+
+def _on_attributed(df: pd.DataFrame, steps: dict[int, set[int]]) -> pd.Series:
+    """Rows of `df` (rank, step columns) on steps where module attribution was on."""
+    if not steps:
+        return pd.Series(True, index=df.index)
+    return pd.Series([r not in steps or s in steps[r] for r, s in zip(df["rank"], df["step"])],
+                     index=df.index, dtype=bool)
+
+
 def _fixes(stage: int) -> list[Fix]:
     fixes = [Fix("Megatron: shard the vocabulary over tensor parallelism, keep it a multiple of 128, and "
                  "untie input/output embeddings so pipeline stages stop all-reducing the tied weight",
@@ -59,13 +85,20 @@ def embedding_comm(trace: Trace) -> list[Finding]:
     of the median step (union of their intervals) and carry >= 40% of all bytes communicated.
     Fix: ZeRO-3 -> hpZ / quantized weights; else sparse embedding gradients; Megatron: vocab padded to
     128, untied embeddings, TP-sharded vocab. recoverable_s: an upper bound, the embedding's median
-    communication time per step. Under ZeRO-3 prefetch (stage3_prefetch_bucket_size > 0) gathers are
-    issued ahead by an earlier module and cannot be attributed: the rule then stays silent."""
+    communication time per step. Shares are computed over the steps where the agent attributed modules
+    (`attributed_steps`; every step of older or imported traces). Under ZeRO-3 prefetch
+    (stage3_prefetch_bucket_size > 0) gathers are issued ahead by an earlier module and cannot be
+    attributed: the rule then stays silent."""
     c = common.comms(trace)
     if c.empty or "module" not in c:
         return []
+    tracked = attributed_steps(trace)
+    c = c[_on_attributed(c, tracked)]  # untracked steps' collectives carry no module: not evidence
+    if c.empty:
+        return []
     emb = embedding_mask(c)
     per = common.union_per_step(trace, emb)
+    per = per[_on_attributed(per, tracked)]
     total_bytes = float(c["bytes"].fillna(0).sum())
     if per.empty or total_bytes <= 0:
         return []

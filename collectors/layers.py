@@ -3,8 +3,9 @@
 A sampled step is one where `agent.sampled` is set (the steps collector, every `layers_every`
 steps). Before any step boundary has been seen (attach into a loop the steps collector does not
 know), every `layers_every`-th outermost forward (micro-batch) is sampled instead, counting from the
-first one seen. On other steps the only cost is the module tracker's (collectors/modules.py) plus
-one check per outermost forward.
+first one seen. Sampled steps are always tracked steps of the module tracker (collectors/modules.py),
+whose hooks drive this recorder; on other steps its global hooks are off (except every
+`attribute_every`-th step, where the only cost is the tracker's plus one check per outermost forward).
 
 On a sampled micro-batch a `FlopMode` (a TorchDispatchMode, thread-local) is pushed on the training
 thread from the outermost forward's pre-hook and popped at the step boundary (or at the next

@@ -1,8 +1,19 @@
 """Which module is running now, forward and backward: `agent.module_stack`, shared by the collectors.
 
-Always on and cheap, so that a collective (comms) or a layer record (layers) can name the module it
-belongs to. Forward uses torch's global module hooks, which take effect on the training thread's next
-call even when the agent starts from another thread (attach). Backward uses grad_fn pre-hooks, as
+Lets a collective (comms) or a layer record (layers) name the module it belongs to, on TRACKED steps
+only: every per-layer sampled step, every `attribute_every`-th step (agent option, default
+`ATTRIBUTE_EVERY`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
+steps (step numbers are the job's: a short job is attributed throughout, an attach mid-run is not),
+and every step until the first step boundary (an attach into a loop the steps collector does not
+know). Any global module hook sends
+every module call through torch's slow `Module.__call__` path (~1.5 us) and each backward hook costs
+~3.6 us to register, so a step listener installs the global hooks at the start of a tracked step and
+removes them at its end: untracked steps pay nothing, and their comms carry module=None. The trace
+says which steps were tracked (an `attribute_every` meta record, then one `attributed_step` meta
+record per tracked step), so readers compute module shares only over those steps.
+
+Forward uses torch's global module hooks, which take effect on the training thread's next call even
+when the agent starts from another thread (attach). Backward uses grad_fn pre-hooks, as
 `torch/utils/module_tracker.py` does with multi-grad hooks but cheaper, and never global full-backward
 hooks (they break the in-place ops of DeepSpeed and Megatron):
 
@@ -34,6 +45,7 @@ from typing import Any
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+from diag import schema
 from diag.agent.undo import Undo
 
 Path = tuple[str, ...]
@@ -42,6 +54,8 @@ _graph_task_id = torch._C._current_graph_task_id
 _Tensor = torch.Tensor
 MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
 _META_KEY = "diag_modules"  # our key in autograd Node.metadata
+ATTRIBUTE_EVERY = 10  # default: module attribution on every 10th step (and on sampled steps)
+ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP  # one meta record per tracked step (value: the step)
 
 
 def ensure_installed(agent: Any, undo: Undo) -> ModuleTracker:
@@ -76,21 +90,64 @@ class ModuleTracker:
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
         self._task = -1  # graph task whose end-of-backward callback is queued
         self._lock = threading.Lock()
+        self.every = int(agent.options.get(schema.META_ATTRIBUTE_EVERY, ATTRIBUTE_EVERY))
+        self._handles: tuple[Any, Any] | None = None  # the global forward hooks while tracking
+        self._switch = threading.Lock()
+        guard = agent.guard
+        self._hooks = guard("modules", self._pre, "fwd-pre"), guard("modules", self._post, "fwd-post")
 
     def install(self, undo: Undo) -> None:
-        guard = self.agent.guard
-        undo.hook(register_module_forward_pre_hook(guard("modules", self._pre, "fwd-pre")), "modules.pre")
-        undo.hook(register_module_forward_hook(guard("modules", self._post, "fwd-post")), "modules.post")
-        self.agent.module_tracker = self
+        agent = self.agent
+        agent.module_tracker = self
         self.live = True
         undo.call(self._uninstall, "modules.state")
+        agent.set_meta(schema.META_ATTRIBUTE_EVERY, self.every)
+        self._hooks_on(agent.step)  # until the first step boundary: always on
+        listener = agent.guard("modules", self.on_step, "step")
+        agent.step_listeners.append(listener)
+        undo.call(lambda: agent.step_listeners.remove(listener)
+                  if listener in agent.step_listeners else None, "modules.step-listener")
 
     def _uninstall(self) -> None:
         self.live = False  # hooks still attached to live autograd graphs become no-ops
+        self._hooks_off()
         self.listener = None
         self.stack.clear()
         self._track.clear()
         self.agent.__dict__.pop("module_tracker", None)
+
+    # ---- tracked steps ------------------------------------------------------------------------
+    def tracked(self, step: int) -> bool:
+        """Attribute this step? Sampled steps always (layers needs the tracker); else the job's first
+        N steps (short jobs and tests get every step) and every Nth after them."""
+        every = self.every
+        return bool(self.agent.sampled) or (every > 0 and (step < every or step % every == 0))
+
+    def on_step(self, step: int) -> None:
+        """Step boundary (step listener): hooks on for a tracked step, off for an untracked one."""
+        if self.tracked(step):
+            self._hooks_on(step)
+        else:
+            self._hooks_off()
+
+    def _hooks_on(self, step: int) -> None:
+        agent = self.agent
+        with self._switch:  # a detach thread's stop() may be turning them off right now
+            if not self.live:
+                return
+            agent.emit((schema.META, agent.now(), ATTRIBUTED_STEP, step))
+            if self._handles is None:
+                pre, post = self._hooks
+                self._handles = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
+
+    def _hooks_off(self) -> None:
+        with self._switch:
+            handles, self._handles = self._handles, None
+            if handles is not None:
+                for handle in handles:
+                    handle.remove()
+                self.stack.clear()  # without the post-hook nothing would pop what is open now
+                self._track.clear()
 
     # ---- forward (hot path: every module call of every step) --------------------------------
     def _pre(self, mod: Any, args: tuple[Any, ...]) -> None:

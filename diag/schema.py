@@ -53,6 +53,10 @@ FIELDS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# Meta keys shared by the writer (collectors) and the readers (analyzers, which cannot import collectors)
+META_ATTRIBUTE_EVERY = "attribute_every"  # module attribution of collectives runs 1 step in N
+META_ATTRIBUTED_STEP = "attributed_step"  # one meta record per step whose comms carry their module
+
 # Defaults the reader fills for fields missing from a record (older writers, partial records).
 DEFAULTS: dict[str, Any] = {
     "samples": None, "tokens": None, "applied": True, "flops": 0, "mem_delta": None,

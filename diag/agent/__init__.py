@@ -29,7 +29,10 @@ def start(trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] 
 
     what: collectors to install, a tuple or a comma-separated string (default: all).
     options: layers_every (per-layer time and FLOPs on every Nth step; default 50, the always-on
-    setting; 1 = every step), ring_capacity (records buffered before drops), faults (tests).
+    setting; 1 = every step), attribute_every (name the running module in comms records on the
+    job's first N steps, every Nth step after them and sampled steps; default 10; 1 = every step,
+    0 = sampled steps only; other steps skip module tracking, ~5 us per module call),
+    ring_capacity (records buffered before drops), faults (tests).
     """
     global _agent
     with _lock:

@@ -90,22 +90,24 @@ def test_faults_leave_collectives_working_and_are_counted(group, tmp_path) -> No
     assert _comm_lines(path) == []
 
 
+class _Reduce(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.sync = _Reduce()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sync(self.lin(x))
+
+
 def test_module_and_step_attribution(group, tmp_path) -> None:
-    class Reduce(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            dist.all_reduce(x)
-            return x
-
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-            self.sync = Reduce()
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.sync(self.lin(x))
-
-    net = Net()
+    net = _Net()
     ag = agent.start(str(tmp_path), what=("comms",))
     ag.begin_step(7)
     net(torch.ones(2, 4))
@@ -115,6 +117,26 @@ def test_module_and_step_attribution(group, tmp_path) -> None:
     recs = _comm_lines(path)
     assert [(r["op"], r["step"]) for r in recs] == [("all_reduce", 7), ("barrier", 7)]
     assert recs[0]["module"] == "sync" and recs[1]["module"] is None
+
+
+def test_modules_are_attributed_on_tracked_steps_only(group, tmp_path) -> None:
+    """Default attribute_every=10: the job's first 10 steps and every 10th name the module, others
+    do not (their module hooks are off), and the trace says which steps were attributed."""
+    net = _Net()
+    ag = agent.start(str(tmp_path), what=("comms",))
+    for step in (9, 17, 20, 21, 30):
+        ag.begin_step(step)
+        net(torch.ones(2, 4))
+    path = ag.status()["trace_file"]
+    agent.stop()
+    recs = _comm_lines(path)
+    assert [(r["step"], r["module"]) for r in recs] == [(9, "sync"), (17, None), (20, "sync"),
+                                                       (21, None), (30, "sync")]
+    with open(path) as f:
+        meta = [r for r in map(json.loads, f) if r["k"] == schema.META]
+    assert [m["value"] for m in meta if m.get("key") == "attribute_every"] == [10]
+    # step 0: the install's step (before any boundary every step is attributed)
+    assert [m["value"] for m in meta if m.get("key") == "attributed_step"] == [0, 9, 20, 30]
 
 
 def test_unwaited_work_does_not_leak(group, tmp_path) -> None:

@@ -53,9 +53,15 @@ def test_inspect_own_process_and_missing_pid():
         checks.inspect(dead.pid)
 
 
-def test_payload_code_is_one_safe_line():
+def test_payload_code_is_safe_as_a_pending_call():
+    """Two lines for gdb's C string and PyRun_SimpleString in `__main__`: no double quotes or
+    backslashes, binds no names there, and never raises (a pending call's exception would become a
+    SystemError in the job's main thread)."""
     line = payload.code("/run/user/0/diag/attach-1-ab.json")
-    assert '"' not in line and "\\" not in line and "\n" not in line
+    assert '"' not in line and "\\" not in line and line.count("\n") == 2
+    namespace: dict = {}
+    exec(line.replace("diag.inject.payload", "diag.inject.no_such_module"), namespace)
+    assert set(namespace) == {"__builtins__"}
     with pytest.raises(ValueError, match="quotes"):
         payload.code("/tmp/x'; import os; os.system('id') #")
 

@@ -142,3 +142,38 @@ def test_backward_hooks_left_on_a_graph_are_inert_after_stop(tmp_path) -> None:
     diag_agent.stop()
     loss.backward()  # the graph still carries our pre-hooks
     assert ag.module_stack == [] and not ag.errors
+
+
+def test_global_hooks_only_on_tracked_steps(tmp_path) -> None:
+    """attribute_every=3, layers_every=5: hooks stay on until the first boundary, then only on the
+    first 3 steps and steps 3k and 5k (sampled steps need the tracker); other steps run torch's fast
+    path."""
+    base = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+    ag = diag_agent.start(str(tmp_path), what=("steps",), attribute_every=3, layers_every=5)
+    modules.ensure_installed(ag, ag.undo)
+
+    def hooked() -> bool:
+        now = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+        assert now in (base, (base[0] + 1, base[1] + 1))
+        return now != base
+
+    assert hooked()  # before any step boundary
+    on = []
+    for step in range(1, 11):
+        ag.begin_step(step)
+        on.append(hooked())
+    assert [s for s, h in zip(range(1, 11), on) if h] == [1, 2, 3, 5, 6, 9, 10]
+    log: list[tuple[str, list[str]]] = []
+    net = Net(ag, log)
+    ag.begin_step(11)  # untracked: no stack, no backward hooks on the graph
+    net(torch.randint(0, 10, (3, 2))).sum().backward()
+    assert [stack for _, stack in log] == [[]] * 4 and not ag.errors
+    ag.begin_step(12)
+    net(torch.randint(0, 10, (3, 2))).sum().backward()
+    names = ["layers.0.probe", "layers.1.probe"]
+    assert [stack[-1] for _, stack in log[4:]] == names + names[::-1]  # forward, then backward
+    tracker = ag.module_tracker
+    diag_agent.stop()
+    assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base
+    tracker.on_step(30)  # a boundary racing a stop() from another thread: installs nothing
+    assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base

@@ -31,6 +31,25 @@ def test_embedding_comm_fires_on_embedding_gathers(tmp_path):
     assert f.fixes[0].ds_config == {"sparse_gradients": True}
 
 
+def test_embedding_comm_counts_only_attributed_steps(tmp_path):
+    """An agent attributing every 4th step: the same gathers carry module=None on the other steps;
+    shares come from steps 4 only (0 is the warm-up step; over all steps the median would be 0)."""
+    job = Job(header={"zero_stage": 0, "dtype": "fp32", "attribute_every": 4})
+    job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
+    job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", at_ms=5, dur_ms=30,
+                                         nbytes=64 << 20, module="wte" if s % 4 == 0 else None))
+    for r in range(job.ranks):
+        for s in (0, 4):
+            job.add(r, "meta", ts=job.start(r, s), key="attributed_step", value=s)
+    (f,) = fired(job.write(str(tmp_path)), "embedding_comm")
+    assert f.steps == [4] and f.evidence["step_share"] == pytest.approx(0.30, abs=0.01)
+    assert f.evidence["comm_share"] == pytest.approx(64 / (64 + 3 * 4), abs=0.01)
+    # without the attribution records every step counts: the median step has no embedding comm
+    job.header.pop("attribute_every")
+    job.events = {r: [e for e in ev if e["k"] != "meta"] for r, ev in job.events.items()}
+    assert fired(job.write(str(tmp_path / "all")), "embedding_comm") == []
+
+
 def test_embedding_comm_below_threshold_is_silent(tmp_path):
     job = healthy()
     job.each_step(lambda r, s: job.comm(r, s, module="head", at_ms=5, dur_ms=10))
