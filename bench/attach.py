@@ -57,7 +57,7 @@ def once(pid: int, method: str, what: str, folder: str) -> tuple[float | None, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--methods", default="pyinjector,hypno,gdb,remote_exec")
+    parser.add_argument("--methods", default="ptrace,pyinjector,hypno,gdb,remote_exec")
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     target = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True, env=env)

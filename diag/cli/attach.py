@@ -1,7 +1,9 @@
 """Attach the diag agent to a running Python training job (a rank, or a torchrun/deepspeed launcher).
 
-Tries sys.remote_exec (Python 3.14+ targets), then a ptrace injector without gdb (pyinjector), then
-gdb batch mode. Given a launcher pid, attaches to every local rank under it. The agent writes
+Tries sys.remote_exec (Python 3.14+ targets), then ptrace injectors without gdb (diag's own, then
+pyinjector), then gdb batch mode; each queues the payload for the main thread's next safe point.
+Given a launcher pid, attaches to every local rank under it, in parallel (each injection is a child
+process with a timeout, so one stuck rank cannot hang the command). The agent writes
 <trace-dir>/rank-NNNNN.jsonl and answers `diag status` / `diag detach` on a private socket.
 """
 
@@ -9,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from diag.agent.runtime import ALL_COLLECTORS
-from diag.errors import USAGE, DiagError
+from diag.errors import FAILURE, USAGE, DiagError
 from diag.inject import METHODS
 from diag.inject.attach import Attached, attach_one
 from diag.procs import ranks_under
@@ -46,12 +49,22 @@ def run(args: argparse.Namespace) -> int:
     if args.layers_every is not None:
         options["layers_every"] = args.layers_every
     ranks = ranks_under(args.pid)
-    with ThreadPoolExecutor(max_workers=min(8, len(ranks))) as pool:
-        results = list(pool.map(lambda pr: attach_one(pr[0], pr[1], options, args.method,
-                                                        not args.no_torch), ranks))
+    with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
+        futures = [pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch)
+                   for pid, rank in ranks]
+    results, failed = [], []
+    for fut in futures:
+        try:
+            results.append(fut.result())
+        except DiagError as e:
+            failed.append(str(e))
     for res in results:
         print(_line(res, args.verbose, time.perf_counter() - t0))
+        if res.warning:
+            print(f"diag: warning: pid {res.pid}: {res.warning}", file=sys.stderr)
     print(f"trace: {options['trace_dir']}")
+    if failed:
+        raise DiagError("; ".join(failed), FAILURE)
     if args.duration is not None:
         _detach_after(results, args.duration)
     return 0

@@ -1,4 +1,7 @@
-"""Attach to one process: preflight, reuse a running agent, or inject the payload and wait for it."""
+"""Attach to one process: preflight, reuse a running agent, or inject the payload and wait for it.
+
+With a pending-call injector the payload runs when the target's main thread next executes
+bytecode; a main thread stuck in one long C call delays the agent, and the wait says so."""
 
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ class Attached:
     method: str | None
     inject_s: float
     reused: bool = False
+    warning: str | None = None  # a risk the injector had to take (the GIL path)
+
+
+class Queued(DiagError):
+    """The payload waits in the target for its main thread; its files must stay until it runs."""
 
 
 def attach_one(pid: int, rank: int | None, options: dict[str, Any], method: str | None,
@@ -33,14 +41,23 @@ def attach_one(pid: int, rank: int | None, options: dict[str, Any], method: str 
     if os.path.exists(err):
         os.unlink(err)
     opts_file = payload.write_options(pid, options)
+    keep = False
     try:
-        used, seconds = inject(target, payload.code(opts_file), method)
-        _wait_ready(pid, err)
+        used, seconds, warning = inject(target, payload.code(opts_file), method)
+        _wait_ready(pid, err, opts_file)
+    except Queued:
+        keep = True  # the payload will still read its options file
+        raise
     finally:
-        for leftover in [opts_file, *glob.glob(os.path.join(protocol.runtime_dir(), f"inject-{pid}-*"))]:
-            if os.path.exists(leftover):
-                os.unlink(leftover)
-    return Attached(pid, rank, used, seconds)
+        if not keep:
+            _remove_leftovers(pid, opts_file)
+    return Attached(pid, rank, used, seconds, warning=warning)
+
+
+def _remove_leftovers(pid: int, opts_file: str) -> None:
+    for leftover in [opts_file, *glob.glob(os.path.join(protocol.runtime_dir(), f"inject-{pid}-*"))]:
+        if os.path.exists(leftover):
+            os.unlink(leftover)
 
 
 def _answers(pid: int) -> bool:
@@ -55,8 +72,9 @@ def _answers(pid: int) -> bool:
     return True
 
 
-def _wait_ready(pid: int, err_file: str) -> None:
-    """The agent is up when its control socket exists; a start failure leaves `<pid>.err`."""
+def _wait_ready(pid: int, err_file: str, opts_file: str) -> None:
+    """The agent is up when its control socket exists; a start failure leaves `<pid>.err`; the
+    payload has run once it has read (and removed) its options file."""
     sock = protocol.socket_path(pid)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -68,5 +86,10 @@ def _wait_ready(pid: int, err_file: str) -> None:
             os.unlink(err_file)
             raise DiagError(f"pid {pid}: the agent failed to start: {msg}", FAILURE)
         time.sleep(0.01)
-    raise DiagError(f"pid {pid}: code was injected but the agent did not start within "
-                    f"{READY_TIMEOUT_S:.0f} s (is the process blocked holding the GIL?)", FAILURE)
+    if not os.path.exists(opts_file):
+        raise DiagError(f"pid {pid}: the payload ran but the agent's control socket did not appear "
+                        f"within {READY_TIMEOUT_S:.0f} s (still importing? see `diag status {pid}`)",
+                        FAILURE)
+    raise Queued(f"pid {pid}: the target's main thread has not run Python code for "
+                 f"{READY_TIMEOUT_S:.0f} s; the agent will start when it does (the payload waits "
+                 f"as a pending call; see `diag status {pid}`)", FAILURE)

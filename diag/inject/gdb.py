@@ -1,6 +1,9 @@
-"""gdb batch mode: take the GIL, run the payload string, release the GIL (0.15-0.45 s measured).
+"""gdb batch mode: queue the payload with Py_AddPendingCall (no GIL taken in the stopped thread).
 
-The last resort: it needs gdb on PATH and ptrace, but no Python-version-specific tooling.
+The last resort: it needs gdb on PATH and ptrace, but no Python-version-specific tooling. Like
+pending.c, it never calls PyGILState_Ensure from the thread gdb stopped (that deadlocks when the
+thread was stopped inside the GIL handoff): PyRun_SimpleString runs later, on the main thread, at
+the interpreter's next safe point, on a strdup'd copy of the code.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ def command(gdb: str, pid: int, code: str) -> list[str]:
             "-iex", "set auto-solib-add off",  # symbols of torch's libraries take seconds to read
             "-ex", "set confirm off",
             "-ex", "sharedlibrary libpython",  # only the C API we call (no-op for static builds)
-            "-ex", "call (int)PyGILState_Ensure()",
-            "-ex", f'call (int)PyRun_SimpleString("{code}")',
-            "-ex", "call (void)PyGILState_Release($1)"]
+            "-ex", "sharedlibrary libc.so",  # strdup
+            "-ex", "call (int)Py_AddPendingCall((void*)PyRun_SimpleString, "
+                   f'(void*)((char*(*)(const char*))strdup)("{escaped(code)}"))']
+
+
+def escaped(code: str) -> str:
+    """`code` as the inside of a C string literal (payload.code has no quotes or backslashes)."""
+    return code.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 BROKEN = "Couldn't write extended state"  # gdb on some recent x86 CPUs (AMX xsave layout)
@@ -43,13 +51,13 @@ def can_call_functions(gdb: str) -> bool:
         dummy.wait()
 
 
-def inject(target: Target, code: str) -> None:
+def inject(target: Target, code: str) -> str | None:
     gdb = shutil.which("gdb")
     if gdb is None:
         raise InjectFailed("gdb not found on PATH")
     if not can_call_functions(gdb):
         raise InjectFailed("this gdb cannot call functions on this CPU ('Couldn't write extended "
-                           "state status', checked on a dummy process); use --method pyinjector")
+                           "state status', checked on a dummy process); use --method ptrace")
     try:
         proc = subprocess.run(command(gdb, target.pid, code), capture_output=True, text=True,
                               timeout=TIMEOUT_S, check=False)
@@ -60,7 +68,8 @@ def inject(target: Target, code: str) -> None:
         raise InjectFailed(f"ptrace not permitted: {ptrace_hint()}")
     if BROKEN in out:
         raise InjectFailed("this gdb cannot call functions on this CPU ('Couldn't write extended "
-                           "state status'); use --method pyinjector")
-    if not re.search(r"^\$2 = 0$", out, re.M):
+                           "state status'); use --method ptrace")
+    if not re.search(r"^\$1 = 0$", out, re.M):
         last = [ln for ln in out.splitlines() if ln.strip()][-1:] or ["no output"]
-        raise InjectFailed(f"PyRun_SimpleString did not succeed ({last[0][:200]})")
+        raise InjectFailed(f"Py_AddPendingCall did not succeed ({last[0][:200]})")
+    return None

@@ -1,8 +1,9 @@
 """The code injected into a target, and the in-process half that it calls.
 
-The injected string only fixes sys.path and calls `boot(options_file)`; `boot` reads the options
-from a private 0600 file (then deletes it) and starts the agent on a daemon thread, so the target's
-own thread is held for microseconds. A second attach finds the running agent and reuses it. A start
+The injected string only fixes sys.path and calls `boot(options_file)` (on the main thread, as a
+pending call, for the pending-call injectors); `boot` reads the options from a private 0600 file
+(then deletes it) and starts the agent on a daemon thread, so the target's thread is held for
+microseconds. A second attach finds the running agent and reuses it. A start
 failure is written next to the socket as `<pid>.err` for the attach command to report.
 Stdlib only: this module runs inside the training process.
 """
@@ -29,16 +30,20 @@ def write_options(pid: int, options: dict[str, Any]) -> str:
 
 
 def code(options_file: str) -> str:
-    """A one-line Python statement with no double quotes or backslashes (safe for gdb's C string)."""
+    """Two lines of Python with no double quotes or backslashes (safe in gdb's C string) that bind
+    no names in the target's `__main__` and never raise: run as a pending call, an exception would
+    surface in the job's main thread as a SystemError."""
     for s in (ROOT, options_file):
         if any(c in s for c in "'\"\\\n"):
             raise ValueError(f"path {s!r} contains quotes or backslashes")
-    return (f"import sys;p='{ROOT}';p in sys.path or sys.path.append(p);"
-            f"import diag.inject.payload as d;d.boot('{options_file}')")
+    return (f"try:__import__('sys').path.count('{ROOT}') or __import__('sys').path.append('{ROOT}');"
+            f"__import__('diag.inject.payload',None,None,['boot']).boot('{options_file}')\n"
+            "except BaseException:pass\n")
 
 
 def boot(options_file: str) -> None:
-    """Runs in the target's thread that the injector borrowed: hand off to a daemon thread."""
+    """Runs in the target's main thread (or the one the injector borrowed): hand off to a daemon
+    thread at once."""
     threading.Thread(target=_start, args=(options_file,), name="diag-attach", daemon=True).start()
 
 

@@ -17,7 +17,7 @@ from diag.inject.checks import Target, ptrace_hint
 REMOTE_EXEC_MIN = (3, 14)
 
 
-def inject(target: Target, code: str) -> None:
+def inject(target: Target, code: str) -> str | None:
     if target.version < REMOTE_EXEC_MIN:
         raise InjectFailed(f"target runs Python {target.version[0]}.{target.version[1]} (needs 3.14+)")
     script = protocol.write_private(f"inject-{target.pid}-{os.urandom(8).hex()}.py", code.encode())
@@ -30,3 +30,4 @@ def inject(target: Target, code: str) -> None:
         if "ermission" in err:
             err += f" ({ptrace_hint()})"
         raise InjectFailed(err)
+    return None

@@ -1,8 +1,8 @@
 """`python -m tests.reliability.cycler LAUNCHER_PID TRACE_DIR CYCLES SEED`: attach to every rank under
 the launcher and detach again, CYCLES times, at seeded random points; prints one JSON summary line.
 
-A process of its own because the ptrace injector (pyinjector) holds this process's GIL while it
-waits for the target: if an injection hangs, only this process hangs and the test can time it out.
+A process of its own so that the test can time out any hang (each injection already runs in a child
+process with its own timeout, but a rank that stops making progress would hang `detach` too).
 """
 
 from __future__ import annotations

@@ -1,0 +1,76 @@
+"""diag's own ptrace injector (diag/inject/raw.py) against a real child interpreter whose main thread
+mallocs all the time (where dlopen-based injectors deadlock once in ~65 tries): every injection must
+return, and every payload must run exactly once, on the main thread."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from diag.inject import raw
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw.py is x86_64 only")
+
+TARGET = r"""
+import threading, time
+def other():  # a second Python thread: the GIL changes hands all the time
+    while True:
+        sum(range(100)); time.sleep(0.0005)
+threading.Thread(target=other, daemon=True).start()
+print('ready', flush=True)
+while True:
+    junk = [bytearray(4000) for _ in range(50)]  # > 512 bytes: real malloc/free
+"""
+PAYLOAD = ("import threading\nopen({out!r},'a').write('m' if threading.current_thread() is "
+           "threading.main_thread() else 'x')\n")
+
+
+def test_twenty_injections_each_run_once_on_the_main_thread(tmp_path):
+    out = str(tmp_path / "ran")
+    child = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        try:
+            for _ in range(20):
+                raw.inject(child.pid, PAYLOAD.format(out=out).encode())
+        except OSError as e:
+            if "not permitted" in str(e):
+                pytest.skip(f"ptrace not permitted here: {e}")
+            raise
+        for _ in range(500):
+            if os.path.exists(out) and len(open(out).read()) == 20:
+                break
+            __import__("time").sleep(0.01)
+        assert open(out).read() == "m" * 20
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_target_that_does_not_map_our_libraries_is_refused():
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(LookupError, match="does not map"):
+            raw.target_address(sleeper.pid, raw.ctypes.pythonapi.Py_AddPendingCall)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_failed_injection_is_one_line_from_the_child(tmp_path, monkeypatch):
+    """ptrace.py runs raw.py in a child process (with a timeout) and reports its last line."""
+    from diag.inject import InjectFailed, ptrace
+    from diag.inject.checks import Target
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with pytest.raises(InjectFailed) as err:
+        ptrace.inject_raw(Target(dead.pid, sys.executable, sys.version_info[:2], False), "pass")
+    assert "\n" not in str(err.value)
+    assert not [n for n in os.listdir(tmp_path / "diag") if f"-{dead.pid}-" in n]  # payload removed
