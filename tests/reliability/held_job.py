@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         mine, model = train(args, rank)
     mine["fingerprint"] = fingerprint(model)
     common.write_result(args, rank, mine, {"workload": "held_job", "steps": args.steps})
-    dist.barrier()
-    dist.destroy_process_group()  # else gloo's threads may abort the exit ("terminate called ...")
+    common.finish()
     return 0
 
 

@@ -94,3 +94,11 @@ def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any],
         with open(tmp, "w") as f:
             json.dump(out, f, indent=1)
         os.replace(tmp, args.out)
+
+
+def finish() -> None:
+    """Leave the process group cleanly: a process exiting with gloo's threads still running can
+    abort in C++ ("terminate called without an active exception") after a successful run."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
         "overflow_at": args.overflow_at, "overflow_rank": args.overflow_rank,
     })
+    common.finish()
     return 0
 
 

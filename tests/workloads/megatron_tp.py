@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": "megatron_tp", "tp": args.tp, "steps": args.steps,
         "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
     })
+    common.finish()
     return 0
 
 
