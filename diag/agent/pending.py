@@ -7,21 +7,24 @@ still-pending value is written as null and counted, so a stuck stream cannot gro
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 MAX_HOLD_S = 10.0
 
 
-class Pending:
+class Pending(ABC):
     """Base class: subclasses answer `ready()` cheaply and `value()` once ready."""
 
     __slots__ = ()
 
+    @abstractmethod
     def ready(self) -> bool:
-        raise NotImplementedError
+        """True once the value can be read without waiting (e.g. `event.query()`)."""
 
+    @abstractmethod
     def value(self) -> Any:
-        raise NotImplementedError
+        """The resolved value; only called after `ready()` returned True."""
 
 
 def unresolved(rec: tuple[Any, ...]) -> bool:

@@ -108,7 +108,7 @@ def _call(pid: int, saved: Regs, fn: int, args: list[int], deadline: float, held
 
 def inject(pid: int, payload: bytes) -> None:
     if platform.machine() != "x86_64":
-        raise NotImplementedError(f"raw injection supports x86_64 only, not {platform.machine()}")
+        raise OSError(f"raw injection supports x86_64 only, not {platform.machine()}")
     py = ctypes.pythonapi
     add, run, mmap = (target_address(pid, f) for f in (py.Py_AddPendingCall,
                                                       py.PyRun_SimpleString, libc.mmap))

@@ -111,7 +111,7 @@ def test_attach_status_detach_leaves_the_process_as_before(target, method):
     trace_dir = folder / f"trace-{method}"
     res = diag("attach", str(proc.pid), "--method", method, "-v", "--trace-dir", str(trace_dir))
     if method == "gdb" and "cannot call functions on this CPU" in res.stderr:
-        pytest.skip("this machine's gdb cannot call functions (extended-state bug): " + res.stderr)
+        pytest.skip(reason="this machine's gdb cannot call functions (extended-state bug): " + res.stderr)
     assert res.returncode == 0, res.stderr
     assert f"via {method}" in res.stdout
     # only hypno takes the GIL from the ptrace-stopped thread, and says so

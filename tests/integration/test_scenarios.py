@@ -80,7 +80,7 @@ def test_generator_regenerates_straggler(tmp_path):
 def test_slow_link_namespaces_are_removed():
     why = netns.unavailable()
     if why:
-        pytest.skip(f"slow links cannot be built here: {why}")
+        pytest.skip(reason=f"slow links cannot be built here: {why}")
     with netns.slow_link("100mbit", tag="t1") as (a, b):
         assert a.netns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -99,6 +99,6 @@ def test_input_stall_measures_the_sleep():
 ])
 def test_base_scenarios_agree_with_their_readmes(name, fires, quiet):
     if not os.path.isdir(os.path.join(TRACES, name)):
-        pytest.skip(f"sample_traces/{name} not generated (python -m sample_traces.generate {name})")
+        pytest.skip(reason=f"sample_traces/{name} not generated (python -m sample_traces.generate {name})")
     got = set(findings(name))
     assert fires <= got and not (quiet & got), f"{name}: fired {sorted(got)}"

@@ -53,12 +53,12 @@ def served(tmp_path, monkeypatch) -> Iterator[tuple[agent.Agent, str]]:
 @pytest.fixture
 def other_user() -> Iterator[str]:
     if os.getuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
-        pytest.skip("needs root with useradd/runuser to create a second user")
+        pytest.skip(reason="needs root with useradd/runuser to create a second user")
     name = f"diagt{uuid.uuid4().hex[:8]}"
     res = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        pytest.skip(f"cannot create a user here: {res.stderr.strip()}")
+        pytest.skip(reason=f"cannot create a user here: {res.stderr.strip()}")
     try:
         yield name
     finally:

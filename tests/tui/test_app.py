@@ -166,7 +166,7 @@ async def test_gpu_panel_from_the_sidecar_file_and_no_gpu_note(tmp_path):
     empty.mkdir()
     _, notes = gpu_sidecar(str(empty))
     if not notes:
-        pytest.skip("this machine has an NVIDIA GPU")
+        pytest.skip(reason="this machine has an NVIDIA GPU")
     app = TopApp(LiveSource(str(empty)), analyze=None, interval=0.05, notes=tuple(notes))
     async with app.run_test(size=(150, 40)) as pilot:
         await pilot.press("5")

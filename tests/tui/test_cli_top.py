@@ -46,5 +46,5 @@ def test_no_gpu_note(tmp_path):
     sidecar, notes = top.gpu_sidecar(str(tmp_path))
     if sidecar is not None:
         sidecar.stop()
-        pytest.skip("this machine has an NVIDIA GPU")
+        pytest.skip(reason="this machine has an NVIDIA GPU")
     assert notes == ["no NVIDIA GPU (NVML not found)"]

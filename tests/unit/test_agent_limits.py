@@ -51,7 +51,8 @@ def tiny_tmpfs():
                          capture_output=True, text=True)
     if res.returncode != 0:
         os.rmdir(mnt)
-        pytest.skip(f"cannot mount a small tmpfs here (needs root / CAP_SYS_ADMIN): {res.stderr.strip()}")
+        pytest.skip(reason="cannot mount a small tmpfs here (needs root / CAP_SYS_ADMIN): "
+                    f"{res.stderr.strip()}")
     yield mnt
     subprocess.run(["umount", mnt], check=False)
     os.rmdir(mnt)

@@ -39,7 +39,7 @@ def test_twenty_injections_each_run_once_on_the_main_thread(tmp_path):
                 raw.inject(child.pid, PAYLOAD.format(out=out).encode())
         except OSError as e:
             if "not permitted" in str(e):
-                pytest.skip(f"ptrace not permitted here: {e}")
+                pytest.skip(reason=f"ptrace not permitted here: {e}")
             raise
         for _ in range(500):
             if os.path.exists(out) and len(open(out).read()) == 20:

@@ -75,12 +75,12 @@ def test_library_not_found_is_a_value_not_an_exception(tmp_path):
 def test_real_nvml_on_this_machine(tmp_path):
     mod = load_module()
     if mod is None:
-        pytest.skip("nvidia-ml-py not installed")
+        pytest.skip(reason="nvidia-ml-py not installed")
     car = nvml.Sidecar(str(tmp_path))
     started = car.start()
     car.stop()
     if started:
-        pytest.skip("this machine has an NVIDIA GPU: covered by collectors.nvml.selfcheck()")
+        pytest.skip(reason="this machine has an NVIDIA GPU: covered by collectors.nvml.selfcheck()")
     assert car.error == "NVML not found"
 
 
