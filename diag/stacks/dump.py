@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +40,8 @@ class RankStack:
 
 def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
     """`py-spy dump --json` of one process: a list of threads with their frames."""
-    exe = shutil.which("py-spy")
+    # the venv's scripts directory first: `.venv/bin/diag` works without activating the venv
+    exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
     if exe is None:
         raise DiagError("py-spy not found on PATH (pip install diag[attach])", FAILURE)
     cmd = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]

@@ -42,12 +42,21 @@ class Runs:
     def __init__(self, root: str) -> None:
         self.root = root
         self._done: dict[tuple[Any, ...], Job] = {}
+        self._failed: dict[tuple[Any, ...], Exception] = {}  # a failed run fails its tests once each,
+        self._attempts = 0                                     # not by rerunning for every test
 
     def get(self, module: str, args: list[str], diag: bool = True,
             env: dict[str, str] | None = None) -> Job:
         key = (module, tuple(args), diag, tuple(sorted((env or {}).items())))
+        if key in self._failed:
+            raise self._failed[key]
         if key not in self._done:
-            self._done[key] = self._run(module, args, diag, env, len(self._done))
+            self._attempts += 1
+            try:
+                self._done[key] = self._run(module, args, diag, env, self._attempts)
+            except Exception as exc:
+                self._failed[key] = exc
+                raise
         return self._done[key]
 
     def _run(self, module: str, args: list[str], diag: bool, env: dict[str, str] | None,
