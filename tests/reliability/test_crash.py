@@ -109,6 +109,17 @@ def test_cut_at_any_byte_loads_the_complete_lines(tmp_path, fork_server) -> None
         shutil.rmtree(d)
 
 
+def _wait_flushed_step(path: str, timeout: float = 30.0) -> None:
+    """Until the victim's writer has flushed at least one step record: the kill then lands after a
+    known flushed event, whatever the machine's load (the writer flushes every 0.2 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and b'"k":"step"' in open(path, "rb").read():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step record flushed to {path} within {timeout} s")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trial", [0, 1])
 def test_sigkill_of_a_real_rank(tmp_path, trial) -> None:
@@ -119,6 +130,7 @@ def test_sigkill_of_a_real_rank(tmp_path, trial) -> None:
                       step_sleep=rng.uniform(0.0, 0.1))
     try:
         held.wait_steps(at_step)
+        _wait_flushed_step(os.path.join(trace, f"rank-{victim:05d}.jsonl"))
         pid = dict((r, p) for p, r in held.ranks())[victim]
         os.kill(pid, signal.SIGKILL)
         assert held.proc.wait(timeout=120) != 0
