@@ -10,7 +10,7 @@ import torch
 
 import diag
 from diag import agent
-from tests.unit.test_steps import _NoCudaTorch, ds_config, run_ranks, train
+from tests.unit.ds_harness import _NoCudaTorch, ds_config, run_ranks, train
 
 STEPS = 5
 WHAT = ("steps", "memory", "overflow")
