@@ -9,18 +9,8 @@ from rich.table import Table
 
 from diag import schema
 from diag.trace.model import Trace
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f}"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+from diag.units import binary_bytes as _bytes
+from diag.units import ms as _ms
 
 
 def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:

@@ -5,25 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.units import binary_bytes as _bytes
+from diag.units import ms as _ms
+
 Table = tuple[str, list[str], list[list[str]]]
-
-
-def _ms(ns: Any) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.2f}"
 
 
 def _num(v: Any, fmt: str = ".2f") -> str:
     return "-" if v is None else format(v, fmt)
-
-
-def _bytes(n: Any) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def tables(doc: dict[str, Any]) -> list[Table]:
