@@ -13,7 +13,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -83,7 +83,7 @@ def run_block(engine: Any, args: argparse.Namespace, rank: int, first: int, n: i
     return times
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> NoReturn:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--block", type=int, required=True)
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         with open(ours.result, "w") as f:
             json.dump(everyone, f)
-    return 0
+    common.finish()
 
 
 if __name__ == "__main__":

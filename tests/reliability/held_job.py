@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -101,7 +101,7 @@ def fingerprint(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     shims.deepspeed_cpu()
     rank, _ = common.init_process_group()
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     mine["fingerprint"] = fingerprint(model)
     common.write_result(args, rank, mine, {"workload": "held_job", "steps": args.steps})
     common.finish()
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _coalescing_manager
 
+from tests.workloads import common
+
 WORLD = 3
 SLOW_RANK, SLOW_S = 1, 0.3  # rank 1 joins two all_reduces late: the others' dur shows it
 W = (0, 1, 2)
@@ -135,3 +137,4 @@ def run(rank: int, init: str, trace_dir: str, result_dir: str) -> None:
         with open(os.path.join(result_dir, f"{rank}.txt"), "w") as f:
             f.write(repr(out))
         dist.destroy_process_group()
+        common.exit_now()  # see common.finish: no interpreter finalization with gloo threads alive

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -129,7 +129,7 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
             "skipped_steps": int(engine.skipped_steps), "global_steps": int(engine.global_steps)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     shims.deepspeed_cpu()
     rank, _ = common.init_process_group()
@@ -145,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "overflow_at": args.overflow_at, "overflow_rank": args.overflow_rank,
     })
     common.finish()
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -69,7 +69,7 @@ def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
     return {"losses": losses, "step_times": times}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     shims.megatron_cpu()
     rank, _ = common.init_process_group()
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
     })
     common.finish()
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
