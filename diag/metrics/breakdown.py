@@ -5,8 +5,9 @@ Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the
 - total = last activity end - first activity start; idle = total - |union of all activity|;
   compute = |union of compute kernels|; non-compute = total - compute - idle.
 - overlap % = |union(comm) ∩ union(compute)| / |union(comm)| * 100.
-- straggler: for the k-th collective of each rank, the rank that spent least time in it arrived last
-  (the others waited for it); a rank that is last in more than half the collectives is a straggler.
+- last arrival: for the k-th collective of each rank, the rank that spent least time in it arrived
+  last (the others waited for it). Only a measure: with two ranks one of them is "last" more than
+  half the time even on a healthy run, so calling a rank a straggler is the straggler rule's job.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     """Per rank: the fraction of collectives it arrived last at, and its median step time."""
     c = trace.comms
     ranks = sorted(c["rank"].unique()) if not c.empty else []
-    cols = ["rank", "last_arrival_frac", "median_step_ns", "straggler"]
+    cols = ["rank", "last_arrival_frac", "median_step_ns"]
     if len(ranks) < 2:
         return pd.DataFrame(columns=cols)
     c = c.sort_values(["rank", "ts"]).assign(k=lambda d: d.groupby("rank").cumcount())
@@ -131,7 +132,6 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     df = pd.DataFrame({"rank": ranks})
     df["last_arrival_frac"] = df["rank"].map(last).fillna(0.0).round(3)
     df["median_step_ns"] = df["rank"].map(steps)
-    df["straggler"] = df["last_arrival_frac"] > 0.5
     return df
 
 

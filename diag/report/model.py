@@ -70,6 +70,13 @@ def _overflows(trace: Trace) -> int:
     return int(ov["overflow"].astype("boolean").fillna(False).sum())
 
 
+def _stragglers(trace: Trace, findings: list[Finding]) -> pd.DataFrame:
+    """The last-arrival measure per rank, with the straggler rule's verdict beside it (one answer)."""
+    df = breakdown.stragglers(trace)
+    flagged = {r for f in findings if f.rule == "straggler" for r in f.ranks}
+    return df.assign(straggler=[int(r) in flagged for r in df["rank"]])
+
+
 def build(trace: Trace, findings: list[Finding], failures: dict[str, str]) -> dict[str, Any]:
     """The report document for one analysis."""
     steps = breakdown.step_times(trace)
@@ -87,7 +94,7 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str]) -> di
             "overlap": rows(breakdown.comm_overlap(trace)),
             "collectives": rows(breakdown.collective_stats(trace)),
             "bandwidth_by_size": rows(breakdown.bandwidth_by_size(trace)),
-            "stragglers": rows(breakdown.stragglers(trace)),
+            "stragglers": rows(_stragglers(trace, findings)),
             "step_times": rows(steps),
             "loss_scale": rows(_loss_scale(trace)),
         },

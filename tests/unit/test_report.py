@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 from xml.etree import ElementTree
 
 from rich.console import Console
@@ -17,6 +18,8 @@ from diag.cli import main
 from diag.importers import load_inputs
 from diag.report import html, json_report, markdown, model, terminal
 from tests.unit.kineto_samples import GPT_DS
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 FINDING = Finding(rule="exposed_comm", severity="warning", title="comm <exposed> & slow", detail="d",
                   ranks=[1], recoverable_s=0.004, fixes=[Fix("overlap it", ds_config={"zero_optimization": {
@@ -80,3 +83,20 @@ def test_perfetto_export_of_agent_trace(tmp_path, capsys):
     assert diag.load(str(tmp_path / "t")).ranks == [r["pid"] for r in doc["traceEvents"]
                                                     if r.get("name") == "process_sort_index"]
     assert "wrote 3 events" in capsys.readouterr().out
+
+
+def test_straggler_column_is_the_rules_verdict():
+    """The stragglers table says "yes" exactly for the ranks the straggler rule flagged: on a healthy
+    2-rank run one rank still arrives last at most collectives, which alone is no straggler."""
+    from analyzers.base import run_all
+
+    for name, expect in (("healthy", set()), ("straggler", None)):
+        trace = load_inputs([str(SAMPLES / name)])
+        findings, _ = run_all(trace)
+        rows = model.build(trace, findings, {})["metrics"]["stragglers"]
+        flagged = {r["rank"] for r in rows if r["straggler"]}
+        ruled = {r for f in findings if f.rule == "straggler" for r in f.ranks}
+        assert flagged == (ruled if expect is None else expect)
+        assert max(r["last_arrival_frac"] for r in rows) > 0.5  # one rank is "last" either way
+        if name == "straggler":
+            assert flagged
