@@ -11,11 +11,11 @@ def ms(ns: Any) -> str:
 
 
 def binary_bytes(n: Any) -> str:
-    """Bytes in binary units (KiB, MiB, GiB), as message sizes and memory are usually read."""
+    """Bytes in binary units (KiB ... TiB), as message sizes and memory are usually read."""
     if n is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag import units
+
 
 def ms(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
@@ -14,17 +16,19 @@ def pct(x: float | None) -> str:
 
 
 def nbytes(x: float | None) -> str:
+    """Sizes and memory in binary units, as the reports print them."""
+    return units.binary_bytes(x)
+
+
+def rate(x: float | None) -> str:
+    """Link rates (PCIe, NVLink) in decimal GB/s, as NVML and the vendors quote them."""
     if x is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(x) < 1000 or unit == "TB":
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+            return f"{x:.0f} {unit}/s" if unit == "B" else f"{x:.1f} {unit}/s"
         x /= 1000
     return "-"
-
-
-def rate(x: float | None) -> str:
-    return "-" if x is None else f"{nbytes(x)}/s"
 
 
 def num(x: Any, digits: int = 1) -> str:
