@@ -159,3 +159,23 @@ def test_stop_restores_process_group_and_work(group, tmp_path) -> None:
     agent.stop()
     assert ProcessGroup.allreduce is allreduce and Work.wait is wait
     assert {n for n, v in methods.items() if ProcessGroup.__dict__.get(n) is not v} == set()
+
+
+def test_profiler_sees_each_collective_once_on_a_sampled_step(group, tmp_path) -> None:
+    """On a sampled step the layers collector's FlopMode is pushed; a collective issued then runs
+    below it, so torch.profiler (the job's own, or the ground truth of the integration tests) records
+    one c10d op per call, not one per dispatch level. FLOPs of the step's linear are still counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    net = _Net()
+    ag = agent.start(str(tmp_path), what=("comms", "layers"), layers_every=1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        net(torch.ones(2, 4))
+        net(torch.ones(2, 4))
+    path = ag.status()["trace_file"]
+    agent.stop()
+    names = [e.name for e in prof.events() if e.name.startswith("c10d::")]
+    assert names == ["c10d::allreduce_"] * 2
+    with open(path) as f:
+        layers = [r for r in map(json.loads, f) if r["k"] == schema.LAYER and r["module"] == "lin"]
+    assert layers and all(r["flops"] == 2 * 2 * 4 * 4 for r in layers)

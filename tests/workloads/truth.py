@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -26,7 +26,7 @@ class CollectiveCounter:
         self.unsized: set[str] = set()
 
     def read(self, prof: Any) -> None:
-        for ev in outermost(e for e in prof.events() if e.name.startswith("c10d::")):
+        for ev in (e for e in prof.events() if e.name.startswith("c10d::")):
             op = ev.name[len("c10d::"):]
             self.counts[op] = self.counts.get(op, 0) + 1
             shapes, types = ev.input_shapes or [], getattr(ev, "input_dtypes", None) or []
@@ -43,21 +43,6 @@ class CollectiveCounter:
     def as_dict(self) -> dict[str, Any]:
         return {"counts": self.counts, "bytes": self.bytes, "bytes_arg1": self.bytes_arg1,
                 "unsized": sorted(self.unsized)}
-
-
-def outermost(events: Iterable[Any]) -> list[Any]:
-    """Drop an op recorded inside another of the same name on the same thread: under a Python
-    dispatch mode (diag's FLOP counter on a sampled step) the profiler records the op twice."""
-    out: list[Any] = []
-    last: dict[tuple[str, int], Any] = {}
-    for ev in sorted(events, key=lambda e: (e.time_range.start, -e.time_range.end)):
-        key = (ev.name, ev.thread)
-        outer = last.get(key)
-        if outer is not None and ev.time_range.end <= outer.time_range.end:
-            continue
-        last[key] = ev
-        out.append(ev)
-    return out
 
 
 def _nbytes(shapes: list[Any], types: list[Any]) -> int | None:
