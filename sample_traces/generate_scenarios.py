@@ -46,9 +46,6 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {
-    # the same run as sample_traces/generate.py's healthy baseline, for when that folder is absent
-    "healthy": Scenario("A healthy ZeRO-2 bf16 job, small GPT: nothing wrong.", (),
-                        ("--zero", "2", "--dtype", "bf16", "--steps", "8", "--layers-every", "4")),
     "embedding_heavy": Scenario(
         "ZeRO-3 with a 65536-token vocabulary and hidden size 32: the embedding (wte) and output layer "
         "(head) hold almost all parameters, so their all-gathers / reduce-scatters dominate each step. "
@@ -134,13 +131,14 @@ def generate(name: str, out_root: str = HERE) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("names", nargs="*", help=f"of {', '.join(SCENARIOS)} (default: all but healthy)")
+    p.add_argument("names", nargs="*", help=f"of {', '.join(SCENARIOS)} (default: all; the healthy "
+                   "baseline is sample_traces.generate's)")
     p.add_argument("--out", default=HERE)
     a = p.parse_args(argv)
     unknown = [n for n in a.names if n not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {', '.join(unknown)}")
-    for name in a.names or [n for n in SCENARIOS if n != "healthy"]:
+    for name in a.names or list(SCENARIOS):
         why = netns.unavailable() if SCENARIOS[name].slow_link else None
         if why:
             print(f"{name}: skipped ({why})")
