@@ -7,19 +7,28 @@ first one seen. Sampled steps are always tracked steps of the module tracker (co
 whose hooks drive this recorder; on other steps its global hooks are off (except every
 `attribute_every`-th step, where the only cost is the tracker's plus one check per outermost forward).
 
-On a sampled micro-batch a `FlopMode` (a TorchDispatchMode, thread-local) is pushed on the training
-thread from the outermost forward's pre-hook and popped at the step boundary (or at the next
-non-sampled outermost forward). It executes every aten op unchanged, so numerics are untouched, and
-adds each op's FLOPs (collectors/flops.py) to one running total. A module's record covers the time
-between its enter and exit as the tracker sees them, so its FLOPs are the total's growth over that
-interval: INCLUSIVE (a parent includes its children). A module can have several records per step
-and phase (micro-batches, re-entered backward, shared modules): readers sum them.
+On a sampled micro-batch that counts FLOPs a `FlopMode` (a TorchDispatchMode, thread-local) is
+pushed on the training thread from the outermost forward's pre-hook and popped at the step boundary
+(or at the next outermost forward that does not count). It executes every aten op unchanged, so
+numerics are untouched, and adds each op's FLOPs (collectors/flops.py) to one running total. A
+module's record covers the time between its enter and exit as the tracker sees them, so its FLOPs
+are the total's growth over that interval: INCLUSIVE (a parent includes its children). A module can
+have several records per step and phase (micro-batches, re-entered backward, shared modules):
+readers sum them.
+
+Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
+from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
+signature (shapes and dtypes of the outermost forward's tensor arguments) and again every
+`flops_every`-th sample of it (agent option, default `FLOPS_EVERY`; 1 = every sample); the samples
+in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
+Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
+FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
 
 Emits `(LAYER, step, module, phase, ts, dur, flops, mem_delta)`, phase "fwd"/"bwd"; `dur` is a
 CUDA-event `Pending` on GPU (collectors/timing.py) and `mem_delta` the allocator's allocated-bytes
 change over the interval (None on CPU).
 
-Limits: a sampled step runs every op through Python (x1.6 here, FlopCounterMode x2.7), and inside
+Limits: a counting step runs every op through Python (x1.6 here, FlopCounterMode x2.7), and inside
 torch.compile'd code the mode causes graph breaks on sampled steps. `stop()` from another thread
 while the mode is pushed leaves it transparent and one self-removing hook that pops it at the
 training thread's next module call.
@@ -42,6 +51,8 @@ from diag import schema
 from diag.agent.undo import Undo
 
 _graph_task_id = torch._C._current_graph_task_id
+FLOPS_EVERY = 4  # default: count FLOPs on 1 sample in 4 of an input signature (the first always)
+MAX_SIGNATURES = 64  # distinct input signatures remembered before the FLOP cache starts over
 
 
 class FlopMode(TorchDispatchMode):
@@ -85,11 +96,18 @@ class LayerRecorder:
         self.timer: Any = None
         self.memory: Any = None
         self.open: dict[tuple[str, str], tuple[int, Any, int, int | None]] = {}
+        options = getattr(agent, "options", {})
+        self.flops_every = max(1, int(options.get(schema.META_FLOPS_EVERY, FLOPS_EVERY)))
+        self.counting = False  # this sample runs the FlopMode (else: reuses counted FLOPs)
+        self.sig: tuple[Any, ...] = ()
+        self.since: dict[tuple[Any, ...], int] = {}  # signature -> samples since it was counted
+        self.flops: dict[tuple[Any, ...], int] = {}  # (signature, module, phase, occurrence) -> FLOPs
+        self.occurrence: dict[tuple[str, str], int] = {}
 
     # ---- tracker callbacks (guarded by install) ----------------------------------------------
-    def fwd(self, name: str, outermost: bool) -> None:
+    def fwd(self, name: str, outermost: bool, args: tuple[Any, ...] = ()) -> None:
         if outermost and _graph_task_id() == -1:
-            self._decide()
+            self._decide(args)
         if self.active:
             self._open(name, "fwd")
 
@@ -115,7 +133,7 @@ class LayerRecorder:
         self._pop()
 
     # ---- sampling and the dispatch mode --------------------------------------------------------
-    def _decide(self) -> None:
+    def _decide(self, args: tuple[Any, ...]) -> None:
         every = self.agent.layers_every
         if self.steps_seen:
             want = bool(self.agent.sampled)
@@ -123,18 +141,33 @@ class LayerRecorder:
             want = every > 0 and self.micro % every == 0
             self.micro += 1
         self.open.clear()
-        if want:
-            self._push()
-        else:
+        if not want:
             self._pop()
-        self.active = want and self.mode is not None
-
-    def _push(self) -> None:
-        if self.mode is not None:
+            self.active = False
             return
         device = self.device or job_device()
         self.timer = make_timer(device, self.event_cls)
         self.memory = self.memory_fn or memory_probe(device)
+        self.sig = signature(args)
+        self.occurrence.clear()
+        self.counting = self._count_now(self.sig) or not self._pop()  # a mode it cannot pop still counts
+        if self.counting:
+            self._push()
+        self.active = not self.counting or self.mode is not None
+
+    def _count_now(self, sig: tuple[Any, ...]) -> bool:
+        """Count FLOPs on this sample? The first of a signature, then every `flops_every`-th."""
+        since = self.since.get(sig)
+        if since is None and len(self.since) >= MAX_SIGNATURES:
+            self.since.clear()
+            self.flops.clear()
+        count = since is None or since + 1 >= self.flops_every
+        self.since[sig] = 0 if count else since + 1  # type: ignore[operator]
+        return count
+
+    def _push(self) -> None:
+        if self.mode is not None:
+            return
         mode = FlopMode(self.agent)
         mode.__enter__()
         self.mode, self.mode_thread = mode, threading.get_ident()
@@ -154,19 +187,31 @@ class LayerRecorder:
     # ---- intervals ---------------------------------------------------------------------------------
     def _open(self, name: str, phase: str) -> None:
         key = (name, phase)
-        if key not in self.open and self.mode is not None:
-            self.open[key] = (self.agent.now(), self.timer.start(), self.mode.total, self.memory())
+        if key not in self.open and self.active:
+            mode = self.mode
+            self.open[key] = (self.agent.now(), self.timer.start(), mode.total if mode else 0,
+                              self.memory())
 
     def _close(self, name: str, phase: str) -> None:
-        rec = self.open.pop((name, phase), None)
-        if rec is None or self.mode is None:
+        key = (name, phase)
+        rec = self.open.pop(key, None)
+        if rec is None or not self.active:
             return
         ts, token, flops0, mem0 = rec
         dur = self.timer.stop(token)
         mem1 = self.memory()
         delta = None if mem0 is None or mem1 is None else mem1 - mem0
+        k = self.occurrence.get(key, 0)
+        self.occurrence[key] = k + 1
+        at = (self.sig, name, phase, k)
+        mode = self.mode
+        flops: int | None
+        if self.counting and mode is not None:
+            flops = self.flops[at] = mode.total - flops0
+        else:
+            flops = self.flops.get(at)
         agent = self.agent
-        agent.emit((schema.LAYER, agent.step, name, phase, ts, dur, self.mode.total - flops0, delta))
+        agent.emit((schema.LAYER, agent.step, name, phase, ts, dur, flops, delta))
 
     # ---- stop ------------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -214,5 +259,18 @@ def install(agent: Any, undo: Undo, **seams: Any) -> None:
     tracker.listener = recorder
     agent.step_listeners.append(listener)
     agent.layer_recorder = recorder
+    agent.set_meta(schema.META_FLOPS_EVERY, recorder.flops_every)
     undo.call(recorder.shutdown, "layers.mode")
     undo.call(lambda: setattr(tracker, "listener", None), "layers.listener")
+
+
+def signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Shapes and dtypes of the tensors among a forward's arguments (and inside a list or tuple
+    argument, a dict's values: a batch), the key under which counted FLOPs are reused."""
+    out: list[Any] = []
+    for a in args:
+        items = a.values() if isinstance(a, dict) else a if isinstance(a, (list, tuple)) else (a,)
+        for x in items:
+            if isinstance(x, torch.Tensor):
+                out.append((tuple(x.shape), x.dtype))
+    return tuple(out)

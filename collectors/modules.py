@@ -86,7 +86,7 @@ class ModuleTracker:
         self.stack: list[str] = agent.module_stack
         self.names: dict[int, Entry] = {}
         self.live = False
-        self.listener: Any = None  # has .active, .fwd(name, outermost), .fwd_end(name), .bwd(old, new)
+        self.listener: Any = None  # has .active, .fwd(name, outermost, args), .fwd_end(name), .bwd(old, new)
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
         self._task = -1  # graph task whose end-of-backward callback is queued
         self._lock = threading.Lock()
@@ -159,7 +159,7 @@ class ModuleTracker:
         self.stack.append(name)
         lis = self.listener
         if lis is not None and (lis.active or outermost):
-            lis.fwd(name, outermost)
+            lis.fwd(name, outermost, args)
         # parameter-less leaves (activations, dropout) are skipped in backward unless sampled
         track = torch.is_grad_enabled() and (not entry[2] or (lis is not None and lis.active))
         self._track.append(track)

@@ -114,7 +114,7 @@ def test_hook_faults_are_counted_not_raised(tmp_path) -> None:
 
 def test_stop_from_another_thread_mid_step(tmp_path) -> None:
     reference = train(4)
-    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1)
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, flops_every=1)
     stack_during: list[int] = []
 
     def pause(step: int) -> None:
@@ -128,6 +128,52 @@ def test_stop_from_another_thread_mid_step(tmp_path) -> None:
     assert stack_during == [1]
     assert _len_torch_dispatch_stack() == 0  # popped by the training thread's next module call
     assert diag_agent.current() is None and ag.module_stack == []
+
+
+def _steps_of(trace_dir: str) -> dict[int, dict[tuple[str, str], int]]:
+    out: dict[int, dict[tuple[str, str], int]] = {}
+    for r in events(trace_dir, schema.LAYER):
+        out.setdefault(r["step"], {})[(r["module"], r["phase"])] = r["flops"]
+    return out
+
+
+def test_flops_counted_once_per_signature_then_reused(tmp_path) -> None:
+    """flops_every=3: the FlopMode runs on the first sample of an input signature and every 3rd after
+    it; the samples in between time every module, run no op through Python (empty dispatch stack)
+    and carry the counted FLOPs. A new batch shape is counted at once, with its own FLOPs."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, flops_every=3)
+    stacks = []
+    probe = model[1].register_forward_hook(lambda *_: stacks.append(_len_torch_dispatch_stack()))
+    batches = [6, 6, 6, 6, 12, 12, 6]
+    for step, rows in enumerate(batches):
+        ag.begin_step(step)
+        model(torch.randn(rows, 8)).sum().backward()
+    ag.begin_step(len(batches))
+    probe.remove()
+    diag_agent.stop()
+    assert stacks == [1, 0, 0, 1, 1, 0, 0]  # counted: 6 first, 6 again 3 samples on, 12 first
+    got = _steps_of(str(tmp_path))
+    assert sorted(got) == list(range(len(batches)))
+    for step, rows in enumerate(batches):
+        first, second = 2 * rows * 8 * 16, 2 * rows * 16 * 4
+        assert got[step][("0", "fwd")] == first and got[step][("2", "bwd")] == 2 * second
+        assert got[step][("Sequential", "bwd")] == first + 2 * second
+    meta = [r for r in events(str(tmp_path), schema.META) if r.get("key") == schema.META_FLOPS_EVERY]
+    assert [r["value"] for r in meta] == [3]
+
+
+def test_flops_every_one_counts_every_sample(tmp_path) -> None:
+    model = torch.nn.Linear(4, 4)
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, flops_every=1)
+    stacks = []
+    probe = model.register_forward_hook(lambda *_: stacks.append(_len_torch_dispatch_stack()))
+    for step in range(3):
+        ag.begin_step(step)
+        model(torch.randn(2, 4)).sum().backward()
+    probe.remove()
+    diag_agent.stop()
+    assert stacks == [1, 1, 1]
 
 
 class FakeEvent:
