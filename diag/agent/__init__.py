@@ -31,8 +31,11 @@ def start(trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] 
     options: layers_every (per-layer time and FLOPs on every Nth step; default 50, the always-on
     setting; 1 = every step), attribute_every (name the running module in comms records on the
     job's first N steps, every Nth step after them and sampled steps; default 10; 1 = every step,
-    0 = sampled steps only; other steps skip module tracking, ~5 us per module call),
-    ring_capacity (records buffered before drops), faults (tests).
+    0 = sampled steps only; other steps skip module tracking, ~5 us per module call), flops_every
+    (count FLOPs on the first sample of each input signature and every Nth after it, reuse them on
+    the others; default 4; 1 = count on every sample),
+    ring_capacity (records buffered before drops), self_time (add up the time spent in diag's hooks,
+    shown by `diag status`: ~0.2 us more per hook), faults (tests).
     """
     global _agent
     with _lock:

@@ -10,13 +10,12 @@ process with a timeout, so one stuck rank cannot hang the command). The agent wr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from diag.agent.runtime import ALL_COLLECTORS
-from diag.errors import FAILURE, USAGE, DiagError
+from diag.cli import agent_options
+from diag.errors import FAILURE, DiagError
 from diag.inject import METHODS
 from diag.inject.attach import Attached, attach_one
 from diag.procs import ranks_under
@@ -24,12 +23,7 @@ from diag.procs import ranks_under
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=int, help="a rank's pid, or the torchrun/deepspeed launcher's")
-    parser.add_argument("--trace-dir", default=os.path.abspath("diag-trace"),
-                        help="where the ranks write their trace files (default: ./diag-trace)")
-    parser.add_argument("--what", default=",".join(ALL_COLLECTORS),
-                        help=f"collectors, comma-separated (default: {','.join(ALL_COLLECTORS)})")
-    parser.add_argument("--layers-every", type=int, default=None,
-                        help="per-layer time and FLOPs on every Nth step (default 50)")
+    agent_options.add_arguments(parser)
     parser.add_argument("--duration", type=float, default=None,
                         help="detach after this many seconds (default: stay attached)")
     parser.add_argument("--method", choices=METHODS, default=None,
@@ -41,13 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    unknown = [w for w in args.what.split(",") if w.strip() and w.strip() not in ALL_COLLECTORS]
-    if unknown:
-        raise DiagError(f"unknown collector(s) {', '.join(unknown)}; choose from "
-                        f"{', '.join(ALL_COLLECTORS)}", USAGE)
-    options: dict[str, object] = {"trace_dir": os.path.abspath(args.trace_dir), "what": args.what}
-    if args.layers_every is not None:
-        options["layers_every"] = args.layers_every
+    options = agent_options.options(args)
     ranks = ranks_under(args.pid)
     with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
         futures = [pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch)

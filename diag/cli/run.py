@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 
-from diag.agent.runtime import ALL_COLLECTORS
+from diag.cli import agent_options
 from diag.errors import USAGE, DiagError
 from diag.inject.payload import ROOT
 
@@ -20,19 +20,13 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace-dir", default=os.path.abspath("diag-trace"),
-                        help="where the ranks write their trace files (default: ./diag-trace)")
-    parser.add_argument("--what", default=",".join(ALL_COLLECTORS), help="collectors, comma-separated")
-    parser.add_argument("--layers-every", type=int, default=None,
-                        help="per-layer time and FLOPs on every Nth step (default 50)")
+    agent_options.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
 
 
 def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     """The job's environment: our sitecustomize first, diag importable last, options in DIAG_RUN."""
-    opts: dict[str, object] = {"trace_dir": os.path.abspath(args.trace_dir), "what": args.what}
-    if args.layers_every is not None:
-        opts["layers_every"] = args.layers_every
+    opts = agent_options.options(args)
     paths = [SITE_DIR, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p], ROOT]
     return {**base, "PYTHONPATH": os.pathsep.join(paths), "DIAG_RUN": json.dumps(opts),
             "DIAG_RUN_PID": str(os.getpid())}
@@ -42,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise DiagError("no command given: diag run [options] -- COMMAND ...", USAGE)
-    unknown = [w for w in args.what.split(",") if w.strip() and w.strip() not in ALL_COLLECTORS]
-    if unknown:
-        raise DiagError(f"unknown collector(s) {', '.join(unknown)}", USAGE)
+    agent_options.options(args)  # a bad option fails here, not in every rank
     if shutil.which(command[0]) is None:
         raise DiagError(f"{command[0]}: command not found", USAGE)
     os.execvpe(command[0], command, environment(args, dict(os.environ)))

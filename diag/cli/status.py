@@ -36,6 +36,10 @@ def render(st: dict[str, Any]) -> str:
                      f"dropped {st['dropped'].get(kind, 0):>6}  failed {st['errors'].get(kind, 0):>4}")
     for name, why in st.get("install_failures", {}).items():
         lines.append(f"  {name:<10} not installed: {why}")
+    own = f"  agent's own time: writer thread {st.get('writer_cpu_ns', 0) / 1e6:.1f} ms CPU"
+    if st.get("hook_ns") is not None:
+        own += f", hooks {st['hook_ns'] / 1e6:.1f} ms"
+    lines.append(own)
     if st.get("lines_lost") or st.get("write_error"):
         lines.append(f"  trace file: {st['lines_lost']} lines lost ({st['write_error']})")
     return "\n".join(lines)
