@@ -21,13 +21,14 @@ from tests.workloads import common, gpt_ds, shims
 from tests.workloads.gpt import batch
 
 NEVER = 10**9  # layers_every for "agent on, never sampled" (the always-on cost between samples)
+SELF_TIMED = "diag, not sampled, self-timed"  # also reports the agent's own time (hooks + writer)
 
 
 @contextlib.contextmanager
-def agent_on(trace_dir: str, layers_every: int) -> Iterator[None]:
+def agent_on(trace_dir: str, layers_every: int, **options: Any) -> Iterator[None]:
     from diag import agent
 
-    agent.start(trace_dir, layers_every=layers_every)
+    agent.start(trace_dir, layers_every=layers_every, **options)
     try:
         yield
     finally:
@@ -59,22 +60,37 @@ def deepspeed_profilers(engine: Any) -> Iterator[None]:
         prof.end_profile()
 
 
+def own_ns() -> int:
+    """The running agent's own CPU time so far: its hooks (self_time, less the timing's own share)
+    plus its writer thread."""
+    from diag import agent
+
+    st = agent.current().status()  # type: ignore[union-attr]
+    return int(st["hook_ns"] or 0) + int(st["writer_cpu_ns"])
+
+
 def variants(engine: Any, trace_dir: str) -> dict[str, Callable[[], Any]]:
     return {
         "bare": contextlib.nullcontext,
+        "bare again (noise control)": contextlib.nullcontext,
         "diag, not sampled": lambda: agent_on(trace_dir, NEVER),
+        SELF_TIMED: lambda: agent_on(trace_dir, NEVER, self_time=True),
         "diag per-layer (layers_every=1)": lambda: agent_on(trace_dir, 1),
+        "diag per-layer, FLOPs every step": lambda: agent_on(trace_dir, 1, flops_every=1),
         "torch.profiler (CPU, record_shapes)": torch_profiler,
         "DeepSpeed flops profiler + comms logger": lambda: deepspeed_profilers(engine),
     }
 
 
-def run_block(engine: Any, args: argparse.Namespace, rank: int, first: int, n: int
-              ) -> list[tuple[float, float]]:
+def run_block(engine: Any, args: argparse.Namespace, rank: int, first: int, n: int,
+              mark: Callable[[], Any] | None = None) -> list[tuple[float, float]]:
     """(wall, process CPU) seconds of each step. CPU time (all threads: the agent's writer too) is
-    what a variant adds in work; unlike wall time it does not grow when other jobs preempt us."""
+    what a variant adds in work; unlike wall time it does not grow when other jobs preempt us.
+    `mark` runs after the first step (the one that pays the switch and is not counted)."""
     times = []
     for step in range(first, first + n):
+        if mark is not None and step == first + 1:
+            mark()
         t0, c0 = time.perf_counter(), time.process_time()
         tokens, targets = batch(step, rank, args.batch, args.seq, args.vocab)
         engine.backward(engine(tokens, targets))
@@ -102,16 +118,21 @@ def main(argv: list[str]) -> NoReturn:
     run_block(engine, args, rank, step, ours.block)  # warm-up
     step += ours.block
     times: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in table}
+    own: list[int] = []  # the self-timed variant: the agent's own ns over each block's counted steps
     for _ in range(ours.rounds):
         order = list(table)
         rng.shuffle(order)
         for name in order:
             dist.barrier()
             with table[name]():
-                times[name].append(run_block(engine, args, rank, step, ours.block))
+                start: list[int] = []
+                mark = (lambda at=start: at.append(own_ns())) if name == SELF_TIMED else None
+                times[name].append(run_block(engine, args, rank, step, ours.block, mark))
+                if start:
+                    own.append(own_ns() - start[0])
             step += ours.block
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, times)
+    dist.all_gather_object(everyone, {"times": times, "own_ns": own})
     if rank == 0:
         with open(ours.result, "w") as f:
             json.dump(everyone, f)
