@@ -161,9 +161,11 @@ class LayerRecorder:
         if since is None and len(self.since) >= MAX_SIGNATURES:
             self.since.clear()
             self.flops.clear()
-        count = since is None or since + 1 >= self.flops_every
-        self.since[sig] = 0 if count else since + 1  # type: ignore[operator]
-        return count
+        if since is None or since + 1 >= self.flops_every:
+            self.since[sig] = 0
+            return True
+        self.since[sig] = since + 1
+        return False
 
     def _push(self) -> None:
         if self.mode is not None:
