@@ -22,13 +22,7 @@ def nbytes(x: float | None) -> str:
 
 def rate(x: float | None) -> str:
     """Link rates (PCIe, NVLink) in decimal GB/s, as NVML and the vendors quote them."""
-    if x is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(x) < 1000 or unit == "TB":
-            return f"{x:.0f} {unit}/s" if unit == "B" else f"{x:.1f} {unit}/s"
-        x /= 1000
-    return "-"
+    return units.decimal_rate(x)
 
 
 def num(x: Any, digits: int = 1) -> str:

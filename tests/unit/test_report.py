@@ -100,3 +100,12 @@ def test_straggler_column_is_the_rules_verdict():
         assert max(r["last_arrival_frac"] for r in rows) > 0.5  # one rank is "last" either way
         if name == "straggler":
             assert flagged
+
+
+def test_units_binary_sizes_and_decimal_rates():
+    from diag import units
+
+    assert [units.binary_bytes(v) for v in (None, 512, 1536, 5 * 2**30, 3 * 2**40)] == [
+        "-", "512 B", "1.5 KiB", "5.0 GiB", "3.0 TiB"]
+    assert [units.decimal_rate(v) for v in (None, 999, 1500, 25e9)] == [
+        "-", "999 B/s", "1.5 KB/s", "25.0 GB/s"]
