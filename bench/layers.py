@@ -3,8 +3,9 @@
 
 1. per module call on non-sampled steps: many small Linear layers, forward+backward with the agent
    (layers_every huge: never sampled after the first) vs without, divided by module calls.
-2. sampled step: a small transformer fwd+bwd, plain vs our collector (layers_every=1) vs
-   torch.utils.flop_counter.FlopCounterMode.
+2. sampled step: a small transformer fwd+bwd, plain vs our collector (layers_every=1) counting
+   FLOPs on every step (flops_every=1, like FlopCounterMode) and with the default reuse
+   (flops_every=4: same shapes, counted 1 step in 4) vs torch.utils.flop_counter.FlopCounterMode.
 """
 
 import os
@@ -90,11 +91,10 @@ def sampled():
         with FlopCounterMode(display=False):
             step()
 
-    res = {"base": [], "fcm": [], "ours": [], "unsampled": []}
+    res = {"base": [], "fcm": [], "counting": [], "ours": [], "unsampled": []}
     for _ in range(4):  # interleaved rounds, min of each: the machine is shared
         res["base"].append(timeit(step, 8))
         res["fcm"].append(timeit(fcm, 8))
-        ag = A.start(tempfile.mkdtemp(), what=("layers",), layers_every=1)
         i = [0]
 
         def ours():
@@ -102,6 +102,10 @@ def sampled():
             i[0] += 1
             step()
 
+        ag = A.start(tempfile.mkdtemp(), what=("layers",), layers_every=1, flops_every=1)
+        res["counting"].append(timeit(ours, 8))
+        A.stop()
+        ag = A.start(tempfile.mkdtemp(), what=("layers",), layers_every=1)
         res["ours"].append(timeit(ours, 8))
         ag.layers_every = 10**9
 
@@ -111,9 +115,11 @@ def sampled():
 
         res["unsampled"].append(timeit(off, 8))
         A.stop()
-    base, flop, mine, unsampled = (min(res[k]) for k in ("base", "fcm", "ours", "unsampled"))
+    base, flop, counting, mine, unsampled = (
+        min(res[k]) for k in ("base", "fcm", "counting", "ours", "unsampled"))
     print(
-        f"small transformer step {base * 1e3:.1f} ms: sampled (ours) x{mine / base:.2f}, "
+        f"small transformer step {base * 1e3:.1f} ms: sampled (ours, counting) x{counting / base:.2f}, "
+        f"sampled (ours, FLOPs reused 3 steps in 4) x{mine / base:.2f}, "
         f"FlopCounterMode x{flop / base:.2f}, non-sampled (ours) x{unsampled / base:.3f}"
     )
 
