@@ -4,6 +4,6 @@ Analyzers never import torch, collectors or textual, and never print or plot: re
 `run_all(trace)` imports every rule module listed in `RULES` and collects their findings.
 """
 
-from analyzers.base import Finding, Fix, registered_rules, rule, run_all
+from diag.analyzers.base import Finding, Fix, registered_rules, rule, run_all
 
 __all__ = ["Finding", "Fix", "registered_rules", "rule", "run_all"]

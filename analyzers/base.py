@@ -18,10 +18,10 @@ SEVERITIES = ("info", "warning", "critical")
 
 # Every rule module, in report order. A rule module that fails to import is reported, not fatal.
 RULE_MODULES: list[str] = [
-    "analyzers.hang_desync", "analyzers.zero3_slow_link", "analyzers.tp_cross_node",
-    "analyzers.overflow_storm", "analyzers.memory_pressure", "analyzers.embedding_comm",
-    "analyzers.straggler", "analyzers.exposed_comm", "analyzers.pipeline_bubble",
-    "analyzers.tiny_collectives", "analyzers.idle_between_steps",
+    "diag.analyzers.hang_desync", "diag.analyzers.zero3_slow_link", "diag.analyzers.tp_cross_node",
+    "diag.analyzers.overflow_storm", "diag.analyzers.memory_pressure", "diag.analyzers.embedding_comm",
+    "diag.analyzers.straggler", "diag.analyzers.exposed_comm", "diag.analyzers.pipeline_bubble",
+    "diag.analyzers.tiny_collectives", "diag.analyzers.idle_between_steps",
 ]
 
 

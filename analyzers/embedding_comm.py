@@ -6,9 +6,9 @@ import re
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from diag.analyzers import common
+from diag.analyzers.base import Finding, Fix, rule
 
-from analyzers import common
-from analyzers.base import Finding, Fix, rule
 from diag import schema
 
 if TYPE_CHECKING:

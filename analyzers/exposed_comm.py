@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from diag.analyzers import common
+from diag.analyzers.base import Finding, Fix, rule
 
-from analyzers import common
-from analyzers.base import Finding, Fix, rule
 from diag.metrics import breakdown
 
 if TYPE_CHECKING:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-
-from analyzers.base import Finding, Fix, rule
-from analyzers.common import zero_stage
+from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.common import zero_stage
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from diag.analyzers import common
+from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.exposed_comm import exposed_per_step
 
-from analyzers import common
-from analyzers.base import Finding, Fix, rule
-from analyzers.exposed_comm import exposed_per_step
 from diag.metrics import breakdown
 
 if TYPE_CHECKING:

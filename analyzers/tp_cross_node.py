@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from analyzers import common
-from analyzers.base import Finding, Fix, rule
+from diag.analyzers import common
+from diag.analyzers.base import Finding, Fix, rule
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace

@@ -53,7 +53,8 @@ def make_input(folder: str, ranks: int, steps: int) -> int:
 
 
 def worker_diag(folder: str) -> None:
-    from analyzers import run_all
+    from diag.analyzers import run_all
+
     from diag.importers import load_inputs
     from diag.report import model
 

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from collectors.comms_groups import Groups
-from collectors.comms_ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
-from collectors.comms_timing import CommTiming, Later
+from diag.collectors.comms_groups import Groups
+from diag.collectors.comms_ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
+from diag.collectors.comms_timing import CommTiming, Later
+
 from diag import schema
 from diag.agent.undo import Undo
 
@@ -50,7 +51,7 @@ def install(agent: Any, undo: Undo, timing: CommTiming | None = None) -> None:
 def _track_modules(agent: Any, undo: Undo) -> None:
     """Module attribution needs `agent.module_stack` maintained (shared with the layers collector)."""
     try:
-        from collectors import modules
+        from diag.collectors import modules
     except ImportError:
         return
     modules.ensure_installed(agent, undo)
@@ -101,10 +102,9 @@ def _wrapper(agent: Any, name: str, spec: Spec, original: Callable[..., Any], gr
 def _flop_mode_seam() -> tuple[Callable[[], bool], Callable[[], Any]]:
     """(is the layers collector's FlopMode the innermost dispatch mode of this thread, a context that
     pops it for the call). ~0.1 us per collective when no mode is pushed: one C++ stack-length read."""
+    from diag.collectors.layers import FlopMode
     from torch._C import _len_torch_dispatch_stack
     from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
-
-    from collectors.layers import FlopMode
 
     def on_top() -> bool:
         return bool(_len_torch_dispatch_stack()) and type(_get_current_dispatch_mode()) is FlopMode

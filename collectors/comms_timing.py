@@ -22,7 +22,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from collectors.timing import CpuTimer, Timer, make_timer
+from diag.collectors.timing import CpuTimer, Timer, make_timer
+
 from diag.agent.pending import Pending
 from diag.agent.undo import Undo
 

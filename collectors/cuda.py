@@ -19,7 +19,7 @@ class TorchCuda:
     """The real backend: thin calls into torch.cuda."""
 
     def ready(self) -> bool:
-        from collectors.timing import job_device
+        from diag.collectors.timing import job_device
 
         return job_device() == "cuda"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.flops import Shape, formula, ops
+from diag.collectors.flops import Shape, formula, ops
 
 
 def attention_flops(b: int, h: int, s_q: int, s_k: int, d_qk: int, d_v: int, backward: bool) -> int:

@@ -41,12 +41,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from diag.collectors import modules
+from diag.collectors.flops import FORMULAS, count
+from diag.collectors.timing import job_device, make_timer, memory_probe
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from collectors import modules
-from collectors.flops import FORMULAS, count
-from collectors.timing import job_device, make_timer, memory_probe
 from diag import schema
 from diag.agent.undo import Undo
 

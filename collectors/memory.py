@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from collectors import cuda
+from diag.collectors import cuda
+
 from diag import schema
 
 NAME = "memory"

@@ -22,8 +22,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from collectors import cuda
-from collectors.steps import engine_class, megatron_step_classes
+from diag.collectors import cuda
+from diag.collectors.steps import engine_class, megatron_step_classes
+
 from diag import schema
 
 NAME = "overflow"

@@ -6,6 +6,7 @@ agent imports it inside the training process, where pandas and textual must neve
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from diag.errors import DiagError
@@ -13,7 +14,32 @@ from diag.errors import DiagError
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is stated (pyproject reads it)
+
+
+def _source_checkout_path() -> None:
+    """Make `diag.collectors` and `diag.analyzers` importable from a source checkout.
+
+    The repository keeps `collectors/` and `analyzers/` beside `diag/` (the folder layout is the
+    architecture); a wheel installs them inside `diag/` (pyproject's package-dir), so nothing diag
+    loads can collide with a job's own top-level `collectors` or `analyzers`. In a checkout (an
+    editable install, a worktree, PYTHONPATH) the parent folder joins this package's path, but only
+    when it is this project's checkout: never a site-packages that happens to hold a `collectors`.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.isdir(os.path.join(here, "collectors")):
+        return  # installed: the sub-packages are inside
+    root = os.path.dirname(here)
+    try:
+        with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+            ours = 'name = "diag"' in f.read(4096)
+    except OSError:
+        return
+    if ours and os.path.isfile(os.path.join(root, "collectors", "__init__.py")):
+        __path__.append(os.path.join(root))  # type: ignore[name-defined]
+
+
+_source_checkout_path()
 __all__ = ["DiagError", "Trace", "__version__", "load"]
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import diag
-from analyzers import run_all
+from diag.analyzers import run_all
 from sample_traces import netns
 from tests.workloads import launch
 

@@ -40,7 +40,7 @@ def _layout(trace: object) -> str:
 def analyze_rules(folder: str) -> list[str]:
     """Rule names `diag analyze` reports on the trace ([] when the analyzers are not installed)."""
     try:
-        from analyzers.base import run_all
+        from diag.analyzers.base import run_all
     except ImportError:
         return []
     findings, _ = run_all(load(folder))

@@ -234,7 +234,7 @@ class Agent:
 
     def _install(self, name: str) -> None:
         try:
-            module = importlib.import_module(f"collectors.{name}")
+            module = importlib.import_module(f"diag.collectors.{name}")
             module.install(self, self.undo)
             self.installed.append(name)
         except Exception as exc:  # noqa: BLE001 - one broken collector must not stop the others

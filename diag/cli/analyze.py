@@ -58,7 +58,7 @@ def _write(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analyzers import registered_rules, run_all
+    from diag.analyzers import registered_rules, run_all
     from diag.importers import load_inputs
     from diag.report import model
 

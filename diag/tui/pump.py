@@ -19,7 +19,7 @@ Analyze = Callable[[Any], tuple[list[Any], dict[str, str]]]
 
 def run_analyzers(trace: Any) -> tuple[list[Any], dict[str, str]]:
     """`analyzers.run_all` on what has been seen so far (imported lazily: pandas-heavy rules)."""
-    from analyzers import run_all
+    from diag.analyzers import run_all
 
     return run_all(trace)
 

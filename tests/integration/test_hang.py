@@ -43,7 +43,7 @@ def test_stacks_names_the_stuck_rank_and_collective(tmp_path):
         assert out["verdict"].startswith("rank 0 stuck in all_reduce"), out
         assert "never arrived: rank 1 (in wait_for_data (hang.py:" in out["verdict"]
         assert [g["ranks"] for g in out["groups"]] in ([[0], [1]], [[1], [0]])
-        if importlib.util.find_spec("collectors.comms") is not None:  # the join with the trace
+        if importlib.util.find_spec("diag.collectors.comms") is not None:  # the join with the trace
             assert f"collective #{HANG_AT + 1} since diag started" in out["verdict"]
     finally:
         os.killpg(job.pid, signal.SIGKILL)

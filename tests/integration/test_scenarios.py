@@ -7,9 +7,9 @@ import os
 import subprocess
 
 import pytest
+from diag.analyzers import run_all
 
 import diag
-from analyzers import run_all
 from sample_traces import netns
 from sample_traces.generate_scenarios import SCENARIOS, generate
 

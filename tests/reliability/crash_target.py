@@ -13,11 +13,11 @@ import os
 import sys
 import threading
 
+import diag.collectors.layers
+import diag.collectors.memory
+import diag.collectors.steps
 import torch
 
-import collectors.layers
-import collectors.memory
-import collectors.steps
 from diag import agent, schema
 
 
@@ -47,7 +47,7 @@ def child(trace_dir: str, ready: int) -> None:
 
 def main() -> None:
     torch.set_num_threads(1)
-    collectors.layers._warm_up()  # the 1-3 s first use of a dispatch mode, paid once before forking
+    diag.collectors.layers._warm_up()  # the 1-3 s first use of a dispatch mode, paid once before forking
     for line in sys.stdin:
         r, w = os.pipe()
         pid = os.fork()

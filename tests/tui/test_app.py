@@ -8,9 +8,9 @@ import os
 import signal
 
 import pytest
+from diag.analyzers import Finding, Fix
 
 import diag
-from analyzers import Finding, Fix
 from diag.tui.app import TopApp
 from diag.tui.source import LiveSource, ReplaySource
 from diag.tui.widgets.findings import FindingsPanel
@@ -145,7 +145,8 @@ async def test_256_ranks_update_cells_in_place(tmp_path):
 
 @sync
 async def test_gpu_panel_from_the_sidecar_file_and_no_gpu_note(tmp_path):
-    from collectors.nvml import Sidecar
+    from diag.collectors.nvml import Sidecar
+
     from diag.cli.top import gpu_sidecar
     from tests.unit import fake_nvml
 

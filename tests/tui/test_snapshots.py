@@ -5,8 +5,8 @@ a fixed analyzer result. Update with `pytest tests/tui/test_snapshots.py --snaps
 from __future__ import annotations
 
 import pytest
+from diag.analyzers import Finding, Fix
 
-from analyzers import Finding, Fix
 from diag.tui.app import TopApp
 from diag.tui.source import ReplaySource
 from tests.tui.conftest import wait_for

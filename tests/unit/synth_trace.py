@@ -69,6 +69,6 @@ class Job:
 
 def fired(trace: Trace, name: str) -> list[Any]:
     """Findings of one rule (through the registry, as `diag analyze` runs it)."""
-    from analyzers import registered_rules
+    from diag.analyzers import registered_rules
 
     return registered_rules()[name][0](trace)

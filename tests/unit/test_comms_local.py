@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
+from diag.collectors import comms
+from diag.collectors.comms_timing import CommTiming, Later
+from diag.collectors.timing import CudaTimer
 from torch._C._distributed_c10d import Work
 from torch.distributed import ProcessGroup
 
-from collectors import comms
-from collectors.comms_timing import CommTiming, Later
-from collectors.timing import CudaTimer
 from diag import agent, schema
 
 

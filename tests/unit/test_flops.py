@@ -9,10 +9,9 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from diag.collectors import flops, flops_attention
+from diag.collectors.layers import FlopMode
 from torch.utils.flop_counter import FlopCounterMode
-
-from collectors import flops, flops_attention
-from collectors.layers import FlopMode
 
 aten = torch.ops.aten
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import torch
+from diag.collectors import layers, timing
 from torch.utils._python_dispatch import _len_torch_dispatch_stack
 from torch.utils.flop_counter import FlopCounterMode
 
-from collectors import layers, timing
 from diag import agent as diag_agent
 from diag import schema
 from diag.trace.reader import read_file

@@ -8,9 +8,9 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from diag.collectors import cuda
 
 import diag
-from collectors import cuda
 from diag import agent
 
 GiB = 2**30

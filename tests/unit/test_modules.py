@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
+from diag.collectors import modules
 from torch.nn.modules import module as torch_module
 
-from collectors import modules
 from diag import agent as diag_agent
 
 

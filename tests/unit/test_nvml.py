@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from diag.collectors import nvml
+from diag.collectors.nvml_seam import NA, Nvml, load_module
 
 import diag
-from collectors import nvml
-from collectors.nvml_seam import NA, Nvml, load_module
 from diag import agent, schema
 from tests.unit import fake_nvml
 
@@ -46,7 +46,7 @@ def test_samples_every_field_and_loads_with_the_ranks(tmp_path):
 def test_first_nvlink_sample_has_no_rate(tmp_path):
     nv = Nvml(fake_nvml.make())
     nv.start()
-    from collectors.nvml_sample import GpuReader
+    from diag.collectors.nvml_sample import GpuReader
 
     r = GpuReader(nv, 0)
     first, second = r.sample(), r.sample()

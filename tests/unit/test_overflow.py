@@ -129,7 +129,7 @@ def test_megatron_dynamic_grad_scaler(tmp_path, monkeypatch):
 
 
 def test_host_values_never_sync():
-    from collectors import cuda
+    from diag.collectors import cuda
 
     assert cuda.host_float(1.5) == 1.5 and cuda.host_float(True) is None
     x = torch.tensor(math.inf, requires_grad=True) * 2

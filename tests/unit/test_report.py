@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree
 
+from diag.analyzers.base import Finding, Fix
 from rich.console import Console
 
 import diag
-from analyzers.base import Finding, Fix
 from diag import agent, schema
 from diag.cli import main
 from diag.importers import load_inputs
@@ -88,7 +88,7 @@ def test_perfetto_export_of_agent_trace(tmp_path, capsys):
 def test_straggler_column_is_the_rules_verdict():
     """The stragglers table says "yes" exactly for the ranks the straggler rule flagged: on a healthy
     2-rank run one rank still arrives last at most collectives, which alone is no straggler."""
-    from analyzers.base import run_all
+    from diag.analyzers.base import run_all
 
     for name, expect in (("healthy", set()), ("straggler", None)):
         trace = load_inputs([str(SAMPLES / name)])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from diag.analyzers import run_all
 
-from analyzers import run_all
 from tests.unit.synth_trace import Job, fired
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from diag.analyzers import common
+from diag.collectors.comms_ops import METHODS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzers import common
-from collectors.comms_ops import METHODS
 from diag import schema
 from diag.importers.kineto_names import canonical_op
 from diag.metrics import bandwidth, intervals

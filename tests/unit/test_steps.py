@@ -72,8 +72,7 @@ def test_plain_torch_loop_counts_optimizer_steps(tmp_path, monkeypatch):
 def test_torch_hooks_wait_for_an_engine_while_deepspeed_is_loaded(tmp_path):
     import deepspeed.runtime.engine as ds_engine  # loaded, but this loop has no engine
     import torch.optim.optimizer as topt
-
-    from collectors.steps import TORCH_GRACE
+    from diag.collectors.steps import TORCH_GRACE
 
     cls = ds_engine.DeepSpeedEngine
     names = ("_take_model_step", "forward", "backward")
@@ -88,8 +87,7 @@ def test_torch_hooks_wait_for_an_engine_while_deepspeed_is_loaded(tmp_path):
 
 def test_deepspeed_imported_after_install_is_patched_at_a_later_step(tmp_path, monkeypatch):
     import deepspeed.runtime.engine as ds_engine
-
-    from collectors.steps import TORCH_GRACE
+    from diag.collectors.steps import TORCH_GRACE
 
     cls = ds_engine.DeepSpeedEngine
     original = cls.__dict__["_take_model_step"]
