@@ -1,7 +1,8 @@
 """Analyze diag traces, PyTorch profiler (Kineto) traces and DeepSpeed/Megatron logs post-mortem.
 
 Inputs may be mixed (a trace plus the log of the same job); each one's kind is detected by content.
-Unreadable inputs are reported one line each on stderr (exit code 2) and the rest is analyzed.
+Unreadable inputs are reported one line each on stderr (exit code 2) and the rest is analyzed; a log
+showing that the job failed (a rank raised, timed out or was killed) is reported the same way, exit 1.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     _render(doc, args)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
-    return 2 if doc["problems"] else 0
+    failed = [p for p in trace.problems if getattr(p, "job_failed", False)]
+    return 2 if len(trace.problems) > len(failed) else 1 if failed else 0
 
 
 def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:

@@ -39,10 +39,11 @@ def _one(comb: Combiner, path: str, kind: str) -> None:
     else:
         from diag.importers.logs import import_log
 
-        ranks, frames = import_log(path)
-        for rank in ranks:
-            comb.add_header(rank, {"rank": rank, "source": "log"})
-        comb.add_frames(frames)
+        log = import_log(path)
+        for rank, header in log.headers.items():
+            comb.add_header(rank, header)
+        comb.add_frames(log.frames)
+        comb.result.problems.extend(log.problems)
 
 
 def input_files(paths: list[str]) -> tuple[list[tuple[str, str | None]], list[LoadProblem]]:

@@ -91,7 +91,8 @@ class Trace:
 
     def layout(self) -> dict[str, Any]:
         """The job's layout as the headers agree on it (from the lowest rank that knows)."""
-        keys = ("world_size", "tp", "pp", "dp", "zero_stage", "dtype", "ds_config", "host")
+        keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
+                "global_batch", "grad_accum", "ds_config", "host")
         out: dict[str, Any] = {}
         for rank in self.ranks:
             for k in keys:

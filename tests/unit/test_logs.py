@@ -1,5 +1,6 @@
-"""Training-log import: a real DeepSpeed log with fp16 overflows, and Megatron lines as printed by
-Megatron-LM / Megatron-DeepSpeed (taken from public run logs)."""
+"""Training-log import: one fixture per format variant and failure class (tests/fixtures/logs, excerpts
+written line for line in the formats DeepSpeed 0.9-0.16, Megatron-LM, Megatron-DeepSpeed, NeMo and the
+HF Trainer print), each with the figures the log states; plus the real DeepSpeed log of a sample run."""
 
 from __future__ import annotations
 
@@ -8,46 +9,260 @@ import os
 import pytest
 
 from diag.importers.errors import ImportProblem
-from diag.importers.logs import import_log
+from diag.importers.logs import JobFailed, import_log
+from diag.importers.logs.lines import Line
 from tests.unit.kineto_samples import GPT_DS
 
-MEGATRON = """\
- [2025-10-06 03:27:07] iteration       10/      20 | consumed samples:         5120 | elapsed time per \
-iteration (ms): 4647.8 | throughput per GPU (TFLOP/s/GPU): 151.2 | learning rate: 1.500000E-06 | \
-global batch size:   512 | lm loss: 9.763827E+00 | loss scale: 65536.0 | grad norm: 33.055 | \
-number of skipped iterations:   0 | number of nan iterations:   0 |
-[Rank 0] (after 10 iterations) memory (MB) | allocated: 9554.87939453125 | max allocated: \
-12003.60400390625 | reserved: 12232.0 | max reserved: 12232.0
-[default7]: iteration 11/ 20 | consumed samples: 384 | consumed tokens: 1.258B | elapsed time per \
-iteration (ms): 5350.0 | learning rate: 3.000E-07 | global batch size: 192 | lm loss: 1.119602E+01 | \
-loss scale: 32768.0 | grad norm: 18.118 | num zeros: 0.0 | actual seq length: 2048 | number of \
-skipped iterations: 1 | number of nan iterations: 0 | samples per second: 35.888 | TFLOPs: 48.77 |
-"""
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "logs")
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def _load(name: str):
+    return import_log(os.path.join(FIX, name))
+
+
+def _steps(res):
+    return res.frames["log_step"].set_index("step")
+
+
+def _layout(res):
+    h = res.headers[min(res.headers)]
+    return {k: v for k, v in h.items() if k not in ("rank", "source", "host")}
+
+
+# -- the line model -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw,rank,host,text", [
+    ("[rank3]: RuntimeError: boom", 3, None, "RuntimeError: boom"),
+    ("[default5]: iteration 1/ 2 |", 5, None, "iteration 1/ 2 |"),
+    ("worker-1: [rank9]: Traceback (most recent call last):", 9, "worker-1",
+     "Traceback (most recent call last):"),
+    ("10.0.0.2: [2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 4] step=10, skipped=0", 4,
+     "10.0.0.2", "[2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 4] step=10, skipped=0"),
+    ("12: steps: 10 loss: 2.0", 12, None, "steps: 10 loss: 2.0"),
+    (" iteration   10/   20 | lm loss: 1.0 |", -1, None, " iteration   10/   20 | lm loss: 1.0 |"),
+])
+def test_line_prefixes(raw, rank, host, text):
+    ln = Line(raw, 1)
+    assert (ln.rank, ln.host, ln.text) == (rank, host, text)
+
+
+@pytest.mark.parametrize("raw,ns", [
+    ("[2024-03-08 16:30:43,778] [INFO] x", 1709915443_778_000_000),
+    (" [2025-10-06 03:27:07] iteration 1/ 2 |", 1759721227_000_000_000),
+    ("[NeMo I 2024-06-17 02:10:11 megatron_init:269] x", 1718590211_000_000_000),
+    ("no time here", None),
+])
+def test_line_timestamps(raw, ns):
+    assert Line(raw, 1).ts == ns
+
+
+# -- DeepSpeed ------------------------------------------------------------------------------------
+
+def test_deepspeed_steps_times_throughput_layout_and_overflows():
+    res = _load("ds_zero2_fp16.log")
+    st = _steps(res)
+    assert list(st.index) == [10, 20, 30]  # step=0 at start-up is not a step
+    # no explicit timing: (ts of step=20 - ts of step=10) / 10 steps, from the lines' timestamps
+    assert pd_isnan(st.loc[10, "iter_ms"])
+    assert st.loc[20, "iter_ms"] == 1500.0 and st.loc[30, "iter_ms"] == 1550.0
+    assert st.loc[20, "samples_per_sec"] == 43.10 and st.loc[30, "lr"] == 9.4e-06
+    assert st.loc[30, "skipped_total"] == 4
+    assert _layout(res) == {"world_size": 4, "zero_stage": 2, "dtype": "fp16", "micro_batch": 4,
+                            "global_batch": 64, "grad_accum": 4}
+    assert res.ranks == [0, 1, 2, 3] and res.headers[3]["host"] == "localhost"
+    ov = res.frames["overflow"]
+    # the hysteresis line keeps the scale; 3 in steps 1-10 and 1 in 11-20, as `skipped=` counts
+    assert list(ov["step"]) == [1, 2, 3, 11] and list(ov["source"]) == ["log"] * 4
+    assert list(zip(ov["scale_before"], ov["scale_after"]))[:2] == [(65536.0, 65536.0), (65536.0, 32768.0)]
+    mem = res.frames["memory"].set_index("step")
+    assert mem.loc[30, "peak"] == pytest.approx(38.61 * GiB)
+    assert mem.loc[0, "reserved"] == pytest.approx(2.55 * GiB)
+    assert not res.problems
+
+
+def pd_isnan(x) -> bool:
+    return x != x
+
+
+def test_every_rank_prints_each_overflow_20_skipped_steps_count_20():
+    """2 ranks print each overflow (same timestamp); at the minimum scale 1.0 -> 1.0 repeats on
+    successive steps (different timestamps): 20 skipped steps, as `skipped=20` says."""
+    res = _load("ds_fp16_every_rank_overflow.log")
+    ov = res.frames["overflow"]
+    assert len(ov) == 20 and ov["step"].is_unique
+    assert list(ov["step"][:8]) == list(range(1, 9))  # before the first progress line: exact
+    assert ((ov["step"] > 10) & (ov["step"] <= 20)).sum() == 6 and (ov["step"] > 20).sum() == 6
+    assert (ov["scale_after"] == 1.0).sum() == 5
+    assert _steps(res).loc[30, "skipped_total"] == 20 and _steps(res).loc[20, "iter_ms"] == 800.0
+    assert res.ranks == [0, 1]
+
+
+def test_rank_prefixed_overflow_lines_count_once_per_step(tmp_path):
+    text = "".join(f"[rank{r}]: [deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss "
+                   f"scale: {s}, reducing to {s / 2}\n" for s in (1024.0, 512.0) for r in range(4))
+    text += ("[rank0]: [2024-01-01 00:00:10,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, "
+             "skipped=2, lr=[0.1]\n")
+    path = tmp_path / "x.log"
+    path.write_text(text)
+    ov = import_log(str(path)).frames["overflow"]
+    assert list(ov["step"]) == [1, 2] and list(ov["scale_before"]) == [1024.0, 512.0]
+
+
+def test_skipped_counter_adds_the_overflows_no_line_printed(tmp_path):
+    """Non-verbose optimizers print no overflow line: `skipped=K` alone gives the count."""
+    path = tmp_path / "x.log"
+    path.write_text("[Rank 0] step=0, skipped=0, lr=[0.1], mom=[0.9]\n"
+                    "[Rank 0] step=10, skipped=10, lr=[0.1]\n[Rank 0] step=20, skipped=12, lr=[0.1]\n")
+    ov = import_log(str(path)).frames["overflow"]
+    assert list(ov["step"]) == [*range(1, 11), 11, 12] and set(ov["source"]) == {"log_counter"}
+
+
+def test_pipeline_engine_lines():
+    res = _load("ds_pipeline.log")
+    st = _steps(res)
+    assert list(st["iter_ms"]) == [512.0, 498.0, 505.0]  # printed in seconds
+    assert list(st["samples_per_sec"]) == [62.5, 64.257, 63.366] and st.loc[30, "loss"] == 2.1077
+    assert st.loc[30, "lr"] == 0.001  # the engine's step=30 line merges into the same step
+    assert _layout(res) == {"world_size": 4, "zero_stage": 1, "dtype": "fp16"}
 
 
 def test_real_deepspeed_log_overflows():
-    ranks, frames = import_log(os.path.join(GPT_DS, "train.log"))
-    ov = frames["overflow"]
-    assert ranks == [0] and len(ov) == 2
+    res = import_log(os.path.join(GPT_DS, "train.log"))
+    ov = res.frames["overflow"]
+    assert res.ranks == [0, 1] and len(ov) == 2
     assert list(zip(ov["scale_before"], ov["scale_after"])) == [(256.0, 128.0), (128.0, 64.0)]
     assert ov["step"].is_monotonic_increasing and ov["step"].is_unique
+    assert _layout(res) == {"world_size": 2, "zero_stage": 1, "dtype": "fp16", "micro_batch": 4,
+                            "global_batch": 8, "grad_accum": 1}
 
 
-def test_megatron_iteration_and_memory_lines(tmp_path):
-    path = tmp_path / "megatron.log"
-    path.write_text(MEGATRON)
-    _, frames = import_log(str(path))
-    steps = frames["log_step"].set_index("step")
-    assert steps.loc[10, "iter_ms"] == 4647.8 and steps.loc[10, "tflops"] == 151.2
-    assert steps.loc[11, "tflops"] == 48.77 and steps.loc[11, "loss_scale"] == 32768.0
-    assert steps.loc[11, "skipped_iters"] == 1 and steps.loc[10, "loss"] == pytest.approx(9.763827)
-    mem = frames["memory"].iloc[0]
-    assert mem["rank"] == 0 and mem["step"] == 10
-    assert mem["peak"] == pytest.approx(12003.60400390625 * 2**20)
+# -- Megatron family ------------------------------------------------------------------------------
+
+def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
+    res = _load("megatron_deepspeed_tp2_pp2.log")
+    st = _steps(res)
+    assert list(st.index) == [1, 2, 3, 4, 5, 6]  # Megatron's own iteration numbers
+    assert st.loc[1, "loss"] == pytest.approx(10.95071)  # spelled `lm-loss:`
+    assert st["loss_scale"].isna().all()  # `loss scale: -1.0`: DeepSpeed manages it
+    assert st.loc[3, "iter_ms"] == 1391.0 and st.loc[3, "samples_per_sec"] == 2.876
+    assert st.loc[3, "tokens_per_sec_per_gpu"] == 46.013 and st.loc[3, "tflops"] == 0.01
+    assert st.loc[3, "grad_norm"] == 3.712 and st.loc[5, "eval_loss"] == pytest.approx(10.93455)
+    ov = res.frames["overflow"]
+    assert list(ov["step"]) == [1, 2]  # = the iterations with `number of skipped iterations: 1`
+    assert _layout(res) == {"world_size": 4, "tp": 2, "pp": 2, "dp": 1, "zero_stage": 1, "dtype": "fp16",
+                            "micro_batch": 1, "global_batch": 4}
+    mem = res.frames["memory"].iloc[0]
+    assert (mem["rank"], mem["step"]) == (0, 1) and mem["peak"] == pytest.approx(60.43310546875 * MiB)
+
+
+def test_megatron_lm_interval_counts_and_memory():
+    res = _load("megatron_lm_fp16.log")
+    st = _steps(res)
+    assert list(st["tflops"]) == [143.6, 151.2, 149.4] and st.loc[30, "loss_scale"] == 8192.0
+    assert st.loc[20, "iter_ms"] == 4647.8 and st.loc[10, "consumed_samples"] == 5120
+    ov = res.frames["overflow"]
+    # 3 skipped in iterations 1-10 (log_interval 10), 1 in 21-30: 4, none printed individually
+    assert len(ov) == 4 and ov["step"].between(1, 10).sum() == 3 and ov["step"].between(21, 30).sum() == 1
+    assert _layout(res) == {"world_size": 8, "tp": 2, "pp": 1, "dp": 4, "cp": 1, "dtype": "fp16",
+                            "micro_batch": 4, "global_batch": 512}
+    assert res.ranks == list(range(8))
+    mem = res.frames["memory"].iloc[0]
+    assert mem["allocated"] == pytest.approx(9554.87939453125 * MiB)
+
+
+def test_nemo_progress_bar():
+    res = _load("nemo_llama_sft.log")
+    st = _steps(res)
+    assert list(st.index) == [0, 1, 2, 49]  # NeMo's global_step as printed
+    assert list(st["iter_ms"]) == [3370.0, 3120.0, 3130.0, 3110.0] and st.loc[49, "eval_loss"] == 0.874
+    assert st.loc[2, "consumed_samples"] == 384.0 and st.loc[1, "loss"] == 2.244
+    assert _layout(res) == {"tp": 2, "pp": 1, "dp": 4, "world_size": 8}
+
+
+# -- HF Trainer -----------------------------------------------------------------------------------
+
+def test_hf_trainer_dicts_bar_and_summary():
+    res = _load("hf_trainer_zero3_bf16.log")
+    st = _steps(res)
+    assert list(st.index) == [10, 20]  # the training bar's count (the eval bar's is not a step)
+    assert list(st["iter_ms"]) == [2130.0, 2160.0]  # `2.13s/it`
+    assert list(st["loss"]) == [1.3425, 1.107]  # numbers, and strings in recent releases
+    assert st.loc[20, "grad_norm"] == 1.944 and st.loc[20, "eval_loss"] == 1.0812
+    run = dict(zip(res.frames["log_run"]["key"], res.frames["log_run"]["value"]))
+    assert run["train_runtime"] == 449.3 and run["train_samples_per_second"] == 2.849
+    assert _layout(res) == {"world_size": 8, "zero_stage": 3, "dtype": "bf16", "micro_batch": 4,
+                            "global_batch": 64, "grad_accum": 2}
+
+
+def test_hf_rate_in_iterations_per_second(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_text(" 5%|▌         | 10/200 [00:03<00:57,  3.20it/s]\r{'loss': 0.5, 'learning_rate': 1e-05, "
+                    "'epoch': 0.05}\n")
+    st = _steps(import_log(str(path)))
+    assert st.loc[10, "iter_ms"] == pytest.approx(312.5)
+
+
+# -- failures -------------------------------------------------------------------------------------
+
+def _failure(res) -> JobFailed:
+    (p,) = res.problems
+    assert isinstance(p, JobFailed) and p.job_failed
+    return p
+
+
+def test_sixteen_ranks_raise_before_step_one():
+    res = _load("crash_16ranks_before_step1.log")
+    p = _failure(res)
+    assert res.ranks == list(range(16)) and res.headers[11]["host"] == "worker-1"
+    assert "job failed before step 1: RuntimeError on rank(s) 0-15 (first: rank 11, line 9)" in p.message
+    assert "must match the size of tensor b" in p.message
+    assert "launcher: rank(s) 0-15 ended with exit code 1" in p.message  # --local_rank mapped per host
+    assert p.line == 9
+
+
+def test_oom_after_step_three_names_rank_sizes_and_megatron_fix():
+    p = _failure(_load("oom_megatron_after_step3.log"))
+    assert p.message.startswith("job failed after step 3 (the last completed): CUDA out of memory on "
+                                "rank(s) 2")
+    assert "tried to allocate 2.00 GiB on GPU 2 (1.05 GiB free of 79.15 GiB)" in p.message
+    assert "--micro-batch-size" in p.message and "exit code 1" in p.message
+
+
+def test_old_oom_wording_and_sigkill_in_hf_job():
+    p = _failure(_load("hf_oom_sigkill.log"))
+    assert "CUDA out of memory" in p.message
+    assert "tried to allocate 1.53 GiB on GPU 0 (1.12 GiB free of 39.59 GiB)" in p.message
+    assert "per_device_train_batch_size" in p.message
+    assert "rank(s) 1 ended with exit code -9 (SIGKILL)" in p.message
+
+
+def test_nccl_watchdog_timeouts_name_the_desynced_rank():
+    p = _failure(_load("nccl_timeout_desync.log"))
+    assert "after step 120" in p.message and "NCCL collective timeout on rank(s) 0-3" in p.message
+    assert "ALLREDUCE SeqNum=48211 on rank(s) 0-1, 3 (timeout 600000 ms)" in p.message
+    assert "desync: ALLGATHER SeqNum=48210 on rank(s) 2 differ" in p.message
+    assert "exit code -6 (SIGABRT)" in p.message
+
+
+def test_a_traceback_the_job_survived_is_not_a_crash():
+    res = _load("caught_exception_then_trains.log")
+    assert not res.problems and list(_steps(res).index) == [10, 20, 30]
+
+
+def test_launcher_exit_code_alone_is_a_failure(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_text("[Rank 0] step=10, skipped=0, lr=[0.1]\n[2024-01-01 00:00:00,000] [ERROR] "
+                    "[launch.py:321:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=3'] "
+                    "exits with return code = -9\n")
+    p = _failure(import_log(str(path)))
+    assert p.message.startswith("job failed after step 10 (the last completed): process ended with exit "
+                                "code -9 (SIGKILL) on rank(s) 3")
+    assert "OOM killer" in p.message
 
 
 @pytest.mark.parametrize("content,reason", [(b"\x00\x01\x02binary" * 50, "binary"),
-                                            (b"hello\nworld\n", "no DeepSpeed/Megatron")])
+                                            (b"hello\nworld\n", "no DeepSpeed/Megatron/HF")])
 def test_not_a_log(tmp_path, content, reason):
     path = tmp_path / "x.log"
     path.write_bytes(content)

@@ -1,0 +1,100 @@
+"""Import DeepSpeed, Megatron-LM / Megatron-DeepSpeed / NeMo and HF Trainer training logs.
+
+Each line is read once (`lines.Line` peels the launcher's rank/host/time prefixes) and offered to the
+family readers; what they find becomes frames of the `Trace`:
+- `log_step`: one row per framework iteration number (Megatron's `iteration`, DeepSpeed's `global_steps`,
+  HF's optimizer step, NeMo's `global_step`): step time in ms, samples/s, tokens/s, TFLOPs as printed,
+  loss, lr, grad norm, loss scale, skipped counters, eval loss (`records.STEP_COLUMNS`);
+- `overflow`: each skipped step once (`overflow.reconcile`), `memory`: memory lines in bytes;
+- the layout (world size, TP/PP/DP, ZeRO stage, dtype, batch sizes) into every rank's header;
+- a failed job (`crash.verdict`) becomes a `JobFailed` problem: one line naming the failure, its ranks,
+  the first of them and the last completed step.
+Unknown lines are ignored; a log with nothing readable is an `ImportProblem`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from diag import schema
+from diag.importers.errors import ImportProblem
+from diag.importers.logs.crash import CrashReader, verdict
+from diag.importers.logs.deepspeed import DeepSpeedReader
+from diag.importers.logs.hf import HFReader
+from diag.importers.logs.lines import read_lines
+from diag.importers.logs.megatron import MegatronReader
+from diag.importers.logs.records import STEP_COLUMNS, Records
+from diag.trace.model import LoadProblem
+
+LOG_STEP_COLUMNS = STEP_COLUMNS
+# bytes whose presence in a small file's head makes it a log (detect.py)
+MARKERS = (b"iteration", b"OVERFLOW!", b"Skipping step", b"memory (MB)", b"step=", b"[Rank", b"Traceback",
+           b"arguments", b"{'loss'", b"{'train_runtime'", b"global_step", b"iter time (s)",
+           b"exits with return code",
+           b"ChildFailedError", b"Watchdog caught", b"dist_world_size", b"DeepSpeedEngine configuration")
+LAYOUT_KEYS = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
+               "global_batch", "grad_accum")
+
+
+@dataclass
+class JobFailed(LoadProblem):
+    """The log shows the job failed: not an unreadable input, so `diag analyze` exits 1, not 2."""
+
+    job_failed: bool = True
+
+
+@dataclass
+class LogImport:
+    ranks: list[int]
+    frames: dict[str, pd.DataFrame]
+    headers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    problems: list[LoadProblem] = field(default_factory=list)
+
+
+def read_records(path: str) -> Records:
+    rec = Records()
+    readers = [("megatron", MegatronReader(rec)), ("deepspeed", DeepSpeedReader(rec)), ("hf", HFReader(rec))]
+    crash = CrashReader(rec)
+    for ln in read_lines(path):
+        if ln.rank >= 0:
+            rec.ranks.add(ln.rank)
+            if ln.host:
+                rec.hosts.setdefault(ln.rank, ln.host)
+        if crash.line(ln):
+            continue
+        for name, reader in readers:
+            if reader.line(ln):
+                rec.families.add(name)
+                break
+    return rec
+
+
+def import_log(path: str) -> LogImport:
+    """Frames, headers (with the layout) and problems of one log; `ImportProblem` when nothing in it
+    is readable."""
+    rec = read_records(path)
+    frames = {"log_step": rec.step_frame(), schema.OVERFLOW: rec.overflow_frame(),
+              schema.MEMORY: rec.memory_frame()}
+    if rec.run:
+        frames["log_run"] = pd.DataFrame([{"rank": -1, "key": k, "value": v} for k, v in rec.run.items()])
+    frames = {k: v for k, v in frames.items() if not v.empty}
+    failed = verdict(rec)
+    if not frames and not rec.layout and failed is None:
+        raise ImportProblem("no DeepSpeed/Megatron/HF Trainer progress, overflow, layout or error lines "
+                            "found")
+    layout = {k: rec.layout[k] for k in LAYOUT_KEYS if rec.layout.get(k) is not None}
+    if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):
+        layout["world_size"] = layout["tp"] * layout["pp"] * layout["dp"] * layout.get("cp", 1)
+    world = layout.get("world_size")
+    ranks = set(rec.ranks) | set(rec.hosts)
+    if isinstance(world, int) and 0 < world <= 1 << 16:
+        ranks |= set(range(world))
+    for df in frames.values():
+        ranks |= {int(r) for r in df["rank"].dropna() if r >= 0}
+    headers = {r: {"rank": r, "source": "log", **layout, **({"host": rec.hosts[r]} if r in rec.hosts else {})}
+               for r in sorted(ranks)}
+    problems: list[LoadProblem] = [JobFailed(path, failed[1], failed[0])] if failed else []
+    return LogImport(sorted(ranks), frames, headers, problems)

@@ -1,0 +1,144 @@
+"""DeepSpeed lines (0.9 to 2025 releases): engine progress, throughput timer, PipelineEngine, fp16
+overflows, the engine's config dump, the launcher's world layout and `see_memory_usage`.
+
+- `[Rank 0] step=20, skipped=17, lr=[5e-05], mom=[(0.9, 0.999)]` (every `steps_per_print` steps;
+  `skipped` is cumulative; `step=0` at start-up is not a step)
+- `epoch=0/micro_step=40/global_step=10, RunningAvgSamplesPerSec=25.0, CurrSamplesPerSec=25.7,
+  MemAllocated=4.32GB, MaxMemAllocated=38.49GB` (older: `0/20, RunningAvgSamplesPerSec=...`)
+- PipelineEngine `steps: 100 loss: 2.1 iter time (s): 0.512 samples/sec: 62.5` (also `step: 100 / 500`)
+- `OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 256, reducing to 128` (or `..., but hysteresis
+  is 2. Reducing hysteresis to 1`), `Overflow detected. Skipping step. Attempted loss scale: ...`,
+  `[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: ...`
+- config dump `  world_size ......... 2`, `train_micro_batch_size_per_gpu  4`, `zero_optimization_stage 1`,
+  `fp16_enabled True` / `float16_config  enabled=True ...`, `bfloat16_enabled` / `bfloat16_config`
+- launcher `dist_world_size=16`, `global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1]})`
+- `MA 1.2 GB         Max_MA 2.3 GB         CA 3.4 GB         Max_CA 3 GB`
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from diag.importers.logs.lines import Line, num
+from diag.importers.logs.records import GB, Records
+
+_N = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf))"
+_STEP = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)(?:,\s*lr=\[([^\]]*)\])?")
+_TIMER = re.compile(r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*RunningAvgSamplesPerSec=" + _N
+                    + r",\s*CurrSamplesPerSec=" + _N + r"(?:,\s*MemAllocated=" + _N
+                    + r"GB,\s*MaxMemAllocated=" + _N + r"GB)?")
+_PIPE = re.compile(r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*" + _N + r".*?iter time \(s\):\s*" + _N
+                   + r"\s+samples/sec:\s*" + _N)
+_OVERFLOW = re.compile(r"(?:OVERFLOW!\s*Rank\s+(\d+)\s+Skipping step|Overflow detected\.\s*Skipping step|"
+                       r"fp16 dynamic loss scale overflow!\s*Skipping step)\.?"
+                       r"(?:\s*Attempted loss scale:\s*" + _N + r"(?:,\s*reducing to\s*" + _N + r")?)?")
+_CONFIG = re.compile(r"^\s*(world_size|train_batch_size|train_micro_batch_size_per_gpu|"
+                     r"gradient_accumulation_steps|zero_optimization_stage|zero_config|fp16_enabled|bfloat16_enabled|float16_config|"
+                     r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$")
+_ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
+_SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
+_DTYPES = {"float16": "fp16", "fp16": "fp16", "half": "fp16", "bfloat16": "bf16", "bf16": "bf16",
+           "float32": "fp32", "fp32": "fp32"}
+
+
+class DeepSpeedReader:
+    def __init__(self, rec: Records) -> None:
+        self.rec = rec
+        self.in_config = False
+        self.counter: tuple[int, int] | None = None  # last (step, cumulative skipped)
+
+    def line(self, ln: Line) -> bool:
+        t = ln.text
+        if "skipped=" in t and (m := _STEP.search(t)):
+            return self._step(ln, int(m.group(1)), int(m.group(2)), m.group(3))
+        if "SamplesPerSec=" in t and (m := _TIMER.search(t)):
+            step = int(m.group(1))
+            if step > 0:
+                self.rec.step(ln, step, samples_per_sec=num(m.group(3)))
+                if m.group(4) is not None:
+                    self.rec.add_memory(ln, step, num(m.group(4)) * GB, num(m.group(5)) * GB)  # type: ignore[operator]
+            return True
+        if "iter time (s)" in t and (m := _PIPE.search(t)):
+            sec = num(m.group(3))
+            self.rec.step(ln, int(m.group(1)), loss=num(m.group(2)),
+                          iter_ms=None if sec is None else sec * 1e3, samples_per_sec=num(m.group(4)))
+            return True
+        if "Skipping step" in t and (m := _OVERFLOW.search(t)):
+            if m.group(1) is not None and ln.rank < 0:
+                ln.rank = int(m.group(1))
+            before = num(m.group(2))
+            after = num(m.group(3)) if m.group(3) is not None else before  # hysteresis: scale kept
+            self.rec.overflow(ln, before, after)
+            return True
+        return self._layout(ln, t)
+
+    def _step(self, ln: Line, step: int, skipped: int, lr: str | None) -> bool:
+        if self.counter is not None and step > self.counter[0] and skipped >= self.counter[1]:
+            self.rec.skip_counts.append((self.counter[0] + 1, step, skipped - self.counter[1]))
+        elif self.counter is None and step > 0 and skipped:
+            self.rec.skip_counts.append((1, step, skipped))
+        self.counter = (step, skipped)
+        if step > 0:  # `step=0` is printed when the engine starts: no step ran yet
+            first_lr = num(lr.split(",")[0]) if lr else None
+            self.rec.step(ln, step, lr=first_lr, skipped_total=skipped)
+        return True
+
+    def _layout(self, ln: Line, t: str) -> bool:
+        if "DeepSpeedEngine configuration" in t:
+            self.in_config = True
+            return True
+        if self.in_config or "print]" in t:
+            body = t.split("print]", 1)[1] if "print]" in t else t
+            if "json = {" in body:
+                self.in_config = False
+            elif m := _CONFIG.match(body):
+                self._config(ln, m.group(1), m.group(2))
+                return True
+        if "dist_world_size=" in t:
+            self.rec.set_layout(world_size=_int(t.split("dist_world_size=", 1)[1].split()[0]) or None)
+            return True
+        if "global_rank_mapping=" in t and "{" in t:
+            try:
+                mapping = ast.literal_eval(t[t.index("{", t.index("global_rank_mapping=")):t.rindex("}") + 1])
+            except (ValueError, SyntaxError):
+                return True
+            for host, ranks in mapping.items():
+                self.rec.host_ranks[str(host)] = [int(r) for r in ranks]
+                for r in ranks:
+                    self.rec.hosts[int(r)] = str(host)
+            self.rec.set_layout(world_size=sum(len(v) for v in mapping.values()) or None)
+            return True
+        if "ZeRO stage" in t and (m := _ZERO_OPT.search(t)):
+            self.rec.set_layout(zero_stage=int(m.group(2)), dtype=_DTYPES.get(m.group(1)))
+            return True
+        if "Max_MA" in t and (m := _SEE_MEM.search(t)):
+            self.rec.add_memory(ln, None, num(m.group(1)) * GB, num(m.group(2)) * GB,  # type: ignore[operator]
+                                num(m.group(3)) * GB)  # type: ignore[operator]
+            return True
+        return False
+
+    def _config(self, ln: Line, key: str, value: str) -> None:
+        v = value.strip()
+        lay = self.rec.set_layout
+        if key == "world_size":
+            lay(world_size=_int(v))
+        elif key == "train_batch_size":
+            lay(global_batch=_int(v))
+        elif key == "train_micro_batch_size_per_gpu":
+            lay(micro_batch=_int(v))
+        elif key == "gradient_accumulation_steps":
+            lay(grad_accum=_int(v))
+        elif key == "zero_optimization_stage":
+            lay(zero_stage=_int(v))
+        elif key == "zero_config" and (m := re.search(r"\bstage=(\d)", v)):
+            lay(zero_stage=int(m.group(1)))
+        elif key in ("fp16_enabled", "bfloat16_enabled") and v == "True":
+            lay(dtype="fp16" if key.startswith("fp16") else "bf16")
+        elif key in ("float16_config", "bfloat16_config") and v.startswith("enabled=True"):
+            lay(dtype="fp16" if key.startswith("float16") else "bf16")
+
+
+def _int(text: str) -> int | None:
+    v = num(text)
+    return None if v is None or v != v else int(v)

@@ -1,0 +1,83 @@
+"""Hugging Face Trainer (+ DeepSpeed) lines.
+
+- log dicts `{'loss': 0.86, 'grad_norm': 1.2, 'learning_rate': 6.6e-05, 'epoch': 0.11}` (recent releases
+  print the values as strings: `{'loss': '65.88', ...}`); eval dicts `{'eval_loss': ...}`; the run
+  summary `{'train_runtime': 85.46, 'train_samples_per_second': 11.7, 'train_steps_per_second': 1.17,
+  'train_loss': 0.50, 'epoch': 1.0}`. The dicts name no step: the step is the training progress bar's
+  count just before (`100/200 [03:38<03:38,  2.18s/it]`, whose rate is the step time), else their order.
+- `***** Running training *****` block: `Instantaneous batch size per device = 8`, `Total train batch
+  size (w. parallel, distributed & accumulation) = 64`, `Gradient Accumulation steps = 1`,
+  `Total optimization steps = 100`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from diag.importers.logs.lines import Line, num
+from diag.importers.logs.records import Records
+
+_BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)(s/it|it/s)")
+_DICT = re.compile(r"\{'(?:loss|eval_loss|train_runtime|train_loss)'.*\}")
+_BLOCK = re.compile(r"^\s*(Instantaneous batch size per device|"
+                    r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
+                    r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)")
+_RUN = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+
+class HFReader:
+    def __init__(self, rec: Records) -> None:
+        self.rec = rec
+        self.total: int | None = None  # Total optimization steps: which progress bar is training's
+        self.bar: dict[int, tuple[int, float | None]] = {}  # bar total -> (count, ms per step)
+        self.dicts = 0
+
+    def line(self, ln: Line) -> bool:
+        t = ln.text
+        if "it]" in t or "it/s]" in t:
+            if m := _BAR.search(t):
+                rate = num(m.group(3))
+                ms = None if not rate else (rate * 1e3 if m.group(4) == "s/it" else 1e3 / rate)
+                self.bar[int(m.group(2))] = (int(m.group(1)), ms)
+                t = t[m.end():]
+        if "{'" in t and (m := _DICT.search(t)):
+            return self._dict(ln, m.group(0))
+        if " = " in t and (m := _BLOCK.match(t)):
+            v = int(m.group(2).replace(",", ""))
+            key = m.group(1)
+            if key.startswith("Instantaneous"):
+                self.rec.set_layout(micro_batch=v)
+            elif key.startswith("Total train batch"):
+                self.rec.set_layout(global_batch=v)
+            elif key.startswith("Gradient"):
+                self.rec.set_layout(grad_accum=v)
+            else:
+                self.total = v
+            return True
+        return False
+
+    def _train_bar(self) -> tuple[int, float | None] | None:
+        if self.total is not None and self.total in self.bar:
+            return self.bar[self.total]
+        return self.bar[max(self.bar)] if self.bar else None
+
+    def _dict(self, ln: Line, text: str) -> bool:
+        try:
+            d = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return False
+        if not isinstance(d, dict):
+            return False
+        f = {k: num(str(v)) for k, v in d.items() if isinstance(v, (int, float, str))}
+        if "train_runtime" in f:
+            self.rec.run.update({k: f[k] for k in _RUN if f.get(k) is not None})  # type: ignore[misc]
+            return True
+        bar = self._train_bar()
+        if "loss" in f:
+            self.dicts += 1
+        step = bar[0] if bar else max(self.dicts, 1)
+        self.rec.step(ln, step, loss=f.get("loss"), lr=f.get("learning_rate"), grad_norm=f.get("grad_norm"),
+                      epoch=f.get("epoch"), eval_loss=f.get("eval_loss"),
+                      iter_ms=bar[1] if bar and "loss" in f else None)
+        return True

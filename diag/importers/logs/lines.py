@@ -1,0 +1,102 @@
+"""The shared line model: what every log family sees once the launcher's prefixes are peeled off.
+
+A line of a multi-rank log usually carries who printed it before the framework's own text:
+torchrun's `[default3]:` (local rank) and torch's `[rank3]:` (global rank), srun's `--label` `3: `,
+pdsh/DeepSpeed multi-node `worker-0: ` / `10.0.0.1: ` (host), DeepSpeed's `[Rank 3]` (log_dist), and a
+timestamp (`[2023-08-02 00:41:17,935]`, `2023-08-02 00:41:17.936`, NeMo's `[NeMo I 2024-06-17 08:36:41`).
+`Line` keeps the text after the prefixes, the rank and host they name, and parses the timestamp only
+when a reader asks for it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+from diag.importers.errors import ImportProblem
+
+_PREFIX = re.compile(
+    r"^\s*(?:"
+    r"\[default(?P<local>\d+)\]:|"  # torchrun --tee / --log-dir console prefix (local rank)
+    r"\[rank(?P<rank>\d+)\]:|"  # torch >= 2.2 C++/Python log prefix (global rank)
+    r"(?P<label>\d{1,5}):(?=\s)|"  # srun --label
+    r"(?P<host>[A-Za-z][\w.-]*-\d+|\d{1,3}(?:\.\d{1,3}){3}):(?=\s)"  # pdsh: worker-0: / 10.0.0.1:
+    r")\s?")
+_RANK_IN_TEXT = re.compile(r"\[Rank\s+(\d+)\]")
+_TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
+NUM = re.compile(_NUM, re.IGNORECASE)
+
+
+class Line:
+    """One log line: `text` without launcher prefixes, `rank` (-1 unknown), `host`, `no` (1-based)."""
+
+    __slots__ = ("_ts", "host", "no", "rank", "raw", "text")
+
+    def __init__(self, raw: str, no: int) -> None:
+        self.raw, self.no, self.rank, self.host = raw, no, -1, None
+        self._ts: int | bool | None = False
+        text = raw
+        for _ in range(3):  # prefixes nest: `worker-1: [default0]:[rank8]: ...`
+            m = _PREFIX.match(text)
+            if m is None:
+                break
+            if m.group("rank") or m.group("label"):
+                self.rank = int(m.group("rank") or m.group("label"))
+            elif m.group("local") and self.rank < 0:
+                self.rank = int(m.group("local"))
+            elif m.group("host"):
+                self.host = m.group("host")
+            text = text[m.end():]
+        self.text = text
+        if self.rank < 0 and "[Rank" in text and (r := _RANK_IN_TEXT.search(text)):
+            self.rank = int(r.group(1))
+
+    @property
+    def ts(self) -> int | None:
+        """The line's own timestamp in ns (UTC-naive wall clock), None if it has none."""
+        if self._ts is False:
+            m = _TS.search(self.text, 0, 60)
+            self._ts = None
+            if m:
+                frac = (m.group(7) or "0")[:9].ljust(9, "0")
+                try:
+                    dt = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
+                except ValueError:
+                    return None
+                self._ts = int(dt.timestamp()) * 1_000_000_000 + int(frac)
+        return self._ts  # type: ignore[return-value]
+
+
+def num(text: str | None) -> float | None:
+    """A float from a printed number (`1.5E-04`, `nan`, `'0.0002'`); None when it is not one."""
+    if text is None:
+        return None
+    try:
+        return float(text.strip().strip("'\""))
+    except ValueError:
+        return None
+
+
+def read_lines(path: str) -> Iterator[Line]:
+    """The file's lines (gzip by content), decoded leniently; `ImportProblem` for a binary file."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ImportProblem(e.strerror or str(e)) from None
+    with f:
+        head = f.read(4096)
+        f.seek(0)
+        stream = gzip.open(f) if head[:2] == b"\x1f\x8b" else f
+        if head[:2] != b"\x1f\x8b" and b"\x00" in head:
+            raise ImportProblem("binary file, not a training log")
+        try:
+            for no, raw in enumerate(stream, 1):
+                # a progress bar rewrites its line with \r: each piece is a line of its own
+                for piece in raw.decode("utf-8", errors="replace").rstrip("\r\n").split("\r"):
+                    if piece:
+                        yield Line(piece, no)
+        except (EOFError, OSError) as e:
+            raise ImportProblem(f"truncated or corrupt gzip ({e})") from None

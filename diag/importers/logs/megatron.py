@@ -1,0 +1,130 @@
+"""Megatron-LM, Megatron-DeepSpeed and NeMo lines.
+
+- `iteration 10/ 1000 | consumed samples: 640 | elapsed time per iteration (ms): 812.3 | throughput per
+  GPU (TFLOP/s/GPU): 151.2 | learning rate: 1.5E-06 | global batch size: 64 | lm loss: 7.1E+00 |
+  loss scale: 65536.0 | grad norm: 3.3 | number of skipped iterations: 1 | number of nan iterations: 0 |`
+  (Megatron-DeepSpeed adds `samples per second:`, `tokens per gpu per second (tgs):`, `TFLOPs:`, and
+  some forks spell the loss `lm-loss:`). `loss scale: -1.0` is DeepSpeed managing the scale: no scale.
+  `number of skipped iterations` counts the iterations since the previous line.
+- `validation loss at iteration 100 | lm loss value: 5.1E+00 | lm loss PPL: 1.6E+02 |`
+- `[Rank 0] (after 10 iterations) memory (MB) | allocated: 1.2 | max allocated: 3.4 | reserved: 5.6 |`
+- the arguments dump between `---- arguments ----` and `---- end of arguments ----`, and
+  `using world size: 8, data-parallel size: 2, ..., tensor-model-parallel size: 2, pipeline-model-parallel
+  size: 2`
+- NeMo (Lightning) progress: `Epoch 0: 50%| 50/100 [..., reduced_train_loss=0.186, global_step=49.00,
+  consumed_samples=51200.0, train_step_timing in s=24.00, val_loss=0.21]`
+"""
+
+from __future__ import annotations
+
+import re
+
+from diag.importers.logs.lines import Line, num
+from diag.importers.logs.records import MB, Records
+
+_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
+_FIELD = re.compile(r"([^|:]+?)\s*:\s*([^|]*?)\s*(?=\||$)")
+_VALID = re.compile(r"validation loss at iteration\s+(\d+)\s*(?:on [\w ]+)?\|(.*)")
+_MEM = re.compile(r"\(after\s+(\d+)\s+iterations\)\s+memory \(MB\)\s*\|(.*)")
+_ARG = re.compile(r"^\s*([a-z][a-z0-9_]*)\s\.+\s(.*?)\s*$")
+_WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
+_SIZES = re.compile(r"([a-z-]+?)[ -]size:\s*(\d+)")
+_GROUP = re.compile(r"has (data|tensor model|pipeline model|context) parallel group ?: \[([\d, ]*)\]")
+_NEMO = re.compile(r"(\w[\w ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]]|$)")
+
+_KEYS = {"consumed samples": "consumed_samples", "elapsed time per iteration (ms)": "iter_ms",
+         "throughput per gpu (tflop/s/gpu)": "tflops",
+         "tflops": "tflops", "learning rate": "lr", "global batch size": "global_batch",
+         "lm loss": "loss", "lm-loss": "loss", "loss": "loss", "loss scale": "loss_scale",
+         "grad norm": "grad_norm", "number of skipped iterations": "skipped_iters",
+         "number of nan iterations": "nan_iters", "samples per second": "samples_per_sec",
+         "tokens per gpu per second (tgs)": "tokens_per_sec_per_gpu", "tokens per second": "tokens_per_sec"}
+# argument dump -> layout (Megatron-LM and Megatron-DeepSpeed spellings)
+_ARGS = {"world_size": "world_size", "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+         "data_parallel_size": "dp", "context_parallel_size": "cp", "expert_model_parallel_size": "ep",
+         "zero_stage": "zero_stage", "micro_batch_size": "micro_batch", "global_batch_size": "global_batch"}
+_WORLD_KEYS = {"data-parallel": "dp", "data-parallel-size": "dp", "tensor-model-parallel": "tp",
+               "pipeline-model-parallel": "pp", "context-parallel": "cp"}
+
+
+class MegatronReader:
+    def __init__(self, rec: Records) -> None:
+        self.rec = rec
+        self.in_args = False
+        self.last_iter: int | None = None
+        self.log_interval: int | None = None
+
+    def line(self, ln: Line) -> bool:
+        t = ln.text
+        if "iteration" in t:
+            if m := _ITER.search(t):
+                return self._iteration(ln, int(m.group(1)), m.group(2))
+            if m := _VALID.search(t):
+                f = {k.strip().lower(): num(v) for k, v in _FIELD.findall(m.group(2))}
+                self.rec.step(ln, int(m.group(1)), eval_loss=f.get("lm loss value"),
+                              eval_ppl=f.get("lm loss ppl"))
+                return True
+            if "memory (MB)" in t and (m := _MEM.search(t)):
+                f = {k.strip(): num(v) for k, v in _FIELD.findall(m.group(2))}
+                mb = {k: (None if f.get(k) is None else f[k] * MB) for k in ("allocated", "max allocated",  # type: ignore[operator]
+                                                                              "reserved")}
+                self.rec.add_memory(ln, int(m.group(1)), mb["allocated"], mb["max allocated"], mb["reserved"])
+                return True
+        if "arguments" in t and "----" in t:
+            self.in_args = "end of arguments" not in t
+            return True
+        if self.in_args:
+            if m := _ARG.match(t):
+                self._argument(m.group(1), m.group(2))
+            return True
+        if "using world size:" in t and (m := _WORLD.search(t)):
+            sizes = {_WORLD_KEYS[k]: int(v) for k, v in _SIZES.findall(m.group(2)) if k in _WORLD_KEYS}
+            self.rec.set_layout(world_size=int(m.group(1)), **sizes)
+            return True
+        if "parallel group" in t and (m := _GROUP.search(t)):
+            key = {"data": "dp", "tensor model": "tp", "pipeline model": "pp", "context": "cp"}[m.group(1)]
+            self.rec.set_layout(**{key: len([x for x in m.group(2).split(",") if x.strip()])})
+            return True
+        if "global_step=" in t and "train_step_timing" in t:
+            return self._nemo(ln, t)
+        return False
+
+    def _iteration(self, ln: Line, it: int, rest: str) -> bool:
+        f: dict[str, float | None] = {}
+        for k, v in _FIELD.findall(rest):
+            key = _KEYS.get(k.strip().lower())
+            if key is not None and key not in f:
+                f[key] = num(v)
+        if f.get("loss_scale") is not None and f["loss_scale"] < 0:  # type: ignore[operator]
+            f["loss_scale"] = None  # -1: DeepSpeed manages the scale, Megatron does not know it
+        skipped = f.get("skipped_iters")
+        if skipped is not None:
+            if self.last_iter is not None and self.last_iter < it:
+                first = self.last_iter + 1
+            else:  # the first line: it covers the `log_interval` iterations before it
+                first = max(1, it - (self.log_interval or int(skipped) or 1) + 1)
+            self.rec.skip_counts.append((first, it, int(skipped)))
+        self.last_iter = it
+        self.rec.step(ln, it, **f)
+        return True
+
+    def _argument(self, key: str, value: str) -> None:
+        if key == "log_interval":
+            self.log_interval = int(num(value) or 0) or None
+        elif key in _ARGS:
+            v = num(value)
+            if v is not None and v == v:
+                self.rec.set_layout(**{_ARGS[key]: int(v)})
+        elif key in ("fp16", "bf16") and value == "True":
+            self.rec.set_layout(dtype=key)
+
+    def _nemo(self, ln: Line, t: str) -> bool:
+        f = {k.strip(): num(v) for k, v in _NEMO.findall(t)}
+        step = f.get("global_step")
+        if step is None or step != step:
+            return False
+        sec = f.get("train_step_timing in s")
+        self.rec.step(ln, int(step), loss=f.get("reduced_train_loss"), lr=f.get("lr"),
+                      consumed_samples=f.get("consumed_samples"), eval_loss=f.get("val_loss"),
+                      iter_ms=None if sec is None else sec * 1e3)
+        return True

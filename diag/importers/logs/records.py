@@ -1,0 +1,146 @@
+"""What the family readers fill while a log is read, and how it becomes frames.
+
+- steps: one record per (framework iteration number): the figures every line about that iteration
+  printed (a DeepSpeed `step=` line, its timer line and a PipelineEngine line merge into one).
+- overflows: each skipped step once, however many ranks printed it (see `Overflows`).
+- layout: world size, TP/PP/DP, ZeRO stage, dtype, batch sizes from the start-up dumps.
+- failures: see `crash`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from diag import schema
+from diag.importers.logs.lines import Line
+
+# log_step columns, in order; every figure in the unit named (ms, per second, bytes)
+STEP_COLUMNS = ("rank", "step", "ts", "iter_ms", "samples_per_sec", "tokens_per_sec",
+                "tokens_per_sec_per_gpu", "tflops", "loss", "lr", "grad_norm", "loss_scale", "skipped_iters",
+                "skipped_total", "nan_iters",
+                "consumed_samples", "global_batch", "epoch", "eval_loss", "eval_ppl")
+MB, GB = 1 << 20, 1 << 30
+
+
+@dataclass
+class Overflow:
+    step: int | None
+    before: float | None
+    after: float | None
+    rank: int
+    ts: int | None
+    source: str = "log"
+
+
+@dataclass
+class Failure:
+    """One sign of a failed rank: an exception, OOM, NCCL timeout or a launcher's exit code."""
+
+    kind: str  # exception | oom | nccl_timeout | exit | interrupted
+    rank: int
+    line: int
+    ts: int | None
+    exc: str
+    message: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Records:
+    """Everything read from one log, in the framework's own numbering."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, Any]] = {}
+        self.last_step = 0  # the highest iteration a progress line named so far
+        self.last_step_line = 0  # the line number of the last progress line
+        self.ranks: set[int] = set()
+        self.hosts: dict[int, str] = {}
+        self.host_ranks: dict[str, list[int]] = {}  # DeepSpeed launcher: host -> its global ranks
+        self.layout: dict[str, Any] = {}
+        self.memory: list[dict[str, Any]] = []
+        self.run: dict[str, float] = {}
+        self.overflows: list[Overflow] = []
+        self._seen: dict[tuple[int, int], int] = {}  # (segment, rank) -> overflow lines seen
+        self._segment: list[Overflow] = []  # the overflows since the last progress line
+        # skipped-step counters: (first step, last step, count) per printed interval
+        self.skip_counts: list[tuple[int, int, int]] = []
+        self.failures: list[Failure] = []
+        self.families: set[str] = set()  # deepspeed / megatron / hf: which readers found lines
+
+    def step(self, line: Line, step: int, **figures: Any) -> dict[str, Any]:
+        """Merge figures into iteration `step`'s record (None values do not overwrite)."""
+        rec = self.steps.get(step)
+        if rec is None:
+            rec = self.steps[step] = {"rank": line.rank, "step": step, "ts": line.ts}
+        for k, v in figures.items():
+            if v is not None and rec.get(k) is None:
+                rec[k] = v
+        if step >= self.last_step:
+            if step > self.last_step:
+                self._segment = []
+            self.last_step, self.last_step_line = step, line.no
+        return rec
+
+    def overflow(self, line: Line, before: float | None, after: float | None,
+                 step: int | None = None) -> None:
+        """One `Skipping step` line. Lines name no step: an overflow belongs to a step after the last
+        progress line. The k-th line a rank prints since then is the k-th skipped step, so the same
+        step printed by several ranks counts once; lines without a rank are one step while they
+        repeat the same scales at the same timestamp (all ranks print at once)."""
+        seg = self._segment
+        if line.rank >= 0:
+            k = self._seen.get((self.last_step, line.rank), 0)
+            self._seen[(self.last_step, line.rank)] = k + 1
+            if k < len(seg):
+                return
+        elif seg and seg[-1].rank < 0 and (seg[-1].before, seg[-1].after, seg[-1].ts) == (
+                before, after, line.ts):
+            return
+        o = Overflow(step if step is not None else self.last_step + 1 + len(seg), before, after, line.rank,
+                     line.ts)
+        seg.append(o)
+        self.overflows.append(o)
+
+    def set_layout(self, **values: Any) -> None:
+        for k, v in values.items():
+            if v is not None and self.layout.get(k) is None:
+                self.layout[k] = v
+
+    def add_memory(self, line: Line, step: int | None, allocated: float | None, peak: float | None,
+                   reserved: float | None = None) -> None:
+        self.memory.append({"rank": line.rank, "step": self.last_step if step is None else step,
+                            "ts": line.ts, "device": "log", "allocated": allocated, "reserved": reserved,
+                            "peak": peak, "capacity": None, "rss": None, "module": None})
+
+    # -- frames -------------------------------------------------------------------------------
+
+    def step_frame(self) -> pd.DataFrame:
+        rows = [self.steps[s] for s in sorted(self.steps)]
+        _times_from_timestamps(rows)
+        return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+
+    def overflow_frame(self) -> pd.DataFrame:
+        from diag.importers.logs.overflow import reconcile
+
+        rows = [{"rank": o.rank, "step": o.step, "ts": o.ts, "overflow": True, "scale_before": o.before,
+                 "scale_after": o.after, "skipped_steps": None, "source": o.source}
+                for o in reconcile(self.overflows, self.skip_counts)]
+        return pd.DataFrame(rows, columns=["rank", *schema.FIELDS[schema.OVERFLOW]])
+
+    def memory_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.memory, columns=["rank", *schema.FIELDS[schema.MEMORY]])
+
+
+def _times_from_timestamps(rows: list[dict[str, Any]]) -> None:
+    """Step time where the log prints none: the time between two progress lines over the
+    iterations between them (DeepSpeed prints `step=N` every `steps_per_print` steps)."""
+    prev = None
+    for rec in rows:
+        if rec.get("iter_ms") is None and prev is not None and rec.get("ts") and prev.get("ts"):
+            n = rec["step"] - prev["step"]
+            dt = rec["ts"] - prev["ts"]
+            if n > 0 and dt >= 0:
+                rec["iter_ms"] = dt / n / 1e6
+        prev = rec
