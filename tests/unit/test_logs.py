@@ -268,3 +268,13 @@ def test_not_a_log(tmp_path, content, reason):
     path.write_bytes(content)
     with pytest.raises(ImportProblem, match=reason):
         import_log(str(path))
+
+
+def test_unprefixed_overflow_lines_a_few_ms_apart_are_one_step(tmp_path):
+    """Without a rank prefix or optimizer iteration, lines repeating the scales within 100 ms are the
+    ranks printing one step; the same scales a step later (at the minimum scale) are another step."""
+    line = ("[2024-03-08 16:33:21,{ms:03d}] [INFO] [stage3.py:2070:step] [deepspeed] fp16 dynamic loss "
+            "scale overflow! Skipping step. Attempted loss scale: 1.0, reducing to 1.0\n")
+    path = tmp_path / "x.log"
+    path.write_text("".join(line.format(ms=ms) for ms in (416, 416, 417, 417, 900, 901)))
+    assert len(import_log(str(path)).frames["overflow"]) == 2

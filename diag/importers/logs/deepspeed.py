@@ -37,6 +37,7 @@ _CONFIG = re.compile(r"^\s*(world_size|train_batch_size|train_micro_batch_size_p
                      r"gradient_accumulation_steps|zero_optimization_stage|zero_config|fp16_enabled|bfloat16_enabled|float16_config|"
                      r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$")
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
+_GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
 _DTYPES = {"float16": "fp16", "fp16": "fp16", "half": "fp16", "bfloat16": "bf16", "bf16": "bf16",
            "float32": "fp32", "fp32": "fp32"}
@@ -47,6 +48,7 @@ class DeepSpeedReader:
         self.rec = rec
         self.in_config = False
         self.counter: tuple[int, int] | None = None  # last (step, cumulative skipped)
+        self.grad_iter: int | None = None  # fp16 optimizers' own `Grad overflow on iteration N`
 
     def line(self, ln: Line) -> bool:
         t = ln.text
@@ -69,7 +71,10 @@ class DeepSpeedReader:
                 ln.rank = int(m.group(1))
             before = num(m.group(2))
             after = num(m.group(3)) if m.group(3) is not None else before  # hysteresis: scale kept
-            self.rec.overflow(ln, before, after)
+            self.rec.overflow(ln, before, after, self.grad_iter)
+            return True
+        if "Grad overflow on iteration" in t and (m := _GRAD_ITER.search(t)):
+            self.grad_iter = int(m.group(1))
             return True
         return self._layout(ln, t)
 

@@ -23,6 +23,7 @@ STEP_COLUMNS = ("rank", "step", "ts", "iter_ms", "samples_per_sec", "tokens_per_
                 "skipped_total", "nan_iters",
                 "consumed_samples", "global_batch", "epoch", "eval_loss", "eval_ppl")
 MB, GB = 1 << 20, 1 << 30
+SAME_STEP_NS = 100_000_000  # ranks print one step's overflow within this of each other
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Overflow:
     rank: int
     ts: int | None
     source: str = "log"
+    key: int | None = None  # the optimizer's own `Grad overflow on iteration N`, when printed
 
 
 @dataclass
@@ -83,23 +85,22 @@ class Records:
             self.last_step, self.last_step_line = step, line.no
         return rec
 
-    def overflow(self, line: Line, before: float | None, after: float | None,
-                 step: int | None = None) -> None:
+    def overflow(self, line: Line, before: float | None, after: float | None, key: int | None = None) -> None:
         """One `Skipping step` line. Lines name no step: an overflow belongs to a step after the last
         progress line. The k-th line a rank prints since then is the k-th skipped step, so the same
-        step printed by several ranks counts once; lines without a rank are one step while they
-        repeat the same scales at the same timestamp (all ranks print at once)."""
+        step printed by several ranks counts once. Lines without a rank are the same step as the
+        previous one while they repeat its scales and its optimizer iteration `key` (or, without
+        one, come within `SAME_STEP_NS` of it: all ranks print at once)."""
         seg = self._segment
         if line.rank >= 0:
             k = self._seen.get((self.last_step, line.rank), 0)
             self._seen[(self.last_step, line.rank)] = k + 1
             if k < len(seg):
                 return
-        elif seg and seg[-1].rank < 0 and (seg[-1].before, seg[-1].after, seg[-1].ts) == (
-                before, after, line.ts):
+        elif seg and seg[-1].rank < 0 and (seg[-1].before, seg[-1].after) == (before, after) \
+                and _same_step(seg[-1], key, line.ts):
             return
-        o = Overflow(step if step is not None else self.last_step + 1 + len(seg), before, after, line.rank,
-                     line.ts)
+        o = Overflow(self.last_step + 1 + len(seg), before, after, line.rank, line.ts, key=key)
         seg.append(o)
         self.overflows.append(o)
 
@@ -131,6 +132,14 @@ class Records:
 
     def memory_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.memory, columns=["rank", *schema.FIELDS[schema.MEMORY]])
+
+
+def _same_step(prev: Overflow, key: int | None, ts: int | None) -> bool:
+    if prev.key is not None and key is not None:
+        return prev.key == key
+    if prev.ts is None or ts is None:
+        return prev.ts is None and ts is None
+    return abs(ts - prev.ts) <= SAME_STEP_NS
 
 
 def _times_from_timestamps(rows: list[dict[str, Any]]) -> None:
