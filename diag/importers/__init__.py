@@ -94,4 +94,8 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
             _step(comb, path, lambda c, p, k=kind: _one(c, p, k), progress)
     if not comb.result.sources:
         raise DiagError(str(comb.result.problems[0]) if comb.result.problems else "nothing to analyze")
+    if sum(k == detect.LOG for k in kinds.values()) > 1:
+        from diag.importers.logs import merge_parts
+
+        merge_parts(comb.parts)
     return comb.trace()

@@ -73,3 +73,14 @@ def test_node_logs_of_one_job_merge_by_rank(tmp_path):
     code, doc, _ = _analyze(str(tmp_path))
     assert code == 0 and doc["ranks"] == list(range(8))
     assert doc["summary"]["steps"]["count"] == 3 and doc["summary"]["overflows"] == 4
+
+
+def test_per_rank_logs_of_one_job_count_each_step_once(tmp_path):
+    """torchrun --log-dir style: one file per rank, each with the every-rank overflow lines and
+    rank 0's with the progress lines too: 20 skipped steps, 3 step records, not 2x."""
+    src = os.path.join(FIX, "ds_fp16_every_rank_overflow.log")
+    lines = open(src).read().splitlines()
+    shutil.copy(src, tmp_path / "rank0.log")
+    (tmp_path / "rank1.log").write_text("\n".join(x for x in lines if "Skipping step" in x) + "\n")
+    code, doc, _ = _analyze(str(tmp_path))
+    assert code == 0 and doc["summary"]["overflows"] == 20 and doc["summary"]["steps"]["count"] == 2

@@ -54,6 +54,26 @@ class LogImport:
     problems: list[LoadProblem] = field(default_factory=list)
 
 
+def merge_parts(parts: dict[str, list[pd.DataFrame]]) -> None:
+    """Several logs of one job (one per node or rank, or a console log next to them): iteration
+    records and skipped steps are the job's, so each counts once however many logs print it. Every
+    rank skips every overflowing step, so the log with the most skipped steps has them all (and
+    the first such, in path order, usually the progress lines that place them)."""
+    steps = parts.get("log_step", [])
+    if len(steps) > 1:
+        both = pd.concat(steps, ignore_index=True)
+        parts["log_step"] = [both.groupby("step", sort=True, as_index=False).first()[list(both.columns)]]
+    ov = parts.get(schema.OVERFLOW, [])
+    logs = [df for df in ov if _from_log(df)]
+    if len(logs) > 1:
+        best = max(logs, key=len)  # max() keeps the first of equals
+        parts[schema.OVERFLOW] = [df for df in ov if not _from_log(df)] + [best]
+
+
+def _from_log(df: pd.DataFrame) -> bool:
+    return "source" in df.columns and df["source"].astype(str).str.startswith("log").all()
+
+
 def read_records(path: str) -> Records:
     rec = Records()
     readers = [("megatron", MegatronReader(rec)), ("deepspeed", DeepSpeedReader(rec)), ("hf", HFReader(rec))]
