@@ -278,3 +278,17 @@ def test_unprefixed_overflow_lines_a_few_ms_apart_are_one_step(tmp_path):
     path = tmp_path / "x.log"
     path.write_text("".join(line.format(ms=ms) for ms in (416, 416, 417, 417, 900, 901)))
     assert len(import_log(str(path)).frames["overflow"]) == 2
+
+
+def test_hostile_counters_stay_bounded(tmp_path):
+    """A counter claiming 259807 skipped steps over 31 M iterations (found by the fuzz test) adds at
+    most MAX_ADDED rows, quickly, instead of enumerating 31 M steps; a count above its interval's
+    length is capped at it."""
+    from diag.importers.logs.overflow import MAX_ADDED
+
+    ds, mg = tmp_path / "ds.log", tmp_path / "mg.log"
+    ds.write_text("[Rank 0] step=30992406, skipped=259807, lr=[x]\n")
+    mg.write_text(" iteration 5/ 9 | number of skipped iterations: 99999999 |\n")
+    ov = import_log(str(ds)).frames["overflow"]
+    assert len(ov) == MAX_ADDED and ov["step"].is_unique
+    assert list(import_log(str(mg)).frames["overflow"]["step"]) == [1, 2, 3, 4, 5]

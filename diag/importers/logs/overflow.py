@@ -10,19 +10,33 @@ exact when the interval is one iteration long or every iteration in it was skipp
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from itertools import islice
+
 from diag.importers.logs.records import Overflow
+
+MAX_ADDED = 10_000  # skipped steps added from counters, at most (a hostile counter must not blow up)
 
 
 def reconcile(lines: list[Overflow], counts: list[tuple[int, int, int]]) -> list[Overflow]:
     out = sorted(lines, key=lambda o: o.step or 0)
-    for first, last, n in counts:
-        inside = [o for o in out if o.step is not None and first <= o.step <= last]
+    steps = [o.step or 0 for o in out]
+    drop: set[int] = set()
+    added: list[Overflow] = []
+    end = 0  # counters of two families (Megatron-DeepSpeed prints both) cover the same iterations once
+    for first, last, n in sorted(counts):
+        if first <= end or last < first:
+            continue
+        end = last
+        lo, hi = bisect_left(steps, first), bisect_right(steps, last)
+        inside = out[lo:hi]
+        n = min(n, last - first + 1)
         if len(inside) > n:
-            drop = {id(o) for o in inside[n:]}
-            out = [o for o in out if id(o) not in drop]
+            drop.update(id(o) for o in inside[n:])
         elif len(inside) < n:
             taken = {o.step for o in inside}
-            free = [s for s in range(first, last + 1) if s not in taken][: n - len(inside)]
-            out.extend(Overflow(s, None, None, -1, None, "log_counter") for s in free)
-        out.sort(key=lambda o: o.step or 0)
-    return out
+            need = min(n - len(inside), MAX_ADDED - len(added))
+            free = islice((s for s in range(first, last + 1) if s not in taken), max(need, 0))
+            added.extend(Overflow(s, None, None, -1, None, "log_counter") for s in free)
+    kept = [o for o in out if id(o) not in drop] + added
+    return sorted(kept, key=lambda o: o.step or 0)
