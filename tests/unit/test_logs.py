@@ -292,3 +292,12 @@ def test_hostile_counters_stay_bounded(tmp_path):
     ov = import_log(str(ds)).frames["overflow"]
     assert len(ov) == MAX_ADDED and ov["step"].is_unique
     assert list(import_log(str(mg)).frames["overflow"]["step"]) == [1, 2, 3, 4, 5]
+
+
+def test_failure_frame_for_rules():
+    res = _load("nccl_timeout_desync.log")
+    df = res.frames["log_failure"].sort_values(["kind", "rank"])
+    assert list(zip(df["kind"], df["rank"], df["seq"].fillna(-1))) == [
+        ("exit", 0, -1), ("nccl_timeout", 0, 48211), ("nccl_timeout", 1, 48211), ("nccl_timeout", 2, 48210),
+        ("nccl_timeout", 3, 48211)]
+    assert set(df["step"]) == {120} and "log_failure" not in _load("caught_exception_then_trains.log").frames

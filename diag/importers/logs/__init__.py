@@ -8,7 +8,7 @@ family readers; what they find becomes frames of the `Trace`:
 - `overflow`: each skipped step once (`overflow.reconcile`), `memory`: memory lines in bytes;
 - the layout (world size, TP/PP/DP, ZeRO stage, dtype, batch sizes) into every rank's header;
 - a failed job (`crash.verdict`) becomes a `JobFailed` problem: one line naming the failure, its ranks,
-  the first of them and the last completed step.
+  the first of them and the last completed step; `log_failure` holds each sign of it, for rules.
 Unknown lines are ignored; a log with nothing readable is an `ImportProblem`.
 """
 
@@ -21,7 +21,7 @@ import pandas as pd
 
 from diag import schema
 from diag.importers.errors import ImportProblem
-from diag.importers.logs.crash import CrashReader, verdict
+from diag.importers.logs.crash import CrashReader, failure_frame, verdict
 from diag.importers.logs.deepspeed import DeepSpeedReader
 from diag.importers.logs.hf import HFReader
 from diag.importers.logs.lines import read_lines
@@ -98,6 +98,7 @@ def import_log(path: str) -> LogImport:
     rec = read_records(path)
     frames = {"log_step": rec.step_frame(), schema.OVERFLOW: rec.overflow_frame(),
               schema.MEMORY: rec.memory_frame()}
+    frames["log_failure"] = failure_frame(rec)
     if rec.run:
         frames["log_run"] = pd.DataFrame([{"rank": -1, "key": k, "value": v} for k, v in rec.run.items()])
     frames = {k: v for k, v in frames.items() if not v.empty}

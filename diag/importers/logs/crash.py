@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pandas as pd
+
 from diag.importers.logs.lines import Line, num
 from diag.importers.logs.records import Failure, Records
 
@@ -162,11 +164,27 @@ def ranks_text(ranks: list[int]) -> str:
     return text if not any(r < 0 for r in ranks) else (text + ", ?" if text else "?")
 
 
+def evidence(rec: Records) -> tuple[list[Failure], list[Failure]]:
+    """(causes, launcher exits) of a failed job; both empty when the job did not fail."""
+    exits = [f for f in rec.failures if f.exc == "exit"]
+    late = [f for f in rec.failures if f.exc != "exit" and f.line > rec.last_step_line]
+    return late or ([f for f in rec.failures if f.exc != "exit"] if exits else []), exits
+
+
+def failure_frame(rec: Records) -> pd.DataFrame:
+    """`log_failure`: one row per sign of the failure (for rules), the last completed step on each."""
+    causes, exits = evidence(rec)
+    return pd.DataFrame([{"rank": f.rank, "step": rec.last_step, "ts": f.ts, "line": f.line, "kind": f.kind,
+                          "exc": f.exc, "message": f.message, **{k: v for k, v in f.detail.items()
+                                                                 if k in ("seq", "op", "code", "signal")}}
+                         for f in causes + exits],
+                        columns=["rank", "step", "ts", "line", "kind", "exc", "message", "seq", "op", "code",
+                                 "signal"])
+
+
 def verdict(rec: Records) -> tuple[int, str] | None:
     """(line, one-line statement) when the log shows the job failed; None when it did not."""
-    exits = [f for f in rec.failures if f.kind in ("exit", "interrupted") and f.exc == "exit"]
-    late = [f for f in rec.failures if f.exc != "exit" and f.line > rec.last_step_line]
-    causes = late or ([f for f in rec.failures if f.exc != "exit"] if exits else [])
+    causes, exits = evidence(rec)
     if not causes and not exits:
         return None
     pool = causes or exits
