@@ -301,3 +301,14 @@ def test_failure_frame_for_rules():
         ("exit", 0, -1), ("nccl_timeout", 0, 48211), ("nccl_timeout", 1, 48211), ("nccl_timeout", 2, 48210),
         ("nccl_timeout", 3, 48211)]
     assert set(df["step"]) == {120} and "log_failure" not in _load("caught_exception_then_trains.log").frames
+
+
+def test_torchrun_report_of_killed_ranks():
+    """No rank raised: torchrun's ChildFailedError report names the killed ranks (its own traceback
+    around the report is not the job's exception)."""
+    res = _load("torchrun_sigkill.log")
+    p = _failure(res)
+    assert p.message.startswith("job failed after step 100 (the last completed): process ended with exit "
+                                "code -9 (SIGKILL) on rank(s) 1, 3")
+    assert "OOM killer" in p.message and res.headers[3]["host"] == "gpu-node-3"
+    assert set(res.frames["log_failure"]["kind"]) == {"exit"}

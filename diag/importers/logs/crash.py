@@ -35,7 +35,7 @@ _WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\
 _TORCHRUN = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
 _DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
 _LOCAL = re.compile(r"--local_rank=(\d+)")
-_CHILD = re.compile(r"^\s*(rank|exitcode|host|traceback)\s*:\s*(.*)$")
+_CHILD = re.compile(r"^\s*(time|rank|exitcode|host|traceback)\s*:\s*(.*)$")
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
@@ -50,6 +50,10 @@ class CrashReader:
         if t.startswith("Traceback (most recent call last)"):
             self.open_tb[ln.rank] = ln.no
             return True
+        if "ChildFailedError" in t and not t[:1].isspace():  # torchrun's report of its ranks' exit codes
+            self.open_tb.pop(ln.rank, None)
+            self.child = {}
+            return True
         if self.open_tb and not t[:1].isspace() and (m := _EXC.match(t.strip())) and self._tb_open(ln.rank):
             self.open_tb.pop(ln.rank, None) if ln.rank in self.open_tb else self.open_tb.pop(-1, None)
             self._exception(ln, m.group(1), m.group(2) or "")
@@ -58,9 +62,6 @@ class CrashReader:
             self._add(ln, "nccl_timeout", "NCCL timeout", t[m.start():], seq=int(m.group(1)), op=m.group(2),
                       numel_in=_i(m.group(3)), numel_out=_i(m.group(4)), timeout_ms=_i(m.group(5)),
                       ran_ms=_i(m.group(6)))
-            return True
-        if "ChildFailedError" in t:
-            self.child = {}
             return True
         if self.child is not None:
             return self._child(ln, t)
@@ -109,8 +110,9 @@ class CrashReader:
         key, value = m.group(1), m.group(2)
         entry = self.child
         assert entry is not None
-        if key == "rank":
+        if key == "time":  # each entry starts with its time
             entry.clear()
+        elif key == "rank":
             entry["rank"] = _i(value.split()[0])
         elif key == "host":
             entry["host"] = value.strip()
