@@ -66,7 +66,7 @@ class CrashReader:
         if self.child is not None:
             return self._child(ln, t)
         if "exitcode:" in t and (m := _TORCHRUN.search(t)):
-            self._exit(ln, int(m.group(1)), int(m.group(2)))
+            self._exit(ln, int(m.group(1)), int(m.group(2)), local=True)
             return True
         if "exits with return code" in t and (m := _DS_EXIT.search(t)):
             local = _LOCAL.search(t)
@@ -124,13 +124,13 @@ class CrashReader:
                 self._exit(ln, entry["code"], entry["rank"])
         return True
 
-    def _exit(self, ln: Line, code: int, rank: int) -> None:
+    def _exit(self, ln: Line, code: int, rank: int, local: bool = False) -> None:
         if code == 0:
             return
         sig = _SIGNALS.get(-code) if code < 0 else None
         kind = "interrupted" if sig == "SIGINT" else "exit"
         text = f"exit code {code}" + (f" ({sig})" if sig else "")
-        detail = {"code": code, "signal": sig}
+        detail = {"code": code, "signal": sig, "local": local}
         self.rec.failures.append(Failure(kind, rank, ln.no, ln.ts, "exit", text, detail))
 
     def _add(self, ln: Line, kind: str, exc: str, msg: str, **detail: Any) -> None:
@@ -169,6 +169,8 @@ def ranks_text(ranks: list[int]) -> str:
 def evidence(rec: Records) -> tuple[list[Failure], list[Failure]]:
     """(causes, launcher exits) of a failed job; both empty when the job did not fail."""
     exits = [f for f in rec.failures if f.exc == "exit"]
+    if any(not f.detail.get("local") for f in exits):  # torchrun's `local_rank:` is per node: the
+        exits = [f for f in exits if not f.detail.get("local")]  # report's global ranks say more
     late = [f for f in rec.failures if f.exc != "exit" and f.line > rec.last_step_line]
     return late or ([f for f in rec.failures if f.exc != "exit"] if exits else []), exits
 
