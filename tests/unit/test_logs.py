@@ -313,3 +313,14 @@ def test_torchrun_report_of_killed_ranks():
     assert "OOM killer" in p.message and res.headers[3]["host"] == "gpu-node-3"
     fails = res.frames["log_failure"]
     assert set(fails["kind"]) == {"exit"} and sorted(fails["rank"]) == [1, 3]  # the report's, not local_rank
+
+
+def test_gzip_log_and_truncated_gzip(tmp_path):
+    import gzip
+
+    data = gzip.compress(open(os.path.join(FIX, "megatron_lm_fp16.log"), "rb").read())
+    (tmp_path / "ok.log.gz").write_bytes(data)
+    (tmp_path / "cut.log.gz").write_bytes(data[:300])
+    assert list(_steps(import_log(str(tmp_path / "ok.log.gz"))).index) == [10, 20, 30]
+    with pytest.raises(ImportProblem, match="truncated or corrupt gzip"):
+        import_log(str(tmp_path / "cut.log.gz"))

@@ -11,6 +11,7 @@ when a reader asks for it.
 from __future__ import annotations
 
 import gzip
+import io
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -89,13 +90,18 @@ def read_lines(path: str) -> Iterator[Line]:
     with f:
         head = f.read(4096)
         f.seek(0)
-        stream = gzip.open(f) if head[:2] == b"\x1f\x8b" else f
+        binary = gzip.open(f) if head[:2] == b"\x1f\x8b" else f
         if head[:2] != b"\x1f\x8b" and b"\x00" in head:
             raise ImportProblem("binary file, not a training log")
+        stream = io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="\n")  # type: ignore[arg-type]
         try:
             for no, raw in enumerate(stream, 1):
-                # a progress bar rewrites its line with \r: each piece is a line of its own
-                for piece in raw.decode("utf-8", errors="replace").rstrip("\r\n").split("\r"):
+                raw = raw.rstrip("\r\n")
+                if "\r" not in raw:
+                    if raw:
+                        yield Line(raw, no)
+                    continue
+                for piece in raw.split("\r"):  # a progress bar rewrites its line with \r: each piece counts
                     if piece:
                         yield Line(piece, no)
         except (EOFError, OSError) as e:
