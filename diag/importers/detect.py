@@ -40,7 +40,8 @@ def kind_of_file(path: str) -> str:
         raise ImportProblem("empty file")
     if text.startswith(b"{") and b'"k"' in text.split(b"\n", 1)[0][:200]:
         return DIAG
-    if (text.startswith(b"{") or (text.startswith(b"[") and text[1:].lstrip()[:1] in (b"{", b"]"))
+    json_object = text.startswith(b"{") and not text.startswith(b"{'")  # HF Trainer's printed dicts: a log
+    if (json_object or (text.startswith(b"[") and text[1:].lstrip()[:1] in (b"{", b"]"))
             or path.endswith((".json", ".json.gz"))):  # a JSON name: let the parser say what is wrong
         return KINETO
     if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:

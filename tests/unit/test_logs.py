@@ -324,3 +324,15 @@ def test_gzip_log_and_truncated_gzip(tmp_path):
     assert list(_steps(import_log(str(tmp_path / "ok.log.gz"))).index) == [10, 20, 30]
     with pytest.raises(ImportProblem, match="truncated or corrupt gzip"):
         import_log(str(tmp_path / "cut.log.gz"))
+
+
+@pytest.mark.parametrize("first", ["{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.1}",
+                                   "[rank0]: Traceback (most recent call last):",
+                                   "[2024-01-01 00:00:00,000] [ERROR] [launch.py:321:sigkill_handler] "
+                                   "['python', '--local_rank=0'] exits with return code = 1"])
+def test_small_logs_are_detected_as_logs(tmp_path, first):
+    from diag.importers import detect
+
+    path = tmp_path / "job.out"
+    path.write_text(first + "\n")
+    assert detect.kind_of_file(str(path)) == detect.LOG
