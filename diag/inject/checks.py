@@ -62,7 +62,7 @@ def python_version(exe: str, maps: str) -> tuple[int, int] | None:
         return int(m.group(1)), int(m.group(2))
     if not os.path.basename(exe).startswith("python"):
         return None
-    out = subprocess.run([exe, "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
+    out = subprocess.run([exe, "-I", "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
                          capture_output=True, text=True, timeout=10, check=False).stdout
     m = _VERSION.search(out)
     return (int(m.group(1)), int(m.group(2))) if m else None
