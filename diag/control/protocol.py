@@ -76,7 +76,11 @@ def read_message(sock: socket.socket) -> dict[str, Any]:
         buf += chunk
         if len(buf) > MAX_LINE:
             raise ValueError(f"message exceeds the {MAX_LINE}-byte limit")
-    line = bytes(buf).split(b"\n", 1)[0]
+    return decode(bytes(buf).split(b"\n", 1)[0])
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """One message line (without its newline) to a dict; ValueError when it is not a JSON object."""
     obj = json.loads(line)
     if not isinstance(obj, dict):
         raise ValueError("a message must be a JSON object")
