@@ -60,26 +60,3 @@ def _children(proc: psutil.Process) -> list[psutil.Process]:
         return proc.children()
     except psutil.Error:
         return []
-
-
-def status_fields(pid: int) -> dict[str, str] | None:
-    """/proc/<pid>/status as a dict (State, TracerPid, ...), None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-
-
-def describe_state(pid: int) -> str:
-    """What became of the target after an injector went away abnormally, for the error line."""
-    fields = status_fields(pid)
-    if fields is None:
-        return f"pid {pid} has exited"
-    state = fields.get("State", "?")
-    if state[:1] in ("T", "t"):
-        return f"pid {pid} is left stopped ({state}): resume it with `kill -CONT {pid}`"
-    if state[:1] in ("Z", "X"):
-        return f"pid {pid} has exited ({state})"
-    return f"pid {pid} is running ({state})"

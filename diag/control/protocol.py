@@ -13,13 +13,15 @@ import socket
 import stat
 from typing import Any
 
+from diag.errors import FAILURE, DiagError
+
 MAX_LINE = 64 * 1024
 COMMANDS = ("status", "set-sampling", "snapshot", "detach")
 SOCKET_SUFFIX = ".sock"
 
 
-class UnsafeDirectory(OSError):
-    """The per-user directory exists but is not private: refusing to use it."""
+class UnsafeDirectory(DiagError, OSError):
+    """The per-user directory exists but is not private: refusing to use it (one line, exit 1)."""
 
 
 def runtime_dir(uid: int | None = None) -> str:
@@ -33,8 +35,10 @@ def runtime_dir(uid: int | None = None) -> str:
         pass
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise UnsafeDirectory(f"{base} is not a private directory owned by uid {uid} "
-                              f"(mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid})")
+        raise UnsafeDirectory(f"{base} is not a private directory owned by uid {uid} (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}): another user may have "
+                              "created it; remove it, or point XDG_RUNTIME_DIR at a private directory "
+                              "(the job and diag must agree on it)", FAILURE)
     return base
 
 

@@ -114,6 +114,10 @@ def _wait_ready(pid: int, err_file: str, opts_file: str) -> None:
         raise DiagError(f"pid {pid}: the payload ran but the agent's control socket did not appear "
                         f"within {READY_TIMEOUT_S:.0f} s (still importing? see `diag status {pid}`)",
                         FAILURE)
+    why = checks.not_attachable(pid)  # stopped or gone meanwhile: say that, not "no Python code"
+    if why is not None:
+        raise Queued(f"{why} (the agent will start if it resumes within "
+                     f"{payload.QUEUED_LIFE_S / 60:.0f} min)", FAILURE)
     raise Queued(f"pid {pid}: the target's main thread has not run Python code for "
                  f"{READY_TIMEOUT_S:.0f} s; the agent will start if it does within "
                  f"{payload.QUEUED_LIFE_S / 60:.0f} min (the payload waits as a pending call, then "

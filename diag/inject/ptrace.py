@@ -18,10 +18,9 @@ import os
 import subprocess
 import sys
 
-from diag import procs
 from diag.control import protocol
 from diag.inject import InjectFailed, helper, native
-from diag.inject.checks import Target, ptrace_hint
+from diag.inject.checks import Target, describe_state, ptrace_hint
 
 TIMEOUT_S = 20.0
 GRACE_S = 3.0
@@ -105,9 +104,9 @@ def _child(cmd: list[str], what: str, pid: int) -> None:
             proc.kill()
             proc.communicate()
         raise InjectFailed(f"{what} did not return within {TIMEOUT_S:.0f} s (stopped it); "
-                           f"{procs.describe_state(pid)}") from None
+                           f"{describe_state(pid)}") from None
     if proc.returncode < 0:  # killed by a signal (not ours): the target's state is what matters
-        raise InjectFailed(f"{what} was killed by signal {-proc.returncode}; {procs.describe_state(pid)}")
+        raise InjectFailed(f"{what} was killed by signal {-proc.returncode}; {describe_state(pid)}")
     if proc.returncode != 0:
         err = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         if "PermissionError" in err or "ermission" in err or "not permitted" in err:

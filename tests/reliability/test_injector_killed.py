@@ -18,11 +18,10 @@ import time
 
 import pytest
 
-from diag import procs
-from diag.inject import ptrace
+from diag.inject import checks, ptrace
 
 pytestmark = [pytest.mark.skipif(platform.machine() != "x86_64", reason="raw.py is x86_64 only"),
-              pytest.mark.skipif(procs.status_fields(os.getpid()) is None, reason="needs /proc")]
+              pytest.mark.skipif(checks.status_fields(os.getpid()) is None, reason="needs /proc")]
 
 TARGET = r"""
 import select, sys
@@ -52,7 +51,7 @@ def target():
 def _answers(proc: subprocess.Popen) -> None:
     """Not stopped, not traced, and its main thread still runs Python: it answers a ping."""
     deadline = time.monotonic() + 5
-    while (fields := procs.status_fields(proc.pid)) and fields.get("TracerPid") != "0":
+    while (fields := checks.status_fields(proc.pid)) and fields.get("TracerPid") != "0":
         assert time.monotonic() < deadline, f"still traced: {fields}"
         time.sleep(0.005)
     assert fields is not None and proc.poll() is None, f"the target died: {proc.returncode}"
@@ -76,7 +75,7 @@ def _when_tracing(child: subprocess.Popen, pid: int) -> bool:
     """Wait until `child` traces `pid`; False when it finished first (on a loaded machine the whole
     injection, ~1 ms, can fall between two looks)."""
     deadline = time.monotonic() + 10
-    while (procs.status_fields(pid) or {}).get("TracerPid") != str(child.pid):
+    while (checks.status_fields(pid) or {}).get("TracerPid") != str(child.pid):
         if child.poll() is not None:
             assert child.returncode == 0, child.stderr.read() if child.stderr else ""
             return False
