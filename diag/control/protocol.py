@@ -27,8 +27,7 @@ class UnsafeDirectory(DiagError, OSError):
 def runtime_dir(uid: int | None = None) -> str:
     """`$XDG_RUNTIME_DIR/diag` when that is ours, else `/tmp/diag-<uid>`; created 0700 and checked."""
     uid = os.getuid() if uid is None else uid
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = os.path.join(xdg, "diag") if xdg and os.path.isdir(xdg) else f"/tmp/diag-{uid}"
+    base = runtime_base(os.environ.get("XDG_RUNTIME_DIR"), uid)
     try:
         os.mkdir(base, 0o700)
     except FileExistsError:
@@ -40,6 +39,11 @@ def runtime_dir(uid: int | None = None) -> str:
                               "created it; remove it, or point XDG_RUNTIME_DIR at a private directory "
                               "(the job and diag must agree on it)", FAILURE)
     return base
+
+
+def runtime_base(xdg: str | None, uid: int) -> str:
+    """Where a process with this XDG_RUNTIME_DIR keeps its sockets (not created or checked)."""
+    return os.path.join(xdg, "diag") if xdg and os.path.isdir(xdg) else f"/tmp/diag-{uid}"
 
 
 def socket_path(pid: int, uid: int | None = None) -> str:

@@ -36,6 +36,9 @@ class Queued(DiagError):
 def attach_one(pid: int, rank: int | None, options: dict[str, Any], method: str | None,
                need_torch: bool) -> Attached:
     target = checks.inspect(pid, need_torch=need_torch)
+    mismatch = checks.runtime_dir_mismatch(pid)
+    if mismatch is not None:
+        raise DiagError(mismatch, FAILURE)
     if _answers(pid):
         return Attached(pid, rank, None, 0.0, reused=True)
     sweep_expired()

@@ -91,6 +91,26 @@ def not_attachable(pid: int) -> str | None:
     return None
 
 
+def runtime_dir_mismatch(pid: int) -> str | None:
+    """The agent puts its socket under the target's own XDG_RUNTIME_DIR: when that differs from
+    ours, attach would inject an agent it can never reach (and status would not list it)."""
+    from diag.control import protocol
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return None
+    raw = env.get(b"XDG_RUNTIME_DIR")
+    theirs = protocol.runtime_base(raw.decode(errors="replace") if raw else None, os.getuid())
+    ours = protocol.runtime_base(os.environ.get("XDG_RUNTIME_DIR"), os.getuid())
+    if theirs == ours:
+        return None
+    fix = f"XDG_RUNTIME_DIR={raw.decode(errors='replace')}" if raw else "XDG_RUNTIME_DIR unset"
+    return (f"pid {pid} keeps diag's sockets in {theirs}, this shell in {ours}: run diag with "
+            f"{fix}, as the job has it")
+
+
 def _name(pid: str) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:

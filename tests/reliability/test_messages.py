@@ -129,3 +129,22 @@ def test_one_stopped_process_neither_delays_nor_hides_the_others(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_target_with_another_runtime_dir_is_refused_before_injecting(tmp_path, monkeypatch):
+    """Issue 10: the agent started (socket in the job's XDG_RUNTIME_DIR), attach reported failure
+    and status listed nothing. Now attach says where the job keeps its sockets, and injects nothing."""
+    from diag.inject.attach import attach_one
+
+    theirs, ours = tmp_path / "theirs", tmp_path / "ours"
+    for d in (theirs, ours):
+        d.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(ours))
+    proc = _python(SLEEPER, env={**os.environ, "XDG_RUNTIME_DIR": str(theirs)})
+    try:
+        with pytest.raises(DiagError, match=f"run diag with XDG_RUNTIME_DIR={theirs}, as the job"):
+            attach_one(proc.pid, None, {"trace_dir": str(tmp_path / "t")}, None, False)
+        assert not (theirs / "diag").exists() and not list((ours).rglob("attach-*"))
+    finally:
+        proc.kill()
+        proc.wait()
