@@ -4,7 +4,9 @@ SIGKILL as soon as the injector was the tracer left the target stopped, state T,
 raw.py seizes the target (PTRACE_SEIZE: no SIGSTOP, so no group-stop survives the tracer) and blocks
 the signals that end a process for the whole injection (SIGTERM, SIGINT, SIGHUP, SIGQUIT: a Ctrl-C
 of `diag attach`, or the parent's timeout): those wait until the target's registers are back. What
-is left is a SIGKILL during one of the two calls in the target (measured ~0.1 ms per injection)."""
+are SIGKILLs, at any moment: each call it makes in the target returns through libc's rt_sigreturn
+trampoline over a frame of the target's own registers, so the kernel, detaching the target from
+its dead tracer, lets it finish the call and resume exactly where it was."""
 
 from __future__ import annotations
 
@@ -24,12 +26,14 @@ pytestmark = [pytest.mark.skipif(platform.machine() != "x86_64", reason="raw.py 
               pytest.mark.skipif(checks.status_fields(os.getpid()) is None, reason="needs /proc")]
 
 TARGET = r"""
-import select, sys
+import math, select, sys
 print('ready', flush=True)
 n = 0
 while True:  # the main thread mostly sits in select(): the interrupted-syscall path is exercised
     r, _, _ = select.select([sys.stdin], [], [], 0.001)
     junk = [bytearray(1000) for _ in range(10)]
+    if math.fsum(i * 0.1 for i in range(100)) != 495.0:  # float registers intact
+        print('corrupt', flush=True)
     n += 1
     if r:
         if not sys.stdin.readline():
@@ -100,6 +104,17 @@ def _hits(target, tmp_path, want: int, act) -> None:
 
 def test_sigkill_as_soon_as_the_injector_is_the_tracer(target, tmp_path):
     _hits(target, tmp_path, 5, lambda child: child.kill())
+
+
+def test_sigkill_at_any_moment_of_the_injection(target, tmp_path):
+    """Each call in the target returns through rt_sigreturn over a frame of its own registers:
+    the injector may die mid-call (this used to leave the target to return to address 0)."""
+    for delay in (0.0001, 0.0002, 0.0003, 0.0005, 0.0008, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008,
+                  0.012, 0.02):
+        def act(child: subprocess.Popen, delay: float = delay) -> None:
+            time.sleep(delay)
+            child.kill()
+        _hits(target, tmp_path, 1, act)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
