@@ -45,10 +45,11 @@ def inject_raw(target: Target, code: str) -> str | None:
         raise InjectFailed(str(e)) from None
     path = protocol.write_private(f"inject-{target.pid}-{os.urandom(8).hex()}.py", code.encode())
     try:
-        _child([*cmd, path], "the ptrace injector", target.pid)
+        stderr = _child([*cmd, path], "the ptrace injector", target.pid)
     finally:
         os.unlink(path)
-    return None
+    warnings = [ln.removeprefix("warning: ") for ln in stderr.splitlines() if ln.startswith("warning: ")]
+    return "; ".join(warnings) or None
 
 
 def inject_pyinjector(target: Target, code: str) -> str | None:
@@ -89,7 +90,7 @@ def _run(pid: int, lib: bytes) -> None:
         os.unlink(path)
 
 
-def _child(cmd: list[str], what: str, pid: int) -> None:
+def _child(cmd: list[str], what: str, pid: int) -> str:
     """Run an injector in an isolated child interpreter (this one: the raw injector needs its libc
     and libpython offsets). On timeout it gets SIGTERM first, so it can put the target's registers
     back and detach; only then SIGKILL."""
@@ -112,3 +113,4 @@ def _child(cmd: list[str], what: str, pid: int) -> None:
         if "PermissionError" in err or "ermission" in err or "not permitted" in err:
             raise InjectFailed(f"ptrace not permitted: {ptrace_hint()}")
         raise InjectFailed(err[:300])
+    return stderr
