@@ -14,6 +14,7 @@ from typing import Any
 
 from diag.control.client import attached_pids, request
 from diag.errors import FAILURE, DiagError
+from diag.inject.attach import sweep_expired
 from diag.inject.checks import status_fields
 
 TIMEOUT_S = 3.0
@@ -25,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    sweep_expired()  # payload files of attaches whose payload never ran (past their life)
     pids = [args.pid] if args.pid is not None else attached_pids()
     answers: list[tuple[dict[str, Any] | None, str | None]] = []
     if pids:
