@@ -7,12 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 find_python() {
-    if [ -n "${PYTHON_COMPAT:-}" ]; then echo "$PYTHON_COMPAT"; return; fi
-    if command -v python3.12 >/dev/null; then command -v python3.12; return; fi
+    # pyenv's shims exist on PATH even where 3.12 is not the selected version: try each candidate.
     local root
     root=$( (command -v pyenv >/dev/null && pyenv root) || echo "$HOME/.pyenv")
-    for p in "$root"/versions/3.12*/bin/python3.12; do
-        [ -x "$p" ] && { echo "$p"; return; }
+    for p in ${PYTHON_COMPAT:-} "$root"/versions/3.12*/bin/python3.12 "$(command -v python3.12 || true)"; do
+        if [ -n "$p" ] && "$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+            echo "$p"
+            return
+        fi
     done
     echo "no Python 3.12 found (set PYTHON_COMPAT, or install one with pyenv)" >&2
     exit 1
