@@ -82,6 +82,11 @@ def describe(label: str) -> str:
             "skipped": "overflow-skipped steps", "other": "other host time"}.get(label, label)
 
 
+def exact(x: Fraction) -> str:
+    """A Fraction as "n/d" (or "n"): the exact nanoseconds, so readers can check the parts' sum."""
+    return str(x)
+
+
 def _parts(w: waterfall.Waterfall, diffs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for lab, d in w.delta.items():
@@ -91,8 +96,7 @@ def _parts(w: waterfall.Waterfall, diffs: list[dict[str, Any]]) -> list[dict[str
         out.append({"label": lab, "what": describe(lab), "op": op, "role": role,
                     "baseline_ms": _ms(w.baseline.parts.get(lab, 0)),
                     "candidate_ms": _ms(w.candidate.parts.get(lab, 0)), "delta_ms": _ms(d),
-                    "delta_ns_exact": f"{d.numerator}/{d.denominator}" if d.denominator != 1
-                    else str(d.numerator), "config": keys})
+                    "delta_ns_exact": exact(d), "config": keys})
     return out
 
 
@@ -183,6 +187,7 @@ def build(a: Trace, b: Trace, unit: str = "auto") -> dict[str, Any]:
             "unit": unit, "cause": _cause(parts, ranks, unit)},
         "waterfall": {"unit": unit, "baseline_ms": _ms(w.baseline.total),
                       "candidate_ms": _ms(w.candidate.total), "total_ms": _ms(w.total),
+                      "total_ns_exact": exact(w.total),
                       "change_pct": _pct(float(w.baseline.total), float(w.candidate.total)),
                       "parts": parts},
         "by_rank": {str(r): {k: v for k, v in row.items()} for r, row in ranks.iterrows()},
