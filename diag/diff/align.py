@@ -83,12 +83,16 @@ def fold_layer(name: str) -> str:
 
 
 def units(trace: Trace) -> dict[str, float | None]:
-    """Median samples and tokens per step (global batch), None when the trace does not say."""
-    st = trace.steps
+    """Median samples and tokens per step (global batch) from the step records, else the log's
+    global batch size; None when the run does not say."""
+    st, log = trace.steps, trace.frame("log_step")
     out: dict[str, float | None] = {}
-    for col in ("samples", "tokens"):
+    for col, log_col in (("samples", "global_batch"), ("tokens", None)):
         v = pd.to_numeric(st[col], errors="coerce") if col in st.columns else pd.Series(dtype=float)
-        per_step = v.groupby(st["step"]).max() if len(v) and v.notna().any() else pd.Series(dtype=float)
+        steps = st["step"]
+        if not v.notna().any() and log_col and log_col in log.columns:
+            v, steps = pd.to_numeric(log[log_col], errors="coerce"), log["step"]
+        per_step = v.groupby(steps).max().dropna() if v.notna().any() else pd.Series(dtype=float)
         out[col] = float(per_step.median()) if len(per_step) else None
     return out
 

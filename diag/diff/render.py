@@ -36,11 +36,11 @@ def _side_line(name: str, s: dict[str, Any]) -> str:
 
 def headline(doc: dict[str, Any]) -> list[str]:
     h, w = doc["headline"], doc["waterfall"]
+    change = [f"{what} {h[key]:+.1f}%" for what, key in (("median", "median_change_pct"),
+              ("p90", "p90_change_pct"), ("throughput", "throughput_change_pct")) if h[key] is not None]
     lines = [_side_line("baseline", doc["baseline"]), _side_line("candidate", doc["candidate"]),
-             f"change: median {_signed(h['median_change_pct'], '+.1f')}%, p90 "
-             f"{_signed(h['p90_change_pct'], '+.1f')}%, throughput "
-             f"{_signed(h['throughput_change_pct'], '+.1f')}%; mean per {w['unit']} "
-             f"{w['baseline_ms']:.3f} -> {w['candidate_ms']:.3f} ms ({w['total_ms']:+.3f} ms)"]
+             f"change: {', '.join(change)}; mean per {w['unit']} {w['baseline_ms']:.3f} -> "
+             f"{w['candidate_ms']:.3f} ms ({w['total_ms']:+.3f} ms)"]
     lines += [f"cause: {c}" for c in h["cause"]]
     return lines
 

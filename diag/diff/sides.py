@@ -33,8 +33,8 @@ def load_side(label: str, paths: list[str]) -> Trace:
         trace = load_inputs(paths)
     except DiagError as e:
         raise DiagError(f"{label}: {e}") from None
-    if trace.problems:
-        raise DiagError(f"{label}: {trace.problems[0]}")
+    if trace.problems:  # analyze reads around a bad input; a diff of half a run would mislead
+        raise DiagError(f"{label}: {str(trace.problems[0]).removesuffix(' (skipped)')}")
     from diag.diff import adapter
 
     if adapter.step_times(trace).empty:

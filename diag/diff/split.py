@@ -131,12 +131,12 @@ def _windows(trace: Trace) -> pd.DataFrame:
 
 
 def _skipped(trace: Trace, w: pd.DataFrame) -> pd.Series:
-    """Steps whose update was not applied: the step record's flag, else the log's skipped count."""
+    """Steps whose update was not applied: the step record's flag, else the log's count of skipped
+    iterations (Megatron prints it per logging interval: > 0 marks the logged iteration)."""
     skipped = ~w["applied"].astype("boolean").fillna(True)
     log = trace.frame("log_step")
-    if "skipped" in log.columns and log["skipped"].notna().any():
-        inc = log.sort_values("step")["skipped"].astype(float).diff().fillna(0) > 0
-        bad = set(log.loc[inc[inc].index, "step"].astype(int))
+    if "skipped_iters" in log.columns and log["skipped_iters"].notna().any():
+        bad = set(log.loc[pd.to_numeric(log["skipped_iters"], errors="coerce") > 0, "step"].astype(int))
         skipped = skipped | w["step"].astype(int).isin(bad)
     return skipped.astype(bool)
 
