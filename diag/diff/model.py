@@ -74,6 +74,21 @@ def _per(trace: Trace, unit: str) -> float | None:
     return n
 
 
+def _per_units(a: Trace, b: Trace, pa: pd.DataFrame, pb: pd.DataFrame) -> dict[str, Any]:
+    """Mean time per step, and per sample / token where both runs record them."""
+    from diag.errors import DiagError
+
+    out = {}
+    for unit in waterfall.UNITS:
+        try:
+            sa, sb = waterfall.side(pa, _per(a, unit)), waterfall.side(pb, _per(b, unit))
+        except DiagError:
+            continue
+        out[unit] = {"baseline_ms": _ms(sa.total), "candidate_ms": _ms(sb.total),
+                     "change_pct": _pct(float(sa.total), float(sb.total))}
+    return out
+
+
 def describe(label: str) -> str:
     if label.startswith("comm:"):
         _, op, role = label.split(":", 2)
@@ -184,7 +199,7 @@ def build(a: Trace, b: Trace, unit: str = "auto") -> dict[str, Any]:
             "p90_change_pct": _pct(sa["steps"]["p90_ms"], sb["steps"]["p90_ms"]),
             "throughput_change_pct": _pct(sa["throughput"]["samples_per_s"],
                                           sb["throughput"]["samples_per_s"]),
-            "unit": unit, "cause": _cause(parts, ranks, unit)},
+            "unit": unit, "per_unit": _per_units(a, b, pa, pb), "cause": _cause(parts, ranks, unit)},
         "waterfall": {"unit": unit, "baseline_ms": _ms(w.baseline.total),
                       "candidate_ms": _ms(w.candidate.total), "total_ms": _ms(w.total),
                       "total_ns_exact": exact(w.total),

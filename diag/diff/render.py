@@ -41,6 +41,10 @@ def headline(doc: dict[str, Any]) -> list[str]:
     lines = [_side_line("baseline", doc["baseline"]), _side_line("candidate", doc["candidate"]),
              f"change: {', '.join(change)}; mean per {w['unit']} {w['baseline_ms']:.3f} -> "
              f"{w['candidate_ms']:.3f} ms ({w['total_ms']:+.3f} ms)"]
+    per = [f"per {u}: {v['baseline_ms']:.3f} -> {v['candidate_ms']:.3f} ms ({v['change_pct']:+.1f}%)"
+           for u, v in h["per_unit"].items() if u != "step" and v["change_pct"] is not None]
+    if per:
+        lines.append("; ".join(per))
     lines += [f"cause: {c}" for c in h["cause"]]
     return lines
 

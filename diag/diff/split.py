@@ -86,16 +86,14 @@ def rank_intervals(trace: Trace, rank: int) -> RankIntervals:
 def _step(iv: RankIntervals, start: int, stop: int) -> tuple[dict[str, int], bool]:
     """Labels of one step window; the bool says whether compute was recorded inside it."""
     parts: dict[str, int] = {}
-    claimed: list[adapter.Spans] = []
+    taken = adapter.union([], [])  # the union of everything claimed so far
 
     def claim(label: str, spans: adapter.Spans) -> None:
-        none = np.empty(0, np.int64)
-        taken = adapter.union(np.concatenate([none, *(c[0] for c in claimed)]),
-                              np.concatenate([none, *(c[1] for c in claimed)]))
+        nonlocal taken
         t = adapter.length(spans) - adapter.overlap(spans, taken)
         if t:
             parts[label] = parts.get(label, 0) + t
-        claimed.append(spans)
+        taken = adapter.union(np.concatenate([taken[0], spans[0]]), np.concatenate([taken[1], spans[1]]))
 
     for lab in iv.blocking:
         claim(lab.label, lab.clip(start, stop))

@@ -124,6 +124,9 @@ def test_a_different_batch_compares_per_sample():
     d = doc("zero3", "embedding_heavy")
     assert d["waterfall"]["unit"] == "sample" and d["headline"]["unit"] == "sample"
     assert (d["baseline"]["samples_per_step"], d["candidate"]["samples_per_step"]) == (8, 4)
+    assert set(d["headline"]["per_unit"]) == {"step", "sample"}  # no tokens recorded
+    per_sample = d["headline"]["per_unit"]["sample"]
+    assert per_sample["candidate_ms"] == pytest.approx(d["waterfall"]["candidate_ms"])
     per_step = doc("zero3", "embedding_heavy", "step")["waterfall"]
     assert d["waterfall"]["baseline_ms"] == pytest.approx(per_step["baseline_ms"] / 8)
     assert d["waterfall"]["candidate_ms"] == pytest.approx(per_step["candidate_ms"] / 4)
