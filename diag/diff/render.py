@@ -58,6 +58,12 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                           for p in w["parts"]]
                          + [["total", _f(w["baseline_ms"], ".3f"), _f(w["candidate_ms"], ".3f"),
                              _signed(w["total_ms"], "+.3f"), ""]])]
+    if len(doc["by_rank"]) > 1:
+        top = [p for p in sorted(w["parts"], key=lambda p: -abs(p["delta_ms"])) if p["delta_ms"]][:5]
+        out.append(("By rank (change, mean ms per step)",
+                    ["rank", *[p["what"] for p in top], "total"],
+                    [[r, *[_signed(v.get(p["label"]), "+.3f") for p in top], _signed(v["total"], "+.3f")]
+                     for r, v in doc["by_rank"].items()]))
     if doc["config"]:
         out.append(("Config differences", ["setting", "baseline", "candidate"],
                     [[c["key"], str(c["baseline"]), str(c["candidate"])] for c in doc["config"]]))
