@@ -16,6 +16,7 @@ from diag.diff.split import split
 from diag.report.model import plain, rows
 
 if TYPE_CHECKING:
+    from diag.analyzers.base import Finding
     from diag.trace.model import Trace
 
 SCHEMA = "diag.diff"
@@ -162,7 +163,9 @@ def _collectives(a: Trace, b: Trace) -> list[dict[str, Any]]:
 def _findings(a: Trace, b: Trace) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
     fa, fail_a = adapter.findings(a)
     fb, fail_b = adapter.findings(b)
-    short = [lambda f: {"rule": f.rule, "severity": f.severity, "title": f.title}][0]
+    def short(f: Finding) -> dict[str, Any]:
+        return {"rule": f.rule, "severity": f.severity, "title": f.title}
+
     ra, rb = {f.rule for f in fa}, {f.rule for f in fb}
     return ({"appeared": [short(f) for f in fb if f.rule not in ra],
              "resolved": [short(f) for f in fa if f.rule not in rb],

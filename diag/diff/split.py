@@ -1,13 +1,16 @@
 """Split every (rank, step) into where its time went, in integer nanoseconds that sum to the step.
 
 Inside a step's window [start, start + dur) each instant gets ONE label, by priority:
-1. a blocking collective (`comm:<op>:<role>`): the rank waits in it, whatever else runs;
+1. a blocking collective timed on the host (`comm:<op>:<role>`; CPU/gloo): the rank waits in it,
+   whatever else runs;
 2. compute: per-layer forward/backward records (diag traces) or compute kernels/ops (Kineto);
-3. a non-blocking collective, where no compute hides it (exposed communication);
+3. a non-blocking collective, or any collective timed on a GPU (NCCL kernels on their own stream),
+   where no compute hides it (exposed communication);
 4. the optimizer: `Optimizer.*` ops (Kineto);
-5. what is left: before the first compute `idle` (input wait), after the last compute `optimizer`
-   (diag traces record no optimizer event: the host work after backward is the optimizer step and
-   its bookkeeping), in between `other`.
+5. what is left: on a GPU timeline `idle` (the device waits for the host); on a host timeline,
+   before the first compute `idle` (input wait), after the last compute `optimizer` (diag traces
+   record no optimizer event: the host work after backward is the optimizer step and its
+   bookkeeping), in between `other`.
 A step the optimizer skipped (fp16 overflow) is all `skipped`. A step without per-layer records (diag
 samples layers every N steps) is estimated: compute and optimizer take the rank's median on sampled
 steps (capped by the time left outside collectives), the rest is `idle`; `sampled` says which.
@@ -51,6 +54,7 @@ class RankIntervals:
     compute: Labeled | None = None
     background: list[Labeled] = field(default_factory=list)
     optimizer: Labeled | None = None
+    on_device: bool = False  # a GPU timeline: a gap between kernels is the device idling
 
 
 def _labeled(label: str, df: pd.DataFrame, end: pd.Series | None = None) -> Labeled:
@@ -60,12 +64,24 @@ def _labeled(label: str, df: pd.DataFrame, end: pd.Series | None = None) -> Labe
     return Labeled(label, ts[order], stop[order])
 
 
+def device_timed(trace: Trace, rank: int) -> bool:
+    """Whether the rank's collectives are timed on a GPU (NCCL kernels, CUDA events): they run on
+    their own stream, so only the part no compute hides is exposed, blocking call or not."""
+    k = trace.frame("kernel")
+    if "kind" in k.columns and (k["rank"] == rank).any():
+        return True
+    m = trace.memory
+    dev = m.loc[m["rank"] == rank, "device"].dropna().astype(str) if "device" in m.columns else []
+    return any(d.startswith("cuda") for d in dev)
+
+
 def rank_intervals(trace: Trace, rank: int) -> RankIntervals:
     out = RankIntervals()
     comms = comm_roles(trace)
     mine = comms[(comms["rank"] == rank) & comms["dur"].notna() & comms["ts"].notna()]
+    out.on_device = device_timed(trace, rank)
     for (key, bg), df in mine.groupby(["key", "async_op"], observed=True, sort=True):
-        (out.background if bg else out.blocking).append(_labeled(f"comm:{key}", df))
+        (out.background if bg or out.on_device else out.blocking).append(_labeled(f"comm:{key}", df))
     layers = trace.layers
     layers = layers[(layers["rank"] == rank) & layers["dur"].notna()] if "ts" in layers else layers.iloc[:0]
     if len(layers):
@@ -104,13 +120,14 @@ def _step(iv: RankIntervals, start: int, stop: int) -> tuple[dict[str, int], boo
     if iv.optimizer is not None:
         claim(OPTIMIZER, iv.optimizer.clip(start, stop))
     sampled = len(comp[0]) > 0
-    if sampled:
+    if sampled and not iv.on_device:
         first, last = int(comp[0][0]), int(comp[1][-1])
         claim(IDLE, adapter.union([start], [first]))
         claim(OTHER if iv.optimizer is not None else OPTIMIZER, adapter.union([last], [stop]))
     rest = (stop - start) - sum(parts.values())
+    label = OTHER if sampled and not iv.on_device else IDLE
     if rest:
-        parts[OTHER if sampled else IDLE] = parts.get(OTHER if sampled else IDLE, 0) + rest
+        parts[label] = parts.get(label, 0) + rest
     return parts, sampled
 
 

@@ -131,3 +131,22 @@ def test_a_different_batch_compares_per_sample():
     assert d["waterfall"]["baseline_ms"] == pytest.approx(per_step["baseline_ms"] / 8)
     assert d["waterfall"]["candidate_ms"] == pytest.approx(per_step["candidate_ms"] / 4)
     assert [f["rule"] for f in d["findings"]["appeared"]] == ["embedding_comm"]
+
+
+def test_gpu_timeline_split_matches_the_temporal_breakdown():
+    """On GPU-shaped Kineto traces the steps' compute and communication add up to diag's (= HTA's)
+    temporal breakdown over the same kernels (all launched before the last step, which is cut)."""
+    from diag.importers import load_inputs
+    from diag.metrics import breakdown
+    from tests.unit.kineto_samples import GPU_RANKS
+
+    t = load_inputs(GPU_RANKS)
+    s = split.split(t)
+    assert split.device_timed(t, 0) and not split.device_timed(trace("healthy"), 0)
+    assert "other" not in s.columns  # a gap between kernels is the device idling
+    done = s[s["sampled"]].groupby("rank")
+    comm = [c for c in s.columns if c.startswith("comm:")]
+    want = breakdown.temporal_breakdown(t).set_index("rank")["compute_ns"]
+    assert done["compute"].sum().tolist() == want.tolist()
+    hidden = breakdown.comm_overlap(t).set_index("rank")
+    assert done[comm].sum().sum(axis=1).tolist() == (hidden["comm_ns"] - hidden["overlap_ns"]).tolist()
