@@ -1,5 +1,5 @@
 # make demo: install and run the 2-rank DeepSpeed demo.  make test: install and run the test suite.
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-compat lint bench
 
 setup: .venv/.installed
 
@@ -18,6 +18,17 @@ demo: setup
 test: setup .venv/.bench
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q
+
+# the second leg: the real-job tests on Python 3.12 with the newest torch, DeepSpeed and megatron-core
+COMPAT_TESTS = tests/integration tests/unit/test_comms_deepspeed.py tests/unit/test_overflow.py \
+	tests/unit/test_steps.py tests/unit/test_layers.py tests/unit/test_modules.py
+
+.venv-compat/.installed: pyproject.toml scripts/setup_compat.sh
+	./scripts/setup_compat.sh
+	touch $@
+
+test-compat: .venv-compat/.installed
+	.venv-compat/bin/python -m pytest -q $(COMPAT_TESTS)
 
 lint: setup
 	.venv/bin/ruff check .

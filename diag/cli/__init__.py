@@ -24,6 +24,7 @@ COMMANDS = {
     "stacks": "diag.cli.stacks",
     "top": "diag.cli.top",
     "analyze": "diag.cli.analyze",
+    "diff": "diag.cli.diff",
     "export": "diag.cli.export",
 }
 

@@ -1,7 +1,9 @@
 """Attach the diag agent to a running Python training job (a rank, or a torchrun/deepspeed launcher).
 
-Tries sys.remote_exec (Python 3.14+ targets), then ptrace injectors without gdb (diag's own, then
-pyinjector), then gdb batch mode; each queues the payload for the main thread's next safe point.
+Tries sys.remote_exec (Python 3.14+ targets), then diag's own ptrace injector: neither makes the
+stopped thread call malloc. pyinjector, hypno and gdb (which do, and can deadlock a rank stopped in
+malloc) run only when named with --method, with a warning. Each queues the payload for the main
+thread's next safe point.
 Given a launcher pid, attaches to every local rank under it, in parallel (each injection is a child
 process with a timeout, so one stuck rank cannot hang the command). The agent writes
 <trace-dir>/rank-NNNNN.jsonl and answers `diag status` / `diag detach` on a private socket.
@@ -27,10 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=None,
                         help="detach after this many seconds (default: stay attached)")
     parser.add_argument("--method", choices=METHODS, default=None,
-                        help="force one injection method (default: the first that works)")
+                        help="force one injection method (default: remote_exec, then ptrace)")
     parser.add_argument("--no-torch", action="store_true",
                         help="attach even if the target has not imported torch")
-    parser.add_argument("-v", "--verbose", action="store_true", help="say which method and latency")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="say each method tried, why it failed, which one worked and its latency")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         except DiagError as e:
             failed.append(str(e))
     for res in results:
+        if args.verbose:
+            for why in res.tried:
+                print(f"pid {res.pid}: method {why.replace(': ', ' failed or skipped: ', 1)}")
         print(_line(res, args.verbose, time.perf_counter() - t0))
         if res.warning:
             print(f"diag: warning: pid {res.pid}: {res.warning}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from diag.control.client import request
+from diag.errors import FAILURE, DiagError
 from diag.procs import ranks_under
 
 
@@ -13,9 +14,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for pid, rank in ranks_under(args.pid):
-        reply = request(pid, "detach")
+    errors = []
+    for pid, rank in ranks_under(args.pid):  # one rank that cannot answer does not keep the others
+        try:
+            reply = request(pid, "detach")
+        except DiagError as e:
+            errors.append(str(e))
+            continue
         who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
         failed = reply.get("undo_failed") or []
         print(f"detached from {who}" + (f"; could not undo: {', '.join(failed)}" if failed else ""))
+    if errors:
+        raise DiagError("; ".join(errors), FAILURE)
     return 0

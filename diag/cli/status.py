@@ -1,12 +1,23 @@
-"""List attached processes and, per collector, the events captured / dropped / failed so far."""
+"""List attached processes and, per collector, the events captured / dropped / failed so far.
+
+Every process is asked at once, each with a short deadline, and one that cannot answer (stopped,
+gone, hung) is reported on its own line without holding up or hiding the others."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from diag.control.client import attached_pids, request
+from diag.errors import FAILURE, DiagError
+from diag.inject.attach import sweep_expired
+from diag.inject.checks import status_fields
+
+TIMEOUT_S = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,14 +26,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    sweep_expired()  # payload files of attaches whose payload never ran (past their life)
     pids = [args.pid] if args.pid is not None else attached_pids()
-    if not pids:
-        print("no attached processes")
+    answers: list[tuple[dict[str, Any] | None, str | None]] = []
+    if pids:
+        with ThreadPoolExecutor(max_workers=min(16, len(pids))) as pool:
+            answers = list(pool.map(_ask, pids))
+    errors = [err for _, err in answers if err is not None]
+    if args.pid is not None and errors:
+        raise DiagError(errors[0], FAILURE)
+    try:
+        if not pids:
+            print("no attached processes")
+        for st, err in answers:
+            if st is not None:
+                print(json.dumps(st, default=str) if args.json else render(st))
+            else:
+                print(f"diag status: {err}", file=sys.stderr)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `diag status | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    for pid in pids:
-        st = request(pid, "status")
-        print(json.dumps(st, default=str) if args.json else render(st))
-    return 0
+    return FAILURE if errors else 0
+
+
+def _ask(pid: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(reply, None) or (None, why not): a stopped process is named at once, not waited for."""
+    state = (status_fields(pid) or {}).get("State", "")
+    if state[:1] in ("T", "t"):
+        return None, f"pid {pid} is stopped ({state}): it cannot answer until resumed (`kill -CONT {pid}`)"
+    try:
+        return request(pid, "status", timeout=TIMEOUT_S), None
+    except DiagError as e:
+        return None, str(e)
 
 
 def render(st: dict[str, Any]) -> str:

@@ -13,29 +13,37 @@ import socket
 import stat
 from typing import Any
 
+from diag.errors import FAILURE, DiagError
+
 MAX_LINE = 64 * 1024
 COMMANDS = ("status", "set-sampling", "snapshot", "detach")
 SOCKET_SUFFIX = ".sock"
 
 
-class UnsafeDirectory(OSError):
-    """The per-user directory exists but is not private: refusing to use it."""
+class UnsafeDirectory(DiagError, OSError):
+    """The per-user directory exists but is not private: refusing to use it (one line, exit 1)."""
 
 
 def runtime_dir(uid: int | None = None) -> str:
     """`$XDG_RUNTIME_DIR/diag` when that is ours, else `/tmp/diag-<uid>`; created 0700 and checked."""
     uid = os.getuid() if uid is None else uid
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = os.path.join(xdg, "diag") if xdg and os.path.isdir(xdg) else f"/tmp/diag-{uid}"
+    base = runtime_base(os.environ.get("XDG_RUNTIME_DIR"), uid)
     try:
         os.mkdir(base, 0o700)
     except FileExistsError:
         pass
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise UnsafeDirectory(f"{base} is not a private directory owned by uid {uid} "
-                              f"(mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid})")
+        raise UnsafeDirectory(f"{base} is not a private directory owned by uid {uid} (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}): another user may have "
+                              "created it; remove it, or point XDG_RUNTIME_DIR at a private directory "
+                              "(the job and diag must agree on it)", FAILURE)
     return base
+
+
+def runtime_base(xdg: str | None, uid: int) -> str:
+    """Where a process with this XDG_RUNTIME_DIR keeps its sockets (not created or checked)."""
+    return os.path.join(xdg, "diag") if xdg and os.path.isdir(xdg) else f"/tmp/diag-{uid}"
 
 
 def socket_path(pid: int, uid: int | None = None) -> str:
@@ -76,7 +84,11 @@ def read_message(sock: socket.socket) -> dict[str, Any]:
         buf += chunk
         if len(buf) > MAX_LINE:
             raise ValueError(f"message exceeds the {MAX_LINE}-byte limit")
-    line = bytes(buf).split(b"\n", 1)[0]
+    return decode(bytes(buf).split(b"\n", 1)[0])
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """One message line (without its newline) to a dict; ValueError when it is not a JSON object."""
     obj = json.loads(line)
     if not isinstance(obj, dict):
         raise ValueError("a message must be a JSON object")

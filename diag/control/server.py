@@ -2,20 +2,30 @@
 
 Runs on one daemon thread ("diag-control"). Only the fixed commands in `protocol.COMMANDS` exist;
 each request is one JSON line, the peer must be the same uid (or root), checked with SO_PEERCRED.
+No client can block it (issue 10: a byte a second held the old one-at-a-time loop forever, ten
+silent connections filled its backlog of 8): connections are accepted at once and read without
+blocking, side by side, each must finish its request within `CLIENT_DEADLINE_S`, and beyond
+`MAX_CLIENTS` the oldest is dropped, so a `status` or `detach` always gets through.
 Imports only the stdlib: it runs inside the training process.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import socket
 import struct
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from diag.control import protocol
 
 ACCEPT_POLL_S = 0.25
+CLIENT_DEADLINE_S = 2.0
+MAX_CLIENTS = 16
+BACKLOG = 64
 MAX_LAYERS_EVERY = 1_000_000
 
 
@@ -43,9 +53,9 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(tmp)
         os.chmod(tmp, 0o600)
-        sock.listen(8)
+        sock.listen(BACKLOG)
         os.replace(tmp, self.path)
-        sock.settimeout(ACCEPT_POLL_S)
+        sock.setblocking(False)
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name="diag-control", daemon=True)
         self._thread.start()
@@ -63,27 +73,84 @@ class ControlServer:
             pass
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
+        sel = selectors.DefaultSelector()
+        clients: dict[socket.socket, _Client] = {}
+        try:
+            sel.register(self._sock, selectors.EVENT_READ)  # type: ignore[arg-type]
+            while not self._stop.is_set():
+                now = time.monotonic()
+                wait = min([ACCEPT_POLL_S, *(c.deadline - now for c in clients.values())])
+                for key, _ in sel.select(max(wait, 0.0)):
+                    if key.fileobj is self._sock:
+                        self._accept(sel, clients)
+                    else:
+                        self._read(sel, clients, clients[key.fileobj])  # type: ignore[index]
+                now = time.monotonic()
+                for client in [c for c in clients.values() if c.deadline <= now]:
+                    self._finish(sel, clients, client, {"ok": False, "error": "request not complete "
+                                                        f"within {CLIENT_DEADLINE_S:.0f} s"})
+        except (OSError, ValueError):
+            return  # the listening socket was closed under us: stopping
+        finally:
+            for client in list(clients.values()):
+                self._finish(sel, clients, client, None)
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector, clients: dict[socket.socket, _Client]) -> None:
+        while True:
             try:
                 conn, _ = self._sock.accept()  # type: ignore[union-attr]
-            except TimeoutError:
-                continue
-            except OSError:
+            except (BlockingIOError, InterruptedError):
                 return
-            with conn:
-                self._one(conn)
-
-    def _one(self, conn: socket.socket) -> None:
-        conn.settimeout(2.0)
-        try:
+            conn.setblocking(False)
+            client = _Client(conn, time.monotonic() + CLIENT_DEADLINE_S)
             uid = peer_uid(conn)
             if uid not in (os.getuid(), 0):
-                conn.sendall(protocol.encode({"ok": False, "error": f"uid {uid} not allowed"}))
-                return
-            reply = self.handle(protocol.read_message(conn))
-        except Exception as exc:  # noqa: BLE001 - a bad client never hurts the job
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                self._reply(conn, {"ok": False, "error": f"uid {uid} not allowed"})
+                conn.close()
+                continue
+            if len(clients) >= MAX_CLIENTS:  # the oldest idle client makes room
+                oldest = min(clients.values(), key=lambda c: c.deadline)
+                self._finish(sel, clients, oldest, {"ok": False, "error": "too many clients"})
+            clients[conn] = client
+            sel.register(conn, selectors.EVENT_READ)
+
+    def _read(self, sel: selectors.BaseSelector, clients: dict[socket.socket, _Client],
+              client: _Client) -> None:
         try:
+            chunk = client.conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        client.buf += chunk
+        if len(client.buf) > protocol.MAX_LINE:
+            reply = {"ok": False, "error": f"ValueError: message exceeds the {protocol.MAX_LINE}-byte limit"}
+        elif b"\n" not in client.buf and chunk:
+            return
+        else:
+            try:
+                reply = self.handle(protocol.decode(bytes(client.buf).split(b"\n", 1)[0]))
+            except Exception as exc:  # noqa: BLE001 - a bad client never hurts the job
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        self._finish(sel, clients, client, reply)
+
+    def _finish(self, sel: selectors.BaseSelector, clients: dict[socket.socket, _Client],
+                client: _Client, reply: dict[str, Any] | None) -> None:
+        clients.pop(client.conn, None)
+        try:
+            sel.unregister(client.conn)
+        except (KeyError, ValueError, OSError):
+            pass
+        if reply is not None:
+            self._reply(client.conn, reply)
+        client.conn.close()
+
+    @staticmethod
+    def _reply(conn: socket.socket, reply: dict[str, Any]) -> None:
+        """Replies are small (well under a socket buffer): sent whole, or dropped."""
+        try:
+            conn.settimeout(0.5)
             conn.sendall(protocol.encode(reply))
         except (OSError, ValueError):
             pass
@@ -108,6 +175,13 @@ class ControlServer:
             failed = agent_module.stop() if agent_module.current() is self.agent else self.agent.stop()
             return {"ok": True, "undo_failed": failed}
         return {"ok": False, "error": f"unknown command {cmd!r}; one of {', '.join(protocol.COMMANDS)}"}
+
+
+@dataclass(eq=False)
+class _Client:
+    conn: socket.socket
+    deadline: float
+    buf: bytearray = field(default_factory=bytearray)
 
 
 def _rank() -> int | None:

@@ -1,10 +1,13 @@
 """Getting the agent into a live Python process: preflight checks, the payload, the injectors.
 
-`inject(pid, code, method)` tries the strategies in order (sys.remote_exec on 3.14+, a ptrace
-injector without gdb, gdb batch mode) and reports which one worked, how long it took, and any risk
-it had to take (a warning). Every strategy only hands the code to the interpreter's own safe point
-(remote_exec, Py_AddPendingCall); only `hypno`, or pyinjector without a C compiler, runs it from the
-ptrace-stopped thread.
+`inject(pid, code, method)` tries, unless a method is named, only the strategies that cannot deadlock
+a target stopped inside malloc: sys.remote_exec (3.14+), then diag's raw ptrace injector (no malloc
+in the stopped thread). pyinjector and hypno make the stopped thread dlopen (which mallocs: it
+deadlocked a real Megatron rank, issue 9), and gdb's inferior call strdup()s the payload: those run
+only when asked for by name, with a warning. It reports which one worked, how long it took, every
+method tried before it and why it failed, and any risk it took (a warning). Every strategy only
+hands the code to the interpreter's own safe point (remote_exec, Py_AddPendingCall); only `hypno`,
+or pyinjector without a C compiler, runs it from the ptrace-stopped thread.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from diag.errors import FAILURE, DiagError
 from diag.inject.checks import Target
 
 METHODS = ("remote_exec", "ptrace", "pyinjector", "hypno", "gdb")
-AUTO_ORDER = ("remote_exec", "ptrace", "pyinjector", "gdb")  # hypno takes the GIL: by request only
+AUTO_ORDER = ("remote_exec", "ptrace")  # no malloc in the stopped thread
+MALLOC_RISK = ("makes the ptrace-stopped thread call malloc (dlopen/strdup), which deadlocks the "
+               "rank if it was stopped inside malloc; the automatic order uses only remote_exec and ptrace")
 
 
 class InjectFailed(Exception):
@@ -38,9 +43,11 @@ def _injector(method: str) -> Callable[[Target, str], str | None]:
     return fn
 
 
-def inject(target: Target, code: str, method: str | None = None) -> tuple[str, float, str | None]:
-    """Hand `code` to the target; returns (method used, seconds, warning). Failures are named."""
-    tried: list[str] = []
+def inject(target: Target, code: str, method: str | None = None,
+           tried: list[str] | None = None) -> tuple[str, float, str | None]:
+    """Hand `code` to the target; returns (method used, seconds, warning). Each method that failed
+    before is appended to `tried` as "method: why"; all of them are named when none worked."""
+    tried = [] if tried is None else tried
     for name in (method,) if method else AUTO_ORDER:
         t0 = time.perf_counter()
         try:
@@ -48,5 +55,9 @@ def inject(target: Target, code: str, method: str | None = None) -> tuple[str, f
         except InjectFailed as e:
             tried.append(f"{name}: {e}")
             continue
+        if name not in AUTO_ORDER:
+            warning = "; ".join(w for w in (f"--method {name} {MALLOC_RISK}", warning) if w)
         return name, time.perf_counter() - t0, warning
-    raise DiagError(f"could not inject into pid {target.pid}: " + "; ".join(tried), FAILURE)
+    hint = "" if method else (" (pyinjector, hypno and gdb, which can deadlock a rank stopped in malloc, "
+                              "run only when named with --method)")
+    raise DiagError(f"could not inject into pid {target.pid}: " + "; ".join(tried) + hint, FAILURE)

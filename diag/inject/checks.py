@@ -28,7 +28,8 @@ class Target:
 
 
 def inspect(pid: int, need_torch: bool = True) -> Target:
-    """Check that `pid` is our own live Python >= 3.10 process (with torch imported, by default)."""
+    """Check that `pid` is our own live Python >= 3.10 process (with torch imported, by default),
+    not stopped and not traced by someone else."""
     try:
         st = os.stat(f"/proc/{pid}")
     except FileNotFoundError:
@@ -36,6 +37,9 @@ def inspect(pid: int, need_torch: bool = True) -> Target:
     if st.st_uid != os.getuid():
         raise DiagError(f"pid {pid} belongs to another user (uid {st.st_uid}); attach as that user",
                         FAILURE)
+    why = not_attachable(pid)
+    if why is not None:
+        raise DiagError(why, FAILURE)
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
@@ -62,10 +66,57 @@ def python_version(exe: str, maps: str) -> tuple[int, int] | None:
         return int(m.group(1)), int(m.group(2))
     if not os.path.basename(exe).startswith("python"):
         return None
-    out = subprocess.run([exe, "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
+    out = subprocess.run([exe, "-I", "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
                          capture_output=True, text=True, timeout=10, check=False).stdout
     m = _VERSION.search(out)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def not_attachable(pid: int) -> str | None:
+    """Why a process that exists cannot be attached now, from /proc/<pid>/status: exited but not
+    reaped, stopped, or already traced (each used to surface as a misleading error later)."""
+    fields = status_fields(pid)
+    if fields is None:
+        return f"no such process: {pid}"
+    state = fields.get("State", "")
+    if state[:1] in ("Z", "X"):
+        return f"pid {pid} has exited ({state}; its parent has not reaped it yet)"
+    tracer = fields.get("TracerPid", "0")
+    if tracer not in ("0", ""):
+        return (f"pid {pid} is already traced by pid {tracer} ({_name(tracer)}): a debugger or strace; "
+                "only one tracer at a time, detach it first")
+    if state[:1] in ("T", "t"):
+        return (f"pid {pid} is stopped ({state}): its Python code cannot run; resume it with "
+                f"`kill -CONT {pid}`, then attach")
+    return None
+
+
+def runtime_dir_mismatch(pid: int) -> str | None:
+    """The agent puts its socket under the target's own XDG_RUNTIME_DIR: when that differs from
+    ours, attach would inject an agent it can never reach (and status would not list it)."""
+    from diag.control import protocol
+
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return None
+    raw = env.get(b"XDG_RUNTIME_DIR")
+    theirs = protocol.runtime_base(raw.decode(errors="replace") if raw else None, os.getuid())
+    ours = protocol.runtime_base(os.environ.get("XDG_RUNTIME_DIR"), os.getuid())
+    if theirs == ours:
+        return None
+    fix = f"XDG_RUNTIME_DIR={raw.decode(errors='replace')}" if raw else "XDG_RUNTIME_DIR unset"
+    return (f"pid {pid} keeps diag's sockets in {theirs}, this shell in {ours}: run diag with "
+            f"{fix}, as the job has it")
+
+
+def _name(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def ptrace_hint(scope_file: str = PTRACE_SCOPE, status_file: str = "/proc/self/status") -> str:
@@ -95,3 +146,26 @@ def _has_cap_sys_ptrace(status_file: str) -> bool:
     except (OSError, ValueError):
         pass
     return False
+
+
+def status_fields(pid: int) -> dict[str, str] | None:
+    """/proc/<pid>/status as a dict (State, TracerPid, ...), None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+
+
+def describe_state(pid: int) -> str:
+    """What became of the target after an injector went away abnormally, for the error line."""
+    fields = status_fields(pid)
+    if fields is None:
+        return f"pid {pid} has exited"
+    state = fields.get("State", "?")
+    if state[:1] in ("T", "t"):
+        return f"pid {pid} is left stopped ({state}): resume it with `kill -CONT {pid}`"
+    if state[:1] in ("Z", "X"):
+        return f"pid {pid} has exited ({state})"
+    return f"pid {pid} is running ({state})"

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import traceback
 from typing import Any
 
 import diag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(diag.__file__)))
+QUEUED_LIFE_S = 600.0  # a payload that runs later than this after attach starts nothing
 
 
 def write_options(pid: int, options: dict[str, Any]) -> str:
@@ -49,9 +51,15 @@ def boot(options_file: str) -> None:
 
 def _start(options_file: str) -> None:
     try:
-        with open(options_file, encoding="utf-8") as f:
-            opts = json.load(f)
+        try:
+            with open(options_file, encoding="utf-8") as f:
+                expired = time.time() - os.fstat(f.fileno()).st_mtime > QUEUED_LIFE_S
+                opts = json.load(f)
+        except FileNotFoundError:
+            return  # expired and swept by a later attach: the user was told it would not start
         os.unlink(options_file)
+        if expired:
+            return
         running = start_agent(opts)
         if not os.path.exists(_socket()):
             raise RuntimeError(f"control socket missing: {running.error_messages}")

@@ -19,17 +19,17 @@ import subprocess
 import sys
 
 from diag.control import protocol
-from diag.inject import InjectFailed, native
-from diag.inject.checks import Target, ptrace_hint
+from diag.inject import InjectFailed, helper, native
+from diag.inject.checks import Target, describe_state, ptrace_hint
 
 TIMEOUT_S = 20.0
+GRACE_S = 3.0
+RAW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raw.py")
 GIL_RISK = ("takes the GIL from the ptrace-stopped thread, which can deadlock the rank if it was "
             "stopped inside the interpreter's GIL handoff")
 RUNNER = """import sys
-try:
-    import pyinjector
-except ImportError:
-    sys.exit('the pyinjector package is not installed (pip install diag[attach])')
+sys.path.append(sys.argv[3])
+import pyinjector
 try:
     pyinjector.inject(int(sys.argv[1]), sys.argv[2], uninject=True)
 except Exception as e:
@@ -39,12 +39,17 @@ except Exception as e:
 
 def inject_raw(target: Target, code: str) -> str | None:
     """diag's own ptrace injector (raw.py): no dlopen, no malloc in the stopped thread."""
+    try:
+        cmd = helper.script_command(RAW, str(target.pid))
+    except helper.Untrusted as e:
+        raise InjectFailed(str(e)) from None
     path = protocol.write_private(f"inject-{target.pid}-{os.urandom(8).hex()}.py", code.encode())
     try:
-        _child(["-m", "diag.inject.raw", str(target.pid), path], "the ptrace injector")
+        stderr = _child([*cmd, path], "the ptrace injector", target.pid)
     finally:
         os.unlink(path)
-    return None
+    warnings = [ln.removeprefix("warning: ") for ln in stderr.splitlines() if ln.startswith("warning: ")]
+    return "; ".join(warnings) or None
 
 
 def inject_pyinjector(target: Target, code: str) -> str | None:
@@ -74,24 +79,38 @@ def _hypno_lib(code: str) -> bytes:
 
 def _run(pid: int, lib: bytes) -> None:
     """Inject `lib` from a private 0600 copy (never /tmp), in a child process with a timeout."""
+    try:
+        where = helper.package_dir("pyinjector")
+    except helper.Untrusted as e:
+        raise InjectFailed(f"{e} (pip install diag[attach])") from None
     path = protocol.write_private(f"inject-{pid}-{os.urandom(8).hex()}.so", lib)
     try:
-        _child(["-c", RUNNER, str(pid), path], "pyinjector")
+        _child([sys.executable, *helper.ISOLATED, "-c", RUNNER, str(pid), path, where], "pyinjector", pid)
     finally:
         os.unlink(path)
 
 
-def _child(args: list[str], what: str) -> None:
-    """Run an injector in a child interpreter (this one: the raw injector needs its libpython)."""
+def _child(cmd: list[str], what: str, pid: int) -> str:
+    """Run an injector in an isolated child interpreter (this one: the raw injector needs its libc
+    and libpython offsets). On timeout it gets SIGTERM first, so it can put the target's registers
+    back and detach; only then SIGKILL."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run([sys.executable, "-S", *args], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, check=False,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        _, stderr = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise InjectFailed(f"{what} did not return within {TIMEOUT_S:.0f} s (killed; the target "
-                           "may be left stopped: check it with `diag stacks`)") from None
+        proc.terminate()
+        try:
+            proc.communicate(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise InjectFailed(f"{what} did not return within {TIMEOUT_S:.0f} s (stopped it); "
+                           f"{describe_state(pid)}") from None
+    if proc.returncode < 0:  # killed by a signal (not ours): the target's state is what matters
+        raise InjectFailed(f"{what} was killed by signal {-proc.returncode}; {describe_state(pid)}")
     if proc.returncode != 0:
-        err = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        err = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         if "PermissionError" in err or "ermission" in err or "not permitted" in err:
             raise InjectFailed(f"ptrace not permitted: {ptrace_hint()}")
         raise InjectFailed(err[:300])
+    return stderr

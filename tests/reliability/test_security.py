@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -184,3 +185,49 @@ def test_trace_files_are_created_0600(tmp_path) -> None:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+
+
+def test_a_client_sending_a_byte_a_second_does_not_hold_the_server(served) -> None:
+    """Issue 10: the old loop served one connection at a time with a per-recv timeout, so a byte
+    every second held it forever and `diag status` gave up."""
+    _, path = served
+    with socket.socket(socket.AF_UNIX) as slow:
+        slow.connect(path)
+        t0 = time.monotonic()
+        cut = None
+        while time.monotonic() - t0 < 6:
+            try:
+                slow.sendall(b" ")
+            except OSError:
+                cut = time.monotonic() - t0
+                break
+            t1 = time.monotonic()
+            assert request(os.getpid(), "status", timeout=3)["ok"]
+            assert time.monotonic() - t1 < 2
+            time.sleep(0.5)
+        if cut is None:  # the server may close without our write failing yet: the reply says so
+            slow.settimeout(5)
+            reply = slow.recv(65536)
+            assert not reply or b"not complete" in reply, reply
+        else:
+            assert cut < 5
+
+
+def test_many_silent_connections_neither_block_status_nor_detach(served) -> None:
+    """Issue 10: ten silent connections filled the backlog of 8; status and detach got EAGAIN."""
+    _, path = served
+    idle = []
+    try:
+        for _ in range(24):  # more than the old backlog and than MAX_CLIENTS
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(5)
+            s.connect(path)
+            idle.append(s)
+        t0 = time.monotonic()
+        assert request(os.getpid(), "status", timeout=3)["ok"]
+        assert request(os.getpid(), "detach", timeout=3)["ok"]
+        assert time.monotonic() - t0 < 3
+        assert agent.current() is None and not os.path.exists(path)
+    finally:
+        for s in idle:
+            s.close()

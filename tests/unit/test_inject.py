@@ -124,3 +124,47 @@ def test_ranks_under_a_launcher_are_its_topmost_rank_processes():
             child.kill()
         launcher.kill()
         launcher.wait()
+
+
+def test_the_automatic_order_never_uses_an_injector_that_mallocs_in_the_stopped_thread():
+    """pyinjector's dlopen deadlocked a real rank stopped inside malloc (issue 9): it, hypno and gdb
+    (strdup) run only when named; every method tried is named with why it failed."""
+    from diag.inject import AUTO_ORDER, inject
+
+    assert set(AUTO_ORDER) == {"remote_exec", "ptrace"}
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tried: list[str] = []
+    with pytest.raises(DiagError) as err:
+        inject(checks.Target(dead.pid, sys.executable, sys.version_info[:2], False), "pass", None, tried)
+    assert [t.split(":")[0] for t in tried] == ["remote_exec", "ptrace"]
+    assert "needs 3.14+" in tried[0] and "only when named with --method" in str(err.value)
+    assert "pyinjector:" not in str(err.value) and "gdb:" not in str(err.value)
+
+
+def test_expired_or_orphaned_payload_files_are_swept(tmp_path):
+    from diag.inject.attach import sweep_expired
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    base = protocol.runtime_dir()
+    names = {"young": f"attach-{os.getpid()}-aa.json", "old": f"inject-{os.getpid()}-bb.py",
+             "orphan": f"attach-{dead.pid}-cc.json", "other": f"{os.getpid()}.sock.x"}
+    for n in names.values():
+        open(os.path.join(base, n), "w").close()
+    old = time.time() - payload.QUEUED_LIFE_S - 5
+    os.utime(os.path.join(base, names["old"]), (old, old))
+    removed = {os.path.basename(p) for p in sweep_expired()}
+    assert removed == {names["old"], names["orphan"]}
+    assert sorted(os.listdir(base)) == sorted([names["young"], names["other"]])
+
+
+def test_a_payload_that_runs_after_its_life_starts_nothing(tmp_path):
+    opts = payload.write_options(os.getpid(), {"trace_dir": str(tmp_path / "t"), "what": "steps"})
+    old = time.time() - payload.QUEUED_LIFE_S - 5
+    os.utime(opts, (old, old))
+    payload._start(opts)
+    assert agent.current() is None and not os.path.exists(opts)
+    assert not os.path.exists(payload.error_file(os.getpid()))
+    payload._start(opts)  # swept before it ran: nothing, not even an error file
+    assert agent.current() is None and not os.path.exists(payload.error_file(os.getpid()))

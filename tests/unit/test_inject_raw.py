@@ -29,7 +29,7 @@ PAYLOAD = ("import threading\nopen({out!r},'a').write('m' if threading.current_t
            "threading.main_thread() else 'x')\n")
 
 
-def test_twenty_injections_each_run_once_on_the_main_thread(tmp_path):
+def test_twenty_injections_each_run_once_on_the_main_thread(tmp_path, capfd):
     out = str(tmp_path / "ran")
     child = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)
     try:
@@ -47,6 +47,7 @@ def test_twenty_injections_each_run_once_on_the_main_thread(tmp_path):
             __import__("time").sleep(0.01)
         assert open(out).read() == "m" * 20
         assert child.poll() is None
+        assert "warning" not in capfd.readouterr().err  # the trampoline restored every register
     finally:
         child.kill()
         child.wait()
