@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from diag.importers.kineto_names import canonical_op
 from diag.metrics import bandwidth, intervals
 from diag.metrics.breakdown import cached
+from diag.vocab import canonical_op
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -164,10 +164,6 @@ def by_rank(values: pd.Series, cast: type = float) -> dict[int, Any]:
     return {int(r): cast(v) for r, v in values.items()}
 
 
-def hosts(trace: Trace) -> dict[int, str]:
-    return {r: str(h.get("host") or "?") for r, h in trace.headers.items()}
-
-
 def spans_hosts(ranks: Any, host_of: dict[int, str]) -> bool:
     """Does a group (list of global ranks) include ranks on more than one host?"""
     if ranks is None or isinstance(ranks, float):
@@ -201,13 +197,14 @@ def zero_stage(trace: Trace) -> int:
 
 
 def setting(trace: Trace, key: str) -> Any:
-    """A ZeRO / fp16 setting as the job ran it: effective config, then ds_config, then code default."""
+    """A ZeRO / fp16 setting as the job ran it: effective config, then ds_config, then code default
+    (a key present but null counts as absent), so rules need no fallback of their own."""
     zc = zero_config(trace)
     for name in (key, key.removeprefix("stage3_")):  # the engine's dump uses field names, not aliases
         if zc.get(name) is not None:
             return zc[name]
     fp16 = ds_config(trace).get("fp16")
-    if isinstance(fp16, dict) and key in fp16:
+    if isinstance(fp16, dict) and fp16.get(key) is not None:
         return fp16[key]
     if key == "overlap_comm":
         return zero_stage(trace) == 3  # the code default: true only for stage 3

@@ -45,12 +45,12 @@ def timeline_exposed(trace: Trace) -> pd.DataFrame | None:
 def _fixes(trace: Trace) -> list[Fix]:
     stage = common.zero_stage(trace)
     zero: dict[str, object] = {"overlap_comm": True, "contiguous_gradients": True,
-                               "reduce_bucket_size": int(common.setting(trace, "reduce_bucket_size") or 5e8)}
+                               "reduce_bucket_size": int(common.setting(trace, "reduce_bucket_size"))}
     if stage == 3:
         prefetch = float(common.setting(trace, "stage3_prefetch_bucket_size"))
         zero["stage3_prefetch_bucket_size"] = int(4 * prefetch)
     else:
-        zero["allgather_bucket_size"] = int(common.setting(trace, "allgather_bucket_size") or 5e8)
+        zero["allgather_bucket_size"] = int(common.setting(trace, "allgather_bucket_size"))
     now = "on" if common.setting(trace, "overlap_comm") else "off (the code default below stage 3)"
     return [Fix(f"overlap gradient reduction with backward (overlap_comm is {now}) and reduce in large "
                 "contiguous buckets", ds_config={"zero_optimization": zero}),

@@ -36,8 +36,8 @@ def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fixes(trace: Trace) -> list[Fix]:
-    power = int(common.setting(trace, "initial_scale_power") or 16)
-    window = int(common.setting(trace, "loss_scale_window") or 1000)
+    power = int(common.setting(trace, "initial_scale_power"))
+    window = int(common.setting(trace, "loss_scale_window"))
     return [
         Fix("on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss scaling",
             ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}}),
@@ -63,7 +63,7 @@ def overflow_storm(trace: Trace) -> list[Finding]:
     post = after_calibration(df)
     n_over = int(post["overflow"].sum())
     rate = n_over / max(len(post), 1)
-    floor = max(COLLAPSE_SCALE, float(common.setting(trace, "min_loss_scale") or 1))
+    floor = max(COLLAPSE_SCALE, float(common.setting(trace, "min_loss_scale")))
     min_scale = float(df["scale"].min()) if df["scale"].notna().any() else None
     collapsed = min_scale is not None and min_scale <= floor
     if not collapsed and (n_over < MIN_OVERFLOWS or rate < RATE):

@@ -36,7 +36,7 @@ def tiny_collectives(trace: Trace) -> list[Finding]:
     rows = c[tiny]
     zero: dict[str, object] = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
     if common.zero_stage(trace) == 3:
-        thr = float(common.setting(trace, "stage3_param_persistence_threshold") or 1e5)
+        thr = float(common.setting(trace, "stage3_param_persistence_threshold"))
         zero = {"stage3_param_persistence_threshold": int(max(thr * 10, 1e6)),
                 "stage3_prefetch_bucket_size":
                     int(4 * float(common.setting(trace, "stage3_prefetch_bucket_size")))}

@@ -33,7 +33,7 @@ def tp_cross_node(trace: Trace) -> list[Finding]:
     group on one node (Megatron's default rank order does this when TP divides GPUs per node).
     recoverable_s: TP-group communication time on those groups per step (upper bound)."""
     tp = int(trace.layout().get("tp") or 1)
-    host_of = common.hosts(trace)
+    host_of = trace.hosts()
     if tp <= 1 or len(set(host_of.values())) < 2:
         return []
     bad = [g for g in tp_groups(trace, tp) if common.spans_hosts(list(g), host_of)]

@@ -25,7 +25,7 @@ def nominal_link_gbs(trace: Trace) -> float:
 
 
 def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
-    prefetch = float(common.setting(trace, "stage3_prefetch_bucket_size") or 5e7)
+    prefetch = float(common.setting(trace, "stage3_prefetch_bucket_size"))
     return [
         Fix("ZeRO++: quantize weights and gradients on the wire"
             + (" and keep a node-local copy of the parameters (hpZ)" if gpus_per_node > 1 else ""),
@@ -53,7 +53,7 @@ def zero3_slow_link(trace: Trace) -> list[Finding]:
     if common.zero_stage(trace) != 3:
         return []
     c = common.comms(trace)
-    host_of = common.hosts(trace)
+    host_of = trace.hosts()
     if c.empty or len(set(host_of.values())) < 2:
         return []
     cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: common.spans_hosts(g, host_of))

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.importers.kineto_names import COMM, COMPUTE
-from diag.metrics import intervals
+from diag.metrics import bandwidth, intervals
 from diag.metrics.activity import activity
+from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -90,20 +90,20 @@ def comm_overlap(trace: Trace) -> pd.DataFrame:
 
 @cached
 def collective_stats(trace: Trace) -> pd.DataFrame:
-    """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw with nccl-tests factors,
-    from total bytes over total time)."""
+    """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
+    bus bytes, each call's with its group's nccl-tests factor, over total time)."""
     c = trace.comms
     if c.empty:
         return pd.DataFrame(columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes",
                                      "algbw", "busbw"])
-    g = c.assign(op=c["op"].astype(str)).groupby(["rank", "op"], observed=True)
+    c = c.assign(op=c["op"].astype(str), bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]))
+    g = c.groupby(["rank", "op"], observed=True)
     df = g.agg(calls=("dur", "size"), time_ns=("dur", "sum"), bytes=("bytes", "sum"),
-               group_size=("group_size", "max")).reset_index()
+               group_size=("group_size", "max"), bus_bytes=("bus_bytes", "sum")).reset_index()
     df["mean_bytes"] = df["bytes"] / df["calls"]
-    df["algbw"] = df["bytes"] / df["time_ns"].where(df["time_ns"] > 0)
-    df["busbw"] = df["algbw"] * [schema.bus_factor(o, int(n or 0)) for o, n in
-                                 zip(df["op"], df["group_size"])]
-    return df.fillna({"algbw": 0.0, "busbw": 0.0})
+    df["algbw"] = [schema.bus_bandwidth(b, t) for b, t in zip(df["bytes"], df["time_ns"])]
+    df["busbw"] = [schema.bus_bandwidth(b, t) for b, t in zip(df["bus_bytes"], df["time_ns"])]
+    return df.drop(columns="bus_bytes")
 
 
 @cached

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diag import schema
-from diag.importers.kineto_names import canonical_op
 from diag.metrics import bandwidth, intervals
+from diag.vocab import canonical_op
 from tests.unit.synth_trace import MS, T0, Job
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "barrier"]
@@ -105,3 +105,17 @@ def test_one_op_table_for_collector_importers_and_rules(name, op):
     and every point-to-point spelling lands in `common.P2P` (the pipeline-bubble rule's selection)."""
     assert canonical_op(name) == op
     assert (op in common.P2P) == any(w in name.lower() for w in ("send", "recv"))
+
+
+def test_setting_fills_code_defaults_for_absent_and_null_keys():
+    """Rules read settings without fallbacks of their own: a key the config leaves null is absent."""
+    from diag.trace.model import Trace
+
+    tr = Trace(headers={0: {"zero_stage": 2, "ds_config": {"fp16": {"initial_scale_power": None,
+                                                                    "loss_scale_window": 500}},
+                            "zero_config": {"reduce_bucket_size": None, "allgather_bucket_size": 2e8}}})
+    assert common.setting(tr, "initial_scale_power") == common.DS_DEFAULTS["initial_scale_power"]
+    assert common.setting(tr, "loss_scale_window") == 500
+    assert common.setting(tr, "reduce_bucket_size") == common.DS_DEFAULTS["reduce_bucket_size"]
+    assert common.setting(tr, "allgather_bucket_size") == 2e8
+    assert common.setting(tr, "overlap_comm") is False  # the code default below stage 3
