@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
 
 from diag import schema
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -111,7 +112,7 @@ def embedding_comm(trace: Trace) -> list[Finding]:
     modules = named.groupby(named["module"].astype(str))["dur_s"].sum().sort_values(ascending=False)
     ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
     return [Finding(
-        rule="embedding_comm", severity="warning",
+        severity="warning",
         title=f"embedding/output-layer collectives take {emb_s / step_s:.0%} of each step",
         detail=(f"{emb_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step is communication issued by "
                 f"{', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes communicated)."),

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
 
+from diag.findings import Finding, Fix
 from diag.metrics import breakdown
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def exposed_comm(trace: Trace) -> list[Finding]:
     worst = bad["share"].idxmax()
     exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
     return [Finding(
-        rule="exposed_comm", severity="warning",
+        severity="warning",
         title=f"{exp_s / step_s:.0%} of each step waits on communication (rank {worst})",
         detail=(f"rank {worst} spends {exp_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step blocked in "
                 "collectives that no compute overlaps."),

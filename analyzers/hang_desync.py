@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -69,7 +71,7 @@ def hang_desync(trace: Trace) -> list[Finding]:
     what = ("ranks stopped emitting" if stopped else "ranks diverged in their collectives" if diverged
             else "ranks fell behind")
     return [Finding(
-        rule="hang_desync", severity="critical", title=f"hang or desync: {what} ({ranks})",
+        severity="critical", title=f"hang or desync: {what} ({ranks})",
         detail="ranks disagree on where they are: a hang, a crash, or a rank-dependent collective",
         evidence={"last_seen_s_before_end": {int(r): (seen.max() - t) / common.NS for r, t in seen.items()},
                   "max_step": common.by_rank(max_step, int),

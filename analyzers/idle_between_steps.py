@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -54,7 +56,7 @@ def idle_between_steps(trace: Trace) -> list[Finding]:
         return []
     gap = float(bad["gap_s"].median())
     return [Finding(
-        rule="idle_between_steps", severity="warning",
+        severity="warning",
         title=f"{bad['share'].max():.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
         detail="nothing runs between one optimizer step and the next forward: the input pipeline is late",
         evidence={"gap_s": common.by_rank(med["gap_s"]),

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
 from diag.analyzers.common import zero_stage
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -63,7 +65,7 @@ def memory_pressure(trace: Trace) -> list[Finding]:
     if not near.empty:
         share = float((near["peak"] / near["cap"]).max())
         out.append(Finding(
-            rule="memory_pressure", severity="critical" if share >= 0.97 else "warning",
+            severity="critical" if share >= 0.97 else "warning",
             title=f"device memory peaks at {share:.0%} of capacity",
             detail="an allocation spike or a longer sequence will hit out-of-memory",
             evidence={"peak_bytes": {int(r): int(p) for r, p in zip(near["rank"], near["peak"])},
@@ -74,7 +76,7 @@ def memory_pressure(trace: Trace) -> list[Finding]:
     if not frag.empty:
         waste = float((frag["res"] - frag["alloc"]).max())
         out.append(Finding(
-            rule="memory_pressure", severity="warning",
+            severity="warning",
             title=f"allocator fragmentation: {waste / 2**30:.1f} GiB reserved but not allocated",
             detail="reserved memory far above allocated: freed blocks cannot be reused for new sizes",
             evidence={"stranded_bytes": waste,

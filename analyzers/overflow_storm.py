@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -72,7 +74,7 @@ def overflow_storm(trace: Trace) -> list[Finding]:
     skipped = df.groupby("rank")["overflow"].sum()
     step_s = common.median_step_s(trace)
     return [Finding(
-        rule="overflow_storm", severity="critical" if collapsed else "warning",
+        severity="critical" if collapsed else "warning",
         title=(f"fp16 loss scale collapsed to {min_scale:g}" if collapsed else
                f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"),
         detail=(f"{n_over} overflowing steps after calibration out of {len(post)} rank-steps; "

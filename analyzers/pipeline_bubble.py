@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -44,7 +46,7 @@ def pipeline_bubble(trace: Trace) -> list[Finding]:
     step_s = float(per["dur_s"].median())
     compute = step_s / (1 + measured)
     return [Finding(
-        rule="pipeline_bubble", severity="warning",
+        severity="warning",
         title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
         detail=f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute.",
         evidence={"pp": p, "microbatches": m, "bubble_ideal": ideal, "bubble_measured": measured,

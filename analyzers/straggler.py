@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
 from diag.analyzers.exposed_comm import exposed_per_step
 
+from diag.findings import Finding, Fix
 from diag.metrics import breakdown
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def straggler(trace: Trace) -> list[Finding]:
         return []
     host = trace.headers.get(slow, {}).get("host", "?")
     return [Finding(
-        rule="straggler", severity="warning",
+        severity="warning",
         title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
         detail=(f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
                 f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."),

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -41,7 +43,7 @@ def tiny_collectives(trace: Trace) -> list[Finding]:
                 "stage3_prefetch_bucket_size":
                     int(4 * float(common.setting(trace, "stage3_prefetch_bucket_size")))}
     return [Finding(
-        rule="tiny_collectives", severity="warning",
+        severity="warning",
         title=f"{n:.0f} collectives under 64 KiB per step take {tiny_s / step_s:.0%} of it",
         detail=f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound",
         evidence={"per_step": n, "tiny_s": tiny_s, "step_s": step_s,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -45,7 +47,7 @@ def tp_cross_node(trace: Trace) -> list[Finding]:
     per = common.comm_per_step(trace, in_bad) if not c.empty else None
     tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
     return [Finding(
-        rule="tp_cross_node", severity="critical",
+        severity="critical",
         title=f"{len(bad)} tensor-parallel group(s) of size {tp} span nodes",
         detail=(f"TP={tp} but hosts have {per_node} rank(s) each: every layer's TP all-reduce crosses "
                 "the network."),

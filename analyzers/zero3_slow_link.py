@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -73,7 +75,7 @@ def zero3_slow_link(trace: Trace) -> list[Finding]:
     ideal_s = float(rows["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
     per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
     return [Finding(
-        rule="zero3_slow_link", severity="critical",
+        severity="critical",
         title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
         detail=(f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts take "
                 f"{cross_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step at a median bus bandwidth of "

@@ -15,7 +15,7 @@ from diag import __version__
 from diag.metrics import breakdown
 
 if TYPE_CHECKING:
-    from diag.analyzers.base import Finding
+    from diag.findings import Finding
     from diag.trace.model import Trace
 
 SCHEMA = "diag.analyze"
