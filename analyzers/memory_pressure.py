@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from diag.analyzers import config
 from diag.analyzers.base import rule
-from diag.analyzers.common import zero_stage
 
 from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 NEAR_CAPACITY = 0.90  # peak / capacity
@@ -45,7 +46,7 @@ def _fixes(zero_stage: int, fragmented: bool) -> list[Fix]:
 
 
 @rule("memory_pressure")
-def memory_pressure(trace: Trace) -> list[Finding]:
+def memory_pressure(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's peak device memory reaches >= 90% of capacity (warning; critical >= 97%), or
     when reserved >= 1.5x allocated with >= 1 GiB stranded (fragmentation). Fix: expandable_segments,
     activation checkpointing, smaller micro-batch + more accumulation, higher ZeRO stage, CPU offload."""
@@ -72,7 +73,7 @@ def memory_pressure(trace: Trace) -> list[Finding]:
                       "capacity_bytes": float(near["cap"].max()), "peak_share": share},
             ranks=sorted(int(r) for r in near["rank"]), steps=sorted({int(s) for s in near["step"]}),
             layers=sorted({str(m) for m in near.get("module", pd.Series()).dropna()}),
-            fixes=_fixes(zero_stage(trace), False)))
+            fixes=_fixes(config.zero_stage(trace), False)))
     if not frag.empty:
         waste = float((frag["res"] - frag["alloc"]).max())
         out.append(Finding(
@@ -82,5 +83,5 @@ def memory_pressure(trace: Trace) -> list[Finding]:
             evidence={"stranded_bytes": waste,
                       "reserved_over_allocated": float((frag["res"] / frag["alloc"]).max())},
             ranks=sorted(int(r) for r in frag["rank"].unique()),
-            steps=sorted({int(s) for s in frag["step"]})[:20], fixes=_fixes(zero_stage(trace), True)))
+            steps=sorted({int(s) for s in frag["step"]})[:20], fixes=_fixes(config.zero_stage(trace), True)))
     return out

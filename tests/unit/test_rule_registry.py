@@ -18,7 +18,7 @@ def registry(monkeypatch):
 
 def test_rule_fills_finding_rule(registry):
     @registry.rule("probe")
-    def probe(trace):
+    def probe(trace, metrics):
         return [Finding(severity="info", title="t", detail="d"),
                 Finding(rule="wrong", severity="info", title="t2", detail="d")]
 
@@ -30,9 +30,9 @@ def test_rule_fills_finding_rule(registry):
 
 
 def test_second_rule_of_a_name_is_refused(registry):
-    registry.rule("dup")(lambda trace: [])
+    registry.rule("dup")(lambda trace, metrics: [])
     with pytest.raises(ValueError, match="registered twice"):
-        registry.rule("dup")(lambda trace: [])
+        registry.rule("dup")(lambda trace, metrics: [])
 
 
 def test_ranked_puts_critical_and_costly_first():
