@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 NEAR_CAPACITY = 0.90  # peak / capacity
+CRITICAL_CAPACITY = 0.97  # ... and critical from this share on
 FRAG_RATIO = 1.5  # reserved / allocated at the peak ...
 FRAG_MIN_BYTES = 1 << 30  # ... wasting at least 1 GiB
 
@@ -66,7 +67,7 @@ def memory_pressure(trace: Trace, metrics: Metrics) -> list[Finding]:
     if not near.empty:
         share = float((near["peak"] / near["cap"]).max())
         out.append(Finding(
-            severity="critical" if share >= 0.97 else "warning",
+            severity="critical" if share >= CRITICAL_CAPACITY else "warning",
             title=f"device memory peaks at {share:.0%} of capacity",
             detail="an allocation spike or a longer sequence will hit out-of-memory",
             evidence={"peak_bytes": {int(r): int(p) for r, p in zip(near["rank"], near["peak"])},

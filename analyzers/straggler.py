@@ -48,7 +48,7 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when one rank's median compute time (step minus blocking-collective time; the others
     wait for it inside collectives, so step times alone look equal) is >= 1.5x the other ranks'
     median, the gap is >= 25% of the step, it is the slowest in >= 60% of steps, and the other ranks
-    wait in collectives (duration beyond the op's transfer time) for >= half the gap. Steps skipped
+    wait in collectives (duration beyond the op's transfer time) for >= 50% of the gap. Steps skipped
     for an fp16 overflow are left out (their work differs between ranks by design); at least 5 steady
     applied steps are needed. Fix: check
     that host (thermal throttling, other processes, a slow disk or data shard), move the job off it,
