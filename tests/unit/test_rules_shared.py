@@ -122,3 +122,22 @@ def test_setting_fills_code_defaults_for_absent_and_null_keys():
     assert config.setting(tr, "reduce_bucket_size") == config.DS_DEFAULTS["reduce_bucket_size"]
     assert config.setting(tr, "allgather_bucket_size") == 2e8
     assert config.setting(tr, "overlap_comm") is False  # the code default below stage 3
+
+
+def test_bus_factor_knows_every_spelling_of_an_op():
+    """One factor per op whatever the writer called it: spellings map through `vocab.canonical_op`."""
+    for name in ("all_gather_into_tensor", "c10d::_allgather_base_", "ncclDevKernel_AllGather_RING_LL"):
+        assert schema.bus_factor(name, 4) == schema.bus_factor("all_gather", 4) == 0.75
+    assert schema.bus_factor("reduce_scatter_tensor", 2) == 0.5 and schema.bus_factor("allreduce", 2) == 1.0
+    assert schema.bus_factor("broadcast", 8) == 1.0 and schema.bus_factor("all_reduce", 0) == 1.0
+
+
+def test_total_busbw_is_bus_bytes_over_total_time():
+    """A set of calls: summed bytes x factor over summed time, not a mean of per-call figures."""
+    c = pd.DataFrame({"op": ["all_reduce", "all_reduce"], "bytes": [4, 1 << 20], "dur": [1000, 1 << 20],
+                      "group_size": [2, 2]})
+    want = (4 + (1 << 20)) * 1.0 / (1000 + (1 << 20))
+    assert bandwidth.total_busbw(c) == pytest.approx(want)
+    assert bandwidth.total_busbw(c) != pytest.approx(bandwidth.busbw(c["op"], c["bytes"], c["dur"],
+                                                                      c["group_size"]).mean())
+    assert bandwidth.total_busbw(c.iloc[:0]) == 0.0
