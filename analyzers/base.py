@@ -1,20 +1,24 @@
-"""The Finding type and the rule registry.
+"""The rule registry.
 
-A rule module decorates one function with `@rule("name", doc=...)`; the registry refuses a second rule
-of the same name. Rule modules are listed in `RULE_MODULES` and imported by `run_all`.
+A rule is a pure function `(Trace, Metrics) -> list[Finding]`: it reads the figures of the analysis
+stage (`diag.metrics.stage.Metrics`, computed once per trace and shared with the report) and the
+trace's headers, never another rule. A rule module decorates it with `@rule("name")`; the registry
+refuses a second rule of the same name and stamps every finding the function returns with that
+name. Rule modules are listed in `RULE_MODULES` and imported by `run_all`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
+
+from diag.findings import Finding, ranked
+from diag.metrics.stage import Metrics
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
-
-SEVERITIES = ("info", "warning", "critical")
 
 # Every rule module, in report order. A rule module that fails to import is reported, not fatal.
 RULE_MODULES: list[str] = [
@@ -24,71 +28,58 @@ RULE_MODULES: list[str] = [
     "diag.analyzers.tiny_collectives", "diag.analyzers.idle_between_steps",
 ]
 
-
-@dataclass
-class Fix:
-    """A concrete change to try: a ds_config JSON patch, Megatron arguments, environment variables."""
-
-    summary: str
-    ds_config: dict[str, Any] | None = None
-    megatron_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+RuleFn = Callable[["Trace", Metrics], list[Finding]]
 
 
-@dataclass
-class Finding:
-    """One diagnosis. `evidence` holds the numbers that triggered it; `recoverable_s` estimates the
-    time per step (seconds) that the fix could win back, when it can be estimated."""
+class Rule(Protocol):
+    """A registered rule: callable with the stage's metrics, or alone (it then computes them)."""
 
-    rule: str
-    severity: str
-    title: str
-    detail: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    ranks: list[int] = field(default_factory=list)
-    layers: list[str] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
-    recoverable_s: float | None = None
-    fixes: list[Fix] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def __call__(self, trace: Trace, metrics: Metrics | None = None) -> list[Finding]: ...
 
 
-RuleFn = Callable[["Trace"], list[Finding]]
-_RULES: dict[str, tuple[RuleFn, str]] = {}
+_RULES: dict[str, tuple[Rule, str]] = {}
 
 
-def rule(name: str, doc: str = "") -> Callable[[RuleFn], RuleFn]:
-    """Register a rule function under a unique name; `doc` (or its docstring) states threshold and fix."""
+def rule(name: str, doc: str = "") -> Callable[[RuleFn], Rule]:
+    """Register a rule function under a unique name; `doc` (or its docstring) states threshold and fix.
+    The registered function fills `Finding.rule` of what it returns."""
 
-    def deco(fn: RuleFn) -> RuleFn:
-        if name in _RULES and _RULES[name][0] is not fn:
+    def deco(fn: RuleFn) -> Rule:
+        if name in _RULES and getattr(_RULES[name][0], "__wrapped__", None) is not fn:
             raise ValueError(f"rule {name!r} is registered twice")
-        _RULES[name] = (fn, doc or (fn.__doc__ or "").strip())
-        return fn
+
+        @functools.wraps(fn)
+        def named(trace: Trace, metrics: Metrics | None = None) -> list[Finding]:
+            found = fn(trace, metrics if metrics is not None else Metrics(trace))
+            for f in found:
+                f.rule = name
+            return found
+
+        _RULES[name] = (named, doc or (fn.__doc__ or "").strip())
+        return named
 
     return deco
 
 
-def registered_rules() -> dict[str, tuple[RuleFn, str]]:
+def registered_rules() -> dict[str, tuple[Rule, str]]:
     for module in RULE_MODULES:
         importlib.import_module(module)
     return dict(_RULES)
 
 
-def run_all(trace: Trace, only: list[str] | None = None) -> tuple[list[Finding], dict[str, str]]:
-    """Run every registered rule (or those in `only`); a rule that raises is reported in the second
-    value ({rule: error}) instead of stopping the analysis."""
+def run_all(trace: Trace, only: list[str] | None = None,
+            metrics: Metrics | None = None) -> tuple[list[Finding], dict[str, str]]:
+    """Run every registered rule (or those in `only`) on one `Metrics` of the trace (pass the one the
+    report reads, or one is made); a rule that raises is reported in the second value ({rule: error})
+    instead of stopping the analysis."""
+    metrics = metrics if metrics is not None else Metrics(trace)
     findings: list[Finding] = []
     failures: dict[str, str] = {}
     for name, (fn, _) in registered_rules().items():
         if only and name not in only:
             continue
         try:
-            findings.extend(fn(trace))
+            findings.extend(fn(trace, metrics))
         except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
             failures[name] = f"{type(exc).__name__}: {exc}"
-    order = {s: i for i, s in enumerate(reversed(SEVERITIES))}
-    findings.sort(key=lambda f: (order.get(f.severity, 9), -(f.recoverable_s or 0)))
-    return findings, failures
+    return ranked(findings), failures

@@ -6,12 +6,14 @@ import re
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import config
+from diag.analyzers.base import rule
 
 from diag import schema
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP
@@ -80,7 +82,7 @@ def _fixes(stage: int) -> list[Fix]:
 
 
 @rule("embedding_comm")
-def embedding_comm(trace: Trace) -> list[Finding]:
+def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when collectives moving embedding/output-layer data (see `embedding_mask`) cover >= 20%
     of the median step (union of their intervals) and carry >= 40% of all bytes communicated.
     Fix: ZeRO-3 -> hpZ / quantized weights; else sparse embedding gradients; Megatron: vocab padded to
@@ -89,7 +91,7 @@ def embedding_comm(trace: Trace) -> list[Finding]:
     (`attributed_steps`; every step of older or imported traces). Under ZeRO-3 prefetch
     (stage3_prefetch_bucket_size > 0) gathers are issued ahead by an earlier module and cannot be
     attributed: the rule then stays silent."""
-    c = common.comms(trace)
+    c = metrics.comms
     if c.empty or "module" not in c:
         return []
     tracked = attributed_steps(trace)
@@ -97,7 +99,7 @@ def embedding_comm(trace: Trace) -> list[Finding]:
     if c.empty:
         return []
     emb = embedding_mask(c)
-    per = common.union_per_step(trace, emb)
+    per = metrics.union_per_step(emb)
     per = per[_on_attributed(per, tracked)]
     total_bytes = float(c["bytes"].fillna(0).sum())
     if per.empty or total_bytes <= 0:
@@ -111,7 +113,7 @@ def embedding_comm(trace: Trace) -> list[Finding]:
     modules = named.groupby(named["module"].astype(str))["dur_s"].sum().sort_values(ascending=False)
     ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
     return [Finding(
-        rule="embedding_comm", severity="warning",
+        severity="warning",
         title=f"embedding/output-layer collectives take {emb_s / step_s:.0%} of each step",
         detail=(f"{emb_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step is communication issued by "
                 f"{', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes communicated)."),
@@ -120,4 +122,4 @@ def embedding_comm(trace: Trace) -> list[Finding]:
                   "ops": {k: {"count": int(v["count"]), "bytes": int(v["sum"])} for k, v in ops.iterrows()}},
         ranks=sorted(int(r) for r in rows["rank"].unique()), layers=list(modules.index[:5]),
         steps=sorted(int(s) for s in per["step"].unique())[:20], recoverable_s=emb_s,
-        fixes=_fixes(common.zero_stage(trace)))]
+        fixes=_fixes(config.zero_stage(trace)))]

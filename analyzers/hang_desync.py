@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import evidence
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
+from diag.metrics.steps import NS
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 SILENT_S = 60.0  # a rank silent this long while the others went on ...
@@ -47,7 +51,7 @@ def _diverged(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
 
 
 @rule("hang_desync")
-def hang_desync(trace: Trace) -> list[Finding]:
+def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when ranks of one group completed different numbers of collectives and their last ones
     differ (op or size: a desync), when a rank is >= 2 steps behind the furthest, or when a rank went
     silent >= max(60 s, 20 median steps) before the others' last event (stopped emitting: hung or
@@ -57,22 +61,22 @@ def hang_desync(trace: Trace) -> list[Finding]:
     seen = last_seen(trace)
     if len(seen) < 2:
         return []
-    silent_ns = max(SILENT_S, SILENT_STEPS * common.median_step_s(trace)) * common.NS
+    silent_ns = max(SILENT_S, SILENT_STEPS * metrics.median_step_s) * NS
     stopped = [int(r) for r, t in seen.items() if seen.max() - t >= silent_ns]
     st = trace.steps
     max_step = st.groupby("rank")["step"].max() if not st.empty else pd.Series(dtype=int)
     behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
-    diverged = _diverged(common.comms(trace)) if not trace.comms.empty else {}
+    diverged = _diverged(metrics.comms) if not trace.comms.empty else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})
     what = ("ranks stopped emitting" if stopped else "ranks diverged in their collectives" if diverged
             else "ranks fell behind")
     return [Finding(
-        rule="hang_desync", severity="critical", title=f"hang or desync: {what} ({ranks})",
+        severity="critical", title=f"hang or desync: {what} ({ranks})",
         detail="ranks disagree on where they are: a hang, a crash, or a rank-dependent collective",
-        evidence={"last_seen_s_before_end": {int(r): (seen.max() - t) / common.NS for r, t in seen.items()},
-                  "max_step": common.by_rank(max_step, int),
+        evidence={"last_seen_s_before_end": {int(r): (seen.max() - t) / NS for r, t in seen.items()},
+                  "max_step": evidence.by_rank(max_step, int),
                   "stopped": stopped, "behind": behind, "diverged_groups": diverged},
         ranks=ranks, steps=sorted({int(s) for s in max_step.values}),
         fixes=[Fix("surface the hung op as an error and dump every rank's stack (`diag attach`, py-spy)",

@@ -5,13 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers.base import Finding, Fix, rule
-from diag.analyzers.common import zero_stage
+from diag.analyzers import config
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 NEAR_CAPACITY = 0.90  # peak / capacity
+CRITICAL_CAPACITY = 0.97  # ... and critical from this share on
 FRAG_RATIO = 1.5  # reserved / allocated at the peak ...
 FRAG_MIN_BYTES = 1 << 30  # ... wasting at least 1 GiB
 
@@ -43,7 +47,7 @@ def _fixes(zero_stage: int, fragmented: bool) -> list[Fix]:
 
 
 @rule("memory_pressure")
-def memory_pressure(trace: Trace) -> list[Finding]:
+def memory_pressure(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's peak device memory reaches >= 90% of capacity (warning; critical >= 97%), or
     when reserved >= 1.5x allocated with >= 1 GiB stranded (fragmentation). Fix: expandable_segments,
     activation checkpointing, smaller micro-batch + more accumulation, higher ZeRO stage, CPU offload."""
@@ -63,22 +67,22 @@ def memory_pressure(trace: Trace) -> list[Finding]:
     if not near.empty:
         share = float((near["peak"] / near["cap"]).max())
         out.append(Finding(
-            rule="memory_pressure", severity="critical" if share >= 0.97 else "warning",
+            severity="critical" if share >= CRITICAL_CAPACITY else "warning",
             title=f"device memory peaks at {share:.0%} of capacity",
             detail="an allocation spike or a longer sequence will hit out-of-memory",
             evidence={"peak_bytes": {int(r): int(p) for r, p in zip(near["rank"], near["peak"])},
                       "capacity_bytes": float(near["cap"].max()), "peak_share": share},
             ranks=sorted(int(r) for r in near["rank"]), steps=sorted({int(s) for s in near["step"]}),
             layers=sorted({str(m) for m in near.get("module", pd.Series()).dropna()}),
-            fixes=_fixes(zero_stage(trace), False)))
+            fixes=_fixes(config.zero_stage(trace), False)))
     if not frag.empty:
         waste = float((frag["res"] - frag["alloc"]).max())
         out.append(Finding(
-            rule="memory_pressure", severity="warning",
+            severity="warning",
             title=f"allocator fragmentation: {waste / 2**30:.1f} GiB reserved but not allocated",
             detail="reserved memory far above allocated: freed blocks cannot be reused for new sizes",
             evidence={"stranded_bytes": waste,
                       "reserved_over_allocated": float((frag["res"] / frag["alloc"]).max())},
             ranks=sorted(int(r) for r in frag["rank"].unique()),
-            steps=sorted({int(s) for s in frag["step"]})[:20], fixes=_fixes(zero_stage(trace), True)))
+            steps=sorted({int(s) for s in frag["step"]})[:20], fixes=_fixes(config.zero_stage(trace), True)))
     return out

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import config, evidence
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 RATE = 0.10  # overflow share of steps after the initial calibration
@@ -36,8 +39,8 @@ def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fixes(trace: Trace) -> list[Fix]:
-    power = int(common.setting(trace, "initial_scale_power") or 16)
-    window = int(common.setting(trace, "loss_scale_window") or 1000)
+    power = int(config.setting(trace, "initial_scale_power"))
+    window = int(config.setting(trace, "loss_scale_window"))
     return [
         Fix("on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss scaling",
             ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}}),
@@ -52,7 +55,7 @@ def _fixes(trace: Trace) -> list[Fix]:
 
 
 @rule("overflow_storm")
-def overflow_storm(trace: Trace) -> list[Finding]:
+def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
     or when the loss scale collapses to <= max(1, min_loss_scale). Fix: bf16 on Ampere+, lower
     initial_scale_power, larger loss_scale_window, hysteresis > 1, gradient clipping.
@@ -63,23 +66,23 @@ def overflow_storm(trace: Trace) -> list[Finding]:
     post = after_calibration(df)
     n_over = int(post["overflow"].sum())
     rate = n_over / max(len(post), 1)
-    floor = max(COLLAPSE_SCALE, float(common.setting(trace, "min_loss_scale") or 1))
+    floor = max(COLLAPSE_SCALE, float(config.setting(trace, "min_loss_scale")))
     min_scale = float(df["scale"].min()) if df["scale"].notna().any() else None
     collapsed = min_scale is not None and min_scale <= floor
     if not collapsed and (n_over < MIN_OVERFLOWS or rate < RATE):
         return []
     bad = post[post["overflow"]]
     skipped = df.groupby("rank")["overflow"].sum()
-    step_s = common.median_step_s(trace)
+    step_s = metrics.median_step_s
     return [Finding(
-        rule="overflow_storm", severity="critical" if collapsed else "warning",
+        severity="critical" if collapsed else "warning",
         title=(f"fp16 loss scale collapsed to {min_scale:g}" if collapsed else
                f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"),
         detail=(f"{n_over} overflowing steps after calibration out of {len(post)} rank-steps; "
                 f"loss scale went from {df['scale'].max():g} down to {min_scale}."),
         evidence={"overflow_steps": n_over, "rank_steps": len(post), "overflow_rate": rate,
                   "min_scale": min_scale, "max_scale": float(df["scale"].max()),
-                  "skipped_by_rank": common.by_rank(skipped, int)},
+                  "skipped_by_rank": evidence.by_rank(skipped, int)},
         ranks=sorted(int(r) for r in bad["rank"].unique()),
         steps=sorted({int(s) for s in bad["step"]})[:50],
         recoverable_s=rate * step_s if step_s else None, fixes=_fixes(trace))]

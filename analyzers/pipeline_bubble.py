@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import config, evidence
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
+from diag.vocab import P2P
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 TOLERANCE = 0.05  # measured bubble may exceed (p-1)/m by this much (timing noise)
@@ -20,11 +24,11 @@ def microbatches(trace: Trace) -> int:
         for h in trace.headers.values():
             if h.get(key):
                 return int(h[key])
-    return int(common.ds_config(trace).get("gradient_accumulation_steps") or 1)
+    return int(config.ds_config(trace).get("gradient_accumulation_steps") or 1)
 
 
 @rule("pipeline_bubble")
-def pipeline_bubble(trace: Trace) -> list[Finding]:
+def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
     the step, Megatron's definition) exceeds (p-1)/m + 0.05 and is >= 0.10, or when the schedule's own
     (p-1)/m >= 0.25 with a measured bubble >= 0.10. Fix: more microbatches (m), interleaved schedule
@@ -32,8 +36,8 @@ def pipeline_bubble(trace: Trace) -> list[Finding]:
     p, m = int(trace.layout().get("pp") or 1), microbatches(trace)
     if p <= 1:
         return []
-    c = common.comms(trace)
-    per = common.comm_per_step(trace, c["kind"].isin(common.P2P)) if not c.empty else None
+    c = metrics.comms
+    per = metrics.comm_per_step(c["kind"].isin(P2P)) if not c.empty else None
     if per is None or per.empty:
         return []
     per["bubble"] = per["comm_s"] / (per["dur_s"] - per["comm_s"]).clip(lower=1e-9)
@@ -44,11 +48,11 @@ def pipeline_bubble(trace: Trace) -> list[Finding]:
     step_s = float(per["dur_s"].median())
     compute = step_s / (1 + measured)
     return [Finding(
-        rule="pipeline_bubble", severity="warning",
+        severity="warning",
         title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
         detail=f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute.",
         evidence={"pp": p, "microbatches": m, "bubble_ideal": ideal, "bubble_measured": measured,
-                  "bubble_by_rank": common.by_rank(by_rank)},
+                  "bubble_by_rank": evidence.by_rank(by_rank)},
         ranks=[int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]],
         recoverable_s=max(measured - ideal, 0.0) * compute if measured > ideal else ideal / 2 * compute,
         fixes=[Fix(f"raise microbatches per step to >= {4 * (p - 1)} (bubble (p-1)/m <= 0.25) and "

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
-from diag.analyzers.exposed_comm import exposed_per_step
+from diag.analyzers import evidence
+from diag.analyzers.base import rule
 
-from diag.metrics import breakdown
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 # Thresholds sit above what host jitter and rank-0 duties produce on healthy runs (measured on the
@@ -23,37 +23,37 @@ WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
 
 
-def compute_per_step(trace: Trace) -> pd.DataFrame:
+def compute_per_step(metrics: Metrics) -> pd.DataFrame:
     """Step time minus time blocked in collectives: what the rank itself spent (its own work)."""
-    df = exposed_per_step(trace, waits=True)
+    df = metrics.blocked
     if df.empty:
         return df
-    xfer = exposed_per_step(trace)["exposed_s"].to_numpy()
+    xfer = metrics.exposed["exposed_s"].to_numpy()
     df = df.assign(compute_s=(df["dur_s"] - df["exposed_s"]).clip(lower=0),
                    wait_s=(df["exposed_s"] - xfer).clip(lower=0))
-    st = trace.steps
+    st = metrics.trace.steps
     skipped = st[st["applied"].astype(object).eq(False)] if "applied" in st else st.iloc[:0]
     # steps skipped for an fp16 overflow take a different path (no optimizer update) on some ranks
     gone = set(zip(skipped["rank"], skipped["step"]))
     return df[[(r, s) not in gone for r, s in zip(df["rank"], df["step"])]]
 
 
-def _last_arrival(trace: Trace) -> dict[int, float]:
-    """Supporting evidence from the metrics package: how often each rank arrived last at a collective."""
-    return common.by_rank(breakdown.stragglers(trace).set_index("rank")["last_arrival_frac"])
+def _last_arrival(metrics: Metrics) -> dict[int, float]:
+    """Supporting evidence from the metrics: how often each rank arrived last at a collective."""
+    return evidence.by_rank(metrics.stragglers.set_index("rank")["last_arrival_frac"])
 
 
 @rule("straggler")
-def straggler(trace: Trace) -> list[Finding]:
+def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when one rank's median compute time (step minus blocking-collective time; the others
     wait for it inside collectives, so step times alone look equal) is >= 1.5x the other ranks'
     median, the gap is >= 25% of the step, it is the slowest in >= 60% of steps, and the other ranks
-    wait in collectives (duration beyond the op's transfer time) for >= half the gap. Steps skipped
+    wait in collectives (duration beyond the op's transfer time) for >= 50% of the gap. Steps skipped
     for an fp16 overflow are left out (their work differs between ranks by design); at least 5 steady
     applied steps are needed. Fix: check
     that host (thermal throttling, other processes, a slow disk or data shard), move the job off it,
     balance the data. recoverable_s: the compute gap per step."""
-    df = compute_per_step(trace)
+    df = compute_per_step(metrics)
     if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
         return []
     med = df.groupby("rank")["compute_s"].median()
@@ -68,14 +68,14 @@ def straggler(trace: Trace) -> list[Finding]:
         return []
     host = trace.headers.get(slow, {}).get("host", "?")
     return [Finding(
-        rule="straggler", severity="warning",
+        severity="warning",
         title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
         detail=(f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
                 f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."),
-        evidence={"compute_s": common.by_rank(med), "ratio": float(med[slow] / others),
+        evidence={"compute_s": evidence.by_rank(med), "ratio": float(med[slow] / others),
                   "gap_s": gap, "step_s": step_s, "slowest_share": consistent, "host": host,
                   "others_wait_s": waited,
-                  "last_arrival_frac": _last_arrival(trace)},
+                  "last_arrival_frac": _last_arrival(metrics)},
         ranks=[slow], steps=[int(s) for s in wide.index[wide.idxmax(axis=1) == slow]][:20],
         recoverable_s=gap,
         fixes=[Fix(f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import config
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 TINY_BYTES = 64 * 1024
@@ -16,16 +19,16 @@ STEP_SHARE = 0.10  # and they take at least this share of the step
 
 
 @rule("tiny_collectives")
-def tiny_collectives(trace: Trace) -> list[Finding]:
+def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a step issues >= 32 collectives under 64 KiB (barriers excluded) and they take >= 10%
     of the median step. Fix: larger reduce/allgather buckets, ZeRO-3 stage3_param_persistence_threshold
     (keep small parameters resident) and larger prefetch bucket, coalesce small tensors.
     recoverable_s: their time minus one bucketed collective's worth (the largest tiny op's time)."""
-    c = common.comms(trace)
+    c = metrics.comms
     if c.empty:
         return []
     tiny = (c["bytes"].fillna(0).astype(float) < TINY_BYTES) & (c["kind"] != "barrier")
-    per = common.comm_per_step(trace, tiny)
+    per = metrics.comm_per_step(tiny)
     counts = c[tiny].groupby(["rank", "step"], observed=True).size().rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})
     if per.empty:
@@ -35,13 +38,13 @@ def tiny_collectives(trace: Trace) -> list[Finding]:
         return []
     rows = c[tiny]
     zero: dict[str, object] = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
-    if common.zero_stage(trace) == 3:
-        thr = float(common.setting(trace, "stage3_param_persistence_threshold") or 1e5)
+    if config.zero_stage(trace) == 3:
+        thr = float(config.setting(trace, "stage3_param_persistence_threshold"))
         zero = {"stage3_param_persistence_threshold": int(max(thr * 10, 1e6)),
                 "stage3_prefetch_bucket_size":
-                    int(4 * float(common.setting(trace, "stage3_prefetch_bucket_size")))}
+                    int(4 * float(config.setting(trace, "stage3_prefetch_bucket_size")))}
     return [Finding(
-        rule="tiny_collectives", severity="warning",
+        severity="warning",
         title=f"{n:.0f} collectives under 64 KiB per step take {tiny_s / step_s:.0%} of it",
         detail=f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound",
         evidence={"per_step": n, "tiny_s": tiny_s, "step_s": step_s,

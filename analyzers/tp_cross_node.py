@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import evidence
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 
@@ -27,25 +30,25 @@ def tp_groups(trace: Trace, tp: int) -> list[tuple[int, ...]]:
 
 
 @rule("tp_cross_node")
-def tp_cross_node(trace: Trace) -> list[Finding]:
+def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when tp > 1 and any tensor-parallel group holds ranks on more than one host (headers'
     host). Threshold: one such group. Fix: tensor-model-parallel-size <= GPUs per node, ranks of a TP
     group on one node (Megatron's default rank order does this when TP divides GPUs per node).
     recoverable_s: TP-group communication time on those groups per step (upper bound)."""
     tp = int(trace.layout().get("tp") or 1)
-    host_of = common.hosts(trace)
+    host_of = trace.hosts()
     if tp <= 1 or len(set(host_of.values())) < 2:
         return []
-    bad = [g for g in tp_groups(trace, tp) if common.spans_hosts(list(g), host_of)]
+    bad = [g for g in tp_groups(trace, tp) if evidence.spans_hosts(list(g), host_of)]
     if not bad:
         return []
     per_node = min(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
-    c = common.comms(trace)
+    c = metrics.comms
     in_bad = c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in bad)
-    per = common.comm_per_step(trace, in_bad) if not c.empty else None
+    per = metrics.comm_per_step(in_bad) if not c.empty else None
     tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
     return [Finding(
-        rule="tp_cross_node", severity="critical",
+        severity="critical",
         title=f"{len(bad)} tensor-parallel group(s) of size {tp} span nodes",
         detail=(f"TP={tp} but hosts have {per_node} rank(s) each: every layer's TP all-reduce crosses "
                 "the network."),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diag.analyzers import common
-from diag.analyzers.base import Finding, Fix, rule
+from diag.analyzers import config, evidence
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 STEP_SHARE = 0.25  # cross-node gathers/scatters take at least this share of the step
@@ -25,7 +28,7 @@ def nominal_link_gbs(trace: Trace) -> float:
 
 
 def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
-    prefetch = float(common.setting(trace, "stage3_prefetch_bucket_size") or 5e7)
+    prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
     return [
         Fix("ZeRO++: quantize weights and gradients on the wire"
             + (" and keep a node-local copy of the parameters (hpZ)" if gpus_per_node > 1 else ""),
@@ -44,20 +47,20 @@ def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
 
 
 @rule("zero3_slow_link")
-def zero3_slow_link(trace: Trace) -> list[Finding]:
+def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for ZeRO stage 3 when all-gather / reduce-scatter on groups spanning hosts (headers' host)
     take >= 25% of the median step and their median busbw is < 25% of the nominal inter-node link
     (25 GB/s on GPU jobs, 1.25 GB/s on CPU/gloo). Fix: ZeRO++ hpZ + quantized weights/gradients,
     larger stage3_prefetch_bucket_size, ZeRO-2, NCCL_ALGO=Ring. recoverable_s: the time the same bytes
     would save at the nominal link bandwidth."""
-    if common.zero_stage(trace) != 3:
+    if config.zero_stage(trace) != 3:
         return []
-    c = common.comms(trace)
-    host_of = common.hosts(trace)
+    c = metrics.comms
+    host_of = trace.hosts()
     if c.empty or len(set(host_of.values())) < 2:
         return []
-    cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: common.spans_hosts(g, host_of))
-    per = common.union_per_step(trace, cross)
+    cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
+    per = metrics.union_per_step(cross)
     rows = c[cross & (c["dur_s"] > 0)]
     if rows.empty or per.empty:
         return []
@@ -73,7 +76,7 @@ def zero3_slow_link(trace: Trace) -> list[Finding]:
     ideal_s = float(rows["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
     per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
     return [Finding(
-        rule="zero3_slow_link", severity="critical",
+        severity="critical",
         title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
         detail=(f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts take "
                 f"{cross_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step at a median bus bandwidth of "

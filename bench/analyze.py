@@ -56,12 +56,14 @@ def worker_diag(folder: str) -> None:
     from diag.analyzers import run_all
 
     from diag.importers import load_inputs
+    from diag.metrics.stage import Metrics
     from diag.report import model
 
     t0 = time.perf_counter()
     trace = load_inputs([folder])
-    findings, failures = run_all(trace)
-    model.build(trace, findings, failures)
+    metrics = Metrics(trace)
+    findings, failures = run_all(trace, metrics=metrics)
+    model.build(trace, findings, failures, metrics)
     print(json.dumps({"secs": time.perf_counter() - t0, "ranks": len(trace.ranks)}))
 
 

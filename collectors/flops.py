@@ -139,4 +139,6 @@ def embedding(*_args: Any, **_: Any) -> int:
     return 0
 
 
-from diag.collectors import flops_attention  # noqa: E402, F401 - registers the attention formulas
+from diag.collectors import flops_attention  # noqa: E402 - after `formula` and `ops` exist
+
+flops_attention.register(formula, ops)

@@ -5,13 +5,17 @@ from the saved log-sum-exp, then dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T 
 2*b*h*s_q*s_k*(3*d_qk + 2*d_v). Heads are the query's (grouped-query attention broadcasts K/V).
 The causal mask is not discounted, as torch's counter and Megatron's MFU formula do. The math
 fallback needs no formula: it runs as bmm/matmul ops, which are counted.
+
+`flops` registers these formulas (`register`) when it is imported; this module does not import it,
+so the two form no import cycle.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from diag.collectors.flops import Shape, formula, ops
+Shape = Sequence[int]
 
 
 def attention_flops(b: int, h: int, s_q: int, s_k: int, d_qk: int, d_v: int, backward: bool) -> int:
@@ -32,18 +36,10 @@ def _bshd(q: Shape, k: Shape, v: Shape, max_k: Any, backward: bool) -> int:
     return attention_flops(q[0], q[2], q[1], k[1], q[3], v[3], backward)
 
 
-@formula(*ops("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-              "_scaled_dot_product_fused_attention_overrideable"))
 def sdpa_forward(q: Shape, k: Shape, v: Shape, *_args: Any, **_: Any) -> int:
     return _bhsd(q, k, v, backward=False)
 
 
-@formula(*ops("_scaled_dot_product_flash_attention_for_cpu_backward",
-              "_scaled_dot_product_flash_attention_backward",
-              "_scaled_dot_product_efficient_attention_backward",
-              "_scaled_dot_product_cudnn_attention_backward",
-              "_scaled_dot_product_fused_attention_overrideable_backward"))
 def sdpa_backward(_grad_out: Shape, q: Shape, k: Shape, v: Shape, *_args: Any, **_: Any) -> int:
     return _bhsd(q, k, v, backward=True)
 
@@ -52,19 +48,36 @@ def _max_k(args: tuple[Any, ...], index: int) -> Any:
     return args[index] if len(args) > index and args[index] is not None else 0
 
 
-@formula(*ops("_flash_attention_forward"))
 def flash_forward(q: Shape, k: Shape, v: Shape, *args: Any, **_: Any) -> int:
     # args: cum_seq_q, cum_seq_k, max_q, max_k, ...
     return _bshd(q, k, v, _max_k(args, 3), backward=False)
 
 
-@formula(*ops("_efficient_attention_forward"))
 def efficient_forward(q: Shape, k: Shape, v: Shape, *args: Any, **_: Any) -> int:
     # args: bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...
     return _bshd(q, k, v, _max_k(args, 4), backward=False)
 
 
-@formula(*ops("_flash_attention_backward", "_efficient_attention_backward"))
 def flash_backward(_grad_out: Shape, q: Shape, k: Shape, v: Shape, *args: Any, **_: Any) -> int:
     # args: (out, logsumexp | bias, out), cum_seq_q, cum_seq_k, max_q, max_k, ...
     return _bshd(q, k, v, _max_k(args, 5), backward=True)
+
+
+# op names -> formula; `flops` registers them for the packets this torch build has
+FORMULAS: tuple[tuple[tuple[str, ...], Callable[..., int]], ...] = (
+    (("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+      "_scaled_dot_product_fused_attention_overrideable"), sdpa_forward),
+    (("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
+      "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+      "_scaled_dot_product_fused_attention_overrideable_backward"), sdpa_backward),
+    (("_flash_attention_forward",), flash_forward),
+    (("_efficient_attention_forward",), efficient_forward),
+    (("_flash_attention_backward", "_efficient_attention_backward"), flash_backward),
+)
+
+
+def register(formula: Callable[..., Any], ops: Callable[..., list[Any]]) -> None:
+    """Register every formula above with `flops.formula` for the op packets `flops.ops` finds."""
+    for names, fn in FORMULAS:
+        formula(*ops(*names))(fn)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.vocab import canonical_op
+
 SCHEMA_VERSION = 1
 
 STEP = "step"
@@ -74,18 +76,28 @@ _BUS_FACTOR = {
 
 
 def bus_factor(op: str, group_size: int) -> float:
-    """nccl-tests' algbw -> busbw factor for a canonical op name (1.0 for broadcast, p2p, ...)."""
-    fn = _BUS_FACTOR.get(op)
+    """nccl-tests' algbw -> busbw factor of an op (any spelling `vocab.canonical_op` knows; 1.0 for
+    broadcast, p2p, ...)."""
+    fn = _BUS_FACTOR.get(op) or _BUS_FACTOR.get(canonical_op(op))
     if fn is None or group_size <= 0:
         return 1.0
     return fn(group_size)
 
 
+def bus_bandwidth(bus_bytes: float, dur_ns: float) -> float:
+    """THE bus bandwidth (GB/s, 1e9 bytes per second) of a set of calls: the bytes they moved, each
+    call's scaled by its `bus_factor` and summed, over their summed duration; 0.0 without time.
+
+    Every figure diag shows (agent records, `diag top`, `diag analyze`, `diag demo`) is this one, so
+    a median or mean of per-call figures (dominated by the many one-element flag reductions) is never
+    what a table calls busbw. `diag.metrics.bandwidth` is its vectorized form for frames."""
+    return bus_bytes / dur_ns if dur_ns > 0 else 0.0  # bytes per ns == GB/s
+
+
 def bandwidths(op: str, nbytes: int, dur_ns: int, group_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes per second); 0.0 for a zero duration."""
-    if dur_ns <= 0:
-        return 0.0, 0.0
-    alg = nbytes / dur_ns  # bytes per ns == GB/s
+    """(algbw, busbw) of one call in GB/s (`bus_bandwidth` of that call alone); 0.0 for a zero
+    duration."""
+    alg = bus_bandwidth(nbytes, dur_ns)
     return alg, alg * bus_factor(op, group_size)
 
 

@@ -61,6 +61,7 @@ def _write(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from diag.analyzers import registered_rules, run_all
     from diag.importers import load_inputs
+    from diag.metrics.stage import Metrics
     from diag.report import model
 
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
@@ -71,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
                             f"{', '.join(sorted(registered_rules())) or 'none'})")
     with _progress(args.paths, args.quiet) as progress:
         trace = load_inputs(args.paths, progress)
-    findings, failures = run_all(trace, only)
-    doc = model.build(trace, findings, failures)
+    metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
+    findings, failures = run_all(trace, only, metrics)
+    doc = model.build(trace, findings, failures, metrics)
     _render(doc, args)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)

@@ -7,7 +7,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from diag import schema
+from diag.metrics import bandwidth
 from diag.trace.model import Trace
 from diag.units import binary_bytes as _bytes
 from diag.units import ms as _ms
@@ -54,16 +54,6 @@ def layers_table(trace: Trace, top: int = 8) -> Table:
     return t
 
 
-def busbw(op: str, df: pd.DataFrame) -> float:
-    """Bus bandwidth over all calls (total bus bytes / total time): a median of per-call figures
-    would be dominated by the many one-element flag reductions."""
-    dur = df["dur"].sum()
-    if not dur:
-        return 0.0
-    factors = df["group_size"].map(lambda n: schema.bus_factor(op, int(n or 0)))
-    return float((df["bytes"] * factors).sum() / dur)  # bytes per ns == GB/s
-
-
 def comms_table(trace: Trace) -> Table:
     t = Table(title="collectives (all ranks)")
     for col in ("op", "count", "bytes", "time ms", "busbw GB/s"):
@@ -74,7 +64,7 @@ def comms_table(trace: Trace) -> Table:
     g = comms.groupby(comms["op"].astype(str))
     for op, df in sorted(g, key=lambda kv: -kv[1]["dur"].sum()):
         t.add_row(op, str(len(df)), _bytes(df["bytes"].sum()), _ms(df["dur"].sum()),
-                  f"{busbw(op, df):.3f}")
+                  f"{bandwidth.total_busbw(df):.3f}")
     return t
 
 

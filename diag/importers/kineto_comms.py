@@ -16,16 +16,16 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.importers.kineto_names import COMM, canonical_op, element_bytes
+from diag.importers.kineto_names import element_bytes
+from diag.metrics import bandwidth
+from diag.vocab import COMM, canonical_op
 
 _COLUMNS = ("rank", *schema.FIELDS[schema.COMM], "algbw", "busbw")
 
 
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
-    alg = df["bytes"].to_numpy(float) / np.maximum(df["dur"].to_numpy(float), 1)
-    alg[df["dur"].to_numpy() <= 0] = 0.0
-    factors = [schema.bus_factor(op, n) for op, n in zip(df["op"], df["group_size"])]
-    df["algbw"], df["busbw"] = alg, alg * np.asarray(factors, dtype=float)
+    df["algbw"] = bandwidth.algbw(df["bytes"], df["dur"])
+    df["busbw"] = bandwidth.busbw(df["op"], df["bytes"], df["dur"], df["group_size"])
     for col in ("op", "dtype", "group"):
         df[col] = df[col].astype("category")
     return df[list(_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from diag import schema
-from diag.importers.kineto_names import COMM, COMPUTE
+from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace

@@ -1,5 +1,6 @@
-"""Bus bandwidth for a whole comm frame at once: `schema.bandwidths` vectorized, so a table of
-collectives costs one call of `schema.bus_factor` per distinct (op, group size), not one per row."""
+"""Bus bandwidth for whole comm frames: `schema.bandwidths` (per call) and `schema.bus_bandwidth`
+(a set of calls: summed bus bytes over summed time) vectorized, so a table of collectives costs one
+call of `schema.bus_factor` per distinct (op, group size), not one per row."""
 
 from __future__ import annotations
 
@@ -18,10 +19,31 @@ def bus_factors(ops: pd.Series, group_sizes: pd.Series) -> np.ndarray:
     return table[codes] if len(codes) else np.empty(0, float)
 
 
+def _numbers(values: pd.Series) -> np.ndarray:
+    return pd.to_numeric(values, errors="coerce").fillna(0).to_numpy(float)
+
+
+def algbw(nbytes: pd.Series, dur_ns: pd.Series) -> np.ndarray:
+    """Algorithm bandwidth (GB/s) of every row: 0.0 where the duration is not positive; missing bytes
+    or durations count as 0."""
+    moved, dur = _numbers(nbytes), _numbers(dur_ns)
+    return np.divide(moved, dur, out=np.zeros(len(dur)), where=dur > 0)
+
+
 def busbw(ops: pd.Series, nbytes: pd.Series, dur_ns: pd.Series, group_sizes: pd.Series) -> np.ndarray:
     """Bus bandwidth (GB/s, 1e9 bytes per second) of every row, as `schema.bandwidths` gives it:
     0.0 where the duration is not positive; missing bytes or durations count as 0."""
-    moved = pd.to_numeric(nbytes, errors="coerce").fillna(0).to_numpy(float)
-    dur = pd.to_numeric(dur_ns, errors="coerce").fillna(0).to_numpy(float)
-    alg = np.divide(moved, dur, out=np.zeros(len(dur)), where=dur > 0)
-    return alg * bus_factors(ops, group_sizes)
+    return algbw(nbytes, dur_ns) * bus_factors(ops, group_sizes)
+
+
+def bus_bytes(ops: pd.Series, nbytes: pd.Series, group_sizes: pd.Series) -> np.ndarray:
+    """Every row's bytes scaled by its bus factor: what `schema.bus_bandwidth` sums."""
+    return _numbers(nbytes) * bus_factors(ops, group_sizes)
+
+
+def total_busbw(comms: pd.DataFrame) -> float:
+    """`schema.bus_bandwidth` of all rows of a comm frame (columns op, bytes, dur, group_size)."""
+    if comms.empty:
+        return 0.0
+    moved = bus_bytes(comms["op"], comms["bytes"], comms["group_size"])
+    return schema.bus_bandwidth(float(moved.sum()), float(_numbers(comms["dur"]).sum()))

@@ -1,5 +1,6 @@
 """Per-rank trace metrics: temporal breakdown, communication/computation overlap, per-collective
-statistics and straggler ranks. Pure pandas/numpy on a `Trace`; analyzers and reports both use it.
+statistics and straggler ranks. Pure pandas/numpy on a `Trace`; `diag.metrics.stage.Metrics`
+computes each once per trace for the rules and the report.
 
 Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the figure:
 - total = last activity end - first activity start; idle = total - |union of all activity|;
@@ -12,34 +13,18 @@ Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.importers.kineto_names import COMM, COMPUTE
-from diag.metrics import intervals
+from diag.metrics import bandwidth, intervals
 from diag.metrics.activity import activity
+from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
-
-
-def cached(fn: Callable[[Trace], pd.DataFrame]) -> Callable[[Trace], pd.DataFrame]:
-    """Compute a per-trace figure once: rules and the report ask for the same ones. Kept on the
-    Trace instance (frames do not change after loading); callers get a copy."""
-
-    @functools.wraps(fn)
-    def wrapper(trace: Trace) -> pd.DataFrame:
-        memo = vars(trace).setdefault("_metrics_cache", {})
-        if fn.__name__ not in memo:
-            memo[fn.__name__] = fn(trace)
-        return memo[fn.__name__].copy()
-
-    return wrapper
 
 
 def _union(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -50,7 +35,6 @@ def _ranks(trace: Trace) -> list[int]:
     return sorted(set(trace.ranks) | set(trace.frame("kernel")["rank"].dropna().astype(int)))
 
 
-@cached
 def temporal_breakdown(trace: Trace) -> pd.DataFrame:
     """One row per rank: idle / compute / non-compute time (ns) and % of the active span."""
     rows = []
@@ -71,7 +55,6 @@ def temporal_breakdown(trace: Trace) -> pd.DataFrame:
     return df
 
 
-@cached
 def comm_overlap(trace: Trace) -> pd.DataFrame:
     """One row per rank with collectives: % of communication time hidden under computation."""
     rows = []
@@ -88,25 +71,23 @@ def comm_overlap(trace: Trace) -> pd.DataFrame:
     return df
 
 
-@cached
 def collective_stats(trace: Trace) -> pd.DataFrame:
-    """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw with nccl-tests factors,
-    from total bytes over total time)."""
+    """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
+    bus bytes, each call's with its group's nccl-tests factor, over total time)."""
     c = trace.comms
     if c.empty:
         return pd.DataFrame(columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes",
                                      "algbw", "busbw"])
-    g = c.assign(op=c["op"].astype(str)).groupby(["rank", "op"], observed=True)
+    c = c.assign(op=c["op"].astype(str), bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]))
+    g = c.groupby(["rank", "op"], observed=True)
     df = g.agg(calls=("dur", "size"), time_ns=("dur", "sum"), bytes=("bytes", "sum"),
-               group_size=("group_size", "max")).reset_index()
+               group_size=("group_size", "max"), bus_bytes=("bus_bytes", "sum")).reset_index()
     df["mean_bytes"] = df["bytes"] / df["calls"]
-    df["algbw"] = df["bytes"] / df["time_ns"].where(df["time_ns"] > 0)
-    df["busbw"] = df["algbw"] * [schema.bus_factor(o, int(n or 0)) for o, n in
-                                 zip(df["op"], df["group_size"])]
-    return df.fillna({"algbw": 0.0, "busbw": 0.0})
+    df["algbw"] = [schema.bus_bandwidth(b, t) for b, t in zip(df["bytes"], df["time_ns"])]
+    df["busbw"] = [schema.bus_bandwidth(b, t) for b, t in zip(df["bus_bytes"], df["time_ns"])]
+    return df.drop(columns="bus_bytes")
 
 
-@cached
 def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     """Median bus bandwidth per op and message size over all ranks (the bandwidth-vs-size plot)."""
     c = trace.comms
@@ -117,7 +98,6 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
             .agg(busbw=("busbw", "median"), calls=("busbw", "size")).reset_index())
 
 
-@cached
 def stragglers(trace: Trace) -> pd.DataFrame:
     """Per rank: the fraction of collectives it arrived last at, and its median step time."""
     c = trace.comms
@@ -135,7 +115,6 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     return df
 
 
-@cached
 def step_times(trace: Trace) -> pd.DataFrame:
     """rank, step, dur_ns from step events, else from the training log's iteration times."""
     s = trace.steps

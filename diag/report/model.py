@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 
 from diag import __version__
-from diag.metrics import breakdown
+from diag.metrics.stage import Metrics
 
 if TYPE_CHECKING:
-    from diag.analyzers.base import Finding
+    from diag.findings import Finding
     from diag.trace.model import Trace
 
 SCHEMA = "diag.analyze"
@@ -70,16 +70,19 @@ def _overflows(trace: Trace) -> int:
     return int(ov["overflow"].astype("boolean").fillna(False).sum())
 
 
-def _stragglers(trace: Trace, findings: list[Finding]) -> pd.DataFrame:
+def _stragglers(metrics: Metrics, findings: list[Finding]) -> pd.DataFrame:
     """The last-arrival measure per rank, with the straggler rule's verdict beside it (one answer)."""
-    df = breakdown.stragglers(trace)
+    df = metrics.stragglers
     flagged = {r for f in findings if f.rule == "straggler" for r in f.ranks}
     return df.assign(straggler=[int(r) in flagged for r in df["rank"]])
 
 
-def build(trace: Trace, findings: list[Finding], failures: dict[str, str]) -> dict[str, Any]:
-    """The report document for one analysis."""
-    steps = breakdown.step_times(trace)
+def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
+          metrics: Metrics | None = None) -> dict[str, Any]:
+    """The report document for one analysis: the trace's `metrics` (the ones the rules read; made
+    here when not given) and the findings."""
+    metrics = metrics if metrics is not None else Metrics(trace)
+    steps = metrics.step_times
     log = trace.frame("log_step")
     return plain({
         "schema": SCHEMA, "version": VERSION, "diag_version": __version__,
@@ -90,11 +93,11 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str]) -> di
                     "overflows": _overflows(trace),
                     "findings": len(findings)},
         "metrics": {
-            "breakdown": rows(breakdown.temporal_breakdown(trace)),
-            "overlap": rows(breakdown.comm_overlap(trace)),
-            "collectives": rows(breakdown.collective_stats(trace)),
-            "bandwidth_by_size": rows(breakdown.bandwidth_by_size(trace)),
-            "stragglers": rows(_stragglers(trace, findings)),
+            "breakdown": rows(metrics.breakdown),
+            "overlap": rows(metrics.overlap),
+            "collectives": rows(metrics.collectives),
+            "bandwidth_by_size": rows(metrics.bandwidth_by_size),
+            "stragglers": rows(_stragglers(metrics, findings)),
             "step_times": rows(steps),
             "loss_scale": rows(_loss_scale(trace)),
         },

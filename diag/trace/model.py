@@ -101,4 +101,5 @@ class Trace:
         return out
 
     def hosts(self) -> dict[int, str]:
-        return {r: h.get("host", "?") for r, h in self.headers.items()}
+        """rank -> host name from the headers ("?" where a header does not say)."""
+        return {r: str(h.get("host") or "?") for r, h in self.headers.items()}

@@ -21,11 +21,11 @@ def rank_detail(m: JobModel, rank: int) -> str:
     lines.append(f"memory peak / capacity: {fmt.mem(st.mem_peak, st.mem_capacity)}")
     lines.append(f"overflows {st.overflows}, dropped events {st.dropped}, collector errors "
                  f"{st.errors}")
-    lines += ["", "collectives of this rank (group / op: count, bytes, mean ms, mean busbw GB/s):"]
+    lines += ["", "collectives of this rank (group / op: count, bytes, mean ms, busbw GB/s):"]
     stats = sorted(m.rank_comms.get(rank, {}).values(), key=lambda c: -c.dur)
     for c in stats:
         lines.append(f"  {c.group} / {c.op}: {c.count}, {fmt.nbytes(c.bytes)}, "
-                     f"{c.mean_latency / 1e6:.3f}, {c.mean_busbw:.3f}")
+                     f"{c.mean_latency / 1e6:.3f}, {c.busbw:.3f}")
     if not stats:
         lines.append("  none recorded")
     return "\n".join(lines)

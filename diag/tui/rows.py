@@ -44,7 +44,7 @@ def comm_rows(v: JobView) -> dict[str, tuple[str, ...]]:
         key = f"{c.group} / {c.op}"
         out[key] = (key, str(c.group_size), str(c.count), fmt.nbytes(c.bytes),
                     fmt.nbytes(c.bytes / c.count if c.count else None), fmt.ms(c.mean_latency / 1e6, 3),
-                    fmt.ms(c.last_dur / 1e6, 3), fmt.num(c.mean_busbw, 3))
+                    fmt.ms(c.last_dur / 1e6, 3), fmt.num(c.busbw, 3))
     return out
 
 

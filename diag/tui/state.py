@@ -6,6 +6,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag import schema
+
 STEP_HISTORY = 120  # step durations kept per rank (sparkline, means)
 COMM_STEPS_KEPT = 8  # steps of per-step communication time kept per rank
 
@@ -56,20 +58,23 @@ class CommStat:
     count: int = 0
     bytes: int = 0
     dur: int = 0
-    busbw_sum: float = 0.0
+    bus_bytes: float = 0.0  # each op's bytes x its nccl-tests factor, summed
     last_dur: int = 0
 
     def add(self, ev: dict[str, Any]) -> None:
         self.count += 1
-        self.bytes += int(ev.get("bytes") or 0)
+        nbytes = int(ev.get("bytes") or 0)
+        self.bytes += nbytes
         self.last_dur = int(ev.get("dur") or 0)
         self.dur += self.last_dur
-        self.busbw_sum += float(ev.get("busbw") or 0.0)
-        self.group_size = int(ev.get("group_size") or self.group_size or 0)
+        size = int(ev.get("group_size") or 0)
+        self.bus_bytes += nbytes * schema.bus_factor(self.op, size)
+        self.group_size = size or self.group_size
 
     @property
-    def mean_busbw(self) -> float:
-        return self.busbw_sum / self.count if self.count else 0.0
+    def busbw(self) -> float:
+        """`schema.bus_bandwidth` of the ops so far: the figure `diag analyze` reports."""
+        return schema.bus_bandwidth(self.bus_bytes, self.dur)
 
     @property
     def mean_latency(self) -> float:

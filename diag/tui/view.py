@@ -3,7 +3,8 @@
 Definitions (the tests recompute them from `diag.load` of the same trace):
 - job step time: the slowest rank's duration of a step; sparkline = the last `SPARK` steps.
 - rank comm share: communication wall time / step time of that rank's last step.
-- collectives: per (process group, op): count, bytes, mean latency, mean busbw of its events.
+- collectives: per (process group, op): count, bytes, mean latency, busbw (`schema.bus_bandwidth`:
+  bus bytes over total time, as `diag analyze` reports it).
 - layers: time and FLOPs per sampled (rank, step), leaves of the module tree, top `TOP_LAYERS`
   by time, plus the embedding / output layers always.
 """

@@ -67,8 +67,9 @@ async def test_replay_panels_show_the_trace_and_keys_work(real_trace):
 @sync
 async def test_findings_panel_shows_fixes_and_survives_failures(real_trace):
     def fake(trace):
-        return [Finding("loss-scale", "warning", "loss scale collapsing", "halved twice",
-                        ranks=[0], fixes=[Fix("use bf16", ds_config={"bf16": {"enabled": True}})])], {}
+        return [Finding(rule="loss-scale", severity="warning", title="loss scale collapsing",
+                        detail="halved twice", ranks=[0],
+                        fixes=[Fix("use bf16", ds_config={"bf16": {"enabled": True}})])], {}
 
     app = TopApp(ReplaySource(real_trace, speed=0), analyze=fake, interval=0.05)
     async with app.run_test(size=(150, 40)) as pilot:

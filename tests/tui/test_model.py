@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import diag
+from diag import schema
 from diag.errors import DiagError
 from diag.tui.model import JobModel
 from diag.tui.source import LiveSource, ReplaySource, trace_dir_of_pid
@@ -47,9 +48,11 @@ def test_collectives_layers_overflow_match_pandas(real_trace):
     tr = diag.load(real_trace)
     _, v = _view(real_trace)
     c = tr.comms
-    expect = {(str(g), str(o)): (len(d), d["bytes"].sum(), d["busbw"].mean())
+    factor = [schema.bus_factor(str(o), int(n or 0)) for o, n in zip(c["op"], c["group_size"])]
+    c = c.assign(bus=c["bytes"] * factor)
+    expect = {(str(g), str(o)): (len(d), d["bytes"].sum(), d["bus"].sum() / d["dur"].sum())
               for (g, o), d in c.groupby(["group", "op"], observed=True)} if len(c) else {}
-    got = {(r.group, r.op): (r.count, r.bytes, r.mean_busbw) for r in v.comm_rows}
+    got = {(r.group, r.op): (r.count, r.bytes, r.busbw) for r in v.comm_rows}
     assert got.keys() == expect.keys()
     for k, (n, b, bw) in expect.items():
         assert got[k][:2] == (n, b) and got[k][2] == pytest.approx(bw)
@@ -137,3 +140,27 @@ def test_pid_resolution(tmp_path):
         trace_dir_of_pid(with_dir.pid)
     with pytest.raises(DiagError, match="no such trace directory"):
         LiveSource(str(tmp_path / "nope"))
+
+
+def test_top_and_analyze_report_the_same_busbw(real_trace):
+    """`diag top` (per rank, group and op) and `diag analyze` (per rank and op) show one busbw: bus
+    bytes over total time. Once top averaged per-call figures, which the many one-element flag
+    reductions drag far from what the report says."""
+    from diag.analyzers import run_all
+
+    from diag.report import model
+
+    tr = diag.load(real_trace)
+    doc = model.build(tr, *run_all(tr))
+    analyze = {(r["rank"], r["op"]): r["busbw"] for r in doc["metrics"]["collectives"]}
+    m, _ = _view(real_trace)
+    compared = per_call_differs = 0
+    for rank, stats in m.rank_comms.items():
+        for (group, op), stat in stats.items():
+            if sum(1 for g, o in stats if o == op) > 1:
+                continue  # analyze's row sums the op over the rank's groups
+            assert stat.busbw == pytest.approx(analyze[(rank, op)], rel=1e-9), (rank, group, op)
+            mine = tr.comms[(tr.comms["rank"] == rank) & (tr.comms["op"].astype(str) == op)]
+            per_call_differs += mine["busbw"].mean() != pytest.approx(stat.busbw, rel=1e-3)
+            compared += 1
+    assert compared >= 4 and per_call_differs >= 1  # the old mean would have failed here

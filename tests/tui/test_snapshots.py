@@ -16,8 +16,8 @@ SIZE = (150, 36)
 
 
 def _findings(trace):
-    return [Finding("straggler", "warning", "rank 5 is 1.6x slower than the median",
-                    "rank 5 took 160 ms per step, the median rank 100 ms", ranks=[5],
+    return [Finding(rule="straggler", severity="warning", title="rank 5 is 1.6x slower than the median",
+                    detail="rank 5 took 160 ms per step, the median rank 100 ms", ranks=[5],
                     recoverable_s=0.06, fixes=[Fix("check rank 5's host (node0) for throttling",
                                                    env={"NCCL_DEBUG": "INFO"})])], {}
 

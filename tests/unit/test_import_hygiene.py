@@ -1,8 +1,7 @@
-"""Layering rules of DESIGN.md, enforced: what each part of the tree may import.
-
-- The agent and collectors run inside the training job: stdlib + torch/deepspeed/megatron only.
-- Analyzers are pure: no torch, collectors or textual.
-- Only diag/tui imports textual.
+"""What the in-job code loads: the agent and collectors run inside the training job, so stdlib +
+torch/deepspeed/megatron only, checked at run time and in the source. The package layering (analyzers
+pure, only diag/tui imports textual, the report without analyzers, ...) is import-linter's:
+tests/unit/test_layering.py.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_JOB_FORBIDDEN = {"pandas", "textual", "rich", "numpy", "psutil", "pynvml"}
@@ -32,18 +29,6 @@ def _imports(path: Path) -> set[str]:
 
 def _py_files(*parts: str) -> list[Path]:
     return sorted(p for part in parts for p in (ROOT / part).rglob("*.py"))
-
-
-@pytest.mark.parametrize("path", _py_files("analyzers"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_analyzers_are_pure(path: Path) -> None:
-    bad = _imports(path) & {"torch", "collectors", "textual", "deepspeed", "megatron"}
-    assert not bad, f"{path.name} imports {bad}"
-
-
-def test_only_tui_imports_textual() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in _py_files("diag", "collectors", "analyzers")
-                 if "textual" in _imports(p) and "tui" not in p.relative_to(ROOT).parts]
-    assert not offenders
 
 
 def test_in_job_modules_import_nothing_heavy() -> None:

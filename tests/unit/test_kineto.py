@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from diag.importers.kineto import import_file
-from diag.importers.kineto_names import canonical_op, classify_kernels
+from diag.importers.kineto_names import classify_kernels
+from diag.vocab import canonical_op
 from tests.unit.kineto_samples import CPU_RANKS, GPT_DS, GPU_RANKS, raw_events
 
 

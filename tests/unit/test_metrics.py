@@ -56,9 +56,6 @@ def test_breakdown_and_overlap_definitions():
     row = breakdown.temporal_breakdown(tr).iloc[0]
     assert (row["total_ns"], row["idle_ns"], row["compute_ns"], row["non_compute_ns"]) == (40, 10, 15, 15)
     assert row["idle_pct"] == 25.0
-    mine = breakdown.temporal_breakdown(tr)
-    mine.loc[0, "idle_ns"] = -1  # callers get copies of the cached figure
-    assert breakdown.temporal_breakdown(tr).iloc[0]["idle_ns"] == 10
     ov = breakdown.comm_overlap(tr).iloc[0]
     assert (ov["comm_ns"], ov["overlap_ns"], ov["overlap_pct"]) == (8, 3, 37.5)
 
@@ -92,3 +89,33 @@ def test_union_by_group_is_exact_at_epoch_nanoseconds():
     df = pd.DataFrame({"rank": [0, 0, 1], "ts": [base, base + 1, base + 7],
                        "dur": pd.array([10, 10, 3], dtype="Float64")})
     assert union_by_group(df, ["rank"]).to_dict() == {0: 11, 1: 3}
+
+
+def test_one_stage_computes_each_figure_once(monkeypatch):
+    """Rules and report read one `Metrics`: on a GPU trace (where exposed_comm reads the overlap and
+    the breakdown) each figure is computed once for the whole analysis."""
+    from diag.analyzers import run_all
+
+    from diag.importers import load_inputs
+    from diag.metrics.stage import Metrics
+    from diag.report import model
+    from tests.unit.kineto_samples import GPU_RANKS
+
+    calls: dict[str, int] = {}
+    for name in ("temporal_breakdown", "comm_overlap", "collective_stats", "stragglers", "step_times"):
+        real = getattr(breakdown, name)
+
+        def counted(trace, _real=real, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(trace)
+
+        monkeypatch.setattr(breakdown, name, counted)
+    trace = load_inputs(GPU_RANKS)
+    assert not trace.frame("kernel").empty
+    m = Metrics(trace)
+    findings, failures = run_all(trace, metrics=m)
+    assert calls.get("comm_overlap") == calls.get("temporal_breakdown") == 1  # read by exposed_comm
+    doc = model.build(trace, findings, failures, m)
+    assert not failures and doc["metrics"]["breakdown"]
+    assert calls == {"temporal_breakdown": 1, "comm_overlap": 1, "collective_stats": 1, "stragglers": 1,
+                     "step_times": 1}

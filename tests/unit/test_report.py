@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree
 
-from diag.analyzers.base import Finding, Fix
 from rich.console import Console
 
 import diag
 from diag import agent, schema
 from diag.cli import main
+from diag.findings import Finding, Fix
 from diag.importers import load_inputs
 from diag.report import html, json_report, markdown, model, terminal
 from tests.unit.kineto_samples import GPT_DS

@@ -1,0 +1,106 @@
+"""The analysis stage: every figure of one trace, computed at most once, typed, read by the rules
+and the report alike.
+
+    Trace -> Metrics -> Findings (diag.analyzers) -> report document (diag.report.model) -> renderers
+
+Each figure is computed on first use and kept (`functools.cached_property`): the TUI's periodic
+analysis pays only for what its rules read, `diag analyze` for the report's tables once more. Frames
+are shared between readers: treat them as read-only (derive with `assign` / selections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from diag.metrics import breakdown, comms, steps
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+
+@dataclass(eq=False)
+class Metrics:
+    """The figures of one trace. Definitions: docs/analyze.md and each function's docstring."""
+
+    trace: Trace
+
+    # ---- whole-trace figures (the report's metrics section) -----------------------------------
+    @cached_property
+    def breakdown(self) -> pd.DataFrame:
+        """Per rank: idle / compute / non-compute time and shares (`breakdown.temporal_breakdown`)."""
+        return breakdown.temporal_breakdown(self.trace)
+
+    @cached_property
+    def overlap(self) -> pd.DataFrame:
+        """Per rank: communication time hidden under compute (`breakdown.comm_overlap`)."""
+        return breakdown.comm_overlap(self.trace)
+
+    @cached_property
+    def collectives(self) -> pd.DataFrame:
+        """Per rank and op: calls, time, bytes, algbw, busbw (`breakdown.collective_stats`)."""
+        return breakdown.collective_stats(self.trace)
+
+    @cached_property
+    def bandwidth_by_size(self) -> pd.DataFrame:
+        """Median busbw per op and message size (`breakdown.bandwidth_by_size`)."""
+        return breakdown.bandwidth_by_size(self.trace)
+
+    @cached_property
+    def stragglers(self) -> pd.DataFrame:
+        """Per rank: share of collectives it arrived last at, median step (`breakdown.stragglers`)."""
+        return breakdown.stragglers(self.trace)
+
+    @cached_property
+    def step_times(self) -> pd.DataFrame:
+        """rank, step, dur_ns from step events or the log (`breakdown.step_times`)."""
+        return breakdown.step_times(self.trace)
+
+    # ---- per-step tables (what the rules compare against the step) ---------------------------
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per (rank, step) with a duration: dur_s, start, end (`steps.step_frame`)."""
+        return steps.step_frame(self.trace.steps)
+
+    @cached_property
+    def steady_steps(self) -> pd.DataFrame:
+        """`steps` without each rank's warm-up step."""
+        return steps.steady(self.steps)
+
+    @cached_property
+    def median_step_s(self) -> float:
+        st = self.steady_steps
+        return float(st["dur_s"].median()) if not st.empty else 0.0
+
+    @cached_property
+    def comms(self) -> pd.DataFrame:
+        """Collectives with canonical `kind`, `dur_s`, busbw, and a step each (`comms.comm_frame`)."""
+        return comms.comm_frame(self.trace.comms, self.steps)
+
+    @cached_property
+    def exposed(self) -> pd.DataFrame:
+        """Per steady (rank, step): seconds blocked in collectives, transfer time only (`exposed_s`)."""
+        return comms.blocking_per_step(self.comms, self.steady_steps, waits=False)
+
+    @cached_property
+    def blocked(self) -> pd.DataFrame:
+        """Like `exposed`, with the time spent waiting for late ranks (what a rank's step loses)."""
+        return comms.blocking_per_step(self.comms, self.steady_steps, waits=True)
+
+    def comm_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
+        """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
+        comm_s."""
+        c = self._selected(mask)
+        return steps.join_steps(self.steady_steps, c.groupby(["rank", "step"], observed=True)["dur_s"].sum(),
+                                "comm_s")
+
+    def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
+        """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
+        return steps.join_steps(self.steady_steps, steps.union_by_step(self._selected(mask)), "comm_s")
+
+    def _selected(self, mask: pd.Series | None) -> pd.DataFrame:
+        c = self.comms
+        return c if mask is None else c[mask.reindex(c.index, fill_value=False)]

@@ -1,0 +1,61 @@
+"""Per-step tables: each rank's steps with their spans, the steady ones, and figures joined to them.
+
+Pure pandas on frames, vectorized over ranks and steps; `diag.metrics.stage.Metrics` computes them
+once per trace for the rules and the report.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diag.metrics import intervals
+
+NS = 1e9  # nanoseconds per second
+
+
+def step_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, step) of a step frame: `dur_s`, `start`, `end` (ns). Steps with no
+    duration are dropped."""
+    df = steps.copy()
+    if df.empty:
+        return pd.DataFrame(columns=["rank", "step", "ts", "dur", "dur_s", "start", "end"])
+    df["dur"] = pd.to_numeric(df["dur"], errors="coerce")
+    df = df.dropna(subset=["dur"])
+    df = df[df["dur"] > 0].copy()
+    df["dur_s"] = df["dur"] / NS
+    df["start"] = pd.to_numeric(df["ts"])
+    df["end"] = df["start"] + df["dur"]
+    return df.sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def steady(df: pd.DataFrame, skip: int = 1) -> pd.DataFrame:
+    """Drop each rank's first `skip` steps (warm-up) when enough steps remain."""
+    if df.empty or df.groupby("rank").size().min() <= skip + 1:
+        return df
+    pos = df[["rank", "step"]].reset_index(drop=True)
+    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
+    first = pos["step"].where(nth == skip).groupby(pos["rank"]).transform("max")  # skip-th smallest
+    return df[(pos["step"] >= first).to_numpy()]
+
+
+def join_steps(steady_steps: pd.DataFrame, values: pd.Series, name: str) -> pd.DataFrame:
+    """A figure indexed by (rank, step) joined to the steady steps: rank, step, dur_s and `name`
+    (0.0 for a step without any)."""
+    st = steady_steps[["rank", "step", "dur_s"]]
+    if values.empty:
+        return st.assign(**{name: 0.0})
+    out = st.merge(values.rename(name).reset_index(), on=["rank", "step"], how="left")
+    return out.fillna({name: 0.0})
+
+
+def union_by_step(c: pd.DataFrame) -> pd.Series:
+    """Seconds covered by the union of each (rank, step)'s [ts, ts + dur) intervals (nested or async
+    ops count once), indexed by (rank, step)."""
+    if c.empty:
+        return pd.Series(dtype=float)
+    ts = pd.to_numeric(c["ts"]).astype("int64")
+    # offsets from the first op: epoch nanoseconds are past float64's exact integers (union_by_group
+    # compares against a shifted, hence float, running end)
+    rows = pd.DataFrame({"rank": c["rank"], "step": c["step"], "ts": ts - ts.min(),
+                         "dur": pd.to_numeric(c["dur"]).fillna(0).astype("int64")})
+    return intervals.union_by_group(rows, ["rank", "step"]) / NS

@@ -1,0 +1,56 @@
+"""The layering contracts of pyproject.toml (`[tool.importlinter]`), checked with `lint-imports`.
+
+import-linter reads the package from the file system, and in a checkout `diag.collectors` and
+`diag.analyzers` live beside `diag/` (diag/__init__.py joins them at run time). The test lays the
+tree out as a wheel installs it (both inside diag/) in a temporary folder and lints that copy.
+By hand: the same three copies, then `lint-imports <checkout>/pyproject.toml` from that folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("importlinter", reason="import-linter is in the dev extra; not installed here")
+
+
+def _installed_layout(dest: Path) -> Path:
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "diag", dest / "diag", ignore=skip)
+    shutil.copytree(ROOT / "collectors", dest / "diag" / "collectors", ignore=skip)
+    shutil.copytree(ROOT / "analyzers", dest / "diag" / "analyzers", ignore=skip)
+    return dest
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("lint-imports")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}  # this copy, not the checkout or an installed diag
+    return subprocess.run([*cmd, str(ROOT / "pyproject.toml"), "--no-cache"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_layering_contracts_are_kept(tmp_path):
+    out = _lint(_installed_layout(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout and "Contracts: 7 kept" in out.stdout, out.stdout
+
+
+def test_a_report_importing_a_rule_breaks_a_contract(tmp_path):
+    """The check can fail: the report layer reaching back into the analyzers is caught, through an
+    intermediate module too."""
+    tree = _installed_layout(tmp_path)
+    (tree / "diag" / "report" / "leak.py").write_text("from diag.units import ms\n"
+                                                      "import diag.tui.fmt\n")
+    (tree / "diag" / "units_leak.py").write_text("from diag.analyzers import run_all\n")
+    (tree / "diag" / "report" / "leak2.py").write_text("import diag.units_leak\n")
+    out = _lint(tree)
+    assert out.returncode != 0
+    assert "the report renders documents: no analyzers, UI or CLI BROKEN" in out.stdout, out.stdout
+    assert "diag.report.leak2 -> diag.units_leak" in out.stdout and "diag.tui" in out.stdout
