@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pandas as pd
 
 if TYPE_CHECKING:
-    from diag.analyzers.base import Finding
+    from diag.findings import Finding
     from diag.trace.model import Trace
 
 Spans = tuple[np.ndarray, np.ndarray]  # a union of intervals: sorted disjoint (starts, ends)

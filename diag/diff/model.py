@@ -16,7 +16,7 @@ from diag.diff.split import split
 from diag.report.model import plain, rows
 
 if TYPE_CHECKING:
-    from diag.analyzers.base import Finding
+    from diag.findings import Finding
     from diag.trace.model import Trace
 
 SCHEMA = "diag.diff"
