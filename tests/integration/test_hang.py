@@ -48,3 +48,24 @@ def test_stacks_names_the_stuck_rank_and_collective(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+def test_detach_with_a_collective_in_flight_is_no_hang(tmp_path):
+    """Issue 9: ranks detached at different moments, one inside an all_reduce (rank 0 waits there
+    for the slow rank 1), gave "pending-timeout ... op never completed" errors and a CRITICAL
+    hang_desync on a healthy job. In-flight ops are unfinished at detach, not errors or evidence."""
+    from diag.analyzers import registered_rules
+
+    from diag import load, schema
+
+    trace = tmp_path / "trace"
+    launch.run("tests.workloads.gpt_ds", [
+        "--steps", "6", "--diag", "--trace-dir", str(trace), "--what", "steps,comms",
+        "--slow-rank", "1", "--slow-ms", "600", "--detach-at", "2", "--detach-delay", "0.3"])
+    tr = load(str(trace))
+    assert tr.errors.empty, tr.errors.to_dict("records")
+    unfinished = {r: h.get(schema.META_UNFINISHED_AT_DETACH) for r, h in tr.headers.items()}
+    assert unfinished == {0: 1, 1: 0}, unfinished  # rank 0 was waiting in the gradient all_reduce
+    counts = tr.comms.groupby("rank").size().to_dict()
+    assert counts[0] < counts[1], counts  # rank 1 detached a step later: its trace has more
+    assert registered_rules()["hang_desync"][0](tr) == []

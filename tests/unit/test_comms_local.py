@@ -179,3 +179,23 @@ def test_profiler_sees_each_collective_once_on_a_sampled_step(group, tmp_path) -
     with open(path) as f:
         layers = [r for r in map(json.loads, f) if r["k"] == schema.LAYER and r["module"] == "lin"]
     assert layers and all(r["flops"] == 2 * 2 * 4 * 4 for r in layers)
+
+
+def test_ops_in_flight_at_detach_are_unfinished_not_errors(group, tmp_path) -> None:
+    """Issue 9: a detach while an op was in flight wrote "pending-timeout ... op never completed"."""
+    ag = agent.start(str(tmp_path), what=("steps",))
+    timing = CommTiming(ag)
+    comms.install(ag, ag.undo, timing=timing)
+    t = torch.ones(8)
+    dist.all_reduce(t)  # finished before the detach
+    work, later = Work(), Later(timing.cpu, ag.now())  # a p2p op nobody has waited on yet
+    ag.emit((schema.COMM, 0, "recv", 32, "float32", "0", 1, (0,), later.token, later, None, True))
+    timing.bind(work, later, p2p=True, async_op=None)
+    path = ag.status()["trace_file"]
+    agent.stop()
+    with open(path) as f:
+        recs = [json.loads(line) for line in f]
+    assert [r for r in recs if r["k"] == schema.ERROR] == []
+    assert [r["value"] for r in recs if r.get("key") == schema.META_UNFINISHED_AT_DETACH] == [1]
+    assert [(r["op"], r["dur"] is None) for r in recs if r["k"] == schema.COMM] == [
+        ("all_reduce", False), ("recv", True)]

@@ -112,6 +112,7 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
     iterations, skipped = [], []  # the job's own numbering, as its log would show it
     for step in range(args.steps):
         state["step"] = step
+        common.maybe_detach(args, rank, step)
         t0 = time.perf_counter()
         if args.slow_rank == rank:
             time.sleep(args.slow_ms / 1000)
