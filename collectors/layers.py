@@ -18,7 +18,7 @@ readers sum them.
 
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
-signature (shapes and dtypes of the outermost forward's tensor arguments) and again every
+signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and again every
 `flops_every`-th sample of it (agent option, default `FLOPS_EVERY`; 1 = every sample); the samples
 in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
 Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
@@ -107,7 +107,7 @@ class LayerRecorder:
     # ---- tracker callbacks (guarded by install) ----------------------------------------------
     def fwd(self, name: str, outermost: bool, args: tuple[Any, ...] = ()) -> None:
         if outermost and _graph_task_id() == -1:
-            self._decide(args)
+            self._decide(name, args)
         if self.active:
             self._open(name, "fwd")
 
@@ -133,7 +133,7 @@ class LayerRecorder:
         self._pop()
 
     # ---- sampling and the dispatch mode --------------------------------------------------------
-    def _decide(self, args: tuple[Any, ...]) -> None:
+    def _decide(self, outermost: str, args: tuple[Any, ...]) -> None:
         every = self.agent.layers_every
         if self.steps_seen:
             want = bool(self.agent.sampled)
@@ -148,7 +148,8 @@ class LayerRecorder:
         device = self.device or job_device()
         self.timer = make_timer(device, self.event_cls)
         self.memory = self.memory_fn or memory_probe(device)
-        self.sig = signature(args)
+        self.sig = (outermost, *signature(args))  # a sample that began inside the model (attach,
+        # a pipeline stage's own root) must not reuse FLOPs counted from another module's start
         self.occurrence.clear()
         self.counting = self._count_now(self.sig) or not self._pop()  # a mode it cannot pop still counts
         if self.counting:

@@ -72,3 +72,19 @@ def test_healthy_agent_reports_no_errors(pair: tuple[Job, Job]) -> None:
 def test_tensor_parallel_layout_recorded(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     assert on.trace.layout().get("tp") == TP
+
+
+def test_module_tree_nests_and_adds_up(pair: tuple[Job, Job]) -> None:
+    """Issue 9: parents' windows and FLOPs on a real megatron-core model: every window within its
+    parent's, siblings disjoint, a parent's FLOPs its children's plus its own ops. Megatron's only
+    parent with ops of its own is core_attention (baddbmm + bmm: 2 * 2*b*(heads/TP)*s*s*d)."""
+    on, _ = pair
+    m = on.result["model"]
+    attn = 4 * m["batch"] * (m["heads"] // TP) * m["seq"] ** 2 * (m["hidden"] // m["heads"])
+    layers = on.trace.layers
+    for r in range(2):
+        recs = layers[layers["rank"] == r].to_dict("records")
+        for phase, own in (("fwd", attn), ("bwd", 2 * attn)):
+            mine = [x for x in recs if x["phase"] == phase]
+            assert {x["module"] for x in mine} >= {"GPTModel", "output_layer", "decoder.layers.1"}
+            assert truth.module_tree_problems(mine, {"core_attention": own}) == []
