@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from diag.collectors import modules
 from diag.collectors.flops import FORMULAS, count
-from diag.collectors.timing import job_device, make_timer, memory_probe
+from diag.collectors.timing import CpuTimer, job_device, make_timer, memory_probe
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
@@ -192,8 +192,9 @@ class LayerRecorder:
         key = (name, phase)
         if key not in self.open and self.active:
             mode = self.mode
-            self.open[key] = (self.agent.now(), self.timer.start(), mode.total if mode else 0,
-                              self.memory())
+            ts = self.agent.now()  # on CPU also the timer's start: one clock reading, so a child
+            token = ts if type(self.timer) is CpuTimer else self.timer.start()  # ends within its parent
+            self.open[key] = (ts, token, mode.total if mode else 0, self.memory())
 
     def _close(self, name: str, phase: str) -> None:
         key = (name, phase)

@@ -88,3 +88,14 @@ def test_module_tree_nests_and_adds_up(pair: tuple[Job, Job]) -> None:
             mine = [x for x in recs if x["phase"] == phase]
             assert {x["module"] for x in mine} >= {"GPTModel", "output_layer", "decoder.layers.1"}
             assert truth.module_tree_problems(mine, {"core_attention": own}) == []
+
+
+def test_groups_named_by_their_megatron_role(pair: tuple[Job, Job]) -> None:
+    """Issue 9: groups showed as bare c10d ids ("0", "5"); the layout had no groups."""
+    on, _ = pair
+    comms = on.trace.comms
+    assert {str(g).split(":")[0] for g in comms["group"]} == {"tp"}
+    groups = on.trace.layout()["groups"]
+    tp = {name: g for name, g in groups.items() if g["role"] == "tp"}
+    assert [(g["size"], g["ranks"]) for g in tp.values()] == [(TP, [0, 1])]
+    assert set(map(str, comms["group"])) == set(tp)
