@@ -10,7 +10,8 @@ runs before and after it inside `agent.guard`, so a failure there is counted, ne
 Record: (comm, step, op, bytes, dtype, group, group_size, group_ranks, ts, dur, module, async_op);
 `ts` is the issue time, `dur` a `Later` set at completion (`collectors.comms_timing`), `module` the
 innermost module running (`collectors.modules`). The hot path builds that one tuple; group name and
-ranks are cached per group, dtype names per dtype.
+ranks are cached per group, dtype names per dtype. Groups are named by their role (`tp:1`, `dp:5`,
+`world:0`: collectors.comms_groups), and every group seen is in the `groups` meta record.
 """
 
 from __future__ import annotations
@@ -40,12 +41,25 @@ def install(agent: Any, undo: Undo, timing: CommTiming | None = None) -> None:
     _track_modules(agent, undo)
     timing = timing or CommTiming(agent)
     timing.install(undo)
-    groups = Groups()
+    groups = Groups(lambda seen: _new_group(agent, seen))
     undo.call(groups.clear, "comms: group cache")
     for name, spec in METHODS.items():
         if name in ProcessGroup.__dict__:
             original = getattr(ProcessGroup, name)
             undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, groups, timing))
+
+
+LAYOUT_ROLES = ("tp", "pp", "dp", "cp", "ep")
+
+
+def _new_group(agent: Any, seen: dict[str, dict[str, Any]]) -> None:
+    """Every group seen so far as meta; the first group of a parallel role also gives its size to the
+    layout (`tp`, ...), for jobs whose framework the header cannot read (Megatron-DeepSpeed's mpu)."""
+    agent.set_meta(schema.META_GROUPS, seen)
+    name = next(reversed(seen))
+    role, size = seen[name]["role"], seen[name]["size"]
+    if role in LAYOUT_ROLES and not any(g["role"] == role for n, g in seen.items() if n != name):
+        agent.set_meta(role, size)
 
 
 def _track_modules(agent: Any, undo: Undo) -> None:

@@ -170,7 +170,7 @@ class ModuleTracker:
         stack = self.stack
         entry = self.names.get(id(mod))
         name = entry[1] if entry is not None else None
-        if not stack or stack[-1] != name and not self._unwind(name):
+        if not stack or (stack[-1] != name and not self._unwind(name)):
             return  # started mid-forward (attach): this call's pre-hook never ran
         stack.pop()
         track = self._track.pop() if self._track else False

@@ -62,6 +62,15 @@ def test_steps_and_overflows_carry_the_jobs_own_numbers(pair: tuple[Job, Job]) -
         assert on.rank(rank)["skipped_iterations"] == [at + 1]  # loop index 1 is iteration 2
 
 
+def test_groups_named_by_their_role(pair: tuple[Job, Job]) -> None:
+    """Issue 9: groups showed as bare c10d ids; here every collective is on the world (= DP) group."""
+    on, _ = pair
+    names = set(map(str, on.trace.comms["group"]))
+    assert names and all(n.split(":")[0] in ("world", "dp") for n in names), names
+    groups = on.trace.layout()["groups"]
+    assert names <= set(groups) and all(groups[n]["ranks"] == [0, 1] for n in names)
+
+
 def test_collective_counts_match_profiler(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     for r in range(2):
