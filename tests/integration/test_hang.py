@@ -69,3 +69,30 @@ def test_detach_with_a_collective_in_flight_is_no_hang(tmp_path):
     counts = tr.comms.groupby("rank").size().to_dict()
     assert counts[0] < counts[1], counts  # rank 1 detached a step later: its trace has more
     assert registered_rules()["hang_desync"][0](tr) == []
+
+
+def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
+    """Issue 9: on a job training fine `diag stacks` said "at different collective counts" and
+    "rank 1 stuck in all_reduce; never arrived: rank 0", and showed diag's own frames."""
+    trace = tmp_path / "trace"
+    env = launch.job_env({"XDG_RUNTIME_DIR": str(tmp_path)})
+    cmd = [sys.executable, "-m", "diag", "run", "--trace-dir", str(trace), "--", *launch.torchrun_cmd(
+        "tests.workloads.megatron_tp", ["--steps", "100000", "--out", str(tmp_path / "out.json")])]
+    job = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240  # start-up is slow on a busy 2-core machine
+        while len(list(trace.glob("rank-*.jsonl"))) < 2 or min(
+                f.stat().st_size for f in trace.glob("rank-*.jsonl")) < 10_000:
+            assert job.poll() is None and time.monotonic() < deadline, "the job never got going"
+            time.sleep(0.5)
+        res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=90, env=env)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["verdict"] is None and out["moving"], out
+        shown = [line for g in out["groups"] for line in (*g["describe"], *g["frames"])]
+        assert shown and not [x for x in shown if "comms_timing.py" in x or "overflow.py" in x]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
