@@ -99,3 +99,17 @@ def test_groups_named_by_their_megatron_role(pair: tuple[Job, Job]) -> None:
     tp = {name: g for name, g in groups.items() if g["role"] == "tp"}
     assert [(g["size"], g["ranks"]) for g in tp.values()] == [(TP, [0, 1])]
     assert set(map(str, comms["group"])) == set(tp)
+
+
+def test_every_collective_carries_its_module(runs: Runs) -> None:
+    """Issue 9: collectives named their module on 1 step in 10 only (module tracking runs on the
+    first 10 steps and every 10th). Steps 11 and 12 are untracked: each collective takes its match's
+    module in step 10, the same as tracking finds for them (megatron's 13 all_reduces a step)."""
+    job = runs.get(MEGATRON, ["--steps", "13"], diag=True)
+    comms = job.trace.comms
+    for r in range(2):
+        mine = comms[comms["rank"] == r].sort_values("ts")
+        per_step = {s: list(g["module"]) for s, g in mine.groupby("step")}
+        assert len(per_step[10]) == 13 and all(per_step[10])
+        assert per_step[11] == per_step[12] == per_step[10]
+        assert mine["module"].notna().all()
