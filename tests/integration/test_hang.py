@@ -3,6 +3,7 @@ launcher must name rank 0 as stuck in all_reduce and rank 1 as never arrived, in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from diag.procs import ranks_under
 from tests.conftest import ROOT
 from tests.workloads import launch
 
@@ -77,15 +79,17 @@ def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
     trace = tmp_path / "trace"
     env = launch.job_env({"XDG_RUNTIME_DIR": str(tmp_path)})
     cmd = [sys.executable, "-m", "diag", "run", "--trace-dir", str(trace), "--", *launch.torchrun_cmd(
-        "tests.workloads.megatron_tp", ["--steps", "100000", "--out", str(tmp_path / "out.json")])]
+        "tests.workloads.megatron_tp", ["--steps", "20000", "--out", str(tmp_path / "out.json")])]
     job = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks: list[int] = []
     try:
         deadline = time.monotonic() + 240  # start-up is slow on a busy 2-core machine
         while len(list(trace.glob("rank-*.jsonl"))) < 2 or min(
                 f.stat().st_size for f in trace.glob("rank-*.jsonl")) < 10_000:
             assert job.poll() is None and time.monotonic() < deadline, "the job never got going"
             time.sleep(0.5)
+        ranks = [pid for pid, _ in ranks_under(job.pid)]  # torchrun starts each in its own session
         res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
                              capture_output=True, text=True, cwd=ROOT, timeout=90, env=env)
         assert res.returncode == 0, res.stderr
@@ -95,4 +99,7 @@ def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
         assert shown and not [x for x in shown if "comms_timing.py" in x or "overflow.py" in x]
     finally:
         os.killpg(job.pid, signal.SIGKILL)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         job.wait()
