@@ -8,6 +8,7 @@ import pandas as pd
 from diag.analyzers import evidence
 from diag.analyzers.base import rule
 
+from diag import schema
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
 
@@ -40,9 +41,19 @@ def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     return out
 
 
-def _diverged(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
+def detached(trace: Trace) -> set[int]:
+    """Ranks whose trace ended with diag stopping while the job ran on (a detach; the comms collector
+    writes how many ops were then in flight): its last collectives are where diag stopped looking."""
+    return {r for r, h in trace.headers.items() if schema.META_UNFINISHED_AT_DETACH in h}
+
+
+def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Groups whose members completed different numbers of collectives and ended in different ones;
+    not a group whose every member was detached (each at its own moment: counts are not comparable)."""
     bad = {}
     for group, ranks in last_collectives(c).items():
+        if set(ranks) <= stopped_looking:
+            continue
         counts = {v["count"] for v in ranks.values()}
         lasts = {(v["op"], v["bytes"]) for v in ranks.values()}
         if len(ranks) > 1 and len(counts) > 1 and len(lasts) > 1:
@@ -53,11 +64,12 @@ def _diverged(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
 @rule("hang_desync")
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when ranks of one group completed different numbers of collectives and their last ones
-    differ (op or size: a desync), when a rank is >= 2 steps behind the furthest, or when a rank went
-    silent >= max(60 s, 20 median steps) before the others' last event (stopped emitting: hung or
-    dead). Fix: run `diag attach` / py-spy dump on the ranks named, look for a rank-dependent branch
-    around a collective; NCCL_ASYNC_ERROR_HANDLING / TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into
-    an error with the op named."""
+    differ (op or size: a desync; unless every member's trace ended by a detach, each at its own
+    moment, with ops in flight then recorded as unfinished, not as evidence), when a rank is >= 2
+    steps behind the furthest, or when a rank went silent >= max(60 s, 20 median steps) before the
+    others' last event (stopped emitting: hung or dead). Fix: run `diag attach` / py-spy dump on the
+    ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
+    TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
     seen = last_seen(trace)
     if len(seen) < 2:
         return []
@@ -66,7 +78,7 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     st = trace.steps
     max_step = st.groupby("rank")["step"].max() if not st.empty else pd.Series(dtype=int)
     behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
-    diverged = _diverged(metrics.comms) if not trace.comms.empty else {}
+    diverged = _diverged(metrics.comms, detached(trace)) if not trace.comms.empty else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})

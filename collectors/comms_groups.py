@@ -1,35 +1,84 @@
 """Process-group identity for comm records: name, size and global ranks, resolved once per group.
 
-Cached by `id(pg)` with a weak reference to check identity, so a destroyed group is neither kept
-alive nor confused with a new one that reuses its address.
+The name is the group's role where the job's framework holds it (`tp`, `pp`, `dp`, `cp`, `ep`, ...
+from megatron's parallel_state, `dp`, `ep`, `sp`, ... from DeepSpeed's groups, `world` for the
+default group) joined to c10d's group name, which is the same on every member rank and tells the
+TP groups of different ranks apart: `tp:1`, `dp:5`, `world:0`; a group no framework holds keeps the
+bare c10d name. Cached by `id(pg)` with a weak reference to check identity, so a destroyed group is
+neither kept alive nor confused with a new one that reuses its address.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
 GroupInfo = tuple[str, int, "tuple[int, ...] | None"]
+# (module, its global holding a group or a {name: group} dict, role), most specific role first:
+# one group object held under two names (TP = model parallel when PP = 1) takes the first
+ROLES = (
+    ("megatron.core.parallel_state", "_TENSOR_MODEL_PARALLEL_GROUP", "tp"),
+    ("megatron.core.parallel_state", "_CONTEXT_PARALLEL_GROUP", "cp"),
+    ("megatron.core.parallel_state", "_PIPELINE_MODEL_PARALLEL_GROUP", "pp"),
+    ("megatron.core.parallel_state", "_EXPERT_MODEL_PARALLEL_GROUP", "ep"),
+    ("megatron.core.parallel_state", "_SEQUENCE_PARALLEL_GROUP", "sp"),
+    ("megatron.core.parallel_state", "_DATA_PARALLEL_GROUP", "dp"),
+    ("megatron.core.parallel_state", "_DATA_PARALLEL_GROUP_GLOO", "dp"),
+    ("megatron.core.parallel_state", "_DATA_PARALLEL_GROUP_WITH_CP", "dp_cp"),
+    ("megatron.core.parallel_state", "_SEQUENCE_DATA_PARALLEL_GROUP", "sp_dp"),
+    ("megatron.core.parallel_state", "_EXPERT_DATA_PARALLEL_GROUP", "ep_dp"),
+    ("megatron.core.parallel_state", "_MODEL_PARALLEL_GROUP", "mp"),
+    ("megatron.core.parallel_state", "_EMBEDDING_GROUP", "embd"),
+    ("megatron.core.parallel_state", "_POSITION_EMBEDDING_GROUP", "pos_embd"),
+    ("deepspeed.utils.groups", "_EXPERT_PARALLEL_GROUP", "ep"),
+    ("deepspeed.utils.groups", "_SEQUENCE_PARALLEL_GROUP", "sp"),
+    ("deepspeed.utils.groups", "_DATA_PARALLEL_GROUP", "dp"),
+    ("deepspeed.utils.groups", "_EXPERT_DATA_PARALLEL_GROUP", "ep_dp"),
+    ("deepspeed.utils.groups", "_SEQUENCE_DATA_PARALLEL_GROUP", "sp_dp"),
+    ("deepspeed.utils.groups", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "zero_hpz"),
+    ("deepspeed.utils.groups", "_WORLD_GROUP", "world"),
+)
+
+
+def role_of(pg: Any) -> str | None:
+    """The role the job's framework gives `pg`, `world` for the default group, else None."""
+    for module, attr, role in ROLES:
+        held = getattr(sys.modules.get(module), attr, None)
+        if held is pg or (isinstance(held, dict) and any(g is pg for g in held.values())):
+            return role
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_initialized() and pg is dist.distributed_c10d._get_default_group():
+            return "world"
+    except Exception:  # noqa: BLE001 - no default group (being destroyed): no role
+        pass
+    return None
 
 
 def describe(pg: Any) -> GroupInfo:
-    """(name, size, global ranks). The name is c10d's group_name: the same on every member rank."""
+    """(name, size, global ranks). The name is the role and c10d's group_name (see above)."""
     import torch.distributed as dist
 
     name = str(getattr(pg, "group_name", "") or pg.name())
+    role = role_of(pg)
     size = int(pg.size())
     try:
         ranks: tuple[int, ...] | None = tuple(int(r) for r in dist.get_process_group_ranks(pg))
     except Exception:  # noqa: BLE001 - a group c10d does not track (made by hand): ranks unknown
         ranks = None
-    return name, size, ranks
+    return (f"{role}:{name}" if role else name), size, ranks
 
 
 class Groups:
-    """`info(pg)` is one dict lookup and one weakref call on the hot path."""
+    """`info(pg)` is one dict lookup and one weakref call on the hot path. Each new group is passed
+    to `on_new(groups)` with every group seen so far ({name: {"role", "size", "ranks"}}): the
+    agent writes it as the `groups` meta record, which readers merge into the layout."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_new: Any = None) -> None:
         self._cache: dict[int, tuple[weakref.ref, GroupInfo]] = {}
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.on_new = on_new
 
     def info(self, pg: Any) -> GroupInfo:
         hit = self._cache.get(id(pg))
@@ -37,6 +86,12 @@ class Groups:
             return hit[1]
         info = describe(pg)
         self._cache[id(pg)] = (weakref.ref(pg), info)
+        name, size, ranks = info
+        if name not in self.seen:
+            role = name.split(":", 1)[0] if ":" in name else None
+            self.seen[name] = {"role": role, "size": size, "ranks": list(ranks) if ranks else None}
+            if self.on_new is not None:
+                self.on_new(dict(self.seen))
         return info
 
     def clear(self) -> None:

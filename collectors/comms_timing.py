@@ -11,8 +11,12 @@ the completion fills in, by the cheapest signal that is exact for the kind of ca
 - send/recv (gloo's p2p Work has no future; `send` and `isend` look alike here): the first wait.
 The writer thread holds the record until the duration is known (`diag.agent.pending`). Works are
 referenced weakly or until the next wait, so one never waited does not leak: its record is written
-with a null duration. GPU time comes from `collectors.timing`'s CUDA-event timer (the seam tests fake);
-the host never synchronizes.
+with a null duration. At detach (or any stop) the ops still in flight are not errors: the job goes on
+and completes them unseen. Their records are written with a null duration and counted in one
+`unfinished_at_detach` meta record (written at every stop, 0 when none), which also tells readers
+that the rank's trace ended while the job ran on (analyzers/hang_desync.py reads it); a CUDA span
+not yet complete at stop is still given up by the writer. GPU time comes from `collectors.timing`'s
+CUDA-event timer (the seam tests fake); the host never synchronizes.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from typing import Any
 
 from diag.collectors.timing import CpuTimer, Timer, make_timer
 
+from diag import schema
 from diag.agent.pending import Pending
 from diag.agent.undo import Undo
+
+UNFINISHED_AT_DETACH = schema.META_UNFINISHED_AT_DETACH
 
 
 class Later(Pending):
@@ -51,12 +58,23 @@ class Later(Pending):
         return d if type(d) is int else d.value()
 
 
+class _Unfinished(Pending):
+    """The duration of an op still in flight when diag stopped: known to be unknown (null)."""
+
+    __slots__ = ()
+
+    def ready(self) -> bool:
+        return True
+
+    def value(self) -> Any:
+        return None
+
+
+UNFINISHED = _Unfinished()
+
+
 def _on_cuda(tensor: Any) -> bool:
     return bool(tensor.is_cuda)
-
-
-def _finish(later: Later, _future: Any = None) -> None:
-    later.finish()
 
 
 class CommTiming:
@@ -65,13 +83,15 @@ class CommTiming:
 
     def __init__(self, agent: Any, gpu_timer: Timer | None = None,
                  is_gpu: Callable[[Any], bool] | None = None) -> None:
+        self.agent = agent
         self.cpu = CpuTimer()
         self.gpu_timer = gpu_timer
         self.is_gpu = is_gpu or _on_cuda
         self.waiting: weakref.WeakKeyDictionary[Any, Later] = weakref.WeakKeyDictionary()
         self.last: Any = None  # the blocking call's Work, until the wait torch makes next
         self.last_later: Later | None = None
-        self._finish = agent.guard("comms", _finish, "complete")
+        self.inflight: set[Later] = set()  # async calls finished by their future's callback
+        self._finish = agent.guard("comms", self._finished, "complete")
         self._waited = agent.guard("comms", self._on_wait, "wait")
 
     def start(self, tensor: Any, t0: int) -> Later:
@@ -99,7 +119,12 @@ class CommTiming:
             except RuntimeError:  # "getFuture not implemented" (a third-party backend's work)
                 self.waiting[work] = later
                 return
+            self.inflight.add(later)
             future.then(functools.partial(self._finish, later))
+
+    def _finished(self, later: Later, _future: Any = None) -> None:
+        later.finish()
+        self.inflight.discard(later)
 
     def _on_wait(self, work: Any) -> None:
         if work is self.last:
@@ -111,8 +136,17 @@ class CommTiming:
             later.finish()
 
     def _forget(self) -> None:
+        """Stop: every op still in flight gets a null duration (not an error) and is counted."""
+        pending = [*self.inflight, *self.waiting.values(), self.last_later]
         self.waiting.clear()
+        self.inflight.clear()
         self.last = self.last_later = None
+        unfinished = 0
+        for later in pending:
+            if later is not None and later.dur is None:
+                later.dur = UNFINISHED
+                unfinished += 1
+        self.agent.set_meta(UNFINISHED_AT_DETACH, unfinished)
 
     def install(self, undo: Undo) -> None:
         """Wrap `Work.wait` (class-level) to see completions; costs one test for other works."""

@@ -18,7 +18,7 @@ readers sum them.
 
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
-signature (shapes and dtypes of the outermost forward's tensor arguments) and again every
+signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and again every
 `flops_every`-th sample of it (agent option, default `FLOPS_EVERY`; 1 = every sample); the samples
 in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
 Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from diag.collectors import modules
 from diag.collectors.flops import FORMULAS, count
-from diag.collectors.timing import job_device, make_timer, memory_probe
+from diag.collectors.timing import CpuTimer, job_device, make_timer, memory_probe
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
@@ -107,7 +107,7 @@ class LayerRecorder:
     # ---- tracker callbacks (guarded by install) ----------------------------------------------
     def fwd(self, name: str, outermost: bool, args: tuple[Any, ...] = ()) -> None:
         if outermost and _graph_task_id() == -1:
-            self._decide(args)
+            self._decide(name, args)
         if self.active:
             self._open(name, "fwd")
 
@@ -133,7 +133,7 @@ class LayerRecorder:
         self._pop()
 
     # ---- sampling and the dispatch mode --------------------------------------------------------
-    def _decide(self, args: tuple[Any, ...]) -> None:
+    def _decide(self, outermost: str, args: tuple[Any, ...]) -> None:
         every = self.agent.layers_every
         if self.steps_seen:
             want = bool(self.agent.sampled)
@@ -148,7 +148,8 @@ class LayerRecorder:
         device = self.device or job_device()
         self.timer = make_timer(device, self.event_cls)
         self.memory = self.memory_fn or memory_probe(device)
-        self.sig = signature(args)
+        self.sig = (outermost, *signature(args))  # a sample that began inside the model (attach,
+        # a pipeline stage's own root) must not reuse FLOPs counted from another module's start
         self.occurrence.clear()
         self.counting = self._count_now(self.sig) or not self._pop()  # a mode it cannot pop still counts
         if self.counting:
@@ -191,8 +192,9 @@ class LayerRecorder:
         key = (name, phase)
         if key not in self.open and self.active:
             mode = self.mode
-            self.open[key] = (self.agent.now(), self.timer.start(), mode.total if mode else 0,
-                              self.memory())
+            ts = self.agent.now()  # on CPU also the timer's start: one clock reading, so a child
+            token = ts if type(self.timer) is CpuTimer else self.timer.start()  # ends within its parent
+            self.open[key] = (ts, token, mode.total if mode else 0, self.memory())
 
     def _close(self, name: str, phase: str) -> None:
         key = (name, phase)

@@ -138,7 +138,9 @@ class ModuleTracker:
             agent.emit((schema.META, agent.now(), ATTRIBUTED_STEP, step))
             if self._handles is None:
                 pre, post = self._hooks
-                self._handles = register_module_forward_pre_hook(pre), register_module_forward_hook(post)
+                # always_call: a forward that raises (a fused kernel's caught fallback) still ends
+                self._handles = (register_module_forward_pre_hook(pre),
+                                 register_module_forward_hook(post, always_call=True))
 
     def _hooks_off(self) -> None:
         with self._switch:
@@ -165,9 +167,12 @@ class ModuleTracker:
         self._track.append(track)
 
     def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
-        if not self.stack:
+        stack = self.stack
+        entry = self.names.get(id(mod))
+        name = entry[1] if entry is not None else None
+        if not stack or (stack[-1] != name and not self._unwind(name)):
             return  # started mid-forward (attach): this call's pre-hook never ran
-        name = self.stack.pop()
+        stack.pop()
         track = self._track.pop() if self._track else False
         lis = self.listener
         if lis is not None and lis.active:
@@ -184,6 +189,23 @@ class ModuleTracker:
         self._on_node(out_node).append((self._enter, path))
         if in_node is not None:
             self._on_node(in_node).append((self._exit, path))
+
+    def _unwind(self, name: str | None) -> bool:
+        """`name` ends but is not on top: modules above it began and never ended (their post-hooks
+        did not run). Close them now, so this module's window ends here and not at a later module's
+        end (which popped the wrong name: a parent's window ran on, the root's never closed). False
+        if `name` never began (hooks turned on inside it: an attach mid-forward)."""
+        stack = self.stack
+        if name is None or name not in stack:
+            return False
+        lis = self.listener
+        while stack[-1] != name:
+            above = stack.pop()
+            if self._track:
+                self._track.pop()
+            if lis is not None and lis.active:
+                lis.fwd_end(above)
+        return True
 
     def _on_node(self, node: Any) -> list[tuple[Callable[[Path], None], Path]]:
         """The actions to run when backward reaches `node`: one pre-hook per node (registering costs

@@ -3,9 +3,10 @@
 DeepSpeed fp16 (every ZeRO stage, pipeline too): a class-level wrapper of
 `DeepSpeedEngine._take_model_step` reads the loss scale before and after (`loss_scale_config.cur_scale`
 at stage 0, `loss_scaler.cur_scale` under ZeRO: host floats), the optimizer's `overflow` flag and
-`engine.skipped_steps`; source "deepspeed_fp16". One wrapper at the boundary covers every optimizer
-type, where `DynamicLossScaler.update_scale` / `FP16_UnfusedOptimizer._update_scale` / `has_overflow`
-differ per optimizer and stage.
+`engine.skipped_steps`; source "deepspeed_fp16"; numbered as collectors/steps.py numbers steps
+(DeepSpeed's `global_steps` once taken), so they are the log's skipped iterations. One wrapper at
+the boundary covers every optimizer type, where `DynamicLossScaler.update_scale` /
+`FP16_UnfusedOptimizer._update_scale` / `has_overflow` differ per optimizer and stage.
 Megatron: `DynamicGradScaler.update(found_inf)` (and `ConstantGradScaler`); found_inf is already a
 host bool, the scale a device tensor copied asynchronously (`cuda.host_scalar`), never `.item()`;
 `skipped_steps` counts found_inf updates since install (Megatron keeps no such counter); source
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from diag.collectors import cuda
-from diag.collectors.steps import engine_class, megatron_step_classes
+from diag.collectors.steps import ds_step, engine_class, megatron_step_classes
 
 from diag import schema
 
@@ -101,12 +102,12 @@ class _Overflow:
         if engine.fp16_enabled():
             overflow = bool(getattr(engine.optimizer, "overflow", False))
             after = cuda.host_float(engine._get_optimizer_loss_scale())
-            self.emit(token[0], overflow, token[1], after, skipped, "deepspeed_fp16")
+            self.emit(token[0] + 1, overflow, token[1], after, skipped, "deepspeed_fp16")
         elif _nonfinite(getattr(engine, "_global_grad_norm", None)):
-            self.emit(token[0], True, None, None, skipped, "nonfinite_grad_norm")
+            self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_grad_norm")
 
     def _loss_check(self, engine: Any, loss: Any = None, *_a: Any, **_k: Any) -> None:
-        step = int(engine.global_steps)
+        step = ds_step(engine)
         if step != self.loss_flagged and not engine.fp16_enabled() and _nonfinite(loss):
             self.loss_flagged = step
             self.emit(step, True, None, None, int(engine.skipped_steps), "nonfinite_loss")

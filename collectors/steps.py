@@ -3,13 +3,19 @@
 Sources, in order of trust:
 - DeepSpeed: a class-level wrapper of `DeepSpeedEngine._take_model_step`, the boundary itself
   (`engine.step()` calls it only at gradient-accumulation boundaries, and `PipelineEngine.train_batch`
-  calls it directly, bypassing `step()`). Step numbers are `engine.global_steps`, so an agent attached
-  mid-run numbers steps as the job does; samples are the engine's `global_samples` delta (micro batch x
-  grad accumulation x DP); `applied` is `engine.was_step_applied()` (false for an fp16 overflow).
+  calls it directly, bypassing `step()`). A step carries the number the job gives it: `engine.global_steps`
+  once it is taken (`global_steps + 1` while it runs), which is what DeepSpeed logs as `step=N` and
+  Megatron-DeepSpeed as `iteration N` (the first step is 1; records before it, `initialize`'s
+  broadcasts, are step 0). An agent attached mid-run numbers steps as the job does. Samples are the
+  engine's `global_samples` delta (micro batch x grad accumulation x DP); `applied` is
+  `engine.was_step_applied()` (false for an fp16 overflow; skipped steps are counted by DeepSpeed too).
   A wrapper of `DeepSpeedEngine.forward` notices the engine before its first boundary.
 - Megatron optimizers (`megatron.core.optimizer`, not torch Optimizers): their own `step`, whose
   result says whether the update was applied (a skipped fp16 step never reaches the torch optimizer).
-- torch's global optimizer step post-hook for plain torch loops, numbered from 0 at install.
+  Numbered by Megatron's `args.iteration + 1` (its training loop's `iteration` for the step in
+  progress) where its global args exist, else counted on from the previous step.
+- torch's global optimizer step post-hook for plain torch loops (no counter of their own), numbered
+  from 0 at install.
 Nesting (a DeepSpeed or Megatron step running a torch optimizer inside) is counted once: only the
 outermost source emits. While DeepSpeed is loaded, torch hooks are ignored unless no engine shows up
 within `TORCH_GRACE` of them (then the job trains without the engine; those first steps are lost).
@@ -30,6 +36,23 @@ NAME = "steps"
 DS_ENGINE = "deepspeed.runtime.engine"
 MEGATRON_OPTIMIZER = "megatron.core.optimizer.optimizer"
 TORCH_GRACE = 2  # torch-hook steps without a DeepSpeed engine before they count
+MEGATRON_ARGS = ("megatron.training.global_vars", "megatron.global_vars")  # Megatron-LM, -DeepSpeed
+
+
+def ds_step(engine: Any) -> int:
+    """DeepSpeed's number for the step in progress: its `global_steps` once the step is taken."""
+    return int(engine.global_steps) + 1
+
+
+def megatron_iteration() -> int | None:
+    """Megatron's `iteration` for the step in progress (its loop sets `args.iteration` after each
+    step), or None where no Megatron training loop has parsed its arguments."""
+    for name in MEGATRON_ARGS:
+        args = getattr(sys.modules.get(name), "_GLOBAL_ARGS", None)
+        done = getattr(args, "iteration", None)
+        if isinstance(done, int):
+            return done + 1
+    return None
 
 
 def megatron_step_classes() -> list[type]:
@@ -64,6 +87,7 @@ class _Steps:
         self.after_engine = agent.guard(NAME, self._after_engine, "engine-after")
         self.after_megatron = agent.guard(NAME, self._after_megatron, "megatron-after")
         self.sight = agent.guard(NAME, self._sight, "engine-sight")
+        self.number_megatron = agent.guard(NAME, self._number_megatron, "megatron-before")
         self.torch_post = agent.guard(NAME, self._torch_post, "torch-post")
 
     # ---- patching --------------------------------------------------------------------------
@@ -112,6 +136,8 @@ class _Steps:
         state = self
 
         def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if state.depth == 0:
+                state.number_megatron()
             state.depth += 1
             try:
                 out = original(optimizer, *args, **kwargs)
@@ -131,10 +157,17 @@ class _Steps:
         A step already under way is not sampled for layers: its records would be partial."""
         self.seen.add(engine)
         self.agent.saw_engine(engine)
-        self.agent.step = int(engine.global_steps)
+        self.agent.step = ds_step(engine)
 
     def _before(self, engine: Any) -> tuple[int, int]:
         return int(engine.global_steps), int(getattr(engine, "global_samples", 0))
+
+    def _number_megatron(self) -> None:
+        """Before a Megatron optimizer step: take the loop's own iteration number, if it has one
+        (the scaler's overflow record, inside the step, carries it too)."""
+        iteration = megatron_iteration()
+        if iteration is not None:
+            self.agent.step = iteration
 
     def _after_engine(self, engine: Any, before: tuple[int, int] | None) -> None:
         if before is None or engine.global_steps == before[0]:
@@ -144,7 +177,7 @@ class _Steps:
             self.agent.saw_engine(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
         applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
-        self.boundary(before[0], samples or None, applied, int(engine.global_steps))
+        self.boundary(before[0] + 1, samples or None, applied, ds_step(engine))
 
     def _after_megatron(self, out: Any) -> None:
         applied = bool(out[0]) if isinstance(out, tuple) and out else None

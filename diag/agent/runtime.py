@@ -341,7 +341,7 @@ class Agent:
             "install_failures": dict(self.install_failures),
             "step": self.step,
             "layers_every": self.layers_every,
-            "captured": stats[2], "dropped": stats[3], "errors": stats[4],
+            "captured": _by_collector(stats[2]), "dropped": _by_collector(stats[3]), "errors": stats[4],
             "error_messages": [list(m) for m in self.error_messages],
             "buffered": len(self.ring),
             "lines_lost": self._file.lines_lost if self._file else 0,
@@ -349,6 +349,18 @@ class Agent:
             "writer_cpu_ns": self.writer_cpu_ns,
             "hook_ns": self.own_hook_ns(), "hook_calls": self.hook_calls,
         }
+
+
+_COLLECTOR_OF_KIND = {schema.COMM: "comms", schema.LAYER: "layers", schema.STEP: "steps"}
+
+
+def _by_collector(counts: dict[str, int]) -> dict[str, int]:
+    """Event-kind counts keyed like `collectors` and `errors` (`comm` -> `comms`): one row each."""
+    out: dict[str, int] = {}
+    for kind, n in counts.items():
+        key = _COLLECTOR_OF_KIND.get(kind, kind)
+        out[key] = out.get(key, 0) + n
+    return out
 
 
 def _noop() -> None:

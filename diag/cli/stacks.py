@@ -2,7 +2,9 @@
 
 Names the odd rank out, the collective each rank waits in, and the ranks that never arrived. The
 collective counts come from the agent's trace (found through the control socket when attached, or
---trace-dir); without them the stacks alone still say who waits in which collective.
+--trace-dir); without them the stacks alone still say who waits in which collective. Every rank is
+sampled twice, --interval apart: a verdict is given only when no rank moved in between (one sample
+of a healthy job catches ranks between collectives, and counts read a moment apart differ).
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import argparse
 import glob
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-from diag.errors import DiagError
+from diag.errors import USAGE, DiagError
 from diag.procs import ranks_under
 from diag.stacks.cluster import cluster, odd_ones_out
 from diag.stacks.dump import RankStack, dump, rank_stack
-from diag.stacks.join import Progress, describe, progress, verdict
+from diag.stacks.join import Progress, describe, moving, progress, verdict
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,20 +29,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", help="the ranks' trace directory when they are not attached")
     parser.add_argument("--all-threads", action="store_true", help="also print non-main threads")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--interval", type=float, default=1.0,
+                        help="seconds between the two samples (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.interval < 0:
+        raise DiagError("--interval must be >= 0", USAGE)
     ranks = ranks_under(args.pid)
-    with ThreadPoolExecutor(max_workers=min(8, len(ranks))) as pool:
-        dumps = list(pool.map(lambda pr: dump(pr[0], args.native), ranks))
-    stacks = [rank_stack(pid, rank, d) for (pid, rank), d in zip(ranks, dumps)]
-    progs = {st.pid: p for st in stacks if (p := _progress(st, args.trace_dir)) is not None}
-    found = verdict(stacks, progs)
+    first = _sample(ranks, args)
+    time.sleep(args.interval)
+    stacks, progs = _sample(ranks, args)
+    moved = moving(first, (stacks, progs))
+    found = None if moved else verdict(stacks, progs)
     if args.json:
-        print(json.dumps(_as_json(stacks, progs, found), default=str))
+        print(json.dumps({**_as_json(stacks, progs, found), "moving": moved}, default=str))
     else:
-        print(render(stacks, progs, found, args.all_threads))
+        print(render(stacks, progs, found, args.all_threads, moved))
     return 0
+
+
+def _sample(ranks: list[tuple[int, int | None]], args: argparse.Namespace
+            ) -> tuple[list[RankStack], dict[int, Progress]]:
+    """Every rank's stack, then its trace's count right after it (as close to the same instant)."""
+    def one(pr: tuple[int, int | None]) -> tuple[RankStack, Progress | None]:
+        st = rank_stack(pr[0], pr[1], dump(pr[0], args.native))
+        return st, _progress(st, args.trace_dir)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(ranks))) as pool:
+        got = list(pool.map(one, ranks))
+    return [st for st, _ in got], {st.pid: p for st, p in got if p is not None}
 
 
 def _progress(st: RankStack, trace_dir: str | None) -> Progress | None:
@@ -61,7 +80,7 @@ def _trace_file(st: RankStack, trace_dir: str | None) -> str | None:
 
 
 def render(stacks: list[RankStack], progs: dict[int, Progress], found: str | None,
-           all_threads: bool) -> str:
+           all_threads: bool, moved: list[str] | None = None) -> str:
     groups = cluster(stacks)
     lines = [f"{len(stacks)} rank(s), {len(groups)} distinct stack(s)"]
     odd = odd_ones_out(groups)
@@ -76,6 +95,8 @@ def render(stacks: list[RankStack], progs: dict[int, Progress], found: str | Non
                 for name, frames in st.other_threads.items():
                     lines.append(f"  {st.label} thread {name}:")
                     lines.extend(f"    {fr.short()}" for fr in frames)
+    if moved:
+        lines.append("\nprogress between the two samples: " + ", ".join(moved))
     lines.append("\nverdict: " + (found or "no rank is waiting on a missing peer"))
     return "\n".join(lines)
 

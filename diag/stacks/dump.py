@@ -61,5 +61,23 @@ def rank_stack(pid: int, rank: int | None, threads: list[dict[str, Any]]) -> Ran
 
 
 def _frames(thread: dict[str, Any]) -> list[Frame]:
+    """The thread's frames without diag's own (its comms and overflow wrappers, its `Work.wait`):
+    they are not where the job is, and would hide which collective it waits in."""
+    own = own_roots()
     return [Frame(f.get("name", "?"), f.get("filename", "?"), int(f.get("line") or 0))
-            for f in thread.get("frames", [])]
+            for f in thread.get("frames", []) if not str(f.get("filename", "")).startswith(own)]
+
+
+def own_roots() -> tuple[str, ...]:
+    """Folders of diag's packages (diag, diag.collectors, diag.analyzers: separate folders in a
+    checkout), as the job imports them from the same installation."""
+    import diag
+
+    roots = {os.path.dirname(os.path.abspath(diag.__file__))}
+    for sub in ("collectors", "analyzers"):
+        try:
+            mod = __import__(f"diag.{sub}", fromlist=["__path__"])
+            roots.update(os.path.abspath(p) for p in mod.__path__)
+        except ImportError:
+            continue
+    return tuple(r + os.sep for r in sorted(roots))

@@ -63,6 +63,27 @@ def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
     return f"{stuck} stuck in {ops[0]}{nth}; never arrived: {never}"
 
 
+def moving(before: tuple[list[RankStack], dict[int, Progress]],
+           after: tuple[list[RankStack], dict[int, Progress]]) -> list[str]:
+    """Ranks that made progress between two samples (more collectives completed, or other functions
+    on the stack; a line number alone is a rank polling in place): a rank seen once between two
+    collectives, or counts read a moment apart, prove no hang."""
+    (st0, pr0), (st1, pr1) = before, after
+    frames0 = {st.pid: _functions(st) for st in st0}
+    out = []
+    for st in st1:
+        p0, p1 = pr0.get(st.pid), pr1.get(st.pid)
+        if p0 is not None and p1 is not None and p1.completed != p0.completed:
+            out.append(f"{st.label} +{p1.completed - p0.completed} collectives")
+        elif frames0.get(st.pid) != _functions(st):
+            out.append(f"{st.label} moved")
+    return out
+
+
+def _functions(st: RankStack) -> list[tuple[str, str]]:
+    return [(fr.name, fr.file) for fr in st.frames]
+
+
 def _where(st: RankStack) -> str:
     fr = user_frame(st.frames)
     return fr.short() if fr else "?"

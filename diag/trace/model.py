@@ -94,10 +94,16 @@ class Trace:
         keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
                 "global_batch", "grad_accum", "ds_config", "host")
         out: dict[str, Any] = {}
+        groups: dict[str, Any] = {}  # every rank's process groups by name (role, size, ranks)
         for rank in self.ranks:
             for k in keys:
                 if k not in out and self.headers[rank].get(k) is not None:
                     out[k] = self.headers[rank][k]
+            seen = self.headers[rank].get("groups")
+            if isinstance(seen, dict):
+                groups.update({k: v for k, v in seen.items() if k not in groups})
+        if groups:
+            out["groups"] = dict(sorted(groups.items()))
         return out
 
     def hosts(self) -> dict[int, str]:

@@ -91,7 +91,7 @@ def build_view(m: JobModel) -> JobView:
 
 
 def _layout(m: JobModel) -> dict[str, Any]:
-    keys = ("world_size", "tp", "pp", "dp", "zero_stage", "dtype")
+    keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype")
     out: dict[str, Any] = {}
     for rank in sorted(m.headers):
         for k in keys:

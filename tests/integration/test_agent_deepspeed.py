@@ -19,6 +19,7 @@ CONFIGS = {
     "z2-fp16": ["--zero", "2", "--dtype", "fp16", "--overflow-at", "2", "--overflow-rank", "1"],
     "z3-fp32": ["--zero", "3", "--dtype", "fp32"],
 }
+STEP_NUMBERS = range(1, STEPS + 1)  # DeepSpeed's own numbers: global_steps once each step is taken
 COMMON = ["--steps", str(STEPS), "--layers-every", "1", "--truth", "--comms-logger"]
 
 
@@ -41,8 +42,33 @@ def test_one_step_record_per_step(pair: tuple[Job, Job]) -> None:
     steps = on.trace.steps
     for r in range(2):
         mine = steps[steps["rank"] == r]
-        assert sorted(mine["step"]) == list(range(STEPS))
+        assert sorted(mine["step"]) == list(STEP_NUMBERS)
         assert int((mine["applied"] == False).sum()) == on.rank(r)["skipped_steps"]  # noqa: E712
+
+
+def test_steps_and_overflows_carry_the_jobs_own_numbers(pair: tuple[Job, Job]) -> None:
+    """Issue 9: diag's step N was the job's iteration N+1. Each step record carries the engine's
+    `global_steps` after it (Megatron-DeepSpeed's `iteration`), each overflow a skipped one."""
+    on, _ = pair
+    for r in range(2):
+        mine = on.rank(r)
+        steps = on.trace.steps
+        assert sorted(steps[steps["rank"] == r]["step"]) == mine["iterations"]
+        ov = on.trace.overflow
+        flagged = ov[(ov["rank"] == r) & (ov["overflow"] == True)]  # noqa: E712
+        assert sorted(flagged["step"]) == mine["skipped_iterations"]
+    if on.result["overflow_at"]:
+        at, rank = int(on.result["overflow_at"]), on.result["overflow_rank"]
+        assert on.rank(rank)["skipped_iterations"] == [at + 1]  # loop index 1 is iteration 2
+
+
+def test_groups_named_by_their_role(pair: tuple[Job, Job]) -> None:
+    """Issue 9: groups showed as bare c10d ids; here every collective is on the world (= DP) group."""
+    on, _ = pair
+    names = set(map(str, on.trace.comms["group"]))
+    assert names and all(n.split(":")[0] in ("world", "dp") for n in names), names
+    groups = on.trace.layout()["groups"]
+    assert names <= set(groups) and all(groups[n]["ranks"] == [0, 1] for n in names)
 
 
 def test_collective_counts_match_profiler(pair: tuple[Job, Job]) -> None:
@@ -99,8 +125,8 @@ def test_linear_flops_are_exact(pair: tuple[Job, Job]) -> None:
         for name, (k, n) in shapes.items():
             fwd = truth.layer_rows(layers, r, name, "fwd")
             bwd = truth.layer_rows(layers, r, name, "bwd")
-            assert truth.per_step(fwd, "flops") == dict.fromkeys(range(STEPS), 2 * tokens * k * n)
-            assert truth.per_step(bwd, "flops") == dict.fromkeys(range(STEPS), 4 * tokens * k * n)
+            assert truth.per_step(fwd, "flops") == dict.fromkeys(STEP_NUMBERS, 2 * tokens * k * n)
+            assert truth.per_step(bwd, "flops") == dict.fromkeys(STEP_NUMBERS, 4 * tokens * k * n)
 
 
 def test_memory_sampled_every_step(pair: tuple[Job, Job]) -> None:
@@ -108,7 +134,7 @@ def test_memory_sampled_every_step(pair: tuple[Job, Job]) -> None:
     mem = on.trace.memory
     for r in range(2):
         mine = mem[mem["rank"] == r]
-        assert set(range(STEPS)) <= set(mine["step"])
+        assert set(STEP_NUMBERS) <= set(mine["step"])
         assert (mine["rss"].dropna() > 0).all()
 
 

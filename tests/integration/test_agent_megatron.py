@@ -72,3 +72,44 @@ def test_healthy_agent_reports_no_errors(pair: tuple[Job, Job]) -> None:
 def test_tensor_parallel_layout_recorded(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     assert on.trace.layout().get("tp") == TP
+
+
+def test_module_tree_nests_and_adds_up(pair: tuple[Job, Job]) -> None:
+    """Issue 9: parents' windows and FLOPs on a real megatron-core model: every window within its
+    parent's, siblings disjoint, a parent's FLOPs its children's plus its own ops. Megatron's only
+    parent with ops of its own is core_attention (baddbmm + bmm: 2 * 2*b*(heads/TP)*s*s*d)."""
+    on, _ = pair
+    m = on.result["model"]
+    attn = 4 * m["batch"] * (m["heads"] // TP) * m["seq"] ** 2 * (m["hidden"] // m["heads"])
+    layers = on.trace.layers
+    for r in range(2):
+        recs = layers[layers["rank"] == r].to_dict("records")
+        for phase, own in (("fwd", attn), ("bwd", 2 * attn)):
+            mine = [x for x in recs if x["phase"] == phase]
+            assert {x["module"] for x in mine} >= {"GPTModel", "output_layer", "decoder.layers.1"}
+            assert truth.module_tree_problems(mine, {"core_attention": own}) == []
+
+
+def test_groups_named_by_their_megatron_role(pair: tuple[Job, Job]) -> None:
+    """Issue 9: groups showed as bare c10d ids ("0", "5"); the layout had no groups."""
+    on, _ = pair
+    comms = on.trace.comms
+    assert {str(g).split(":")[0] for g in comms["group"]} == {"tp"}
+    groups = on.trace.layout()["groups"]
+    tp = {name: g for name, g in groups.items() if g["role"] == "tp"}
+    assert [(g["size"], g["ranks"]) for g in tp.values()] == [(TP, [0, 1])]
+    assert set(map(str, comms["group"])) == set(tp)
+
+
+def test_every_collective_carries_its_module(runs: Runs) -> None:
+    """Issue 9: collectives named their module on 1 step in 10 only (module tracking runs on the
+    first 10 steps and every 10th). Steps 11 and 12 are untracked: each collective takes its match's
+    module in step 10, the same as tracking finds for them (megatron's 13 all_reduces a step)."""
+    job = runs.get(MEGATRON, ["--steps", "13"], diag=True)
+    comms = job.trace.comms
+    for r in range(2):
+        mine = comms[comms["rank"] == r].sort_values("ts")
+        per_step = {s: list(g["module"]) for s, g in mine.groupby("step")}
+        assert len(per_step[10]) == 13 and all(per_step[10])
+        assert per_step[11] == per_step[12] == per_step[10]
+        assert mine["module"].notna().all()

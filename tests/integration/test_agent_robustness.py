@@ -80,5 +80,6 @@ def test_sigkill_leaves_a_loadable_trace(tmp_path: Path) -> None:
     assert trace.headers[1]["pid"] == header["pid"]
     steps = trace.steps
     killed = steps[steps["rank"] == 1]
-    assert len(killed) >= 3 and sorted(killed["step"]) == list(range(len(killed)))
+    # DeepSpeed's own numbers (global_steps once taken): from 1
+    assert len(killed) >= 3 and sorted(killed["step"]) == list(range(1, len(killed) + 1))
     assert all(p.truncated for p in trace.problems), [str(p) for p in trace.problems]

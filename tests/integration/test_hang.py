@@ -3,6 +3,7 @@ launcher must name rank 0 as stuck in all_reduce and rank 1 as never arrived, in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from diag.procs import ranks_under
 from tests.conftest import ROOT
 from tests.workloads import launch
 
@@ -47,4 +49,57 @@ def test_stacks_names_the_stuck_rank_and_collective(tmp_path):
             assert f"collective #{HANG_AT + 1} since diag started" in out["verdict"]
     finally:
         os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def test_detach_with_a_collective_in_flight_is_no_hang(tmp_path):
+    """Issue 9: ranks detached at different moments, one inside an all_reduce (rank 0 waits there
+    for the slow rank 1), gave "pending-timeout ... op never completed" errors and a CRITICAL
+    hang_desync on a healthy job. In-flight ops are unfinished at detach, not errors or evidence."""
+    from diag.analyzers import registered_rules
+
+    from diag import load, schema
+
+    trace = tmp_path / "trace"
+    launch.run("tests.workloads.gpt_ds", [
+        "--steps", "6", "--diag", "--trace-dir", str(trace), "--what", "steps,comms",
+        "--slow-rank", "1", "--slow-ms", "600", "--detach-at", "2", "--detach-delay", "0.3"])
+    tr = load(str(trace))
+    assert tr.errors.empty, tr.errors.to_dict("records")
+    unfinished = {r: h.get(schema.META_UNFINISHED_AT_DETACH) for r, h in tr.headers.items()}
+    assert unfinished == {0: 1, 1: 0}, unfinished  # rank 0 was waiting in the gradient all_reduce
+    counts = tr.comms.groupby("rank").size().to_dict()
+    assert counts[0] < counts[1], counts  # rank 1 detached a step later: its trace has more
+    assert registered_rules()["hang_desync"][0](tr) == []
+
+
+def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
+    """Issue 9: on a job training fine `diag stacks` said "at different collective counts" and
+    "rank 1 stuck in all_reduce; never arrived: rank 0", and showed diag's own frames."""
+    trace = tmp_path / "trace"
+    env = launch.job_env({"XDG_RUNTIME_DIR": str(tmp_path)})
+    cmd = [sys.executable, "-m", "diag", "run", "--trace-dir", str(trace), "--", *launch.torchrun_cmd(
+        "tests.workloads.megatron_tp", ["--steps", "20000", "--out", str(tmp_path / "out.json")])]
+    job = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 240  # start-up is slow on a busy 2-core machine
+        while len(list(trace.glob("rank-*.jsonl"))) < 2 or min(
+                f.stat().st_size for f in trace.glob("rank-*.jsonl")) < 10_000:
+            assert job.poll() is None and time.monotonic() < deadline, "the job never got going"
+            time.sleep(0.5)
+        ranks = [pid for pid, _ in ranks_under(job.pid)]  # torchrun starts each in its own session
+        res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=90, env=env)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["verdict"] is None and out["moving"], out
+        shown = [line for g in out["groups"] for line in (*g["describe"], *g["frames"])]
+        assert shown and not [x for x in shown if "comms_timing.py" in x or "overflow.py" in x]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         job.wait()

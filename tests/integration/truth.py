@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pandas as pd
@@ -72,3 +73,49 @@ def layer_rows(layers: pd.DataFrame, rank: int, suffix: str, phase: str) -> pd.D
 def per_step(rows: pd.DataFrame, col: str) -> dict[int, int]:
     """Sum of `col` per step (a module may have several records in one step: readers sum them)."""
     return {int(k): int(v) for k, v in rows.groupby("step")[col].sum().items()}
+
+
+def module_tree_problems(recs: list[dict[str, Any]], own: dict[str, int] | None = None) -> list[str]:
+    """Layer records (dicts) of one rank checked as a tree, per step and phase: one root; each
+    module's window inside one of its parent's (qualified-name prefix; top-level modules inside the
+    root's), siblings' windows disjoint, a parent's FLOPs the sum of its children's plus its own ops
+    (`own`: module-name suffix -> FLOPs per step and phase; else at least the children's)."""
+    out: list[str] = []
+    by: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in recs:
+        by.setdefault((r["step"], r["phase"]), []).append(r)
+    for (step, phase), rs in sorted(by.items()):
+        where = f"step {step} {phase}"
+        names = {r["module"] for r in rs}
+        roots = [n for n in names if "." not in n and n[:1].isupper()]
+        if len(roots) != 1:
+            out.append(f"{where}: roots {roots}")
+            continue
+        kids: dict[str, list[dict[str, Any]]] = {}
+        for r in rs:
+            if r["module"] != roots[0]:
+                p = _parent(r["module"], names, roots[0])
+                kids.setdefault(p, []).append(r)
+                if not any(_within(r, q) for q in rs if q["module"] == p):
+                    out.append(f"{where}: {r['module']} not within {p}")
+        for p, ks in kids.items():
+            spans = sorted((k["ts"], k["ts"] + k["dur"], k["module"]) for k in ks)
+            out += [f"{where}: {a[2]} overlaps {b[2]}" for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+            mine = sum(q["flops"] or 0 for q in rs if q["module"] == p)
+            theirs = sum(k["flops"] or 0 for k in ks)
+            extra = next((f for suffix, f in (own or {}).items() if p.endswith(suffix)), 0)
+            if (mine != theirs + extra) if own is not None else mine < theirs:
+                out.append(f"{where}: {p} FLOPs {mine} != children {theirs} + own {extra}")
+    return out
+
+
+def _parent(name: str, names: set[str], root: str) -> str:
+    while "." in name:
+        name = name.rsplit(".", 1)[0]
+        if name in names:
+            return name
+    return root
+
+
+def _within(inner: dict[str, Any], outer: dict[str, Any]) -> bool:
+    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]

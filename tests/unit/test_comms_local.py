@@ -119,18 +119,19 @@ def test_module_and_step_attribution(group, tmp_path) -> None:
     assert recs[0]["module"] == "sync" and recs[1]["module"] is None
 
 
-def test_modules_are_attributed_on_tracked_steps_only(group, tmp_path) -> None:
-    """Default attribute_every=10: the job's first 10 steps and every 10th name the module, others
-    do not (their module hooks are off), and the trace says which steps were attributed."""
+def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path) -> None:
+    """Default attribute_every=10: the job's first 10 steps and every 10th track the module; the
+    others (module hooks off) take their match's in the last tracked step, the same op, bytes and
+    group (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None."""
     net = _Net()
     ag = agent.start(str(tmp_path), what=("comms",))
-    for step in (9, 17, 20, 21, 30):
+    for step, rows in ((9, 2), (17, 2), (20, 2), (21, 3), (30, 2)):
         ag.begin_step(step)
-        net(torch.ones(2, 4))
+        net(torch.ones(rows, 4))
     path = ag.status()["trace_file"]
     agent.stop()
     recs = _comm_lines(path)
-    assert [(r["step"], r["module"]) for r in recs] == [(9, "sync"), (17, None), (20, "sync"),
+    assert [(r["step"], r["module"]) for r in recs] == [(9, "sync"), (17, "sync"), (20, "sync"),
                                                        (21, None), (30, "sync")]
     with open(path) as f:
         meta = [r for r in map(json.loads, f) if r["k"] == schema.META]
@@ -179,3 +180,23 @@ def test_profiler_sees_each_collective_once_on_a_sampled_step(group, tmp_path) -
     with open(path) as f:
         layers = [r for r in map(json.loads, f) if r["k"] == schema.LAYER and r["module"] == "lin"]
     assert layers and all(r["flops"] == 2 * 2 * 4 * 4 for r in layers)
+
+
+def test_ops_in_flight_at_detach_are_unfinished_not_errors(group, tmp_path) -> None:
+    """Issue 9: a detach while an op was in flight wrote "pending-timeout ... op never completed"."""
+    ag = agent.start(str(tmp_path), what=("steps",))
+    timing = CommTiming(ag)
+    comms.install(ag, ag.undo, timing=timing)
+    t = torch.ones(8)
+    dist.all_reduce(t)  # finished before the detach
+    work, later = Work(), Later(timing.cpu, ag.now())  # a p2p op nobody has waited on yet
+    ag.emit((schema.COMM, 0, "recv", 32, "float32", "0", 1, (0,), later.token, later, None, True))
+    timing.bind(work, later, p2p=True, async_op=None)
+    path = ag.status()["trace_file"]
+    agent.stop()
+    with open(path) as f:
+        recs = [json.loads(line) for line in f]
+    assert [r for r in recs if r["k"] == schema.ERROR] == []
+    assert [r["value"] for r in recs if r.get("key") == schema.META_UNFINISHED_AT_DETACH] == [1]
+    assert [(r["op"], r["dur"] is None) for r in recs if r["k"] == schema.COMM] == [
+        ("all_reduce", False), ("recv", True)]

@@ -20,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from diag import agent as diag_agent
 from diag import schema
 from diag.trace.reader import read_file
+from tests.integration import truth
 
 
 class Tiny(torch.nn.Module):
@@ -270,3 +271,68 @@ def test_megatron_gpt_names_and_flops(tmp_path, megatron_tp1) -> None:
         assert got.get((f"decoder.layers.0.{name}", "bwd"), 0) == 0
     # the Softmax megatron builds on every call is named after its caller
     assert (f"{core}.scale_mask_softmax.Softmax", "fwd") in got
+
+
+def test_windows_nest_after_an_attach_inside_a_forward(tmp_path) -> None:
+    """Issue 9: a parent's window took in its next sibling's (`layers.0` forward ended when layer 1
+    ended), the root was missing. An attach lands mid-forward: hooks start inside a module whose
+    pre-hook never ran; its post-hook must not close (pop) another module's window."""
+    trace = str(tmp_path / "trace")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8),
+                                                                           torch.nn.Linear(8, 8)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    inner = model[1]
+
+    def attach_here(_mod: Any, _args: Any) -> None:
+        diag_agent.start(trace, what=("layers",), layers_every=1)
+
+    handle = inner[0].register_forward_pre_hook(attach_here)
+    for step in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 0:
+            handle.remove()
+    diag_agent.stop()
+    recs = [r for r in events(trace, schema.LAYER) if r["step"] >= 1]  # steps after the attach
+    assert {r["module"] for r in recs} >= {"Sequential", "0", "1", "1.0", "1.1"}
+    assert truth.module_tree_problems(recs) == []
+
+
+class _Fused(torch.nn.Module):
+    """A fused kernel that is not available here: raises, and its caller falls back (apex-style)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("fused kernel not built")
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = _Fused()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.fused(x)
+        except RuntimeError:
+            return self.fc(x)
+
+
+def test_windows_nest_when_a_child_forward_raises(tmp_path) -> None:
+    """A module whose forward raised (caught by its caller) never runs its post-hook: the next
+    module's end must not close it instead (`layers.0` ran on until `layers.1` ended)."""
+    trace = str(tmp_path / "trace")
+    model = torch.nn.Sequential(_Layer(), _Layer())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    diag_agent.start(trace, what=("layers",), layers_every=1)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    diag_agent.stop()
+    recs = events(trace, schema.LAYER)
+    assert {r["module"] for r in recs} >= {"Sequential", "0", "1", "0.fc", "1.fc"}
+    assert truth.module_tree_problems(recs) == []
+    fwd = {(r["step"], r["module"]): r["flops"] for r in recs if r["phase"] == "fwd"}
+    assert fwd[(1, "0")] == fwd[(1, "0.fc")] == 2 * 4 * 8 * 8

@@ -48,7 +48,8 @@ def _check_fp16(tr: Any, results: list[dict[str, Any]], scenario: str) -> None:
     for rank, res in enumerate(results):
         r = res[scenario]
         ov = _rank(tr.overflow, rank)
-        assert list(ov["step"]) == list(range(r["global_steps"]))  # one record per optimizer step
+        # one record per optimizer step, numbered as DeepSpeed counts it (global_steps once taken)
+        assert list(ov["step"]) == list(range(1, r["global_steps"] + 1))
         assert (ov["source"] == "deepspeed_fp16").all()
         assert list(ov["scale_after"]) == r["scales"]  # what the engine itself reports
         hit = ov[ov["overflow"]]
@@ -66,7 +67,7 @@ def test_stage0_overflow_on_one_rank_only(job):
     _check_fp16(tr, results, "z0")
     assert [r["z0"]["skipped_steps"] for r in results] == [0, 1]
     hit = tr.overflow[tr.overflow["overflow"]]
-    assert list(hit["rank"]) == [1] and list(hit["step"]) == [2]
+    assert list(hit["rank"]) == [1] and list(hit["step"]) == [3]  # poisoned at global_steps 2: step 3
     assert hit["scale_before"].iloc[0] == 2.0 ** ds_config(dtype="fp16")["fp16"]["initial_scale_power"]
 
 
@@ -77,7 +78,7 @@ def test_stage2_overflow_on_every_rank(job):
     _check_fp16(tr, results, "z2")
     assert [r["z2"]["skipped_steps"] for r in results] == [1, 1]
     hit = tr.overflow[tr.overflow["overflow"]]
-    assert sorted(hit["rank"]) == [0, 1] and set(hit["step"]) == {3}
+    assert sorted(hit["rank"]) == [0, 1] and set(hit["step"]) == {4}  # poisoned at global_steps 3
 
 
 @pytest.mark.slow
@@ -101,7 +102,7 @@ def test_bf16_nonfinite_loss_and_grad_norm(job):
     ov = diag.load(f"{root}/bf16").overflow
     got = sorted(zip(ov["rank"], ov["step"], ov["source"]))
     # rank 0's loss was inf; the all-reduced gradient (and so its norm) is non-finite on both
-    assert got == [(0, 3, "nonfinite_grad_norm"), (0, 3, "nonfinite_loss"), (1, 3, "nonfinite_grad_norm")]
+    assert got == [(0, 4, "nonfinite_grad_norm"), (0, 4, "nonfinite_loss"), (1, 4, "nonfinite_grad_norm")]
     assert ov["scale_before"].isna().all()
 
 

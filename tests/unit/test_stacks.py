@@ -67,3 +67,32 @@ def test_progress_counts_completed_collectives_in_a_trace(tmp_path):
                      {"k": "comm", "op": "all_gather", "step": 2, "dur": None}])
     w.close()
     assert progress(w.path) == Progress(2, "all_reduce", 1)
+
+
+def test_diag_frames_are_not_on_the_stacks():
+    """Issue 9: diag's comms `Work.wait` and the overflow wrapper were shown, even as a rank's
+    location; they hid the collective too."""
+    from diag.collectors import comms_timing, overflow
+
+    waiting = [("wait", comms_timing.__file__, 127), ("all_reduce", C10D, 3252), ("wrapper", LOGGER, 83),
+               ("step", TRAIN, 40), ("main", TRAIN, 60)]
+    st = stacks(waiting, [("wrapper", overflow.__file__, 40), *IN_LOADER])
+    assert collective_of(st[0].frames) == "all_reduce"
+    assert [fr.name for fr in st[1].frames] == ["next_batch", "main"]
+    assert "overflow" not in describe(st[1], None)
+
+
+def test_no_verdict_while_ranks_make_progress():
+    """Issue 9: "rank 1 stuck in all_reduce; never arrived: rank 0" and "different collective
+    counts" on a healthy job: one sample caught rank 0 between collectives, counts read apart."""
+    from diag.stacks.join import moving
+
+    first = stacks(IN_ALL_REDUCE, IN_LOADER)
+    second = stacks(IN_ALL_REDUCE, IN_LOADER)
+    counts = {100: Progress(78697, "all_reduce", 9), 101: Progress(79059, "all_reduce", 9)}
+    later = {100: Progress(78705, "all_reduce", 9), 101: Progress(79059, "all_reduce", 9)}
+    assert verdict(second, later)  # one sample alone would cry wolf
+    assert moving((first, counts), (second, later)) == ["rank 0 +8 collectives"]
+    polled = stacks(IN_ALL_REDUCE, [("next_batch", TRAIN, 23), ("main", TRAIN, 58)])
+    assert moving((first, counts), (polled, counts)) == []  # a line number alone: polling in place
+    assert moving((first, {}), (stacks(IN_LOADER, IN_LOADER), {})) == ["rank 0 moved"]

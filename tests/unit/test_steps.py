@@ -31,9 +31,10 @@ def test_deepspeed_steps_attached_midrun_number_like_the_job(tmp_path):
     for rank, res in enumerate(results):
         steps = tr.steps[tr.steps["rank"] == rank].sort_values("step")
         first = int(steps["step"].iloc[0])
-        assert 3 <= first <= 5, first  # attached at global step 3, certainly installed by 5
-        # one record per optimizer step (not per micro step, not twice), numbered like the engine
-        assert list(steps["step"]) == list(range(first, res["global_steps"]))
+        assert 4 <= first <= 6, first  # attached at global_steps 3 (step 4 running), installed by 6
+        # one record per optimizer step (not per micro step, not twice), numbered like the engine:
+        # its global_steps once the step is taken (DeepSpeed's `step=N`), the last one = global_steps
+        assert list(steps["step"]) == list(range(first, res["global_steps"] + 1))
         assert (steps["samples"] == 2 * 2 * WORLD).all()  # micro batch x grad accum x dp
         assert steps["applied"].all()
         durs = list(steps["dur"])
@@ -118,6 +119,29 @@ def test_megatron_optimizer_step_counted_once(tmp_path, monkeypatch):
     assert mo.FP32Optimizer.__dict__["step"] is original
     steps = diag.load(str(tmp_path)).steps
     assert list(steps["step"]) == [0, 1, 2] and steps["applied"].all()
+
+
+def test_megatron_steps_carry_the_loops_iteration(tmp_path, monkeypatch):
+    """Issue 9: a Megatron loop's `args.iteration` (set after each step; Megatron-LM keeps its args in
+    megatron.training.global_vars, not installed here: its module is stood in for) numbers the steps."""
+    import types
+
+    import megatron.core.optimizer.optimizer as mo
+    from megatron.core.optimizer import OptimizerConfig
+
+    monkeypatch.setattr(mo, "torch", _NoCudaTorch())
+    args = types.SimpleNamespace(iteration=40)  # resumed from a checkpoint at iteration 40
+    monkeypatch.setitem(sys.modules, "megatron.training.global_vars",
+                        types.SimpleNamespace(_GLOBAL_ARGS=args))
+    model = torch.nn.Linear(4, 2)
+    opt = mo.FP32Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), OptimizerConfig(clip_grad=0.0), None)
+    agent.start(str(tmp_path), what=("steps",))
+    for _ in range(3):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        args.iteration += 1  # as Megatron's train loop does after train_step
+    agent.stop()
+    assert list(diag.load(str(tmp_path)).steps["step"]) == [41, 42, 43]
 
 
 def test_faults_never_reach_the_loop_and_are_counted(tmp_path, monkeypatch):

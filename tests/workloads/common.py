@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -31,6 +32,10 @@ def base_parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--kineto", help="export one torch.profiler Chrome trace per rank to this folder")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep every step")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--detach-at", type=int, default=None, metavar="STEP",
+                   help="stop the agent from another thread during this step (+ rank: ranks detach at "
+                        "different moments, as `diag detach` does), --detach-delay s into it")
+    p.add_argument("--detach-delay", type=float, default=0.0)
     return p
 
 
@@ -69,6 +74,16 @@ def agent_if(args: argparse.Namespace) -> Iterator[Any]:
         yield handle
     finally:
         agent.stop()
+
+
+def maybe_detach(args: argparse.Namespace, rank: int, step: int) -> None:
+    """At the start of a loop step: on `--detach-at` + rank, stop the agent from a thread after
+    `--detach-delay` s (the training thread is then inside the step, perhaps in a collective)."""
+    if not args.diag or args.detach_at is None or step != args.detach_at + rank:
+        return
+    from diag import agent
+
+    threading.Timer(args.detach_delay, agent.stop).start()
 
 
 @contextlib.contextmanager

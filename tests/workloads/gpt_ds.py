@@ -109,15 +109,21 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
     engine, _, state = make_engine(args, rank)
     dtype = {"fp16": torch.half, "bf16": torch.bfloat16}.get(args.dtype)
     losses, scales, times = [], [], []
+    iterations, skipped = [], []  # the job's own numbering, as its log would show it
     for step in range(args.steps):
         state["step"] = step
+        common.maybe_detach(args, rank, step)
         t0 = time.perf_counter()
         if args.slow_rank == rank:
             time.sleep(args.slow_ms / 1000)
         tokens, targets = batch(step, rank, args.batch, args.seq, args.vocab)
         loss = engine(tokens, targets)
         engine.backward(loss)
+        skipped_before = engine.skipped_steps
         engine.step()
+        iterations.append(int(engine.global_steps))  # DeepSpeed logs `step=N`, Megatron `iteration N`
+        if engine.skipped_steps != skipped_before:
+            skipped.append(int(engine.global_steps))
         losses.append(loss.item())
         scales.append(loss_scale(engine) if dtype is torch.half else None)
         if args.step_sleep:
@@ -126,7 +132,8 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
         if prof is not None:
             prof.step()
     return {"losses": losses, "loss_scale": scales, "step_times": times,
-            "skipped_steps": int(engine.skipped_steps), "global_steps": int(engine.global_steps)}
+            "skipped_steps": int(engine.skipped_steps), "global_steps": int(engine.global_steps),
+            "iterations": iterations, "skipped_iterations": skipped}
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
