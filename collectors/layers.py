@@ -19,7 +19,7 @@ readers sum them.
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
 signature (shapes and dtypes of the outermost forward's tensor arguments) and again every
-`flops_every`-th sample of it (agent option, default `FLOPS_EVERY`; 1 = every sample); the samples
+`flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample); the samples
 in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
 Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
 FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
@@ -51,7 +51,6 @@ from diag import schema
 from diag.agent.undo import Undo
 
 _graph_task_id = torch._C._current_graph_task_id
-FLOPS_EVERY = 4  # default: count FLOPs on 1 sample in 4 of an input signature (the first always)
 MAX_SIGNATURES = 64  # distinct input signatures remembered before the FLOP cache starts over
 
 
@@ -96,8 +95,7 @@ class LayerRecorder:
         self.timer: Any = None
         self.memory: Any = None
         self.open: dict[tuple[str, str], tuple[int, Any, int, int | None]] = {}
-        options = getattr(agent, "options", {})
-        self.flops_every = max(1, int(options.get(schema.META_FLOPS_EVERY, FLOPS_EVERY)))
+        self.flops_every = agent.options.flops_every
         self.counting = False  # this sample runs the FlopMode (else: reuses counted FLOPs)
         self.sig: tuple[Any, ...] = ()
         self.since: dict[tuple[Any, ...], int] = {}  # signature -> samples since it was counted

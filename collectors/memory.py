@@ -82,7 +82,7 @@ class _Memory:
 
 def install(agent: Any, undo: Any) -> None:
     """Register the per-step listener; close the statm file on undo."""
-    state = _Memory(agent, bool(agent.options.get("memory_reset_peak", False)))
+    state = _Memory(agent, agent.options.memory_reset_peak)
     undo.call(state.close, "memory: close /proc/self/statm")
     listener = agent.guard(NAME, state.on_step, "step")
     agent.step_listeners.append(listener)

@@ -1,8 +1,8 @@
 """Which module is running now, forward and backward: `agent.module_stack`, shared by the collectors.
 
 Lets a collective (comms) or a layer record (layers) name the module it belongs to, on TRACKED steps
-only: every per-layer sampled step, every `attribute_every`-th step (agent option, default
-`ATTRIBUTE_EVERY`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
+only: every per-layer sampled step, every `attribute_every`-th step (agent option,
+see `AgentOptions`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
 steps (step numbers are the job's: a short job is attributed throughout, an attach mid-run is not),
 and every step until the first step boundary (an attach into a loop the steps collector does not
 know). Any global module hook sends
@@ -54,7 +54,6 @@ _graph_task_id = torch._C._current_graph_task_id
 _Tensor = torch.Tensor
 MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
 _META_KEY = "diag_modules"  # our key in autograd Node.metadata
-ATTRIBUTE_EVERY = 10  # default: module attribution on every 10th step (and on sampled steps)
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP  # one meta record per tracked step (value: the step)
 
 
@@ -90,7 +89,7 @@ class ModuleTracker:
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
         self._task = -1  # graph task whose end-of-backward callback is queued
         self._lock = threading.Lock()
-        self.every = int(agent.options.get(schema.META_ATTRIBUTE_EVERY, ATTRIBUTE_EVERY))
+        self.every = agent.options.attribute_every
         self._handles: tuple[Any, Any] | None = None  # the global forward hooks while tracking
         self._switch = threading.Lock()
         guard = agent.guard

@@ -20,36 +20,29 @@ from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import pending as _pending
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
+from diag.agent.options import AgentOptions
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
 from diag.trace.writer import TraceFileWriter, rank_file_name
 
-ALL_COLLECTORS = ("steps", "layers", "comms", "memory", "overflow")
-DEFAULT_WHAT = ALL_COLLECTORS
-DEFAULT_LAYERS_EVERY = 50  # always-on: one step in 50 gets per-layer time and FLOPs
-RING_CAPACITY = 200_000  # records; at ~200 B each this caps the agent near 40 MB (documented)
 FLUSH_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 
 
-def default_trace_dir() -> str:
-    return os.environ.get("DIAG_TRACE_DIR") or os.path.abspath("diag-trace")
-
-
 class Agent:
     """One per process. Collectors read and update the shared state below from their hooks."""
 
-    def __init__(self, trace_dir: str, what: tuple[str, ...], options: dict[str, Any]) -> None:
-        self.trace_dir = trace_dir
-        self.what = what
+    def __init__(self, options: AgentOptions) -> None:
         self.options = options
-        self.ring = Ring(int(options.get("ring_capacity", RING_CAPACITY)))
+        self.trace_dir = options.resolved_trace_dir()
+        self.what = options.what
+        self.ring = Ring(options.ring_capacity)
         self.emit: Callable[[tuple[Any, ...]], None] = self.ring.push
-        self.faults: dict[str, str] = dict(options.get("faults") or _faults.from_env())
+        self.faults: dict[str, str] = dict(options.faults or _faults.from_env())
         # shared, hook-updated state
         self.step = 0  # index of the step in progress (steps collector)
-        self.layers_every = int(options.get("layers_every", 0))  # 0: layers off except on request
+        self.layers_every = options.layers_every  # 0: no sampled steps
         self.sampled = False  # is the current step a per-layer sampled step
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
         self.step_listeners: list[Callable[[int], None]] = []
@@ -75,7 +68,7 @@ class Agent:
         self._last_stats = 0.0
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
-        self.self_time = bool(options.get("self_time"))
+        self.self_time = options.self_time
         self.hook_ns = 0
         self.hook_calls = 0
         self.probe_ns = 0.0  # what timing one hook adds to its own figure (calibrated at start)
