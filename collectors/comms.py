@@ -24,6 +24,7 @@ from diag.collectors.comms_ops import METHODS, Spec, dtype_name, is_async, paylo
 from diag.collectors.comms_timing import CommTiming, Later
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 NAME = "comms"
@@ -33,7 +34,7 @@ _now = time.perf_counter_ns
 State = tuple[int, int, Any, Later]
 
 
-def install(agent: Any, undo: Undo, timing: CommTiming | None = None) -> None:
+def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> None:
     """Wrap every collective method of `ProcessGroup` (those this torch has)."""
     from torch.distributed import ProcessGroup
 
@@ -48,7 +49,7 @@ def install(agent: Any, undo: Undo, timing: CommTiming | None = None) -> None:
             undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, groups, timing))
 
 
-def _track_modules(agent: Any, undo: Undo) -> None:
+def _track_modules(agent: AgentAPI, undo: Undo) -> None:
     """Module attribution needs `agent.module_stack` maintained (shared with the layers collector)."""
     try:
         from diag.collectors import modules
@@ -57,7 +58,7 @@ def _track_modules(agent: Any, undo: Undo) -> None:
     modules.ensure_installed(agent, undo)
 
 
-def _wrapper(agent: Any, name: str, spec: Spec, original: Callable[..., Any], groups: Groups,
+def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any], groups: Groups,
              timing: CommTiming) -> Callable[..., Any]:
     start = timing.start
 

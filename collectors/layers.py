@@ -48,6 +48,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -59,7 +60,7 @@ class FlopMode(TorchDispatchMode):
 
     supports_higher_order_operators = True  # pass them through untouched
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: AgentAPI | None) -> None:
         super().__init__()
         self.agent = agent
         self.total = 0
@@ -82,7 +83,7 @@ class FlopMode(TorchDispatchMode):
 class LayerRecorder:
     """The module tracker's listener: opens and closes intervals, pushes and pops the FlopMode."""
 
-    def __init__(self, agent: Any, event_cls: Any = None, device: str | None = None,
+    def __init__(self, agent: AgentAPI, event_cls: Any = None, device: str | None = None,
                  memory: Callable[[], int | None] | None = None) -> None:
         self.agent = agent
         # seams for tests of the CUDA path on CPU: a fake event class, device, allocated-bytes probe
@@ -245,7 +246,7 @@ def _warm_up() -> None:
         torch.zeros(1).add_(1)
 
 
-def install(agent: Any, undo: Undo, **seams: Any) -> None:
+def install(agent: AgentAPI, undo: Undo, **seams: Any) -> None:
     """Listen to the module tracker (installing it if comms has not) and to step boundaries.
     `seams` (tests only): event_cls, device, memory, as LayerRecorder takes them."""
     _warm_up()
@@ -258,7 +259,7 @@ def install(agent: Any, undo: Undo, **seams: Any) -> None:
     listener = guard("layers", recorder.on_step, "step")
     tracker.listener = recorder
     agent.step_listeners.append(listener)
-    agent.layer_recorder = recorder
+    agent.state.put(recorder)
     agent.set_meta(schema.META_FLOPS_EVERY, recorder.flops_every)
     undo.call(recorder.shutdown, "layers.mode")
     undo.call(lambda: setattr(tracker, "listener", None), "layers.listener")

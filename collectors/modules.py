@@ -46,6 +46,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 Path = tuple[str, ...]
@@ -57,9 +58,9 @@ _META_KEY = "diag_modules"  # our key in autograd Node.metadata
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP  # one meta record per tracked step (value: the step)
 
 
-def ensure_installed(agent: Any, undo: Undo) -> ModuleTracker:
+def ensure_installed(agent: AgentAPI, undo: Undo) -> ModuleTracker:
     """Install the tracker once per agent (layers and comms both call this); returns it."""
-    tracker = agent.__dict__.get("module_tracker")
+    tracker = agent.state.get(ModuleTracker)
     if tracker is None:
         tracker = ModuleTracker(agent)
         tracker.install(undo)
@@ -80,7 +81,7 @@ def _first_node(value: Any) -> Any:
 class ModuleTracker:
     """Keeps `agent.module_stack` right; `listener` (the layers collector) hears every move."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: AgentAPI) -> None:
         self.agent = agent
         self.stack: list[str] = agent.module_stack
         self.names: dict[int, Entry] = {}
@@ -97,7 +98,7 @@ class ModuleTracker:
 
     def install(self, undo: Undo) -> None:
         agent = self.agent
-        agent.module_tracker = self
+        agent.state.put(self)
         self.live = True
         undo.call(self._uninstall, "modules.state")
         agent.set_meta(schema.META_ATTRIBUTE_EVERY, self.every)
@@ -113,7 +114,7 @@ class ModuleTracker:
         self.listener = None
         self.stack.clear()
         self._track.clear()
-        self.agent.__dict__.pop("module_tracker", None)
+        self.agent.state.remove(ModuleTracker)
 
     # ---- tracked steps ------------------------------------------------------------------------
     def tracked(self, step: int) -> bool:

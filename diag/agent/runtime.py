@@ -19,6 +19,7 @@ from typing import Any
 from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import pending as _pending
+from diag.agent.api import CollectorState
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
 from diag.agent.ring import Ring
@@ -31,7 +32,8 @@ MAX_ERROR_MESSAGES = 20
 
 
 class Agent:
-    """One per process. Collectors read and update the shared state below from their hooks."""
+    """One per process. Collectors read and update the shared state below from their hooks, through
+    `diag.agent.api.AgentAPI` (the part of this class they may use)."""
 
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
@@ -47,6 +49,7 @@ class Agent:
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
         self.step_listeners: list[Callable[[int], None]] = []
         self.engine: Any = None  # the DeepSpeed engine once seen
+        self.state = CollectorState()  # what collectors keep for each other (module tracker, ...)
         self._header_rank: int | None = None
         self._rank_known = False  # header lacked the rank (agent started before the process group)
         self._layout_known = False  # Megatron's parallel state is initialized after the agent starts
