@@ -30,6 +30,8 @@ FLUSH_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 
+ErrorKey = tuple[str, str, str]  # (collector, where, exception class name)
+
 
 class Agent:
     """One per process. Collectors read and update the shared state below from their hooks, through
@@ -54,8 +56,8 @@ class Agent:
         self._rank_known = False  # header lacked the rank (agent started before the process group)
         self._layout_known = False  # Megatron's parallel state is initialized after the agent starts
         # bookkeeping
-        self.errors: dict[str, int] = {}
-        self.error_messages: list[tuple[str, str, str, str]] = []
+        self.errors: dict[ErrorKey, int] = {}
+        self.error_messages: list[tuple[str, str, str, str]] = []  # (*key, first message)
         self.captured: dict[str, int] = {}
         self.installed: list[str] = []
         self.install_failures: dict[str, str] = {}
@@ -67,7 +69,7 @@ class Agent:
         self._thread: threading.Thread | None = None
         self._file: TraceFileWriter | None = None
         self._lock = threading.Lock()
-        self._errors_written: dict[str, int] = {}
+        self._errors_written: dict[ErrorKey, int] = {}
         self._last_stats = 0.0
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
@@ -147,7 +149,7 @@ class Agent:
         return max(0, int(self.hook_ns - self.hook_calls * self.probe_ns))
 
     def record_error(self, collector: str, where: str, exc: BaseException) -> None:
-        key = f"{collector}:{where}:{type(exc).__name__}"
+        key = (collector, where, type(exc).__name__)
         n = self.errors.get(key, 0) + 1
         self.errors[key] = n
         if n == 1 and len(self.error_messages) < MAX_ERROR_MESSAGES:
@@ -312,17 +314,14 @@ class Agent:
         for key, count in list(self.errors.items()):
             if self._errors_written.get(key) != count:
                 self._errors_written[key] = count
-                collector, where, exc = key.split(":", 2)
                 out.append(schema.to_json(
-                    (schema.ERROR, self.now(), collector, where, exc,
-                     messages.get((collector, where, exc), ""), count),
+                    (schema.ERROR, self.now(), *key, messages.get(key, ""), count),
                     self._wall0, self._perf0))
         return out
 
     def _stats_record(self) -> tuple[Any, ...]:
         errors: dict[str, int] = {}
-        for key, n in self.errors.items():
-            collector = key.split(":", 1)[0]
+        for (collector, _, _), n in self.errors.items():
             errors[collector] = errors.get(collector, 0) + n
         return (schema.STATS, self.now(), dict(self.captured), dict(self.ring.dropped), errors,
                 self.ring.capacity, self.ring.high_water)
