@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from diag.agent.options import AgentOptions
+from diag.agent.undo import Undo
 
 T = TypeVar("T")
 
@@ -64,3 +65,6 @@ class AgentAPI(Protocol):
     def saw_engine(self, engine: Any) -> None: ...
 
     def begin_step(self, step: int) -> None: ...
+
+
+Installer = Callable[[AgentAPI, Undo], None]  # a collector module's `install(agent, undo)`

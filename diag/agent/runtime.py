@@ -19,9 +19,10 @@ from typing import Any
 from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import pending as _pending
-from diag.agent.api import CollectorState
+from diag.agent.api import CollectorState, Installer
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
+from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
 from diag.trace.writer import TraceFileWriter, rank_file_name
@@ -232,8 +233,8 @@ class Agent:
 
     def _install(self, name: str) -> None:
         try:
-            module = importlib.import_module(f"diag.collectors.{name}")
-            module.install(self, self.undo)
+            install: Installer = importlib.import_module(COLLECTORS[name]).install
+            install(self, self.undo)
             self.installed.append(name)
         except Exception as exc:  # noqa: BLE001 - one broken collector must not stop the others
             self.install_failures[name] = f"{type(exc).__name__}: {exc}"

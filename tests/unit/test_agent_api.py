@@ -66,3 +66,19 @@ def test_state_is_keyed_by_class() -> None:
     assert state.get(Tracker) is tracker and Tracker in state
     state.remove(Tracker)
     assert state.get(Tracker) is None
+
+
+def test_every_collector_with_an_installer_is_registered_and_resolves() -> None:
+    import importlib
+
+    from diag.agent.registry import COLLECTORS
+
+    with_install = set()
+    for path in glob.glob(os.path.join(ROOT, "collectors", "*.py")):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        if any(isinstance(n, ast.FunctionDef) and n.name == "install" for n in tree.body):
+            with_install.add(f"diag.collectors.{os.path.basename(path)[:-3]}")
+    assert set(COLLECTORS.values()) == with_install
+    for name, module in COLLECTORS.items():
+        assert callable(importlib.import_module(module).install), name
