@@ -76,7 +76,8 @@ class FlopMode(TorchDispatchMode):
                 try:
                     self.total += count(packet, args, kwargs, out)
                 except Exception as exc:  # noqa: BLE001 - a formula bug must not break the job
-                    self.agent.record_error("layers", f"flops {packet}", exc)
+                    if self.agent is not None:  # None: the install's warm-up, no agent to tell
+                        self.agent.record_error("layers", f"flops {packet}", exc)
         return out
 
 

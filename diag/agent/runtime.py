@@ -88,7 +88,7 @@ class Agent:
     def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None
               ) -> Callable[..., Any]:
         """Wrap a hook so that nothing it raises reaches the job: the error is counted instead."""
-        label = where or getattr(fn, "__name__", "hook")
+        label: str = where or str(getattr(fn, "__name__", "hook"))
         agent = self
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
