@@ -20,3 +20,12 @@ def test_the_typed_scope_has_no_mypy_errors() -> None:
                          capture_output=True, text=True, timeout=280)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Success: no issues found" in res.stdout
+
+
+def test_the_package_says_it_is_typed() -> None:
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in package_data["diag"]
+    assert os.path.isfile(os.path.join(ROOT, "diag", "py.typed"))
