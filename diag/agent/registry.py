@@ -39,6 +39,8 @@ def collector_names(what: str | tuple[str, ...] | list[str] | None) -> tuple[str
     against the registry."""
     if isinstance(what, str):
         what = [w.strip() for w in what.split(",") if w.strip()]
+    elif what is not None and not isinstance(what, (list, tuple)):
+        raise OptionError("what", f"must be collector names, got {what!r}")
     names = tuple(what or ALL_COLLECTORS)
     bad = [n for n in names if not isinstance(n, str)]
     if bad:

@@ -27,6 +27,8 @@ def test_a_typo_is_refused_naming_the_nearest_option(tmp_path) -> None:
     ({"attribute_every": True}, "attribute_every must be an integer, got True"),
     ({"self_time": "yes"}, "self_time must be true or false, got 'yes'"),
     ({"faults": {"comms": 1}}, "faults must map collector names to actions"),
+    ({"what": 5}, "what must be collector names, got 5"),
+    ({"what": ["steps", 5]}, "what must name collectors as strings, got 5"),
     ({"what": "steps,layres"}, "unknown collector(s) layres; choose from steps, layers, comms, memory, "
                                "overflow; did you mean layers?"),
 ])
