@@ -6,8 +6,6 @@ here, never a module built from user input. Adding a collector means adding a li
 
 from __future__ import annotations
 
-import difflib
-
 COLLECTORS: dict[str, str] = {
     "steps": "diag.collectors.steps",
     "layers": "diag.collectors.layers",
@@ -30,6 +28,8 @@ class OptionError(ValueError):
 
 def closest(word: str, choices: tuple[str, ...] | list[str]) -> str:
     """`; did you mean X?` for the nearest valid choice, or nothing when none is near."""
+    import difflib  # only on a bad option: the agent's import stays light
+
     near = difflib.get_close_matches(word, choices, n=1)
     return f"; did you mean {near[0]}?" if near else ""
 
