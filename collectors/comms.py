@@ -29,6 +29,7 @@ from diag.collectors.comms_ops import METHODS, Spec, dtype_name, is_async, paylo
 from diag.collectors.comms_timing import CommTiming, Later
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 NAME = "comms"
@@ -65,7 +66,7 @@ class Matched:
         return self.template.get((key, n))
 
 
-def install(agent: Any, undo: Undo, timing: CommTiming | None = None) -> None:
+def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> None:
     """Wrap every collective method of `ProcessGroup` (those this torch has)."""
     from torch.distributed import ProcessGroup
 
@@ -95,7 +96,7 @@ def _new_group(agent: Any, seen: dict[str, dict[str, Any]]) -> None:
         agent.set_meta(role, size)
 
 
-def _track_modules(agent: Any, undo: Undo) -> None:
+def _track_modules(agent: AgentAPI, undo: Undo) -> None:
     """Module attribution needs `agent.module_stack` maintained (shared with the layers collector)."""
     try:
         from diag.collectors import modules
@@ -104,7 +105,7 @@ def _track_modules(agent: Any, undo: Undo) -> None:
     modules.ensure_installed(agent, undo)
 
 
-def _wrapper(agent: Any, name: str, spec: Spec, original: Callable[..., Any], groups: Groups,
+def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any], groups: Groups,
              timing: CommTiming, matched: Matched) -> Callable[..., Any]:
     start, op, module_of = timing.start, spec.op, matched.module
 

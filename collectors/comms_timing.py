@@ -29,6 +29,7 @@ from typing import Any
 from diag.collectors.timing import CpuTimer, Timer, make_timer
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.pending import Pending
 from diag.agent.undo import Undo
 
@@ -81,7 +82,7 @@ class CommTiming:
     """Starts a `Later` per call and ties it to the call's Work. `gpu_timer` / `is_gpu` are the seam
     for tests (fake CUDA events on CPU tensors)."""
 
-    def __init__(self, agent: Any, gpu_timer: Timer | None = None,
+    def __init__(self, agent: AgentAPI, gpu_timer: Timer | None = None,
                  is_gpu: Callable[[Any], bool] | None = None) -> None:
         self.agent = agent
         self.cpu = CpuTimer()

@@ -18,8 +18,8 @@ readers sum them.
 
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
-signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and again every
-`flops_every`-th sample of it (agent option, default `FLOPS_EVERY`; 1 = every sample); the samples
+signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and again
+every `flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample); the samples
 in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
 Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
 FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
@@ -48,10 +48,10 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 _graph_task_id = torch._C._current_graph_task_id
-FLOPS_EVERY = 4  # default: count FLOPs on 1 sample in 4 of an input signature (the first always)
 MAX_SIGNATURES = 64  # distinct input signatures remembered before the FLOP cache starts over
 
 
@@ -60,7 +60,7 @@ class FlopMode(TorchDispatchMode):
 
     supports_higher_order_operators = True  # pass them through untouched
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: AgentAPI | None) -> None:
         super().__init__()
         self.agent = agent
         self.total = 0
@@ -76,14 +76,15 @@ class FlopMode(TorchDispatchMode):
                 try:
                     self.total += count(packet, args, kwargs, out)
                 except Exception as exc:  # noqa: BLE001 - a formula bug must not break the job
-                    self.agent.record_error("layers", f"flops {packet}", exc)
+                    if self.agent is not None:  # None: the install's warm-up, no agent to tell
+                        self.agent.record_error("layers", f"flops {packet}", exc)
         return out
 
 
 class LayerRecorder:
     """The module tracker's listener: opens and closes intervals, pushes and pops the FlopMode."""
 
-    def __init__(self, agent: Any, event_cls: Any = None, device: str | None = None,
+    def __init__(self, agent: AgentAPI, event_cls: Any = None, device: str | None = None,
                  memory: Callable[[], int | None] | None = None) -> None:
         self.agent = agent
         # seams for tests of the CUDA path on CPU: a fake event class, device, allocated-bytes probe
@@ -96,8 +97,7 @@ class LayerRecorder:
         self.timer: Any = None
         self.memory: Any = None
         self.open: dict[tuple[str, str], tuple[int, Any, int, int | None]] = {}
-        options = getattr(agent, "options", {})
-        self.flops_every = max(1, int(options.get(schema.META_FLOPS_EVERY, FLOPS_EVERY)))
+        self.flops_every = agent.options.flops_every
         self.counting = False  # this sample runs the FlopMode (else: reuses counted FLOPs)
         self.sig: tuple[Any, ...] = ()
         self.since: dict[tuple[Any, ...], int] = {}  # signature -> samples since it was counted
@@ -249,7 +249,7 @@ def _warm_up() -> None:
         torch.zeros(1).add_(1)
 
 
-def install(agent: Any, undo: Undo, **seams: Any) -> None:
+def install(agent: AgentAPI, undo: Undo, **seams: Any) -> None:
     """Listen to the module tracker (installing it if comms has not) and to step boundaries.
     `seams` (tests only): event_cls, device, memory, as LayerRecorder takes them."""
     _warm_up()
@@ -262,7 +262,7 @@ def install(agent: Any, undo: Undo, **seams: Any) -> None:
     listener = guard("layers", recorder.on_step, "step")
     tracker.listener = recorder
     agent.step_listeners.append(listener)
-    agent.layer_recorder = recorder
+    agent.state.put(recorder)
     agent.set_meta(schema.META_FLOPS_EVERY, recorder.flops_every)
     undo.call(recorder.shutdown, "layers.mode")
     undo.call(lambda: setattr(tracker, "listener", None), "layers.listener")

@@ -15,11 +15,12 @@ step's own peak. A `memory_peak` meta record ("running" / "per_step") says which
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from diag.collectors import cuda
 
 from diag import schema
+from diag.agent.api import AgentAPI
+from diag.agent.undo import Undo
 
 NAME = "memory"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -35,7 +36,7 @@ def physical_memory() -> int | None:
 class _Memory:
     """Holds /proc/self/statm open (re-read with pread) and the device capacity once known."""
 
-    def __init__(self, agent: Any, reset_peak: bool) -> None:
+    def __init__(self, agent: AgentAPI, reset_peak: bool) -> None:
         self.agent = agent
         self.reset_peak = reset_peak
         self.fd: int | None = None
@@ -80,9 +81,9 @@ class _Memory:
                          stack[-1] if stack else None))
 
 
-def install(agent: Any, undo: Any) -> None:
+def install(agent: AgentAPI, undo: Undo) -> None:
     """Register the per-step listener; close the statm file on undo."""
-    state = _Memory(agent, bool(agent.options.get("memory_reset_peak", False)))
+    state = _Memory(agent, agent.options.memory_reset_peak)
     undo.call(state.close, "memory: close /proc/self/statm")
     listener = agent.guard(NAME, state.on_step, "step")
     agent.step_listeners.append(listener)

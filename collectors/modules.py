@@ -1,8 +1,8 @@
 """Which module is running now, forward and backward: `agent.module_stack`, shared by the collectors.
 
 Lets a collective (comms) or a layer record (layers) name the module it belongs to, on TRACKED steps
-only: every per-layer sampled step, every `attribute_every`-th step (agent option, default
-`ATTRIBUTE_EVERY`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
+only: every per-layer sampled step, every `attribute_every`-th step (agent option,
+see `AgentOptions`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
 steps (step numbers are the job's: a short job is attributed throughout, an attach mid-run is not),
 and every step until the first step boundary (an attach into a loop the steps collector does not
 know). Any global module hook sends
@@ -46,6 +46,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from diag import schema
+from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 Path = tuple[str, ...]
@@ -54,13 +55,12 @@ _graph_task_id = torch._C._current_graph_task_id
 _Tensor = torch.Tensor
 MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
 _META_KEY = "diag_modules"  # our key in autograd Node.metadata
-ATTRIBUTE_EVERY = 10  # default: module attribution on every 10th step (and on sampled steps)
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP  # one meta record per tracked step (value: the step)
 
 
-def ensure_installed(agent: Any, undo: Undo) -> ModuleTracker:
+def ensure_installed(agent: AgentAPI, undo: Undo) -> ModuleTracker:
     """Install the tracker once per agent (layers and comms both call this); returns it."""
-    tracker = agent.__dict__.get("module_tracker")
+    tracker = agent.state.get(ModuleTracker)
     if tracker is None:
         tracker = ModuleTracker(agent)
         tracker.install(undo)
@@ -81,7 +81,7 @@ def _first_node(value: Any) -> Any:
 class ModuleTracker:
     """Keeps `agent.module_stack` right; `listener` (the layers collector) hears every move."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: AgentAPI) -> None:
         self.agent = agent
         self.stack: list[str] = agent.module_stack
         self.names: dict[int, Entry] = {}
@@ -90,7 +90,7 @@ class ModuleTracker:
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
         self._task = -1  # graph task whose end-of-backward callback is queued
         self._lock = threading.Lock()
-        self.every = int(agent.options.get(schema.META_ATTRIBUTE_EVERY, ATTRIBUTE_EVERY))
+        self.every = agent.options.attribute_every
         self._handles: tuple[Any, Any] | None = None  # the global forward hooks while tracking
         self._switch = threading.Lock()
         guard = agent.guard
@@ -98,7 +98,7 @@ class ModuleTracker:
 
     def install(self, undo: Undo) -> None:
         agent = self.agent
-        agent.module_tracker = self
+        agent.state.put(self)
         self.live = True
         undo.call(self._uninstall, "modules.state")
         agent.set_meta(schema.META_ATTRIBUTE_EVERY, self.every)
@@ -114,7 +114,7 @@ class ModuleTracker:
         self.listener = None
         self.stack.clear()
         self._track.clear()
-        self.agent.__dict__.pop("module_tracker", None)
+        self.agent.state.remove(ModuleTracker)
 
     # ---- tracked steps ------------------------------------------------------------------------
     def tracked(self, step: int) -> bool:
@@ -170,7 +170,7 @@ class ModuleTracker:
         stack = self.stack
         entry = self.names.get(id(mod))
         name = entry[1] if entry is not None else None
-        if not stack or (stack[-1] != name and not self._unwind(name)):
+        if name is None or not stack or (stack[-1] != name and not self._unwind(name)):
             return  # started mid-forward (attach): this call's pre-hook never ran
         stack.pop()
         track = self._track.pop() if self._track else False

@@ -27,6 +27,8 @@ from diag.collectors import cuda
 from diag.collectors.steps import ds_step, engine_class, megatron_step_classes
 
 from diag import schema
+from diag.agent.api import AgentAPI
+from diag.agent.undo import Undo
 
 NAME = "overflow"
 GRAD_SCALER = "megatron.core.optimizer.grad_scaler"
@@ -52,7 +54,7 @@ def _nonfinite(value: Any) -> bool:
 
 
 class _Overflow:
-    def __init__(self, agent: Any, undo: Any) -> None:
+    def __init__(self, agent: AgentAPI, undo: Undo) -> None:
         self.agent, self.undo = agent, undo
         self.done: set[str] = set()
         self.megatron_skipped = 0
@@ -138,7 +140,7 @@ def _nothing(*_a: Any, **_k: Any) -> None:
     return None
 
 
-def install(agent: Any, undo: Any) -> None:
+def install(agent: AgentAPI, undo: Undo) -> None:
     """Wrap the loaded DeepSpeed engine / Megatron scalers; patch later imports at step boundaries."""
     state = _Overflow(agent, undo)
     state.patch_loaded()

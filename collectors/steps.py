@@ -31,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from diag import schema
+from diag.agent.api import AgentAPI
+from diag.agent.undo import Undo
 
 NAME = "steps"
 DS_ENGINE = "deepspeed.runtime.engine"
@@ -75,7 +77,7 @@ def engine_class() -> Any:
 class _Steps:
     """Boundary state shared by the wrappers: nesting depth and the previous boundary's time."""
 
-    def __init__(self, agent: Any, undo: Any) -> None:
+    def __init__(self, agent: AgentAPI, undo: Undo) -> None:
         self.agent, self.undo = agent, undo
         self.depth = 0
         self.t_install = agent.now()
@@ -202,7 +204,7 @@ class _Steps:
         self.agent.begin_step(next_step)
 
 
-def install(agent: Any, undo: Any) -> None:
+def install(agent: AgentAPI, undo: Undo) -> None:
     """Wrap DeepSpeed / Megatron steps that are loaded now and hook torch's optimizer steps."""
     import torch.optim.optimizer as topt
 

@@ -11,6 +11,7 @@ host); `dur` is nanoseconds. Hooks record `time.perf_counter_ns()`; the writer c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from diag.vocab import canonical_op
@@ -70,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Bus-bandwidth factors of nccl-tests, as a function of the group size n.
-_BUS_FACTOR = {
+_BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,

@@ -19,47 +19,46 @@ from typing import Any
 from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import pending as _pending
+from diag.agent.api import CollectorState, Installer
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
+from diag.agent.options import AgentOptions
+from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
 from diag.trace.writer import TraceFileWriter, rank_file_name
 
-ALL_COLLECTORS = ("steps", "layers", "comms", "memory", "overflow")
-DEFAULT_WHAT = ALL_COLLECTORS
-DEFAULT_LAYERS_EVERY = 50  # always-on: one step in 50 gets per-layer time and FLOPs
-RING_CAPACITY = 200_000  # records; at ~200 B each this caps the agent near 40 MB (documented)
 FLUSH_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 
-
-def default_trace_dir() -> str:
-    return os.environ.get("DIAG_TRACE_DIR") or os.path.abspath("diag-trace")
+ErrorKey = tuple[str, str, str]  # (collector, where, exception class name)
 
 
 class Agent:
-    """One per process. Collectors read and update the shared state below from their hooks."""
+    """One per process. Collectors read and update the shared state below from their hooks, through
+    `diag.agent.api.AgentAPI` (the part of this class they may use)."""
 
-    def __init__(self, trace_dir: str, what: tuple[str, ...], options: dict[str, Any]) -> None:
-        self.trace_dir = trace_dir
-        self.what = what
+    def __init__(self, options: AgentOptions) -> None:
         self.options = options
-        self.ring = Ring(int(options.get("ring_capacity", RING_CAPACITY)))
+        self.trace_dir = options.resolved_trace_dir()
+        self.what = options.what
+        self.ring = Ring(options.ring_capacity)
         self.emit: Callable[[tuple[Any, ...]], None] = self.ring.push
-        self.faults: dict[str, str] = dict(options.get("faults") or _faults.from_env())
+        self.faults: dict[str, str] = dict(options.faults or _faults.from_env())
         # shared, hook-updated state
         self.step = 0  # index of the step in progress (steps collector)
-        self.layers_every = int(options.get("layers_every", 0))  # 0: layers off except on request
+        self.layers_every = options.layers_every  # 0: no sampled steps
         self.sampled = False  # is the current step a per-layer sampled step
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
         self.step_listeners: list[Callable[[int], None]] = []
         self.engine: Any = None  # the DeepSpeed engine once seen
+        self.state = CollectorState()  # what collectors keep for each other (module tracker, ...)
         self._header_rank: int | None = None
         self._rank_known = False  # header lacked the rank (agent started before the process group)
         self._layout_known = False  # Megatron's parallel state is initialized after the agent starts
         # bookkeeping
-        self.errors: dict[str, int] = {}
-        self.error_messages: list[tuple[str, str, str, str]] = []
+        self.errors: dict[ErrorKey, int] = {}
+        self.error_messages: list[tuple[str, str, str, str]] = []  # (*key, first message)
         self.captured: dict[str, int] = {}
         self.installed: list[str] = []
         self.install_failures: dict[str, str] = {}
@@ -71,11 +70,11 @@ class Agent:
         self._thread: threading.Thread | None = None
         self._file: TraceFileWriter | None = None
         self._lock = threading.Lock()
-        self._errors_written: dict[str, int] = {}
+        self._errors_written: dict[ErrorKey, int] = {}
         self._last_stats = 0.0
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
-        self.self_time = bool(options.get("self_time"))
+        self.self_time = options.self_time
         self.hook_ns = 0
         self.hook_calls = 0
         self.probe_ns = 0.0  # what timing one hook adds to its own figure (calibrated at start)
@@ -89,7 +88,7 @@ class Agent:
     def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None
               ) -> Callable[..., Any]:
         """Wrap a hook so that nothing it raises reaches the job: the error is counted instead."""
-        label = where or getattr(fn, "__name__", "hook")
+        label: str = where or str(getattr(fn, "__name__", "hook"))
         agent = self
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -151,7 +150,7 @@ class Agent:
         return max(0, int(self.hook_ns - self.hook_calls * self.probe_ns))
 
     def record_error(self, collector: str, where: str, exc: BaseException) -> None:
-        key = f"{collector}:{where}:{type(exc).__name__}"
+        key = (collector, where, type(exc).__name__)
         n = self.errors.get(key, 0) + 1
         self.errors[key] = n
         if n == 1 and len(self.error_messages) < MAX_ERROR_MESSAGES:
@@ -234,8 +233,8 @@ class Agent:
 
     def _install(self, name: str) -> None:
         try:
-            module = importlib.import_module(f"diag.collectors.{name}")
-            module.install(self, self.undo)
+            install: Installer = importlib.import_module(COLLECTORS[name]).install
+            install(self, self.undo)
             self.installed.append(name)
         except Exception as exc:  # noqa: BLE001 - one broken collector must not stop the others
             self.install_failures[name] = f"{type(exc).__name__}: {exc}"
@@ -316,17 +315,14 @@ class Agent:
         for key, count in list(self.errors.items()):
             if self._errors_written.get(key) != count:
                 self._errors_written[key] = count
-                collector, where, exc = key.split(":", 2)
                 out.append(schema.to_json(
-                    (schema.ERROR, self.now(), collector, where, exc,
-                     messages.get((collector, where, exc), ""), count),
+                    (schema.ERROR, self.now(), *key, messages.get(key, ""), count),
                     self._wall0, self._perf0))
         return out
 
     def _stats_record(self) -> tuple[Any, ...]:
         errors: dict[str, int] = {}
-        for key, n in self.errors.items():
-            collector = key.split(":", 1)[0]
+        for (collector, _, _), n in self.errors.items():
             errors[collector] = errors.get(collector, 0) + n
         return (schema.STATS, self.now(), dict(self.captured), dict(self.ring.dropped), errors,
                 self.ring.capacity, self.ring.high_water)

@@ -8,7 +8,6 @@ command itself when it is a plain `python train.py`, never in the launcher.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 
@@ -26,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     """The job's environment: our sitecustomize first, diag importable last, options in DIAG_RUN."""
-    opts = agent_options.options(args)
+    opts = agent_options.build(args)
     paths = [SITE_DIR, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p], ROOT]
-    return {**base, "PYTHONPATH": os.pathsep.join(paths), "DIAG_RUN": json.dumps(opts),
+    return {**base, "PYTHONPATH": os.pathsep.join(paths), "DIAG_RUN": opts.to_json(),
             "DIAG_RUN_PID": str(os.getpid())}
 
 
@@ -36,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise DiagError("no command given: diag run [options] -- COMMAND ...", USAGE)
-    agent_options.options(args)  # a bad option fails here, not in every rank
+    agent_options.build(args)  # a bad option fails here, not in every rank
     if shutil.which(command[0]) is None:
         raise DiagError(f"{command[0]}: command not found", USAGE)
     os.execvpe(command[0], command, environment(args, dict(os.environ)))

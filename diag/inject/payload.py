@@ -73,10 +73,11 @@ def start_agent(opts: dict[str, Any]) -> Any:
     import atexit
 
     from diag import agent
+    from diag.agent.options import AgentOptions
 
     if agent.current() is not None:
         return agent.current()
-    running = agent.start(opts.pop("trace_dir", None), opts.pop("what", None), control=True, **opts)
+    running = agent.start_with(AgentOptions.from_mapping({**opts, "control": True}))  # checked here
     atexit.register(agent.stop)
     running.undo.call(lambda: atexit.unregister(agent.stop), "atexit")
     if agent.current() is not running:  # a detach came through the socket before this line

@@ -11,7 +11,7 @@ import pytest
 
 import diag
 from diag import agent, schema
-from diag.agent.runtime import RING_CAPACITY
+from diag.agent.options import DEFAULTS
 
 MEMORY_CAP_BYTES = 64 << 20  # documented cap for the default ring (README: "Agent limits")
 
@@ -35,13 +35,13 @@ def test_ten_million_events_with_stalled_writer_stay_under_cap(tmp_path):
     for i in range(10_000_000):
         emit((schema.COMM, i, "all_reduce", 4096, "float32", "pg0", 2, None, now(), 1000, None, False))
     grown = _rss() - before
-    assert len(ag.ring) == RING_CAPACITY
-    assert ag.ring.dropped["comm"] == 10_000_000 - RING_CAPACITY
+    assert len(ag.ring) == DEFAULTS.ring_capacity
+    assert ag.ring.dropped["comm"] == 10_000_000 - DEFAULTS.ring_capacity
     assert grown < MEMORY_CAP_BYTES, f"agent grew {grown / 2**20:.1f} MiB"
     agent.stop()
     stats = diag.load(str(tmp_path)).stats.iloc[-1]
-    assert stats["dropped"]["comm"] == 10_000_000 - RING_CAPACITY
-    assert stats["captured"]["comm"] == RING_CAPACITY
+    assert stats["dropped"]["comm"] == 10_000_000 - DEFAULTS.ring_capacity
+    assert stats["captured"]["comm"] == DEFAULTS.ring_capacity
 
 
 @pytest.fixture

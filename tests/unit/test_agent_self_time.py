@@ -59,7 +59,7 @@ def test_without_the_option_hooks_are_untimed(tmp_path) -> None:
 def test_a_raising_timed_hook_is_counted_and_timed(tmp_path) -> None:
     ag = agent.start(str(tmp_path), what=("steps",), self_time=True)
     ag.guard("steps", lambda: 1 / 0, "boom")()
-    assert ag.hook_ns > 0 and ag.errors == {"steps:boom:ZeroDivisionError": 1}
+    assert ag.hook_ns > 0 and ag.errors == {("steps", "boom", "ZeroDivisionError"): 1}
     agent.stop()
 
 

@@ -83,7 +83,8 @@ def test_faults_leave_collectives_working_and_are_counted(group, tmp_path) -> No
         dist.all_reduce(t)
     work = dist.all_gather_into_tensor(torch.zeros(4), t, async_op=True)
     work.wait()
-    assert ag.errors == {"comms:allreduce:InjectedFault": 5, "comms:all_gather_single:InjectedFault": 1}
+    assert ag.errors == {("comms", "allreduce", "InjectedFault"): 5,
+                         ("comms", "all_gather_single", "InjectedFault"): 1}
     path = ag.status()["trace_file"]
     agent.stop()
     assert torch.equal(t, torch.full((4,), 3.0))

@@ -205,7 +205,7 @@ def test_cuda_event_path_through_the_seam(tmp_path) -> None:
     lin = torch.nn.Linear(4, 4)
     ag.begin_step(0)
     lin(torch.randn(2, 4)).sum().backward()
-    assert isinstance(ag.layer_recorder.timer, timing.CudaTimer)
+    assert isinstance(ag.state.get(layers.LayerRecorder).timer, timing.CudaTimer)
     ag.flush()
     time.sleep(0.5)  # the writer holds the records back: the end events have not completed
     assert events(str(tmp_path), schema.LAYER) == []

@@ -134,5 +134,5 @@ def test_memory_faults_are_counted(tmp_path, fake):
     _train(fake)
     errors = dict(ag.errors)
     agent.stop()
-    assert errors == {"memory:step:InjectedFault": len(ACTIVATIONS)}
+    assert errors == {("memory", "step", "InjectedFault"): len(ACTIVATIONS)}
     assert len(diag.load(str(tmp_path)).steps) == len(ACTIVATIONS)

@@ -119,7 +119,7 @@ def test_names_of_a_submodule_called_first_are_still_fully_qualified(agent) -> N
     net = Net(agent, log)
     net.layers[1](torch.randn(2, 4))  # the tree's root is found through gc, not the call
     assert log[-1][1][-1] == "layers.1.probe"
-    assert agent.module_tracker.name_of(net) == "Net"
+    assert agent.state.get(modules.ModuleTracker).name_of(net) == "Net"
 
 
 def test_ensure_installed_is_idempotent_and_stop_removes_hooks(tmp_path) -> None:
@@ -131,7 +131,7 @@ def test_ensure_installed_is_idempotent_and_stop_removes_hooks(tmp_path) -> None
     diag_agent.stop()
     after = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
     assert after == before
-    assert "module_tracker" not in ag.__dict__
+    assert modules.ModuleTracker not in ag.state
 
 
 def test_backward_hooks_left_on_a_graph_are_inert_after_stop(tmp_path) -> None:
@@ -172,7 +172,7 @@ def test_global_hooks_only_on_tracked_steps(tmp_path) -> None:
     net(torch.randint(0, 10, (3, 2))).sum().backward()
     names = ["layers.0.probe", "layers.1.probe"]
     assert [stack[-1] for _, stack in log[4:]] == names + names[::-1]  # forward, then backward
-    tracker = ag.module_tracker
+    tracker = ag.state.get(modules.ModuleTracker)
     diag_agent.stop()
     assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base
     tracker.on_step(30)  # a boundary racing a stop() from another thread: installs nothing

@@ -153,4 +153,4 @@ def test_faults_never_reach_the_loop_and_are_counted(tmp_path, monkeypatch):
     agent.stop()
     torch.manual_seed(0)
     assert torch.equal(got, _plain_loop(4).weight)  # same numerics as without the agent
-    assert errors == {"steps:torch-post:InjectedFault": 4}
+    assert errors == {("steps", "torch-post", "InjectedFault"): 4}

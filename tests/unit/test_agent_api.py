@@ -1,0 +1,84 @@
+"""The collectors' contract with the agent: `AgentAPI` names all they use, and they keep their own
+objects in the typed `agent.state` registry instead of adding attributes to the agent."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+
+from diag import agent as diag_agent
+from diag.agent.api import AgentAPI, CollectorState
+from diag.agent.options import AgentOptions
+from diag.agent.runtime import Agent
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_installing_every_collector_adds_no_attribute_to_the_agent(tmp_path) -> None:
+    fresh = set(vars(Agent(AgentOptions(trace_dir=str(tmp_path / "unused")))))
+    ag = diag_agent.start(str(tmp_path))
+    try:
+        assert sorted(ag.installed) == sorted(ag.what)
+        assert set(vars(ag)) == fresh
+    finally:
+        diag_agent.stop()
+
+
+def test_the_runtime_agent_has_every_member_of_the_protocol(tmp_path) -> None:
+    ag = Agent(AgentOptions(trace_dir=str(tmp_path)))
+    members = set(AgentAPI.__annotations__) | {
+        n for n, v in vars(AgentAPI).items() if callable(v) and not n.startswith("_")}
+    assert {"emit", "guard", "state", "step_listeners", "options"} <= members
+    assert [m for m in sorted(members) if not hasattr(ag, m)] == []
+
+
+def _agent_attributes_used_by_collectors() -> set[str]:
+    """Attribute names read or written on a name `agent` / `self.agent` in collectors/*.py."""
+    used: set[str] = set()
+    for path in glob.glob(os.path.join(ROOT, "collectors", "*.py")):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id == "agent") or (
+                    isinstance(base, ast.Attribute) and base.attr == "agent"
+                    and isinstance(base.value, ast.Name) and base.value.id == "self"):
+                used.add(node.attr)
+    return used
+
+
+def test_collectors_use_only_the_protocol() -> None:
+    members = set(AgentAPI.__annotations__) | {n for n, v in vars(AgentAPI).items() if callable(v)}
+    used = _agent_attributes_used_by_collectors()
+    assert used and used <= members, sorted(used - members)
+
+
+def test_state_is_keyed_by_class() -> None:
+    class Tracker:
+        pass
+
+    state, tracker = CollectorState(), Tracker()
+    assert state.get(Tracker) is None and Tracker not in state
+    state.put(tracker)
+    assert state.get(Tracker) is tracker and Tracker in state
+    state.remove(Tracker)
+    assert state.get(Tracker) is None
+
+
+def test_every_collector_with_an_installer_is_registered_and_resolves() -> None:
+    import importlib
+
+    from diag.agent.registry import COLLECTORS
+
+    with_install = set()
+    for path in glob.glob(os.path.join(ROOT, "collectors", "*.py")):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        if any(isinstance(n, ast.FunctionDef) and n.name == "install" for n in tree.body):
+            with_install.add(f"diag.collectors.{os.path.basename(path)[:-3]}")
+    assert set(COLLECTORS.values()) == with_install
+    for name, module in COLLECTORS.items():
+        assert callable(importlib.import_module(module).install), name
