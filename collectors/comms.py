@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from diag.collectors import comms_dispatch
 from diag.collectors.comms_groups import Groups
 from diag.collectors.comms_ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
 from diag.collectors.comms_timing import CommTiming, Later
@@ -77,10 +78,19 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     undo.call(groups.clear, "comms: group cache")
     matched = Matched()
     agent.set_meta(schema.META_ATTRIBUTION, "matched")
+    flop_seam = _flop_mode_seam()
+
+    def recorder(name: str) -> tuple[Any, Any] | None:
+        spec = METHODS.get(name)
+        return None if spec is None else _recorder(agent, spec, groups, timing, matched)
+
     for name, spec in METHODS.items():
         if name in ProcessGroup.__dict__:
             original = getattr(ProcessGroup, name)
-            undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, groups, timing, matched))
+            undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, recorder(name), flop_seam))
+    # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
+    comms_dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where),
+                           _runner(flop_seam))
 
 
 LAYOUT_ROLES = ("tp", "pp", "dp", "cp", "ep")
@@ -105,8 +115,10 @@ def _track_modules(agent: AgentAPI, undo: Undo) -> None:
     modules.ensure_installed(agent, undo)
 
 
-def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any], groups: Groups,
-             timing: CommTiming, matched: Matched) -> Callable[..., Any]:
+def _recorder(agent: AgentAPI, spec: Spec, groups: Groups, timing: CommTiming, matched: Matched
+              ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(before, after) of one kind of call: the payload and clock read before it, the record emitted
+    and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels."""
     start, op, module_of = timing.start, spec.op, matched.module
 
     def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
@@ -115,12 +127,10 @@ def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any
         t0 = _now()
         return t0, nbytes, tensor, start(tensor, t0)
 
-    def after(state: State, pg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], work: Any
-              ) -> None:
+    def after(state: State, pg: Any, async_op: bool | None, work: Any) -> None:
         t0, nbytes, tensor, later = state
         group, size, ranks = groups.info(pg)
         stack = agent.module_stack
-        async_op = is_async(spec, args, kwargs)
         step = agent.step
         nbytes = nbytes * size if spec.times_n else nbytes
         module = module_of(step, (op, nbytes, group), stack[-1] if stack else None)
@@ -128,25 +138,52 @@ def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any
                     module, async_op))
         timing.bind(work, later, spec.p2p, async_op)
 
-    guarded_before = agent.guard(NAME, before, name)
-    guarded_after = agent.guard(NAME, after, name)
-    flop_mode_on_top, below_it = _flop_mode_seam()
+    return before, after
+
+
+def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any],
+             parts: tuple[Callable[..., Any], Callable[..., Any]] | None,
+             flop_seam: tuple[Callable[[], bool], Callable[[], Any]]) -> Callable[..., Any]:
+    assert parts is not None
+    guarded_before = agent.guard(NAME, parts[0], name)
+    guarded_after = agent.guard(NAME, parts[1], name)
+    flop_mode_on_top, below_it = flop_seam
+    mark = comms_dispatch.marked
 
     def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
         state = guarded_before(args, kwargs)
-        if flop_mode_on_top():  # a sampled step: run the collective below diag's FLOP counter,
-            with below_it():    # which counts nothing in it, or torch.profiler records it twice
+        outer = getattr(mark, "on", False)
+        mark.on = True  # the c10d kernel below leaves this call to us
+        try:
+            if flop_mode_on_top():  # a sampled step: run the collective below diag's FLOP counter,
+                with below_it():    # which counts nothing in it, or torch.profiler records it twice
+                    work = original(pg, *args, **kwargs)
+            else:
                 work = original(pg, *args, **kwargs)
-        else:
-            work = original(pg, *args, **kwargs)
+        finally:
+            mark.on = outer
         if state is not None:
-            guarded_after(state, pg, args, kwargs, work)
+            guarded_after(state, pg, is_async(spec, args, kwargs), work)
         return work
 
     wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__doc__ = getattr(original, "__doc__", None)
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapper
+
+
+def _runner(flop_seam: tuple[Callable[[], bool], Callable[[], Any]]
+            ) -> Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]:
+    """Run a dispatcher op as the wrappers do: below diag's FLOP counter on sampled steps."""
+    on_top, below_it = flop_seam
+
+    def run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if on_top():
+            with below_it():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
 
 
 def _flop_mode_seam() -> tuple[Callable[[], bool], Callable[[], Any]]:

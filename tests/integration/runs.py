@@ -14,6 +14,7 @@ from tests.workloads import launch
 
 GPT = "tests.workloads.gpt_ds"
 MEGATRON = "tests.workloads.megatron_tp"
+DDP = "tests.workloads.ddp"
 
 
 @dataclass

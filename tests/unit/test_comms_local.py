@@ -201,3 +201,23 @@ def test_ops_in_flight_at_detach_are_unfinished_not_errors(group, tmp_path) -> N
     assert [r["value"] for r in recs if r.get("key") == schema.META_UNFINISHED_AT_DETACH] == [1]
     assert [(r["op"], r["dur"] is None) for r in recs if r["k"] == schema.COMM] == [
         ("all_reduce", False), ("recv", True)]
+
+
+def test_collectives_from_cpp_recorded_once_and_dispatcher_restored(group, tmp_path) -> None:
+    """A call that reaches the c10d dispatcher without a Python wrapper (the op itself, as DDP's
+    Reducer makes it) is recorded by the dispatcher kernel; one through the wrapped method is
+    recorded once, not twice; stop restores the dispatcher's table exactly."""
+    before = {n: torch._C._dispatch_dump(f"c10d::{n}") for n in ("allreduce_", "broadcast_", "barrier")}
+    ag = agent.start(str(tmp_path), what=("steps", "comms"))
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the Python wrapper's call
+    pg = dist.group.WORLD.boxed()
+    sum_op = torch.classes.c10d.ReduceOp()  # the script class the op takes; SUM by default
+    _, work = torch.ops.c10d.allreduce_([t], pg, sum_op, None, True, -1)
+    Work.unbox(work).wait()
+    path = ag.status()["trace_file"]
+    agent.stop()
+    recs = _comm_lines(path)
+    assert [(r["op"], r["bytes"]) for r in recs] == [("all_reduce", 16), ("all_reduce", 16)]
+    assert all(r["dur"] is not None and r["dur"] >= 0 for r in recs)
+    assert {n: torch._C._dispatch_dump(f"c10d::{n}") for n in before} == before
