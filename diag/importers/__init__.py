@@ -24,6 +24,8 @@ def _kineto(comb: Combiner, path: str, result: object) -> None:
     rank, header, frames = result  # type: ignore[misc]
     if rank in comb.result.headers and comb.result.headers[rank].get("source") == "kineto":
         raise ImportProblem(f"a second Kineto trace for rank {rank} (skipped)")
+    for message in header.pop("problems", None) or ():  # kineto.PROBLEMS: imported, with losses
+        comb.result.problems.append(LoadProblem(path, message))
     comb.add_header(rank, header)
     comb.add_frames(frames)
 
