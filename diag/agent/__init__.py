@@ -35,7 +35,9 @@ def start(trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] 
     (count FLOPs on the first sample of each input signature and every Nth after it, reuse them on
     the others; default 4; 1 = count on every sample),
     ring_capacity (records buffered before drops), self_time (add up the time spent in diag's hooks,
-    shown by `diag status`: ~0.2 us more per hook), faults (tests).
+    shown by `diag status`: ~0.2 us more per hook), follow_forks (a child forked after start gets
+    an agent of its own; by default forked children, DataLoader workers, start without one: see
+    diag/agent/fork.py), faults (tests).
     """
     global _agent
     with _lock:
