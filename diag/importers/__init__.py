@@ -14,6 +14,7 @@ from diag.importers import detect
 from diag.importers.combine import Combiner
 from diag.importers.errors import ImportProblem
 from diag.trace.model import LoadProblem, Trace
+from diag.trace.safeio import file_size
 
 Progress = Callable[[str, int], None]  # (path just done, its size in bytes)
 
@@ -60,8 +61,8 @@ def input_files(paths: list[str]) -> tuple[list[tuple[str, str | None]], list[Lo
 
 def size_of(path: str) -> int:
     if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-    return os.path.getsize(path)
+        return sum(file_size(os.path.join(path, f)) for f in os.listdir(path))
+    return file_size(path)
 
 
 def _step(comb: Combiner, path: str, fn: Callable[[Combiner, str], None], progress: Progress | None) -> None:

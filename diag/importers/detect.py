@@ -48,7 +48,7 @@ def kind_of_file(path: str) -> str:
         return KINETO
     if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:
         raise ImportProblem("binary file: not a diag trace, PyTorch profiler trace or training log")
-    if any(m in head for m in MARKERS) or os.path.getsize(path) > len(head):
+    if any(m in head for m in MARKERS) or safeio.file_size(path) > len(head):
         return LOG
     raise ImportProblem("not a diag trace, PyTorch profiler trace or DeepSpeed/Megatron log")
 

@@ -47,6 +47,15 @@ def max_input_bytes() -> int:
     return _limit("DIAG_MAX_INPUT_BYTES", MAX_INPUT_BYTES)
 
 
+def file_size(path: str) -> int:
+    """Size in bytes for progress and planning; 0 for what cannot be stat'ed (a dangling link, a
+    file gone since it was listed): the reader reports those when it opens them."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def open_regular(path: str) -> BinaryIO:
     """Open `path` for reading only if it is a regular file (links followed); `InputError` else.
     O_NONBLOCK makes the open of a FIFO return at once, so the check happens before any wait."""

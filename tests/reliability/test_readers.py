@@ -54,12 +54,14 @@ def errors(res: subprocess.CompletedProcess[str], command: str = "analyze") -> l
 
 @pytest.fixture
 def hostile_dir(tmp_path) -> str:
-    """A trace directory: one good rank file, a FIFO and a link to /dev/zero named as ranks."""
+    """A trace directory: one good rank file; a FIFO, a link to /dev/zero and a dangling link
+    named as ranks."""
     d = tmp_path / "trace"
     d.mkdir()
     shutil.copy(SAMPLE, d / "rank-00000.jsonl")
     os.mkfifo(d / "rank-00001.jsonl")
     os.symlink("/dev/zero", d / "rank-00002.jsonl")
+    os.symlink(str(tmp_path / "gone"), d / "rank-00003.jsonl")
     return str(d)
 
 
@@ -67,15 +69,16 @@ def test_fifo_and_device_rank_files_are_refused_not_read(hostile_dir) -> None:
     res = diag_cli("analyze", "--json", hostile_dir)
     assert res.returncode == 2, res.stderr[-3000:]
     lines = errors(res)
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert "rank-00001.jsonl: a FIFO, not a regular file: refused" in lines[0]
     assert "rank-00002.jsonl: a character device, not a regular file: refused" in lines[1]
+    assert "rank-00003.jsonl: No such file or directory" in lines[2]
     assert json.loads(res.stdout)["ranks"] == [0]  # the good file is still analyzed
 
 
 def test_export_and_each_reader_refuse_a_fifo(hostile_dir, tmp_path) -> None:
     res = diag_cli("export", "--perfetto", str(tmp_path / "t.json"), hostile_dir)
-    assert res.returncode == 2 and len(errors(res, "export")) == 2
+    assert res.returncode == 2 and len(errors(res, "export")) == 3
     assert os.path.getsize(tmp_path / "t.json") > 0
     # in a child: before the fix each of these blocks forever on the FIFO's open
     code = f"""
