@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import time
 from typing import Any
@@ -41,6 +42,37 @@ def open_private(path: str) -> tuple[int, str]:
             n += 1
 
 
+def _dumps(obj: dict[str, Any]) -> str:
+    """Strict JSON: readers refuse NaN / Infinity (not JSON), so a non-finite float the job handed
+    us (a loss scale, a config value) is written as null at the top level, as its text below it."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False)
+    except ValueError:
+        pass
+    try:
+        clean = {k: None if _non_finite(v) else _finite(v) for k, v in obj.items()}
+        return json.dumps(clean, separators=(",", ":"), default=str, allow_nan=False)
+    except (ValueError, RecursionError):  # a cycle: keep the scalars, the rest as short text
+        flat = {k: v if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float)
+                                                                         and math.isfinite(v))
+                else str(v)[:200] for k, v in obj.items()}
+        return json.dumps(flat, separators=(",", ":"), default=str, allow_nan=False)
+
+
+def _non_finite(v: Any) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def _finite(v: Any) -> Any:
+    if _non_finite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 class TraceFileWriter:
     """Writes JSON lines to one file descriptor; counts what could not be written.
 
@@ -59,8 +91,7 @@ class TraceFileWriter:
 
     def write_objects(self, objs: list[dict[str, Any]]) -> None:
         if objs:
-            self.write_lines([json.dumps(o, separators=(",", ":"), default=str) for o in objs],
-                             [o.get("step") for o in objs])
+            self.write_lines([_dumps(o) for o in objs], [o.get("step") for o in objs])
 
     def write_lines(self, lines: list[str], steps: list[Any] | None = None) -> None:
         """One `write` per batch: a SIGKILL leaves whole lines plus at most one partial last line;

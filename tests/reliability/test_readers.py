@@ -236,3 +236,19 @@ def test_kineto_huge_and_negative_times(tmp_path, bad: list[dict]) -> None:
     tr = load_inputs([path])
     assert len(tr.steps) == 5 and (tr.steps["dur"] == 90_000).all()
     assert (tr.frame("cpu_op")["dur"] >= 0).all()
+
+
+def test_writer_writes_strict_json_the_reader_accepts(tmp_path) -> None:
+    """The reader refuses NaN / Infinity, so the writer must never produce them: a non-finite loss
+    scale from the job becomes null, a non-finite config value its text."""
+    from diag.trace.writer import TraceFileWriter
+
+    w = TraceFileWriter(str(tmp_path), "rank-00000.jsonl")
+    w.write_objects([{"k": "header", "schema": 1, "rank": 0, "pid": 1},
+                     {"k": "overflow", "step": 1, "ts": 5, "overflow": True, "scale_before": float("inf"),
+                      "scale_after": 1.0},
+                     {"k": "meta", "ts": 6, "key": "ds_config", "value": {"clip": float("nan")}}])
+    w.close()
+    tr = diag.load(str(tmp_path))
+    assert not tr.problems
+    assert tr.overflow["scale_before"].isna().all() and tr.headers[0]["ds_config"] == {"clip": "nan"}
