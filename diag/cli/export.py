@@ -23,8 +23,14 @@ def run(args: argparse.Namespace) -> int:
 
     import diag
     from diag.report.perfetto import timeline
+    from diag.trace.reader import Unreadable
 
-    trace = diag.load(args.trace_dir)
+    try:
+        trace = diag.load(args.trace_dir)
+    except Unreadable as e:  # nothing readable: one line per bad file
+        for p in e.problems:
+            print(f"diag export: error: {p}", file=sys.stderr)
+        return e.exit_code
     doc = timeline(trace)
     try:
         with open(args.perfetto, "w", encoding="utf-8") as f:

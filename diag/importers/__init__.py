@@ -33,10 +33,12 @@ def _kineto(comb: Combiner, path: str, result: object) -> None:
 
 def _one(comb: Combiner, path: str, kind: str) -> None:
     if kind == detect.DIAG:
-        from diag.trace.reader import load_trace
+        from diag.trace.reader import Unreadable, load_trace
 
         try:
             comb.add_trace(load_trace(path))
+        except Unreadable as e:
+            raise ImportProblem(str(e), e.problems) from None
         except DiagError as e:
             raise ImportProblem(str(e).removeprefix(f"{path}: ")) from None
     else:
@@ -70,7 +72,7 @@ def _step(comb: Combiner, path: str, fn: Callable[[Combiner, str], None], progre
         fn(comb, path)
         comb.result.sources.append(path)
     except ImportProblem as e:
-        comb.result.problems.append(LoadProblem(path, str(e)))
+        comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
     if progress is not None:
         progress(path, size_of(path))
 
@@ -95,5 +97,9 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
         if kind != detect.KINETO:
             _step(comb, path, lambda c, p, k=kind: _one(c, p, k), progress)
     if not comb.result.sources:
-        raise DiagError(str(comb.result.problems[0]) if comb.result.problems else "nothing to analyze")
+        if not comb.result.problems:
+            raise DiagError("nothing to analyze")
+        from diag.trace.reader import Unreadable
+
+        raise Unreadable(comb.result.problems)
     return comb.trace()

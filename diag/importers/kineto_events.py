@@ -55,7 +55,7 @@ def _split(data: bytes) -> tuple[bytes, Iterator[bytes]] | None:
 
 def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
     """Complete (`X`) events by kind -> small frames; only the args the importer reads are kept.
-    Events whose ts / dur is not a usable time (not a number, non-finite, beyond +-2**62 ns, a
+    Events whose ts / dur is a number that is not a usable time (non-finite, beyond +-2**62 ns, a
     negative dur) are dropped and counted under `BAD` as (count, the first one described)."""
     rows: dict[str, list[dict[str, Any]]] = {"gpu": [], "runtime": [], "host": []}
     for e in events:
@@ -108,14 +108,21 @@ def _fields(evs: list[dict[str, Any]]) -> tuple[Any, ...]:
 
 
 def _ns(us: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Microseconds -> (integer nanoseconds, which were usable times): a value that is not a
-    finite number within +-2**62 ns (junk, null, NaN, 1e30, a 100-digit integer) is not."""
+    """Microseconds -> (integer nanoseconds, which were usable times). Junk (absent, null, a
+    string) counts 0 as it always did; a number that is not finite or beyond +-2**62 ns (NaN, 1e30,
+    a 100-digit integer) is not a usable time."""
     try:
         vals = np.asarray(us, dtype=float)
     except (TypeError, ValueError, OverflowError):
         vals = pd.to_numeric(pd.Series(list(us), dtype=object), errors="coerce").to_numpy(float)
     ok = np.abs(vals) < MAX_US  # false for NaN and inf too
-    return np.rint(np.where(ok, vals, 0.0) * 1000).astype(np.int64), ok
+    if not ok.all():
+        seq = us if isinstance(us, (list, tuple)) else list(us)
+        for i in np.flatnonzero(~ok):
+            v = seq[i]
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                ok[i] = True  # junk: 0, as before
+    return np.rint(np.where(np.abs(vals) < MAX_US, vals, 0.0) * 1000).astype(np.int64), ok
 
 
 def _ints(vals: list[Any]) -> np.ndarray:

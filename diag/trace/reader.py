@@ -22,6 +22,15 @@ TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl")
 MAX_LINE_PROBLEMS = 20  # bad lines reported one by one per file; the rest are counted
 
 
+class Unreadable(DiagError):
+    """Nothing at all could be read: `str()` is the first problem; `problems` holds every one, for
+    a command that prints one line per bad file."""
+
+    def __init__(self, problems: list[LoadProblem]) -> None:
+        super().__init__(str(problems[0]))
+        self.problems = problems
+
+
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """One JSON line -> (record, None), or (None, why it was skipped). Shared with the live tailer
     (diag/tui/tail.py), which feeds it complete lines as they are appended."""
@@ -177,8 +186,7 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
     if strict and trace.problems:
         raise DiagError(str(trace.problems[0]))
     if not trace.headers:
-        msg = str(trace.problems[0]) if trace.problems else f"{path}: no readable trace"
-        raise DiagError(msg)
+        raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
     trace.frames = build_frames(by_kind, trace.problems, path)
     return trace
 

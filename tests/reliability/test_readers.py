@@ -252,3 +252,18 @@ def test_writer_writes_strict_json_the_reader_accepts(tmp_path) -> None:
     tr = diag.load(str(tmp_path))
     assert not tr.problems
     assert tr.overflow["scale_before"].isna().all() and tr.headers[0]["ds_config"] == {"clip": "nan"}
+
+
+def test_nothing_readable_still_one_line_per_bad_input(tmp_path) -> None:
+    d = tmp_path / "trace"
+    d.mkdir()
+    os.mkfifo(d / "rank-00001.jsonl")
+    os.symlink("/dev/zero", d / "rank-00002.jsonl")
+    res = diag_cli("analyze", "-q", str(d), "/dev/null")
+    assert res.returncode == 2
+    assert [x.split(": ", 3)[2:] for x in errors(res)] == [
+        ["/dev/null", "a character device, not a regular file: refused"],
+        [f"{d}/rank-00001.jsonl", "a FIFO, not a regular file: refused"],
+        [f"{d}/rank-00002.jsonl", "a character device, not a regular file: refused"]]
+    res = diag_cli("export", "--perfetto", str(tmp_path / "out.json"), str(d))
+    assert res.returncode == 2 and len(errors(res, "export")) == 2
