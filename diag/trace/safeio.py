@@ -7,7 +7,7 @@ bounded by two documented limits, each overridable by an environment variable:
 
 - `DIAG_MAX_LINE_BYTES` (default 64 MiB): the longest JSON line of a diag trace; longer lines are
   skipped, never held whole.
-- `DIAG_MAX_INPUT_BYTES` (default 4 GiB): the most a whole-document input (a Kineto trace, a log)
+- `DIAG_MAX_INPUT_BYTES` (default 2 GiB): the most a whole-document input (a Kineto trace, a log)
   may hold once decompressed; a larger file or a gzip bomb is refused once that many bytes are out.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 MAX_LINE_BYTES = 64 << 20
-MAX_INPUT_BYTES = 4 << 30
+MAX_INPUT_BYTES = 2 << 30
 GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
