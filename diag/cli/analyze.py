@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         with _progress(args.paths, args.quiet) as progress:
             trace = load_inputs(args.paths, progress)
     except Unreadable as e:  # nothing readable: still one line per bad input
-        for p in e.problems:
+        for p in e.per_file():
             print(f"diag analyze: error: {p}", file=sys.stderr)
         return e.exit_code
     findings, failures = run_all(trace, only)

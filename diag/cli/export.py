@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = diag.load(args.trace_dir)
     except Unreadable as e:  # nothing readable: one line per bad file
-        for p in e.problems:
+        for p in e.per_file():
             print(f"diag export: error: {p}", file=sys.stderr)
         return e.exit_code
     doc = timeline(trace)

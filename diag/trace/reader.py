@@ -23,12 +23,21 @@ MAX_LINE_PROBLEMS = 20  # bad lines reported one by one per file; the rest are c
 
 
 class Unreadable(DiagError):
-    """Nothing at all could be read: `str()` is the first problem; `problems` holds every one, for
-    a command that prints one line per bad file."""
+    """Nothing at all could be read: `str()` is the first problem; `problems` holds every one, and
+    `per_file()` one line per bad file for the commands to print."""
 
     def __init__(self, problems: list[LoadProblem]) -> None:
         super().__init__(str(problems[0]))
         self.problems = problems
+
+    def per_file(self) -> list[LoadProblem]:
+        """One problem per file, in order: why the file as a whole was not read (no header, not a
+        regular file) before any of its lines' problems."""
+        best: dict[str, LoadProblem] = {}
+        for p in self.problems:
+            if p.path not in best or (best[p.path].line is not None and p.line is None):
+                best[p.path] = p
+        return list(best.values())
 
 
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:

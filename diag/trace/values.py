@@ -13,6 +13,9 @@ import json
 from typing import Any
 
 INT64 = 1 << 63
+# fields every reader computes with: a number or null, never a string, list or bool
+NUMERIC = ("ts", "dur", "step", "bytes", "group_size", "flops", "mem_delta", "allocated", "reserved",
+           "peak", "capacity", "rss", "samples", "tokens", "count", "lines")
 MAX_DEPTH = 64  # diag writes flat records (stats nest 2 deep); deeper is not a diag record
 
 
@@ -37,7 +40,8 @@ def loads(line: bytes | str) -> Any:
 
 
 def problem(obj: dict[str, Any]) -> str | None:
-    """Why a parsed record is refused (a number out of range, a negative `dur`, too deep), or None.
+    """Why a parsed record is refused (a number out of range, a `NUMERIC` field that is not a
+    number, a negative `dur`, too deep), or None.
     A flat record costs one pass over its values; nested ones are walked without recursion."""
     for key, value in obj.items():
         kind = type(value)
@@ -48,8 +52,12 @@ def problem(obj: dict[str, Any]) -> str | None:
             why = _nested(key, value)
             if why is not None:
                 return why
+    for key in NUMERIC:
+        value = obj.get(key)
+        if value is not None and type(value) is not int and type(value) is not float:
+            return f"has {key} that is not a number ({str(value)[:30]!r})"
     dur = obj.get("dur")
-    if type(dur) in (int, float) and dur < 0:
+    if dur is not None and dur < 0:
         return f"has a negative dur ({dur})"
     return None
 

@@ -59,7 +59,7 @@ class ReplaySource:
                 meta.header = meta.header or c.header
                 meta.skipped += c.skipped
                 meta.problem = meta.problem or c.problem
-                self._queue.extend((int(e.get("ts") or 0), c.path, e) for e in c.events)
+                self._queue.extend((_ts(e), c.path, e) for e in c.events)
         self._headers = list(first.values())
         self._queue.sort(key=lambda t: t[0])
         self._pos = 0
@@ -90,6 +90,12 @@ class ReplaySource:
     def describe(self) -> str:
         speed = "all at once" if self.speed <= 0 else f"x{self.speed:g}"
         return f"replay {self.label or self.trace_dir} ({speed})"
+
+
+def _ts(ev: dict) -> int:
+    """A record's time for ordering the replay; 0 when it has none a reader can use (a string)."""
+    ts = ev.get("ts")
+    return int(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0
 
 
 def trace_dir_of_pid(pid: int) -> str:

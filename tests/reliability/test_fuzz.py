@@ -169,6 +169,7 @@ READ_PEAK_BYTES = 64 << 20  # Python-level peak (tracemalloc) per reader per inp
 hostile_lines = st.sampled_from([
     b'{"k":"step","ts":NaN,"dur":1}', b'{"k":"step","ts":1,"dur":-Infinity}', b'{"k":"comm","bytes":1e999}',
     b'{"k":"step","ts":' + b"9" * 30 + b"}", b'{"k":"step","ts":1,"dur":-5}',
+    b'{"k":"step","step":"x","ts":"abc","dur":"5"}', b'{"k":"comm","ts":1,"dur":1,"bytes":[1]}',
     b'{"k":"step","x":' + b"[" * 5000 + b"]" * 5000 + b"}", b'{"k":"header","rank":0,"pid":1,"schema":1}',
     b'{"k":"lost","lines":3,"first_step":1,"last_step":2,"error":"ENOSPC"}', b"\xff\xfe", b"{" * 3000])
 any_bytes = st.one_of(
