@@ -27,6 +27,7 @@ ERROR = "error"
 STATS = "stats"
 META = "meta"
 GPU = "gpu"
+LOST = "lost"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     # one optimizer step (a gradient-accumulation boundary); samples/tokens when the job tells us
@@ -48,6 +49,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     STATS: ("ts", "captured", "dropped", "errors", "ring_capacity", "ring_high_water"),
     # a header field learned after start (the engine appeared, the parallel layout was set up)
     META: ("ts", "key", "value"),
+    # lines the writer could not write (disk full, I/O error): how many, which steps, why
+    LOST: ("ts", "lines", "first_step", "last_step", "error"),
     # one GPU's health sample from NVML (the sidecar); missing values are null
     GPU: (
         "ts", "index", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "sm_clock",

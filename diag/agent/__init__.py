@@ -26,6 +26,8 @@ def start(trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] 
 
     what: collectors to install, a tuple or a comma-separated string (default: all). The options and
     their defaults are `AgentOptions`'s fields; an unknown or malformed one raises `OptionError`.
+    A child forked after start starts without an agent (DataLoader workers) unless `follow_forks`
+    is set: see diag/agent/fork.py.
     """
     return start_with(AgentOptions.from_mapping({"trace_dir": trace_dir, "what": what, **options}))
 

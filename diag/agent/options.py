@@ -39,6 +39,8 @@ class AgentOptions:
     memory_reset_peak: reset the allocator's peak at each step so each step reports its own peak.
     faults: collector -> `raise` or `sleep:SECONDS`, for the no-harm tests (None: $DIAG_FAULTS).
     control: serve `diag status/detach` on a control socket (attach and `diag run` ask for it).
+    follow_forks: a child forked after start gets an agent of its own (by default forked children,
+        DataLoader workers, start without one: diag/agent/fork.py).
     """
 
     trace_dir: str | None = None
@@ -51,6 +53,7 @@ class AgentOptions:
     memory_reset_peak: bool = False
     faults: Mapping[str, str] | None = None
     control: bool = False
+    follow_forks: bool = False
 
     def __post_init__(self) -> None:
         names = collector_names(self.what)
@@ -59,7 +62,7 @@ class AgentOptions:
         object.__setattr__(self, "what", names)
         for name, minimum in _MINIMUM.items():
             _check_int(name, getattr(self, name), minimum)
-        for name in ("self_time", "memory_reset_peak", "control"):
+        for name in ("self_time", "memory_reset_peak", "control", "follow_forks"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.trace_dir is not None and not isinstance(self.trace_dir, str):

@@ -18,6 +18,7 @@ from typing import Any
 
 from diag import schema
 from diag.agent import faults as _faults
+from diag.agent import fork as _fork
 from diag.agent import pending as _pending
 from diag.agent.api import CollectorState, Installer
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
@@ -201,6 +202,7 @@ class Agent:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
+        _fork.watch(self)  # forked children (DataLoader workers) start without this agent
         rank, _ = rank_and_world()
         self._file = TraceFileWriter(self.trace_dir, rank_file_name(rank, os.getpid()))
         header = build_header(self._wall0, self._perf0, {

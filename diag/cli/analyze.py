@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from diag.importers import load_inputs
     from diag.metrics.stage import Metrics
     from diag.report import model
+    from diag.trace.reader import Unreadable
 
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     if only:
@@ -70,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise DiagError(f"unknown rule(s): {', '.join(unknown)} (known: "
                             f"{', '.join(sorted(registered_rules())) or 'none'})")
-    with _progress(args.paths, args.quiet) as progress:
-        trace = load_inputs(args.paths, progress)
+    try:
+        with _progress(args.paths, args.quiet) as progress:
+            trace = load_inputs(args.paths, progress)
+    except Unreadable as e:  # nothing readable: still one line per bad input
+        for p in e.per_file():
+            print(f"diag analyze: error: {p}", file=sys.stderr)
+        return e.exit_code
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
     doc = model.build(trace, findings, failures, metrics)

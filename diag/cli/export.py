@@ -1,6 +1,7 @@
 """Export a diag trace to another format: a Perfetto / Chrome JSON timeline (--perfetto OUT.json).
 
 Each rank is a process with tracks for steps, layers and collectives, plus a device-memory counter.
+Files that cannot be read (one line each on stderr, exit code 2) are left out; the others are exported.
 """
 
 from __future__ import annotations
@@ -22,16 +23,22 @@ def run(args: argparse.Namespace) -> int:
 
     import diag
     from diag.report.perfetto import timeline
+    from diag.trace.reader import Unreadable
 
-    trace = diag.load(args.trace_dir)
+    try:
+        trace = diag.load(args.trace_dir)
+    except Unreadable as e:  # nothing readable: one line per bad file
+        for p in e.per_file():
+            print(f"diag export: error: {p}", file=sys.stderr)
+        return e.exit_code
     doc = timeline(trace)
     try:
         with open(args.perfetto, "w", encoding="utf-8") as f:
             json.dump(doc, f, default=str)
     except OSError as e:
         raise DiagError(f"{args.perfetto}: cannot write ({e.strerror or e})") from None
-    for p in trace.problems:
-        print(f"diag export: warning: {p}", file=sys.stderr)
     n = sum(1 for e in doc["traceEvents"] if e["ph"] != "M")
     print(f"wrote {n} events of {len(trace.ranks)} rank(s) to {args.perfetto}")
-    return 0
+    for p in trace.problems:  # what could not be read is still exported; say so, exit 2 as analyze
+        print(f"diag export: error: {p}", file=sys.stderr)
+    return 2 if trace.problems else 0

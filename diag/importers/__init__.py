@@ -14,6 +14,7 @@ from diag.importers import detect
 from diag.importers.combine import Combiner
 from diag.importers.errors import ImportProblem
 from diag.trace.model import LoadProblem, Trace
+from diag.trace.safeio import file_size
 
 Progress = Callable[[str, int], None]  # (path just done, its size in bytes)
 
@@ -24,16 +25,20 @@ def _kineto(comb: Combiner, path: str, result: object) -> None:
     rank, header, frames = result  # type: ignore[misc]
     if rank in comb.result.headers and comb.result.headers[rank].get("source") == "kineto":
         raise ImportProblem(f"a second Kineto trace for rank {rank} (skipped)")
+    for message in header.pop("problems", None) or ():  # kineto.PROBLEMS: imported, with losses
+        comb.result.problems.append(LoadProblem(path, message))
     comb.add_header(rank, header)
     comb.add_frames(frames)
 
 
 def _one(comb: Combiner, path: str, kind: str) -> None:
     if kind == detect.DIAG:
-        from diag.trace.reader import load_trace
+        from diag.trace.reader import Unreadable, load_trace
 
         try:
             comb.add_trace(load_trace(path))
+        except Unreadable as e:
+            raise ImportProblem(str(e), e.problems) from None
         except DiagError as e:
             raise ImportProblem(str(e).removeprefix(f"{path}: ")) from None
     else:
@@ -59,8 +64,8 @@ def input_files(paths: list[str]) -> tuple[list[tuple[str, str | None]], list[Lo
 
 def size_of(path: str) -> int:
     if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-    return os.path.getsize(path)
+        return sum(file_size(os.path.join(path, f)) for f in os.listdir(path))
+    return file_size(path)
 
 
 def _step(comb: Combiner, path: str, fn: Callable[[Combiner, str], None], progress: Progress | None) -> None:
@@ -68,7 +73,7 @@ def _step(comb: Combiner, path: str, fn: Callable[[Combiner, str], None], progre
         fn(comb, path)
         comb.result.sources.append(path)
     except ImportProblem as e:
-        comb.result.problems.append(LoadProblem(path, str(e)))
+        comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
     if progress is not None:
         progress(path, size_of(path))
 
@@ -93,7 +98,11 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
         if kind != detect.KINETO:
             _step(comb, path, lambda c, p, k=kind: _one(c, p, k), progress)
     if not comb.result.sources:
-        raise DiagError(str(comb.result.problems[0]) if comb.result.problems else "nothing to analyze")
+        if not comb.result.problems:
+            raise DiagError("nothing to analyze")
+        from diag.trace.reader import Unreadable
+
+        raise Unreadable(comb.result.problems)
     if sum(k == detect.LOG for k in kinds.values()) > 1:
         from diag.importers.logs import merge_parts
 

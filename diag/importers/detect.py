@@ -10,6 +10,7 @@ import zlib
 from diag.importers.errors import ImportProblem
 from diag.importers.jsonfile import GZIP_MAGIC
 from diag.importers.logs import MARKERS
+from diag.trace import safeio
 from diag.trace.reader import TRACE_GLOB
 
 DIAG, KINETO, LOG = "diag", "kineto", "log"
@@ -19,7 +20,7 @@ DIR_SUFFIXES = (".json", ".json.gz", ".gz", ".log", ".txt", ".out", ".err")
 
 def _head(path: str, n: int = 8192) -> bytes:
     try:
-        with open(path, "rb") as f:
+        with safeio.open_regular(path) as f:
             raw = f.read(n)
             if raw[:2] != GZIP_MAGIC:
                 return raw
@@ -28,6 +29,8 @@ def _head(path: str, n: int = 8192) -> bytes:
                 return g.read(n)
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise ImportProblem(f"truncated or corrupt gzip ({e})") from None
+    except safeio.InputError as e:
+        raise ImportProblem(str(e)) from None
     except OSError as e:
         raise ImportProblem(e.strerror or str(e)) from None
 
@@ -46,7 +49,7 @@ def kind_of_file(path: str) -> str:
         return KINETO
     if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:
         raise ImportProblem("binary file: not a diag trace, PyTorch profiler trace or training log")
-    if any(m in head for m in MARKERS) or os.path.getsize(path) > len(head):
+    if any(m in head for m in MARKERS) or safeio.file_size(path) > len(head):
         return LOG
     raise ImportProblem("not a diag trace, PyTorch profiler trace or DeepSpeed/Megatron log")
 
@@ -56,7 +59,7 @@ def expand(path: str) -> list[tuple[str, str | None]]:
     files (sorted). Kind None means undetectable: `kind_of_file` will say why."""
     if not os.path.exists(path):
         raise ImportProblem("no such file or directory")
-    if os.path.isfile(path):
+    if not os.path.isdir(path):  # a FIFO or device too: kind_of_file refuses it with the reason
         return [(path, None)]
     if any(glob.glob(os.path.join(path, pat)) for pat in TRACE_GLOB):
         return [(path, DIAG)]

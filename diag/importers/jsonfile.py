@@ -5,11 +5,10 @@ orjson parses Kineto traces 2-3x faster than the stdlib; it is optional (the `an
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from typing import Any
 
 from diag.importers.errors import ImportProblem
+from diag.trace import safeio
 
 try:
     import orjson
@@ -22,22 +21,18 @@ except ImportError:  # pragma: no cover - orjson is in the analyze extra
     loads = json.loads
     JSONError = (ValueError,)
 
-GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = safeio.GZIP_MAGIC
 
 
 def read_bytes(path: str) -> bytes:
-    """The file's bytes, decompressed when it is gzip (by content, not by name)."""
+    """The file's bytes, decompressed when it is gzip (by content, not by name). Only a regular
+    file is read, and at most `safeio.max_input_bytes()` once decompressed (a gzip bomb stops there)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        return safeio.read_limited(path)
+    except safeio.InputError as e:
+        raise ImportProblem(str(e)) from None
     except OSError as e:
         raise ImportProblem(e.strerror or str(e)) from None
-    if raw[:2] != GZIP_MAGIC:
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as e:
-        raise ImportProblem(f"truncated or corrupt gzip ({e})") from None
 
 
 def release_memory() -> None:

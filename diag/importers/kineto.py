@@ -17,8 +17,10 @@ import pandas as pd
 from diag import schema
 from diag.importers import kineto_comms
 from diag.importers.errors import ImportProblem
-from diag.importers.kineto_events import read_events
+from diag.importers.kineto_events import BAD, read_events
 from diag.importers.kineto_names import classify_kernels
+
+PROBLEMS = "problems"  # header key: one-line problems with a file that was still imported
 
 
 def _steps(host: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -80,12 +82,15 @@ def import_file(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]
     that breaks below is reported as one problem with this file, never a traceback."""
     try:
         return _import(path)
+    except ImportProblem:
+        raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
         raise ImportProblem(f"malformed trace events ({type(exc).__name__}: {str(exc)[:120]})") from exc
 
 
 def _import(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]]:
     doc, cols = read_events(path)
+    dropped = doc.pop(BAD, None)
     rank = rank_of(doc, path)
     info = doc.get("distributedInfo") or {}
     host = cols["host"].sort_values("ts", kind="stable")
@@ -97,4 +102,6 @@ def _import(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]]:
     header = {"rank": rank, "world_size": info.get("world_size"), "host": doc.get("host_name"),
               "backend": info.get("backend"), "source": "kineto", "path": path,
               "device_properties": doc.get("deviceProperties") or []}
+    if dropped:
+        header[PROBLEMS] = [dropped]
     return rank, header, frames

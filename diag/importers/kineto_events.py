@@ -54,7 +54,9 @@ def _split(data: bytes) -> tuple[bytes, Iterator[bytes]] | None:
 
 
 def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
-    """Complete (`X`) events by kind -> small frames; only the args the importer reads are kept."""
+    """Complete (`X`) events by kind -> small frames; only the args the importer reads are kept.
+    Events whose ts / dur is a number that is not a usable time (non-finite, beyond +-2**62 ns, a
+    negative dur) are dropped and counted under `BAD` as (count, the first one described)."""
     rows: dict[str, list[dict[str, Any]]] = {"gpu": [], "runtime": [], "host": []}
     for e in events:
         if type(e) is dict and e.get("ph") == "X":
@@ -65,18 +67,31 @@ def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
                 "host" if cat in HOST_CATS else None)
             if kind is not None:
                 rows[kind].append(e)
-    out = {}
+    out: dict[str, Any] = {}
+    bad: list[Any] = [0, None]
     for kind, evs in rows.items():
         name, cat, ts, dur, tid = _fields(evs)
-        df = pd.DataFrame({"name": name, "cat": cat, "ts": _ns(ts), "dur": _ns(dur), "tid": tid})
+        (ts_ns, ts_ok), (dur_ns, dur_ok) = _ns(ts), _ns(dur)
+        keep = ts_ok & dur_ok & (dur_ns >= 0)
+        df = pd.DataFrame({"name": name, "cat": cat, "ts": ts_ns, "dur": dur_ns, "tid": tid})
         args = [e.get("args") or {} for e in evs]
         if kind != "host":
-            df["correlation"] = np.array([a.get("correlation", -1) for a in args], dtype=np.int64)
-            df["stream"] = np.array([a.get("stream", -1) for a in args], dtype=np.int64)
+            df["correlation"] = _ints([a.get("correlation", -1) for a in args])
+            df["stream"] = _ints([a.get("stream", -1) for a in args])
         else:
             df["args"] = [a if str(n).startswith(KEEP_ARGS) else None for a, n in zip(args, name)]
+        if not keep.all():
+            i = int(np.flatnonzero(~keep)[0])
+            bad[0] += int((~keep).sum())
+            bad[1] = bad[1] or f"{str(name[i])[:60]!r} ts={str(ts[i])[:30]} dur={str(dur[i])[:30]}"
+            df = df[keep].reset_index(drop=True)
         out[kind] = df
+    out[BAD] = tuple(bad)
     return out
+
+
+BAD = "bad"  # the key of (count, first described) of events dropped for unusable times
+MAX_US = float(1 << 62) / 1000  # times beyond this many microseconds overflow int64 nanoseconds
 
 
 _GET = operator.itemgetter("name", "cat", "ts", "dur", "tid")
@@ -92,13 +107,31 @@ def _fields(evs: list[dict[str, Any]]) -> tuple[Any, ...]:
     return cols if cols else ((), (), (), (), ())
 
 
-def _ns(us: Any) -> np.ndarray:
-    """Microseconds (float, int, or junk) -> integer nanoseconds; junk counts 0."""
+def _ns(us: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Microseconds -> (integer nanoseconds, which were usable times). Junk (absent, null, a
+    string) counts 0 as it always did; a number that is not finite or beyond +-2**62 ns (NaN, 1e30,
+    a 100-digit integer) is not a usable time."""
     try:
         vals = np.asarray(us, dtype=float)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         vals = pd.to_numeric(pd.Series(list(us), dtype=object), errors="coerce").to_numpy(float)
-    return np.rint(np.nan_to_num(vals) * 1000).astype(np.int64)
+    ok = np.abs(vals) < MAX_US  # false for NaN and inf too
+    if not ok.all():
+        seq = us if isinstance(us, (list, tuple)) else list(us)
+        for i in np.flatnonzero(~ok):
+            v = seq[i]
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                ok[i] = True  # junk: 0, as before
+    return np.rint(np.where(np.abs(vals) < MAX_US, vals, 0.0) * 1000).astype(np.int64), ok
+
+
+def _ints(vals: list[Any]) -> np.ndarray:
+    """Correlation ids / stream numbers as int64; a value that is not one becomes -1."""
+    try:
+        return np.array(vals, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([v if type(v) is int and -(1 << 63) <= v < 1 << 63 else -1 for v in vals],
+                        dtype=np.int64)
 
 
 def _parse_chunks(data: bytes) -> tuple[dict[str, Any], list[dict[str, pd.DataFrame]]] | None:
@@ -127,4 +160,9 @@ def read_events(path: str) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
     doc, parts = parsed
     frames = {k: pd.concat([p[k] for p in parts], ignore_index=True) if len(parts) > 1 else parts[0][k]
               for k in ("gpu", "runtime", "host")}
+    n_bad = sum(p[BAD][0] for p in parts)
+    if n_bad:
+        first = next(p[BAD][1] for p in parts if p[BAD][0])
+        doc[BAD] = (f"skipped {n_bad} events whose ts or dur is not a time (negative, non-finite, "
+                    f"out of range; first: {first})")
     return doc, frames

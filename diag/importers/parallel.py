@@ -16,6 +16,7 @@ from typing import Any
 
 from diag.importers.errors import ImportProblem
 from diag.importers.jsonfile import release_memory
+from diag.trace.safeio import file_size
 
 PARALLEL_BYTES = 32 << 20  # total Kineto bytes above which workers are used
 MAX_WORKERS = 4
@@ -43,7 +44,7 @@ def _detached(path: str) -> Result | ImportProblem:
 
 
 def workers_for(paths: list[str]) -> int:
-    if len(paths) < 2 or sum(os.path.getsize(p) for p in paths) < PARALLEL_BYTES:
+    if len(paths) < 2 or sum(file_size(p) for p in paths) < PARALLEL_BYTES:
         return 0
     cores = os.cpu_count() or 1
     # leave a core to the main process, which turns results into frames meanwhile; on 2 cores the

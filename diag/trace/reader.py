@@ -6,7 +6,6 @@ in `Trace.problems` and the CLI prints them one line each.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections import defaultdict
 from typing import Any
@@ -15,30 +14,55 @@ import pandas as pd
 
 from diag import schema
 from diag.errors import DiagError
+from diag.trace import safeio, values
 from diag.trace.model import CATEGORICAL, LoadProblem, Trace
 
 # gpu-<host>.jsonl: the NVML sidecar's file (a header with "sidecar": "nvml", then `gpu` events)
 TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl")
+MAX_LINE_PROBLEMS = 20  # bad lines reported one by one per file; the rest are counted
+
+
+class Unreadable(DiagError):
+    """Nothing at all could be read: `str()` is the first problem; `problems` holds every one, and
+    `per_file()` one line per bad file for the commands to print."""
+
+    def __init__(self, problems: list[LoadProblem]) -> None:
+        super().__init__(str(problems[0]))
+        self.problems = problems
+
+    def per_file(self) -> list[LoadProblem]:
+        """One problem per file, in order: why the file as a whole was not read (no header, not a
+        regular file) before any of its lines' problems."""
+        best: dict[str, LoadProblem] = {}
+        for p in self.problems:
+            if p.path not in best or (best[p.path].line is not None and p.line is None):
+                best[p.path] = p
+        return list(best.values())
 
 
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """One JSON line -> (record, None), or (None, why it was skipped). Shared with the live tailer
     (diag/tui/tail.py), which feeds it complete lines as they are appended."""
     try:
-        obj = json.loads(line)
+        obj = values.loads(line)
+    except values.BadValue as e:
+        return None, f"a record that {e}"
     except (ValueError, UnicodeDecodeError):
         return None, "not valid JSON"
     if not isinstance(obj, dict) or not isinstance(obj.get("k"), str):
         return None, "not a diag record"
+    why = values.problem(obj)
+    if why is not None:
+        return None, f"a record that {why}"
     return obj, None
 
 
 def trace_files(path: str) -> list[str]:
     """The per-rank files of a trace directory (or the one file given)."""
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
+    if not os.path.exists(path):
         raise DiagError(f"{path}: no such file or directory")
+    if not os.path.isdir(path):
+        return [path]  # read_file refuses what is not a regular file, with the reason
     files = sorted({f for pat in TRACE_GLOB for f in glob.glob(os.path.join(path, pat))})
     if not files:
         raise DiagError(f"{path}: no diag trace files (rank-*.jsonl) in this directory")
@@ -46,43 +70,83 @@ def trace_files(path: str) -> list[str]:
 
 
 def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
-    """One rank file -> (header, events, problems). A bad last line is a truncation, not an error."""
-    problems: list[LoadProblem] = []
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        return None, [], [LoadProblem(path, e.strerror or str(e))]
-    lines = raw.split(b"\n")
-    ends_clean = raw.endswith(b"\n")
+    """One rank file -> (header, events, problems). A bad last line is a truncation, not an error.
+    Streams the file line by line (lines longer than `safeio.max_line_bytes()` are skipped), so
+    memory follows the records kept, not the file's size; only regular files are opened."""
+    problems = _Problems(path)
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
-    last = len(lines) - 1
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        obj, why = parse_line(line)
-        if obj is None:
-            if why == "not valid JSON" and i == last and not ends_clean:
-                problems.append(LoadProblem(path, f"truncated after {len(events)} events (last "
-                                            "line incomplete: the process was killed mid-write)",
-                                            line=i + 1, truncated=True))
-            else:
-                problems.append(LoadProblem(path, f"skipped a line that is {why}", i + 1))
-            continue
-        if obj["k"] == "header":
-            header = header or obj
-        else:
-            events.append(obj)
+    max_line = safeio.max_line_bytes()
+    try:
+        with safeio.open_regular(path) as f:
+            for i, (line, ended) in enumerate(safeio.iter_lines(f, max_line), start=1):
+                if line is None:
+                    problems.add(f"skipped a line longer than {max_line:,} bytes "
+                                 "(DIAG_MAX_LINE_BYTES raises the limit)", i)
+                    continue
+                if not line.strip():
+                    continue
+                obj, why = parse_line(line)
+                if obj is None:
+                    if why == "not valid JSON" and not ended:
+                        problems.add(f"truncated after {len(events)} events (last line incomplete: "
+                                     "the process was killed mid-write)", i, truncated=True)
+                    else:
+                        problems.add(f"skipped a line that is {why}", i)
+                    continue
+                if obj["k"] == "header":
+                    header = header or obj
+                else:
+                    events.append(obj)
+    except (safeio.InputError, OSError) as e:
+        return None, [], [LoadProblem(path, str(e) if isinstance(e, safeio.InputError)
+                                      else (e.strerror or str(e)))]
     if header is None:
-        problems.append(LoadProblem(path, "no header line: not a diag trace file"))
+        problems.add("no header line: not a diag trace file")
     elif not all(_is_int(header.get(f)) for f in ("rank", "pid", "schema")):
-        problems.append(LoadProblem(path, "header's rank, pid or schema is not an integer: skipped"))
+        problems.add("header's rank, pid or schema is not an integer: skipped")
         header = None
     elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
-        problems.append(LoadProblem(path, f"written by a newer diag (schema {header['schema']}); "
-                                    "unknown fields are kept"))
-    return header, events, problems
+        problems.add(f"written by a newer diag (schema {header['schema']}); unknown fields are kept")
+    problems.add_lost(events)
+    return header, events, problems.done()
+
+
+class _Problems:
+    """One file's problems: each bad line up to `MAX_LINE_PROBLEMS`, then one count of the rest,
+    so a file of a million bad lines gives a bounded report (and bounded memory)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.items: list[LoadProblem] = []
+        self.more = 0
+        self.first_more: int | None = None
+
+    def add(self, message: str, line: int | None = None, truncated: bool = False) -> None:
+        if line is not None and not truncated and len(self.items) >= MAX_LINE_PROBLEMS:
+            self.more += 1
+            self.first_more = self.first_more or line
+            return
+        self.items.append(LoadProblem(self.path, message, line, truncated))
+
+    def add_lost(self, events: list[dict[str, Any]]) -> None:
+        """The writer's own record of lines it could not write (disk full): reported, not hidden."""
+        for ev in events:
+            if ev.get("k") == schema.LOST:
+                self.items.append(LoadProblem(self.path, lost_message(ev)))
+
+    def done(self) -> list[LoadProblem]:
+        if self.more:
+            self.items.append(LoadProblem(self.path, f"skipped {self.more} more bad lines",
+                                          self.first_more))
+        return self.items
+
+
+def lost_message(ev: dict[str, Any]) -> str:
+    """`12 lines lost while writing the trace (ENOSPC), steps 40-52`."""
+    first, last = ev.get("first_step"), ev.get("last_step")
+    steps = "" if first is None else f", step {first}" if first == last else f", steps {first}-{last}"
+    return f"{ev.get('lines')} lines lost while writing the trace ({ev.get('error') or 'write error'}){steps}"
 
 
 def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -131,8 +195,7 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
     if strict and trace.problems:
         raise DiagError(str(trace.problems[0]))
     if not trace.headers:
-        msg = str(trace.problems[0]) if trace.problems else f"{path}: no readable trace"
-        raise DiagError(msg)
+        raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
     trace.frames = build_frames(by_kind, trace.problems, path)
     return trace
 

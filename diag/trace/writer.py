@@ -2,15 +2,20 @@
 
 The file is created 0600 with O_NOFOLLOW|O_EXCL semantics on a fresh name, so another user cannot
 plant a link or read the job's data. A failed write (disk full, I/O error) never raises: the lines
-are counted as lost and the writer keeps trying on the next flush.
+are counted as lost, cut back to whole lines, recorded in the file as a `lost` record once space
+returns, and the writer keeps trying on the next flush.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import time
 from typing import Any
+
+from diag.schema import LOST
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -26,7 +31,8 @@ def open_private(path: str) -> tuple[int, str]:
     exists (an earlier attach to the same rank) the next free `name.N.jsonl` is used, so each file
     has exactly one header and nothing is appended to a file someone else may have planted."""
     stem, ext = os.path.splitext(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+             | getattr(os, "O_NOFOLLOW", 0))
     n = 0
     while True:
         candidate = path if n == 0 else f"{stem}.{n}{ext}"
@@ -36,8 +42,44 @@ def open_private(path: str) -> tuple[int, str]:
             n += 1
 
 
+def _dumps(obj: dict[str, Any]) -> str:
+    """Strict JSON: readers refuse NaN / Infinity (not JSON), so a non-finite float the job handed
+    us (a loss scale, a config value) is written as null at the top level, as its text below it."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False)
+    except ValueError:
+        pass
+    try:
+        clean = {k: None if _non_finite(v) else _finite(v) for k, v in obj.items()}
+        return json.dumps(clean, separators=(",", ":"), default=str, allow_nan=False)
+    except (ValueError, RecursionError):  # a cycle: keep the scalars, the rest as short text
+        flat = {k: v if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float)
+                                                                         and math.isfinite(v))
+                else str(v)[:200] for k, v in obj.items()}
+        return json.dumps(flat, separators=(",", ":"), default=str, allow_nan=False)
+
+
+def _non_finite(v: Any) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def _finite(v: Any) -> Any:
+    if _non_finite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
 class TraceFileWriter:
-    """Writes JSON lines to one file descriptor; counts what could not be written."""
+    """Writes JSON lines to one file descriptor; counts what could not be written.
+
+    A line is never torn: a batch that fails part-way (disk full) is cut back with `ftruncate` to
+    the end of the last whole line, so a reader never mistakes a full disk for a killed process.
+    What was lost is written as a `lost` record (how many lines, which steps, why) with the next
+    batch that fits, so the trace itself says where it has holes."""
 
     def __init__(self, directory: str, file_name: str) -> None:
         os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
@@ -45,30 +87,86 @@ class TraceFileWriter:
         self.lines_written = 0
         self.lines_lost = 0
         self.last_error: str | None = None
+        self._pending: list[int] = [0, -1, -1]  # lost and not yet recorded: lines, first, last step
 
     def write_objects(self, objs: list[dict[str, Any]]) -> None:
         if objs:
-            self.write_lines([json.dumps(o, separators=(",", ":"), default=str) for o in objs])
+            self.write_lines([_dumps(o) for o in objs], [o.get("step") for o in objs])
 
-    def write_lines(self, lines: list[str]) -> None:
-        """One `write` per batch: a SIGKILL leaves whole lines plus at most one partial last line."""
-        if not lines or self._fd < 0:
-            self.lines_lost += len(lines)
+    def write_lines(self, lines: list[str], steps: list[Any] | None = None) -> None:
+        """One `write` per batch: a SIGKILL leaves whole lines plus at most one partial last line;
+        a failed write leaves whole lines only (those after the last whole one are lost)."""
+        if not lines:
             return
-        data = ("\n".join(lines) + "\n").encode()
+        steps = steps or [None] * len(lines)
+        if self._fd < 0:
+            self._lose(steps)
+            return
+        lost = self._lost_line()
+        head = [lost] if lost else []
+        data = ("\n".join([*head, *lines]) + "\n").encode()
+        whole, error = self._write_whole(data)
+        if whole >= len(head):
+            self._pending = [0, -1, -1]  # the earlier loss is on record now
+        done = max(0, whole - len(head))
+        self.lines_written += done
+        if error is not None:
+            self.last_error = error
+            self._lose(steps[done:])
+
+    def _write_whole(self, data: bytes) -> tuple[int, str | None]:
+        """(lines written, error or None): on a failure the file is cut back to the end of its
+        last whole line, so what fitted stays and nothing is torn."""
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
-            self.lines_written += len(lines)
+            start = os.fstat(self._fd).st_size  # O_APPEND: the write lands at the end
         except OSError as e:
-            self.lines_lost += len(lines)
-            self.last_error = errno.errorcode.get(e.errno or 0, str(e))
+            return 0, errno.errorcode.get(e.errno or 0, str(e))
+        done, view = 0, memoryview(data)
+        try:
+            while done < len(data):
+                done += os.write(self._fd, view[done:])
+            return data.count(b"\n"), None
+        except OSError as e:
+            good = data.rfind(b"\n", 0, done) + 1
+            try:
+                os.ftruncate(self._fd, start + good)
+            except OSError:
+                pass  # cannot cut back: the reader reports the torn line as such
+            return data.count(b"\n", 0, good), errno.errorcode.get(e.errno or 0, str(e))
+
+    def _lose(self, steps: list[Any]) -> None:
+        self.lines_lost += len(steps)
+        pending = self._pending
+        pending[0] += len(steps)
+        known = [x for x in steps if type(x) is int]
+        if known:
+            pending[1] = min(known) if pending[1] < 0 else min(pending[1], *known)
+            pending[2] = max(pending[2], *known)
+
+    def _lost_line(self) -> str | None:
+        lines, first, last = self._pending
+        if not lines:
+            return None
+        return json.dumps({"k": LOST, "ts": time.time_ns(), "lines": lines,
+                           "first_step": first if first >= 0 else None,
+                           "last_step": last if last >= 0 else None,
+                           "error": self.last_error}, separators=(",", ":"))
 
     def close(self) -> None:
         if self._fd >= 0:
             try:
+                lost = self._lost_line()
+                if lost and self._write_whole((lost + "\n").encode())[1] is None:
+                    self._pending = [0, -1, -1]
                 os.close(self._fd)
             finally:
                 self._fd = -1
+
+    def forget(self) -> None:
+        """Close this process's descriptor without writing (a forked child's copy of the parent's)."""
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from diag.errors import FAILURE, DiagError
+from diag.trace import safeio
 from diag.trace.reader import trace_files
 from diag.tui.tail import Chunk, DirTail
 
@@ -51,11 +52,15 @@ class ReplaySource:
         self._headers: list[Chunk] = []
         self._queue: list[tuple[int, str, dict]] = []
         tail = DirTail(trace_dir)
+        first: dict[str, Chunk] = {}  # per file: header, skipped lines and problem, on the first poll
         while chunks := tail.poll():
             for c in chunks:
-                if c.header is not None:
-                    self._headers.append(Chunk(c.path, c.header))
-                self._queue.extend((int(e.get("ts") or 0), c.path, e) for e in c.events)
+                meta = first.setdefault(c.path, Chunk(c.path, None))
+                meta.header = meta.header or c.header
+                meta.skipped += c.skipped
+                meta.problem = meta.problem or c.problem
+                self._queue.extend((_ts(e), c.path, e) for e in c.events)
+        self._headers = list(first.values())
         self._queue.sort(key=lambda t: t[0])
         self._pos = 0
         self.first_ts = self._queue[0][0] if self._queue else 0
@@ -85,6 +90,12 @@ class ReplaySource:
     def describe(self) -> str:
         speed = "all at once" if self.speed <= 0 else f"x{self.speed:g}"
         return f"replay {self.label or self.trace_dir} ({speed})"
+
+
+def _ts(ev: dict) -> int:
+    """A record's time for ordering the replay; 0 when it has none a reader can use (a string)."""
+    ts = ev.get("ts")
+    return int(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else 0
 
 
 def trace_dir_of_pid(pid: int) -> str:
@@ -134,9 +145,9 @@ def _has_pid(directory: str, pid: int) -> bool:
     """Whether the directory holds a trace file written by `pid`."""
     for path in glob.glob(os.path.join(directory, "*.jsonl")):
         try:
-            with open(path, "rb") as f:
-                header = json.loads(f.readline() or b"{}")
-        except (OSError, ValueError):
+            with safeio.open_regular(path) as f:
+                header = json.loads(f.readline(64 << 10) or b"{}")
+        except (OSError, ValueError, RecursionError):  # safeio.InputError is a ValueError
             continue
         if isinstance(header, dict) and header.get("pid") == pid:
             return True

@@ -3,7 +3,8 @@
 Each poll reads only the bytes appended since the last one; a partial last line (the writer is
 mid-write, or was killed) stays buffered until its newline arrives. Lines are parsed by the
 reader's own `parse_line`, so live and post-mortem views agree on what a record is. Files on a
-shared filesystem (ranks on other nodes) are followed the same way.
+shared filesystem (ranks on other nodes) are followed the same way. Only regular files are
+followed (a FIFO would block a poll forever), and a line is held at most `safeio.max_line_bytes()`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.trace import safeio
 from diag.trace.reader import TRACE_GLOB, parse_line
 
 MAX_READ = 8 << 20  # bytes per file per poll: a huge backlog is read over several polls
@@ -26,6 +28,7 @@ class Chunk:
     header: dict[str, Any] | None
     events: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
+    problem: str | None = None  # set once when the file cannot be followed (a FIFO, a device)
 
 
 class FileTail:
@@ -37,12 +40,19 @@ class FileTail:
         self.partial = b""
         self.header: dict[str, Any] | None = None
         self.skipped = 0
+        self.discarding = False  # inside a line longer than the limit, until its newline
+        self.problem: str | None = None
 
     def read(self) -> Chunk | None:
+        if self.problem is not None:
+            return None
         try:
-            with open(self.path, "rb") as f:
+            with safeio.open_regular(self.path) as f:
                 f.seek(self.offset)
                 data = f.read(MAX_READ)
+        except safeio.InputError as e:
+            self.problem = str(e)
+            return Chunk(self.path, None, problem=self.problem)
         except OSError:
             return None
         if not data:
@@ -51,6 +61,12 @@ class FileTail:
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()  # b"" when the data ended with a newline
         chunk = Chunk(self.path, None)
+        if self.discarding and lines:  # the rest of an over-long line: not a record
+            lines.pop(0)
+            self.discarding = False
+        if len(self.partial) > safeio.max_line_bytes():  # a line that never ends: not held whole
+            self.partial, self.discarding = b"", True
+            chunk.skipped += 1
         for line in lines:
             if not line.strip():
                 continue

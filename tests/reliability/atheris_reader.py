@@ -1,5 +1,6 @@
-"""Coverage-guided fuzzing of diag's trace reader with atheris (libFuzzer): any bytes as a rank file
-must load or fail with `DiagError`, never crash. `python -m tests.reliability.atheris_reader -runs=N`."""
+"""Coverage-guided fuzzing of diag's readers with atheris (libFuzzer): any bytes as a rank file, a
+Kineto trace, a training log or a file the TUI tails must load or fail with one line, never crash.
+The first byte picks the reader. `python -m tests.reliability.atheris_reader -runs=N`."""
 
 from __future__ import annotations
 
@@ -12,20 +13,44 @@ import pandas  # noqa: F401 - loaded before instrumenting: only diag's own code 
 
 with atheris.instrument_imports():
     from diag.errors import DiagError
+    from diag.importers.errors import ImportProblem
+    from diag.importers.kineto import import_file
+    from diag.importers.logs import import_log
     from diag.trace.reader import load_trace
+    from diag.tui.tail import DirTail
 
 _DIR = tempfile.mkdtemp(prefix="diag-atheris-")
 _PATH = os.path.join(_DIR, "rank-00000.jsonl")
 _HEADER = b'{"k":"header","schema":1,"rank":0,"pid":1}\n'
 
 
+def _write(path: str, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _one_line(err: Exception) -> None:
+    if "\n" in str(err):
+        raise AssertionError(f"a message of more than one line: {err!r}")
+
+
 def one_input(data: bytes) -> None:
-    with open(_PATH, "wb") as f:
-        f.write(_HEADER + data if data[:1] != b"!" else data[1:])
+    pick, body = (data[0] % 4, data[1:]) if data else (0, b"")
     try:
-        load_trace(_DIR)
-    except DiagError:
-        pass
+        if pick == 0:
+            _write(_PATH, _HEADER + body if body[:1] != b"!" else body[1:])
+            for p in load_trace(_DIR).problems:
+                _one_line(Exception(str(p)))
+        elif pick == 1:
+            import_file(_write(os.path.join(_DIR, "t.json"), body))
+        elif pick == 2:
+            import_log(_write(os.path.join(_DIR, "t.log"), body))
+        else:
+            _write(_PATH, body)
+            DirTail(_DIR).poll()
+    except (DiagError, ImportProblem) as e:
+        _one_line(e)
 
 
 if __name__ == "__main__":

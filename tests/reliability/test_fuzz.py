@@ -1,21 +1,27 @@
 """Fuzzing the readers: diag's trace reader, the Kineto importer and the log parser take any bytes
 without crashing or hanging; the only failures are `DiagError` / `ImportProblem` or a recorded
-`LoadProblem`. Through the CLI, `diag analyze` answers one line per bad input, exit 2, no traceback.
+`LoadProblem`, each one line, within a time and memory bound (every reader, the TUI's tail and
+replay included, for any bytes, plain or gzip). Through the CLI, `diag analyze` answers one line per
+bad input, exit 2, no traceback.
 
 Bounded for CI (max_examples, deadline): the whole file runs in well under a minute."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import diag
 from diag import schema
 from diag.cli import main as cli_main
 from diag.errors import DiagError
@@ -153,3 +159,83 @@ def test_atheris_reader_short_run(tmp_path) -> None:
                          timeout=120, cwd=launch.ROOT, env=launch.job_env())
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Done 3000 runs" in res.stderr, res.stderr[-2000:]
+
+
+# ---- every reader, any bytes (issue 10): one line or a result, within a time and memory bound ----
+
+READ_SECONDS = 5.0  # per reader per input (inputs are at most a few kB)
+READ_PEAK_BYTES = 64 << 20  # Python-level peak (tracemalloc) per reader per input
+
+hostile_lines = st.sampled_from([
+    b'{"k":"step","ts":NaN,"dur":1}', b'{"k":"step","ts":1,"dur":-Infinity}', b'{"k":"comm","bytes":1e999}',
+    b'{"k":"step","ts":' + b"9" * 30 + b"}", b'{"k":"step","ts":1,"dur":-5}',
+    b'{"k":"step","step":"x","ts":"abc","dur":"5"}', b'{"k":"comm","ts":1,"dur":1,"bytes":[1]}',
+    b'{"k":"step","x":' + b"[" * 5000 + b"]" * 5000 + b"}", b'{"k":"header","rank":0,"pid":1,"schema":1}',
+    b'{"k":"lost","lines":3,"first_step":1,"last_step":2,"error":"ENOSPC"}', b"\xff\xfe", b"{" * 3000])
+any_bytes = st.one_of(
+    st.binary(max_size=2048),
+    st.lists(hostile_lines | lines, max_size=10).map(b"\n".join),
+    kineto_docs.map(lambda d: json.dumps(d).encode()),
+    st.builds(lambda ts, dur: json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k",
+                                                           "ts": ts, "dur": dur}]}).encode(),
+              st.integers(-2**70, 2**70) | st.floats(), st.integers(-2**70, 2**70) | st.floats()),
+)
+maybe_gzipped = st.tuples(any_bytes, st.booleans()).map(lambda t: gzip.compress(t[0]) if t[1] else t[0])
+
+
+def _bounded(name: str, fn, *expected: type[BaseException]) -> object:
+    """Run one reader: its result, or one of `expected` with a one-line message; in bounds."""
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        return fn()
+    except expected as e:
+        assert str(e) and "\n" not in str(e), (name, str(e))
+        return e
+    finally:
+        elapsed = time.monotonic() - t0
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert elapsed < READ_SECONDS, (name, elapsed)
+        assert peak < READ_PEAK_BYTES, (name, peak)
+
+
+def _one_line_problems(trace: object) -> None:
+    for p in getattr(trace, "problems", []):
+        assert "\n" not in str(p), str(p)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          derandomize=True)
+@given(data=maybe_gzipped, cut=st.integers(0, 4096))
+def test_every_reader_takes_any_bytes_in_bounds(data: bytes, cut: int) -> None:
+    from diag.tui.model import JobModel
+    from diag.tui.source import ReplaySource
+    from diag.tui.tail import DirTail
+    from diag.tui.view import build_view
+
+    with tempfile.TemporaryDirectory() as d:
+        rank = _write(d, "rank-00000.jsonl", data)
+        for name in ("rank0.json", "train.log"):
+            _write(d, name, data)
+        _one_line_problems(_bounded("diag.load", lambda: diag.load(d), DiagError))
+        _bounded("read_file", lambda: read_file(rank))
+        _bounded("kineto", lambda: import_file(os.path.join(d, "rank0.json")), ImportProblem)
+        _bounded("log", lambda: import_log(os.path.join(d, "train.log")), ImportProblem)
+        for name in ("rank0.json", "train.log"):
+            _one_line_problems(_bounded("load_inputs", lambda n=name: load_inputs([os.path.join(d, n)]),
+                                        DiagError))
+
+        def tail() -> None:  # the file grows in two parts, cut anywhere (a partial line between)
+            _write(d, "rank-00000.jsonl", data[:cut])
+            t, m = DirTail(d), JobModel()
+            m.ingest(t.poll())
+            with open(rank, "ab") as f:
+                f.write(data[cut:])
+            while chunks := t.poll():
+                m.ingest(chunks)
+            build_view(m)
+            m.to_trace()
+
+        _bounded("tail", tail)
+        _bounded("replay", lambda: JobModel().ingest(ReplaySource(d, speed=0).poll()), DiagError)

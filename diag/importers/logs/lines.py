@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 
 from diag.importers.errors import ImportProblem
+from diag.trace import safeio
+
+_SKIP = 1 << 20  # characters read at a time while skipping a line past the limit
 
 _PREFIX = re.compile(
     r"^\s*(?:"
@@ -82,11 +85,13 @@ def num(text: str | None) -> float | None:
 
 
 def read_lines(path: str) -> Iterator[Line]:
-    """The file's lines (gzip by content), decoded leniently; `ImportProblem` for a binary file."""
+    """The file's lines (gzip by content), decoded leniently; `ImportProblem` for a binary file, a
+    file that is not regular (a FIFO would block), or one past the readers' limits (a gzip bomb, a
+    line that never ends: `diag.trace.safeio`)."""
     try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise ImportProblem(e.strerror or str(e)) from None
+        f = safeio.open_regular(path)
+    except safeio.InputError as e:
+        raise ImportProblem(str(e)) from None
     with f:
         head = f.read(4096)
         f.seek(0)
@@ -94,8 +99,19 @@ def read_lines(path: str) -> Iterator[Line]:
         if head[:2] != b"\x1f\x8b" and b"\x00" in head:
             raise ImportProblem("binary file, not a training log")
         stream = io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="\n")  # type: ignore[arg-type]
+        limit, max_line = safeio.max_input_bytes(), safeio.max_line_bytes()
+        total = no = 0
         try:
-            for no, raw in enumerate(stream, 1):
+            while raw := stream.readline(max_line + 1):
+                no += 1
+                total += len(raw)
+                if len(raw) > max_line and not raw.endswith("\n"):  # skipped, never held whole
+                    while (rest := stream.readline(_SKIP)) and not rest.endswith("\n") and total <= limit:
+                        total += len(rest)
+                    total += len(rest)
+                    raw = ""
+                if total > limit:
+                    raise ImportProblem(safeio.too_big("decompresses to more than", limit))
                 raw = raw.rstrip("\r\n")
                 if "\r" not in raw:
                     if raw:

@@ -1,0 +1,84 @@
+"""Which parsed values a reader accepts: JSON is wider than what analysis can compute with.
+
+A hostile or corrupt trace line may hold NaN / Infinity (Python's json accepts them), a float
+that overflows to inf (`1e999`), an integer beyond 64 bits, a negative duration, or nesting deep
+enough to exhaust the stack. Each makes pandas / numpy / the TUI raise far from the input (OverflowError,
+ValueError) or print nonsense ("median -9223372036854.8 ms"), so readers drop such a record at
+parse time with one reason instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+INT64 = 1 << 63
+# fields every reader computes with: a number or null, never a string, list or bool
+NUMERIC = ("ts", "dur", "step", "bytes", "group_size", "flops", "mem_delta", "allocated", "reserved",
+           "peak", "capacity", "rss", "samples", "tokens", "count", "lines")
+MAX_DEPTH = 64  # diag writes flat records (stats nest 2 deep); deeper is not a diag record
+
+
+class BadValue(ValueError):
+    """A value outside what readers accept; `str()` says which."""
+
+
+def _no_constant(name: str) -> Any:
+    raise BadValue(f"holds {name}")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # one decoder: loads(**kw) builds one a call
+
+
+def loads(line: bytes | str) -> Any:
+    """`json.loads` that refuses NaN / Infinity (BadValue) and turns a stack overflow on deep
+    nesting into a BadValue as well."""
+    try:
+        return _DECODER.decode(line.decode() if isinstance(line, bytes) else line)
+    except RecursionError:
+        raise BadValue("is nested too deeply") from None
+
+
+def problem(obj: dict[str, Any]) -> str | None:
+    """Why a parsed record is refused (a number out of range, a `NUMERIC` field that is not a
+    number, a negative `dur`, too deep), or None.
+    A flat record costs one pass over its values; nested ones are walked without recursion."""
+    for key, value in obj.items():
+        kind = type(value)
+        if kind is int or kind is float:
+            if not -INT64 < value < INT64:  # also false for NaN
+                return f"has {key} out of range ({_show(value)})"
+        elif kind is dict or kind is list:
+            why = _nested(key, value)
+            if why is not None:
+                return why
+    for key in NUMERIC:
+        value = obj.get(key)
+        if value is not None and type(value) is not int and type(value) is not float:
+            return f"has {key} that is not a number ({str(value)[:30]!r})"
+    dur = obj.get("dur")
+    if dur is not None and dur < 0:
+        return f"has a negative dur ({dur})"
+    return None
+
+
+def _nested(key: str, value: Any) -> str | None:
+    stack: list[tuple[str, Any, int]] = [(key, value, 1)]
+    while stack:
+        key, value, depth = stack.pop()
+        kind = type(value)
+        if kind is int or kind is float:
+            if not -INT64 < value < INT64:
+                return f"has {key} out of range ({_show(value)})"
+        elif kind is dict or kind is list:
+            if depth >= MAX_DEPTH:
+                return "is nested too deeply"
+            items = value.items() if kind is dict else ((key, v) for v in value)
+            stack.extend((str(k), v, depth + 1) for k, v in items)
+    return None
+
+
+def _show(value: float) -> str:
+    big = type(value) is int and abs(value) >= 10**12
+    text = f"a {value.bit_length()}-bit integer" if big else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
