@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from diag.cli.output import write_report
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
@@ -50,14 +51,6 @@ def _progress(paths: list[str], quiet: bool) -> Iterator[Progress | None]:
         yield lambda _path, size: bar.advance(task, size)
 
 
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise DiagError(f"{path}: cannot write report ({e.strerror or e})") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from diag.analyzers import registered_rules, run_all
     from diag.importers import load_inputs
@@ -92,11 +85,11 @@ def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
     if args.markdown:
         from diag.report import markdown
 
-        _write(args.markdown, markdown.render(doc))
+        write_report(args.markdown, markdown.render(doc))
     if args.html:
         from diag.report import html
 
-        _write(args.html, html.render(doc))
+        write_report(args.html, html.render(doc))
     if args.json:
         from diag.report import json_report
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from diag.cli.output import write_report
 from diag.errors import DiagError
 
 
@@ -35,14 +36,6 @@ def sides(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return [args.paths[0]], [args.paths[1]]
 
 
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise DiagError(f"{path}: cannot write report ({e.strerror or e})") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from diag.diff import model, render
     from diag.diff.sides import load_side
@@ -50,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     base, cand = sides(args)
     doc = model.build(load_side("baseline", base), load_side("candidate", cand), args.per)
     if args.markdown:
-        _write(args.markdown, render.markdown(doc))
+        write_report(args.markdown, render.markdown(doc))
     if args.html:
-        _write(args.html, render.to_html(doc))
+        write_report(args.html, render.to_html(doc))
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
