@@ -73,6 +73,21 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def make_private_dirs(directory: str) -> None:
+    """`os.makedirs` with DIR_MODE for every folder it creates, not only the last: the others would
+    take the job's umask (0o022 gives 0o755, readable by every local user)."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    if parent != directory and not os.path.isdir(parent):
+        make_private_dirs(parent)
+    try:
+        os.mkdir(directory, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            raise
+        return
+    os.chmod(directory, DIR_MODE)  # mkdir's mode is masked by the umask too
+
+
 class TraceFileWriter:
     """Writes JSON lines to one file descriptor; counts what could not be written.
 
@@ -82,7 +97,7 @@ class TraceFileWriter:
     batch that fits, so the trace itself says where it has holes."""
 
     def __init__(self, directory: str, file_name: str) -> None:
-        os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+        make_private_dirs(directory)
         self._fd, self.path = open_private(os.path.join(directory, file_name))
         self.lines_written = 0
         self.lines_lost = 0

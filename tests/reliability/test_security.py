@@ -231,3 +231,18 @@ def test_many_silent_connections_neither_block_status_nor_detach(served) -> None
     finally:
         for s in idle:
             s.close()
+
+
+def test_trace_folders_created_private_whatever_the_umask(tmp_path) -> None:
+    """Every folder the writer creates is 0700, not only the last one (issue 10: intermediate
+    folders took the job's umask)."""
+    from diag.trace.writer import TraceFileWriter
+
+    target = tmp_path / "a" / "b" / "trace"
+    old = os.umask(0o022)
+    try:
+        TraceFileWriter(str(target), "rank-00000.jsonl")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", target):
+        assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700, folder
