@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,7 @@ class _Overflow:
     def __init__(self, agent: AgentAPI, undo: Undo) -> None:
         self.agent, self.undo = agent, undo
         self.done: set[str] = set()
+        self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.megatron_skipped = 0
         self.loss_flagged = -1  # step whose non-finite loss was recorded (once per step)
         g = agent.guard
@@ -66,9 +68,14 @@ class _Overflow:
         self.mg_step_after = g(NAME, self._mg_step_after)
 
     def patch_loaded(self, _step: int = 0) -> None:
-        """Wrap what is imported now; also a step listener, for modules imported later."""
+        """Wrap what is imported now; also a step listener and a writer-thread listener, for
+        modules imported later (before the job's first step: its first fp16 steps may overflow)."""
         if len(self.done) == 2:
             return
+        with self._patching:
+            self._patch_loaded()
+
+    def _patch_loaded(self) -> None:
         cls = engine_class()
         if cls is not None and "deepspeed" not in self.done:
             self.done.add("deepspeed")
@@ -146,5 +153,6 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     state.patch_loaded()
     listener = agent.guard(NAME, state.patch_loaded, "late-install")
     agent.step_listeners.append(listener)
+    agent.idle_listeners.append(agent.guard(NAME, state.patch_loaded, "late-install"))
     undo.call(lambda: agent.step_listeners.remove(listener)
               if listener in agent.step_listeners else None, "overflow: step listener")

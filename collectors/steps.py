@@ -20,12 +20,15 @@ Nesting (a DeepSpeed or Megatron step running a torch optimizer inside) is count
 outermost source emits. While DeepSpeed is loaded, torch hooks are ignored unless no engine shows up
 within `TORCH_GRACE` of them (then the job trains without the engine; those first steps are lost).
 The first step seen has no previous boundary, so its `dur` is null and its `ts` the install time.
-Modules imported after install are patched at the next torch optimizer step.
+Modules imported after install are patched by the writer thread within a flush interval (0.2 s), so
+a job started under `diag run` has DeepSpeed's engine wrapped before its first step (its first fp16
+steps overflow and never reach a torch optimizer step), and at the next torch optimizer step.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +87,7 @@ class _Steps:
         self.last_ts: int | None = None
         self.ignored_torch = 0
         self.done: set[str] = set()
+        self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.seen: weakref.WeakSet[Any] = weakref.WeakSet()  # engines described so far
         self.before = agent.guard(NAME, self._before, "engine-before")
         self.after_engine = agent.guard(NAME, self._after_engine, "engine-after")
@@ -94,7 +98,14 @@ class _Steps:
 
     # ---- patching --------------------------------------------------------------------------
     def patch_loaded(self) -> None:
-        """Wrap what is imported now; called at install and (cheaply) at each torch step."""
+        """Wrap what is imported now; called at install, by the writer thread every flush (a
+        framework imported after install: `diag run`) and at each torch step."""
+        if len(self.done) == 2:
+            return
+        with self._patching:
+            self._patch_loaded()
+
+    def _patch_loaded(self) -> None:
         cls = engine_class()
         if cls is not None and "deepspeed" not in self.done:
             self.done.add("deepspeed")
@@ -210,4 +221,6 @@ def install(agent: AgentAPI, undo: Undo) -> None:
 
     state = _Steps(agent, undo)
     state.patch_loaded()
+    late = agent.guard(NAME, state.patch_loaded, "late-install")
+    agent.idle_listeners.append(late)
     undo.hook(topt.register_optimizer_step_post_hook(state.torch_post), "torch optimizer post-hook")

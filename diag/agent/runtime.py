@@ -52,6 +52,10 @@ class Agent:
         self.sampled = False  # is the current step a per-layer sampled step
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
         self.step_listeners: list[Callable[[int], None]] = []
+        # run by the writer thread every flush: collectors that wrap a framework imported after the
+        # agent started (`diag run`) patch it before the job's first step, not at its first boundary
+        self.idle_listeners: list[Callable[[], None]] = []
+        self._idle_lock = threading.Lock()  # no patching while stop() undoes
         self.engine: Any = None  # the DeepSpeed engine once seen
         self.state = CollectorState()  # what collectors keep for each other (module tracker, ...)
         self._header_rank: int | None = None
@@ -244,7 +248,9 @@ class Agent:
 
     def stop(self) -> list[str]:
         """Remove every hook and wrapper, flush, close. Returns undo actions that failed."""
-        failed = self.undo.run()
+        with self._idle_lock:
+            self.idle_listeners.clear()
+            failed = self.undo.run()
         self.step_listeners.clear()
         self.installed.clear()
         self._stop.set()
@@ -270,6 +276,10 @@ class Agent:
                 self._flush(final=False)
             except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
                 self.record_error("agent", "writer", exc)
+            if self.idle_listeners:
+                with self._idle_lock:
+                    for listener in list(self.idle_listeners):
+                        listener()  # guarded by the collector that registered it
             self.writer_cpu_ns += time.thread_time_ns() - c0
 
     def _flush(self, final: bool) -> None:

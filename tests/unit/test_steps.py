@@ -6,6 +6,8 @@ The forked-rank harness (`run_ranks`, `train`) lives in tests/unit/ds_harness.py
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 from typing import Any
 
@@ -15,6 +17,8 @@ import torch
 import diag
 from diag import agent
 from tests.unit.ds_harness import WORLD, _NoCudaTorch, ds_config, run_ranks, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _attach_midrun(rank: int, trace: str) -> dict[str, Any]:
@@ -154,3 +158,29 @@ def test_faults_never_reach_the_loop_and_are_counted(tmp_path, monkeypatch):
     torch.manual_seed(0)
     assert torch.equal(got, _plain_loop(4).weight)  # same numerics as without the agent
     assert errors == {("steps", "torch-post", "InjectedFault"): 4}
+
+
+LATE_IMPORT = """
+import sys, time
+from diag import agent
+agent.start(sys.argv[1], what=("steps", "overflow"))
+assert "deepspeed" not in sys.modules
+from deepspeed.runtime.engine import DeepSpeedEngine as E
+deadline = time.monotonic() + 10
+while not hasattr(E._take_model_step, "__wrapped__") and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(hasattr(E._take_model_step, "__wrapped__"), hasattr(E.backward, "__wrapped__"))
+agent.stop()
+print(hasattr(E._take_model_step, "__wrapped__"), hasattr(E.backward, "__wrapped__"))
+"""
+
+
+def test_framework_imported_after_start_is_wrapped_before_any_step(tmp_path) -> None:
+    """`diag run` starts the agent before the job imports DeepSpeed; the engine must be wrapped
+    before the first step (the first fp16 steps overflow and never reach a torch optimizer step,
+    which used to be the only late-patch point: Megatron-DeepSpeed's first 9 iterations were lost),
+    and unwrapped by stop."""
+    out = subprocess.run([sys.executable, "-c", LATE_IMPORT, str(tmp_path)], capture_output=True,
+                         text=True, timeout=240, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}).stdout.split("\n")
+    assert [line for line in out if line.startswith(("True", "False"))] == ["True True", "False False"]
