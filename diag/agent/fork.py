@@ -74,14 +74,14 @@ def disable(agent: Any) -> None:
 
 def _drop_control(agent: Any) -> None:
     """Remove the control server's stop from the undo list (it would unlink the parent's socket
-    file) and close the child's descriptor of the listening socket."""
+    file) and close the child's descriptors of its listening socket and selector."""
     actions = agent.undo._actions
     for label, fn in list(actions):
         if label == CONTROL_LABEL:
             actions.remove((label, fn))
-            sock = getattr(getattr(fn, "__self__", None), "_sock", None)
-            if sock is not None:
-                sock.close()
+            server = getattr(fn, "__self__", None)
+            if server is not None:
+                server.forget_in_child()
 
 
 def _restart(old: Any) -> None:

@@ -42,6 +42,7 @@ class ControlServer:
         self.path = protocol.socket_path(os.getpid())
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
+        self._sel: selectors.BaseSelector | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -60,6 +61,13 @@ class ControlServer:
         self._thread = threading.Thread(target=self._serve, name="diag-control", daemon=True)
         self._thread.start()
 
+    def forget_in_child(self) -> None:
+        """In a forked child: close this process's copies of the listening socket and the selector
+        (an epoll descriptor) without touching the parent's socket file or its registrations."""
+        for obj in (self._sock, self._sel):
+            if obj is not None:
+                obj.close()
+
     def stop(self) -> None:
         """Close and remove the socket; join the thread unless called from it (a `detach`)."""
         self._stop.set()
@@ -73,7 +81,7 @@ class ControlServer:
             pass
 
     def _serve(self) -> None:
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
         clients: dict[socket.socket, _Client] = {}
         try:
             sel.register(self._sock, selectors.EVENT_READ)  # type: ignore[arg-type]
