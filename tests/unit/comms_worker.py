@@ -102,6 +102,14 @@ def p2p(rank: int, t: torch.Tensor) -> None:
         work.wait()
 
 
+def store_barrier() -> None:
+    """Wait for every rank through the store: not a collective, so nothing is recorded."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add("started", 1)
+    while store.add("started", 0) < WORLD:
+        time.sleep(0.001)
+
+
 def failing_call() -> str:
     """A collective torch rejects: the same exception must reach the caller, and nothing recorded."""
     try:
@@ -125,6 +133,7 @@ def run(rank: int, init: str, trace_dir: str, result_dir: str) -> None:
         bare_error = failing_call()
         agent.start(trace_dir, what=("comms",))
         wrapped = ProcessGroup.allreduce is not before["allreduce"]
+        store_barrier()  # agent start-up times differ per rank: start the sequence together
         collectives(rank)
         out["error_same"] = failing_call() == bare_error and "allgather_coalesced" in bare_error
         agent.stop()
