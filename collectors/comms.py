@@ -87,7 +87,8 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     for name, spec in METHODS.items():
         if name in ProcessGroup.__dict__:
             original = getattr(ProcessGroup, name)
-            undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, recorder(name), flop_seam))
+            parts = _recorder(agent, spec, groups, timing, matched)
+            undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, parts, flop_seam))
     # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
     comms_dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where),
                            _runner(flop_seam))
@@ -142,9 +143,8 @@ def _recorder(agent: AgentAPI, spec: Spec, groups: Groups, timing: CommTiming, m
 
 
 def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any],
-             parts: tuple[Callable[..., Any], Callable[..., Any]] | None,
+             parts: tuple[Callable[..., Any], Callable[..., Any]],
              flop_seam: tuple[Callable[[], bool], Callable[[], Any]]) -> Callable[..., Any]:
-    assert parts is not None
     guarded_before = agent.guard(NAME, parts[0], name)
     guarded_after = agent.guard(NAME, parts[1], name)
     flop_mode_on_top, below_it = flop_seam

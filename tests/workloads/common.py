@@ -10,7 +10,8 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import torch
@@ -97,6 +98,26 @@ def profiled(args: argparse.Namespace, rank: int) -> Iterator[Any]:
             yield counter
     else:
         yield None
+
+
+def train_loop(args: argparse.Namespace, prof: Any, opt: Any,
+               loss_at: Callable[[int], torch.Tensor]) -> dict[str, Any]:
+    """The loop of the plain-torch workloads: zero the grads, `loss_at(step)` (batch and forward),
+    backward, optimizer step; every step's loss and wall time (`--step-sleep` included)."""
+    losses, times = [], []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_at(step)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.step()
+    return {"losses": losses, "step_times": times}
 
 
 def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any],

@@ -5,7 +5,6 @@ wrapper). Small buckets (`--bucket-mb`) give several all-reduces per step."""
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any, NoReturn
 
 import torch
@@ -31,22 +30,12 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
     model = DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(args.seed + rank)
-    losses, times = [], []
-    for _step in range(args.steps):
-        t0 = time.perf_counter()
-        x = torch.randn(args.batch, args.hidden, generator=gen)
-        opt.zero_grad(set_to_none=True)
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
-        times.append(time.perf_counter() - t0)
-        if prof is not None:
-            prof.step()
-    buckets = model._get_ddp_logging_data().get("bucket_sizes", "")
-    return {"losses": losses, "step_times": times, "bucket_sizes": str(buckets)}
+
+    def loss_at(_step: int) -> torch.Tensor:
+        return model(torch.randn(args.batch, args.hidden, generator=gen)).pow(2).mean()
+
+    out = common.train_loop(args, prof, opt, loss_at)
+    return {**out, "bucket_sizes": str(model._get_ddp_logging_data().get("bucket_sizes", ""))}
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -8,7 +8,6 @@ every collective in the run is one of megatron's tensor-parallel mappings.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any, NoReturn
 
 import torch
@@ -52,21 +51,12 @@ def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
     dp_rank = parallel_state.get_data_parallel_rank()
     pos = torch.arange(args.seq).unsqueeze(0).expand(args.batch, -1)
     mask = torch.tril(torch.ones(1, 1, args.seq, args.seq)) < 0.5  # True = masked out
-    losses, times = [], []
-    for step in range(args.steps):
-        t0 = time.perf_counter()
+
+    def loss_at(step: int) -> torch.Tensor:
         tokens, targets = batch(step, dp_rank, args.batch, args.seq, args.vocab)
-        opt.zero_grad(set_to_none=True)
-        loss = model(tokens, pos, mask, labels=targets).mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
-        times.append(time.perf_counter() - t0)
-        if prof is not None:
-            prof.step()
-    return {"losses": losses, "step_times": times}
+        return model(tokens, pos, mask, labels=targets).mean()
+
+    return common.train_loop(args, prof, opt, loss_at)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
