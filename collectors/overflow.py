@@ -153,6 +153,6 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     state.patch_loaded()
     listener = agent.guard(NAME, state.patch_loaded, "late-install")
     agent.step_listeners.append(listener)
-    agent.idle_listeners.append(agent.guard(NAME, state.patch_loaded, "late-install"))
+    agent.idle_listeners.append(listener)  # cleared by the agent's stop
     undo.call(lambda: agent.step_listeners.remove(listener)
               if listener in agent.step_listeners else None, "overflow: step listener")

@@ -222,5 +222,5 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     state = _Steps(agent, undo)
     state.patch_loaded()
     late = agent.guard(NAME, state.patch_loaded, "late-install")
-    agent.idle_listeners.append(late)
+    agent.idle_listeners.append(late)  # cleared by the agent's stop
     undo.hook(topt.register_optimizer_step_post_hook(state.torch_post), "torch optimizer post-hook")
