@@ -7,12 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from diag.errors import FAILURE, DiagError
 
 TIMEOUT_S = 30
+TRIES = 3  # a read of a changing stack fails now and then; the next one usually succeeds
+RETRY_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,30 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
     if exe is None:
         raise DiagError("py-spy not found on PATH (pip install diag[attach])", FAILURE)
     cmd = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        raise DiagError(f"py-spy dump of pid {pid} failed: {why}", FAILURE)
-    return json.loads(proc.stdout)
+    why = "failed"
+    for attempt in range(TRIES):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        if proc.returncode == 0:
+            try:
+                return json.loads(proc.stdout)
+            except json.JSONDecodeError:
+                why = "py-spy printed no JSON"
+        else:
+            why = _reason(proc.stderr)
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        time.sleep(RETRY_S * (attempt + 1))
+    raise DiagError(f"py-spy dump of pid {pid} failed: {why}", FAILURE)
+
+
+def _reason(stderr: str) -> str:
+    """The line that says what went wrong. py-spy reads a moving target and can fail or panic on
+    a stack that changed under it (then stderr ends in a Rust backtrace such as `10: main`)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("Error") or "panicked" in ln:
+            return ln
+    return lines[0] if lines else "failed"
 
 
 def rank_stack(pid: int, rank: int | None, threads: list[dict[str, Any]]) -> RankStack:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from diag.errors import DiagError
 from diag.procs import ranks_under
 from diag.stacks.dump import dump, rank_stack
 from tests.conftest import ROOT
@@ -31,7 +32,10 @@ def training(pid: int) -> bool:
     if len(ranks) != 2:
         return False
     for rpid, rank in ranks:
-        st = rank_stack(rpid, rank, dump(rpid))
+        try:
+            st = rank_stack(rpid, rank, dump(rpid))
+        except DiagError:  # a rank that is still starting (or exiting) can't be read yet: poll on
+            return False
         names = {f.name for f in st.frames if f.file.endswith("gpt_ds.py")}
         if "train" not in names or "make_engine" in names:
             return False

@@ -96,3 +96,29 @@ def test_no_verdict_while_ranks_make_progress():
     polled = stacks(IN_ALL_REDUCE, [("next_batch", TRAIN, 23), ("main", TRAIN, 58)])
     assert moving((first, counts), (polled, counts)) == []  # a line number alone: polling in place
     assert moving((first, {}), (stacks(IN_LOADER, IN_LOADER), {})) == ["rank 0 moved"]
+
+
+def test_py_spy_failure_names_the_error_line_not_the_backtrace_tail():
+    from diag.stacks.dump import _reason
+
+    stderr = ("thread 'main' panicked at src/python_spy.rs:80: failed to copy memory\n"
+              "stack backtrace:\n   9: py_spy::main\n  10: main\n")
+    assert _reason(stderr).startswith("thread 'main' panicked")
+    assert _reason("Error: Permission denied (os error 13)\n") == "Error: Permission denied (os error 13)"
+    assert _reason("") == "failed"
+
+
+def test_dump_of_a_process_that_is_gone_fails_once_with_one_line():
+    import subprocess
+    import sys
+
+    import pytest
+
+    from diag.errors import DiagError
+    from diag.stacks.dump import dump
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    with pytest.raises(DiagError) as e:
+        dump(p.pid)
+    assert "\n" not in str(e.value) and str(p.pid) in str(e.value)
