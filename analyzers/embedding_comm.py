@@ -85,10 +85,11 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
                 fixes.append(Fix(f"{lead}ZeRO-3 gathers the whole vocab x hidden matrix every forward and "
                                  "backward: " + ", ".join(f"{k} {v}" for k, v in zero.items()),
                                  ds_config={"zero_optimization": zero}))
-        elif not job.ds_config.get("sparse_gradients") and not job.megatron:
-            fixes.append(Fix(f"{lead}all-reduce only the embedding rows a batch touched "
-                             "(nn.Embedding(sparse=True) and sparse_gradients)",
-                             ds_config={"sparse_gradients": True}))
+        elif not job.megatron:
+            # no config key: DeepSpeed (0.19) rejects the old `sparse_gradients` flag and reduces the
+            # gradients of an nn.Embedding(sparse=True) sparsely by itself
+            fixes.append(Fix(f"{lead}all-reduce only the embedding rows a batch touched: construct the "
+                             "embedding with nn.Embedding(..., sparse=True)"))
     if job.megatron and int(trace.layout().get("pp") or 1) > 1 \
             and not job.arg("untie_embeddings_and_output_weights"):
         args = job.flags("--untie-embeddings-and-output-weights")
@@ -103,8 +104,8 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when collectives moving embedding/output-layer data (see `embedding_mask`) cover >= 20%
     of the median step (union of their intervals) and carry >= 40% of all bytes communicated.
     Fix (only what changes the job's setting): ZeRO-3 -> zero_hpz_partition_size = ranks per node when
-    the job spans nodes, quantized weights; else sparse embedding gradients; Megatron with pp > 1:
-    untied embeddings. recoverable_s: an upper bound, the embedding's median
+    the job spans nodes, quantized weights; else sparse embedding gradients (nn.Embedding(sparse=True));
+    Megatron with pp > 1: untied embeddings. recoverable_s: an upper bound, the embedding's median
     communication time per step. Shares are computed over the steps where the agent attributed modules
     (`attributed_steps`; every step of older or imported traces). Under ZeRO-3 prefetch
     (stage3_prefetch_bucket_size > 0) gathers are issued ahead by an earlier module and cannot be

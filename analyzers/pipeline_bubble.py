@@ -53,8 +53,9 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
                 fixes.append(Fix(f"raise microbatches per step from {m} to {target} (bubble (p-1)/m <= 0.25)",
                                  megatron_args=job.flags("--global-batch-size", str(target * micro * dp))))
         elif job.deepspeed is not False:
-            fixes.append(Fix(f"raise microbatches per step from {m} to {target} (bubble (p-1)/m <= 0.25; "
-                             "keep the global batch by lowering train_micro_batch_size_per_gpu)",
+            lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
+            fixes.append(Fix(f"{lead}raise microbatches per step from {m} to {target} (bubble (p-1)/m "
+                             "<= 0.25; keep the global batch by lowering train_micro_batch_size_per_gpu)",
                              ds_config={"gradient_accumulation_steps": target}))
     interleaved = job.arg("num_layers_per_virtual_pipeline_stage")
     if job.framework == framework.MEGATRON_LM and layers and not interleaved:

@@ -28,7 +28,8 @@ def test_embedding_comm_fires_on_embedding_gathers(tmp_path):
     assert f.layers == ["wte"] and f.evidence["step_share"] == pytest.approx(0.30, abs=0.01)
     assert f.evidence["comm_share"] == pytest.approx(64 / (64 + 3 * 4), abs=0.01)  # by bytes
     assert f.recoverable_s == pytest.approx(0.030, abs=1e-3)
-    assert f.fixes[0].ds_config == {"sparse_gradients": True}
+    # DeepSpeed 0.19 rejects `sparse_gradients`: the fix is the embedding's own sparse=True
+    assert f.fixes[0].ds_config is None and "sparse=True" in f.fixes[0].summary
 
 
 def test_embedding_comm_counts_only_attributed_steps(tmp_path):
