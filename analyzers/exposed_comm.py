@@ -9,7 +9,9 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics import comms
 from diag.metrics.steps import NS
+from diag.vocab import P2P
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -71,12 +73,18 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
 def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when blocking (non-async, hence not overlapped) communication covers >= 40% of the median
     step on some rank, counting each collective's transfer time (its shortest duration over the ranks:
-    the time others spent waiting for a late rank is the straggler rule's business).
+    the time others spent waiting for a late rank is the straggler rule's business; with pp > 1 the
+    pipeline's send/recv are left to pipeline_bubble).
     Fix, only where it changes the job's setting and exists in its framework: DeepSpeed overlap_comm
     (its code default is true only for stage 3) and 4x stage3_prefetch_bucket_size when DP > 1;
     Megatron-LM --overlap-grad-reduce / --overlap-param-gather (not Megatron-DeepSpeed: it lacks them).
     recoverable_s: min(exposed, compute) per step: overlap can hide at most the compute time."""
     df = metrics.exposed
+    if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
+        # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
+        # gradient or TP traffic: counted there, not here
+        c = metrics.comms
+        df = comms.blocking_per_step(c[~c["kind"].isin(P2P)], metrics.steady_steps, waits=False)
     med = timeline_exposed(metrics)
     if med is None:
         if df.empty:
