@@ -2,7 +2,7 @@
 
     python -m bench.rules [FOLDER ...]
 
-Each folder (default: every `sample_traces/*/` with a `labels.json`) holds one run and its labels:
+Each folder (default: every `sample_traces/*/` with a `labels.toml`) holds one run and its labels:
 `must_flag` (rules that must report it), `must_not_flag` (rules that must stay silent; `"*"` is every
 rule not otherwise listed) and `known_misses` ({rule: why}: a must-flag diag does not yet meet, counted
 as a miss here, excused by the test). A finding of a must-not rule is a false alarm; a rule in neither
@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import copy
 import glob
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import tomllib
+
+LABELS = "labels.toml"  # TOML: a .json file in a trace folder would be read as a Kineto trace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,7 +47,7 @@ class Scored:
 def labeled(paths: list[str] | None = None) -> list[str]:
     if paths:
         return paths
-    found = glob.glob(os.path.join(ROOT, "sample_traces", "*", "labels.json"))
+    found = glob.glob(os.path.join(ROOT, "sample_traces", "*", LABELS))
     return sorted(os.path.dirname(p) for p in found)
 
 
@@ -91,8 +93,8 @@ def score(folder: str, rules: list[str]) -> Scored:
 
     from diag.importers import load_inputs
 
-    with open(os.path.join(folder, "labels.json")) as f:
-        labels = json.load(f)
+    with open(os.path.join(folder, LABELS), "rb") as f:
+        labels = tomllib.load(f)
     excused = dict(labels.get("known_misses") or {})
     must = set(labels.get("must_flag") or []) | set(excused)
     must_not = set(labels.get("must_not_flag") or [])
@@ -123,7 +125,7 @@ def table(scored: list[Scored], rules: list[str]) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="precision and recall of every rule on labeled traces")
-    ap.add_argument("folders", nargs="*", help="labeled trace folders (default: sample_traces/*/labels.json)")
+    ap.add_argument("folders", nargs="*", help="labeled trace folders (default: sample_traces/*/labels.toml)")
     a = ap.parse_args(argv)
     from diag.analyzers import registered_rules
 

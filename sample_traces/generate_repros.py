@@ -1,5 +1,5 @@
 """Write the small reproductions of issue 11's false alarms and wrong fixes, each in its own folder
-`sample_traces/repro_<case>/` with a `labels.json` (what the rules must and must not flag), for the
+`sample_traces/repro_<case>/` with a `labels.toml` (what the rules must and must not flag), for the
 labeled evaluation `python -m bench.rules`.
 
     python -m sample_traces.generate_repros
@@ -59,9 +59,16 @@ class Repro:
             with open(os.path.join(folder, f"rank-{r:05d}.jsonl"), "w") as f:
                 for obj in [head, *steps, *self.events[r]]:
                     f.write(json.dumps(obj) + "\n")
-        with open(os.path.join(folder, "labels.json"), "w") as f:
-            json.dump(labels, f, indent=1)
-            f.write("\n")
+        with open(os.path.join(folder, "labels.toml"), "w") as f:
+            f.write(labels_toml(labels))
+
+
+def labels_toml(labels: dict[str, Any]) -> str:
+    """The labels as TOML (a `.json` file in a trace folder would be read as a Kineto trace)."""
+    lines = [f"{k} = {json.dumps(labels[k])}" for k in ("why", "must_flag", "must_not_flag")]
+    if labels.get("known_misses"):
+        lines += ["", "[known_misses]", *(f"{k} = {json.dumps(v)}" for k, v in labels["known_misses"].items())]
+    return "\n".join(lines) + "\n"
 
 
 def each(job: Repro, fn: Any) -> None:

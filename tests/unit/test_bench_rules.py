@@ -4,10 +4,10 @@ in the labels), and every fix of every finding is applicable as written."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
+import tomllib
 from diag.analyzers import registered_rules
 
 from bench import rules as bench
@@ -19,8 +19,8 @@ RULES = sorted(registered_rules())
 def test_there_are_healthy_and_planted_samples():
     kinds = set()
     for f in FOLDERS:
-        with open(os.path.join(f, "labels.json")) as fh:
-            kinds.add(bool(json.load(fh)["must_flag"]))
+        with open(os.path.join(f, bench.LABELS), "rb") as fh:
+            kinds.add(bool(tomllib.load(fh)["must_flag"]))
     assert kinds == {True, False} and len(FOLDERS) >= 15
 
 
