@@ -27,7 +27,8 @@ def _steps(res):
 
 def _layout(res):
     h = res.headers[min(res.headers)]
-    return {k: v for k, v in h.items() if k not in ("rank", "source", "host")}
+    return {k: v for k, v in h.items()
+            if k not in ("rank", "source", "host", "log_families", "megatron_args", "ds_config")}
 
 
 # -- the line model -------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ class MegatronReader:
         return True
 
     def _argument(self, key: str, value: str) -> None:
+        self.rec.args.setdefault(key, value)
         if key == "log_interval":
             self.log_interval = int(num(value) or 0) or None
         elif key in _ARGS:
