@@ -6,7 +6,7 @@ from html import escape
 from typing import Any
 
 from diag.report.figures import figures
-from diag.report.tables import finding_lines, summary_line, tables
+from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -30,7 +30,12 @@ def _finding(f: dict[str, Any]) -> str:
 def render(doc: dict[str, Any]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>diag analysis</title>"
              f"<style>{_CSS}</style></head><body><h1>diag analysis</h1>"
-             f"<p>{escape(summary_line(doc))}</p><h2>Findings</h2>"]
+             f"<p>{escape(summary_line(doc))}</p>"]
+    mfu = throughput_lines(doc)
+    if mfu:
+        items = "".join(f"<li>{escape(x)}</li>" for x in mfu)
+        parts.append(f"<h2>Throughput and MFU</h2><ul>{items}</ul>")
+    parts.append("<h2>Findings</h2>")
     parts += [_finding(f) for f in doc["findings"]] or ["<p>No findings.</p>"]
     parts.append('<h2>Plots</h2><div class="plots">' + "".join(figures(doc).values()) + "</div>")
     parts += [_table(*t) for t in tables(doc)]

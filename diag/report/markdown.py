@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.report.tables import finding_lines, summary_line, tables
+from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 
 def _cell(s: str) -> str:
@@ -13,6 +13,9 @@ def _cell(s: str) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     out = ["# diag analysis", "", summary_line(doc), ""]
+    mfu = throughput_lines(doc)
+    if mfu:
+        out += ["## Throughput and MFU", ""] + [f"- {_cell(line)}" for line in mfu] + [""]
     out += ["## Findings", ""]
     if not doc["findings"]:
         out += ["No findings.", ""]
