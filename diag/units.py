@@ -30,12 +30,12 @@ def _scaled(n: float, base: int, units: tuple[str, ...], suffix: str = "") -> st
 
 def flop_count(n: Any) -> str:
     """FLOPs in decimal units (GFLOP, TFLOP, ...), three significant digits."""
-    return "-" if n is None else _sig(n, ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"))
+    return "-" if n is None else significant(n, ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"))
 
 
 def flop_rate(tflops: Any) -> str:
     """A rate given in TFLOP/s, in the unit that reads best (12.3 TFLOP/s, 45.6 GFLOP/s)."""
-    return "-" if tflops is None else _sig(tflops * 1e12, ("FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s",
+    return "-" if tflops is None else significant(tflops * 1e12, ("FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s",
                                                            "TFLOP/s", "PFLOP/s"))
 
 
@@ -48,11 +48,12 @@ def rate(n: Any, unit: str) -> str:
     """A per-second count, three significant digits, k/M/G on the number (12.3k tokens/s)."""
     if n is None:
         return "-"
-    number = _sig(n, ("", "k", "M", "G"))
+    number = significant(n, ("", "k", "M", "G"))
     return f"{number.replace(' ', '')} {unit}/s"
 
 
-def _sig(n: float, units: tuple[str, ...]) -> str:
+def significant(n: float, units: tuple[str, ...]) -> str:
+    """`n` scaled by 1000s through `units`, three significant digits ("26.1 KB/s")."""
     i = 0
     while abs(n) >= 1000 and i < len(units) - 1:
         n /= 1000

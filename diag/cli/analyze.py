@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
     parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
+    parser.add_argument("--ds-config-out", metavar="FILE",
+                        help="write the job's ds_config with each finding's first suggested patch merged")
     parser.add_argument("--peak-tflops", type=float, metavar="N",
                         help="the device's dense peak TFLOP/s for MFU, where diag's table has none (CPU, "
                              "other GPUs) or to override it")
@@ -101,6 +103,21 @@ def _model_option(text: str | None) -> dict[str, Any] | None:
         raise DiagError(str(e)) from None
 
 
+def _write_ds_config(doc: dict[str, Any], path: str) -> None:
+    """The merged ds_config as JSON, and one line on stderr saying what went in and what did not."""
+    import json
+
+    from diag.report.human import merged_ds_config
+
+    cfg, used, skipped = merged_ds_config(doc)
+    if not cfg:
+        raise DiagError("--ds-config-out: the trace records no ds_config and no finding suggests a patch")
+    write_report(path, json.dumps(cfg, indent=2) + "\n")
+    print(f"diag analyze: wrote {path}: the job's ds_config with {len(used)} patch(es) merged"
+          + (f" ({'; '.join(used)})" if used else "")
+          + (f"; alternatives not merged: {'; '.join(skipped)}" if skipped else ""), file=sys.stderr)
+
+
 def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
     if args.markdown:
         from diag.report import markdown
@@ -110,6 +127,8 @@ def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
         from diag.report import html
 
         write_report(args.html, html.render(doc))
+    if args.ds_config_out:
+        _write_ds_config(doc, args.ds_config_out)
     if args.json:
         from diag.report import json_report
 

@@ -59,8 +59,14 @@ def per_step(steps: pd.DataFrame, layers: pd.DataFrame, peak_tflops: float | Non
     counted = step_flops(layers)
     st = st.merge(counted, on=["rank", "step"], how="left")
     st["sampled"] = st["flops"].notna()
-    held = st.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill())
-    st["flops"] = pd.to_numeric(held, errors="coerce")
+    # hold each rank's counted FLOPs over the steps between samples (a sample on a step without a
+    # duration, such as the first one seen, still tells the FLOPs of the steps after it)
+    every = pd.concat([st[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
+    every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
+    every["held"] = pd.to_numeric(every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()),
+                                  errors="coerce")
+    st = st.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
+    st = st.rename(columns={"held": "flops"})
     sec = st["dur"].astype(float) / NS
     st["dur_ns"] = st["dur"]
     st["tflops"] = st["flops"] / sec / 1e12

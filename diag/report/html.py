@@ -6,9 +6,11 @@ from html import escape
 from typing import Any
 
 from diag.report.figures import figures
+from diag.report.human import fix_blocks
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
+_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}
+pre{background:#f6f6f6;padding:.5em;overflow-x:auto}td:first-child{text-align:left}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:right}th{background:#f3f3f3}.f{border-left:4px solid #999;padding:.2em 1em;margin:1em 0}
 .critical{border-color:#c00}.warning{border-color:#e90}.info{border-color:#49c}
@@ -23,6 +25,10 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
 
 def _finding(f: dict[str, Any]) -> str:
     items = "".join(f"<li>{escape(line)}</li>" for line in finding_lines(f))
+    for fix in f.get("fixes") or []:
+        code = "".join(f"<div>{escape(label)}:</div><pre>{escape(text)}</pre>"
+                       for label, text, _ in fix_blocks(fix))
+        items += f"<li>fix: {escape(fix['summary'])}{code}</li>"
     return (f'<div class="f {escape(f["severity"])}"><h3>[{escape(f["severity"])}] '
             f'{escape(f["title"])} <small>{escape(f["rule"])}</small></h3><ul>{items}</ul></div>')
 

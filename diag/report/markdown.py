@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.report.human import fix_blocks
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 
@@ -21,7 +22,13 @@ def render(doc: dict[str, Any]) -> str:
         out += ["No findings.", ""]
     for f in doc["findings"]:
         out.append(f"### [{f['severity']}] {f['title']} (`{f['rule']}`)")
-        out += [""] + [f"- {_cell(line)}" for line in finding_lines(f)] + [""]
+        out += [""] + [f"- {_cell(line)}" for line in finding_lines(f)]
+        for fix in f.get("fixes") or []:
+            out.append(f"- fix: {_cell(fix['summary'])}")
+            for label, text, lang in fix_blocks(fix):
+                out += ["", f"  {label}:", "", f"  ```{lang}"] + [f"  {line}" for line in text.splitlines()]
+                out += ["  ```", ""]
+        out.append("")
     for title, header, rows in tables(doc):
         out += [f"## {title}", "", "| " + " | ".join(header) + " |",
                 "|" + "---|" * len(header)]

@@ -13,7 +13,7 @@ import pandas as pd
 
 from diag import __version__
 from diag.metrics.stage import Metrics
-from diag.report import mfu
+from diag.report import mfu, trace_doc
 
 if TYPE_CHECKING:
     from diag.findings import Finding
@@ -108,6 +108,7 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
                     "findings": len(findings)},
         "metrics": {
             "breakdown": rows(metrics.breakdown),
+            "step_split": rows(metrics.step_split),
             "overlap": rows(metrics.overlap),
             "collectives": rows(metrics.collectives),
             "bandwidth_by_size": rows(metrics.bandwidth_by_size),
@@ -116,6 +117,10 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
             "loss_scale": rows(_loss_scale(trace)),
         },
         "throughput": tp,
+        "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),
+        "steps": trace_doc.steps(tp["per_step"], trace),
+        "memory": trace_doc.memory(trace),
+        "overflows": trace_doc.overflows(trace),
         "findings": [f.to_dict() for f in findings],
         "rule_failures": dict(failures),
     })

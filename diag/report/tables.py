@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.report.human import evidence_line
+from diag.report.trace_tables import trace_tables
 from diag.units import binary_bytes as _bytes
-from diag.units import flop_count, flop_rate, percent, rate
+from diag.units import flop_count, flop_rate, percent, rate, significant
 from diag.units import ms as _ms
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -27,6 +29,11 @@ def throughput_table(doc: dict[str, Any]) -> list[Table]:
              [[str(r["rank"]), str(r["steps"]), flop_count(r["flops_per_step"]), _num(r["step_ms"]),
                flop_rate(r["tflops"]), percent(r["mfu"]), _rate(r["samples_per_s"], "samples"),
                _rate(r["tokens_per_s"], "tokens")] for r in rows])]
+
+
+def _gbs(v: Any) -> str:
+    """A bandwidth given in GB/s, in the unit that reads best (26.1 KB/s, 12.3 GB/s)."""
+    return "-" if v is None else significant(v * 1e9, ("B/s", "KB/s", "MB/s", "GB/s", "TB/s"))
 
 
 def _rate(v: Any, unit: str) -> str:
@@ -68,7 +75,7 @@ def throughput_lines(doc: dict[str, Any]) -> list[str]:
 
 def tables(doc: dict[str, Any]) -> list[Table]:
     m = doc["metrics"]
-    out: list[Table] = throughput_table(doc)
+    out: list[Table] = [*throughput_table(doc), *trace_tables(doc)]
     if m["breakdown"]:
         out.append(("Temporal breakdown", ["rank", "source", "span ms", "compute %", "non-compute %",
                                            "idle %"],
@@ -79,10 +86,9 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                     [[str(r["rank"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _num(r["overlap_pct"])]
                      for r in m["overlap"]]))
     if m["collectives"]:
-        out.append(("Collectives", ["rank", "op", "calls", "time ms", "mean size", "algbw GB/s",
-                                    "busbw GB/s"],
+        out.append(("Collectives", ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
                     [[str(r["rank"]), r["op"], str(r["calls"]), _ms(r["time_ns"]), _bytes(r["mean_bytes"]),
-                      _num(r["algbw"], ".3f"), _num(r["busbw"], ".3f")] for r in m["collectives"]]))
+                      _gbs(r["algbw"]), _gbs(r["busbw"])] for r in m["collectives"]]))
     if m["stragglers"]:
         out.append(("Stragglers", ["rank", "last to arrive (share of collectives)", "median step ms",
                                    "straggler"],
@@ -92,24 +98,16 @@ def tables(doc: dict[str, Any]) -> list[Table]:
 
 
 def finding_lines(f: dict[str, Any]) -> list[str]:
-    """Detail lines under a finding's title: what, where, evidence, recoverable time, fixes."""
+    """Detail lines under a finding's title: what, where, evidence, recoverable time (the fixes are
+    rendered apart, as code: `human.fix_blocks`)."""
     lines = [f["detail"]]
     where = [f"{k}: {', '.join(map(str, f[k][:8]))}" for k in ("ranks", "layers", "steps") if f.get(k)]
     if where:
         lines.append("; ".join(where))
     if f.get("evidence"):
-        lines.append("evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in f["evidence"].items()))
+        lines.append("evidence: " + evidence_line(f["evidence"]))
     if f.get("recoverable_s") is not None:
         lines.append(f"recoverable: ~{f['recoverable_s'] * 1e3:.1f} ms per step")
-    for fix in f.get("fixes") or []:
-        parts = [fix["summary"]]
-        if fix.get("ds_config"):
-            parts.append(f"ds_config: {fix['ds_config']}")
-        if fix.get("megatron_args"):
-            parts.append("megatron: " + " ".join(fix["megatron_args"]))
-        if fix.get("env"):
-            parts.append("env: " + " ".join(f"{k}={v}" for k, v in fix["env"].items()))
-        lines.append("fix: " + " | ".join(parts))
     return lines
 
 
@@ -126,8 +124,3 @@ def summary_line(doc: dict[str, Any]) -> str:
         bits.append(f"{s['overflows']} overflow(s)")
     bits.append(f"{s['findings']} finding(s)")
     return " · ".join(bits)
-
-
-def _short(v: object) -> object:
-    """Evidence floats to 4 significant digits for reading (the JSON report keeps them exact)."""
-    return f"{v:.4g}" if isinstance(v, float) else v

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from diag.report.human import fix_blocks
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -24,6 +25,12 @@ def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> Non
         if not quiet:
             for line in finding_lines(f):
                 console.print(f"    {line}", highlight=False, markup=False)
+            for fix in f.get("fixes") or []:
+                console.print(f"    fix: {fix['summary']}", highlight=False, markup=False)
+                for label, text, _ in fix_blocks(fix):
+                    console.print(f"      {label}:", highlight=False, markup=False)
+                    for line in text.splitlines():
+                        console.print(f"        {line}", highlight=False, markup=False, soft_wrap=True)
     if not doc["findings"] and not quiet:
         console.print("No findings.")
     if quiet:
