@@ -35,7 +35,8 @@ def _memory(doc: dict[str, Any]) -> plots.Series:
     for r in (doc.get("memory") or {}).get("timeline") or []:
         for key in ("allocated", "reserved", "rss"):
             if r.get(key) is not None and r.get("step") is not None:
-                out[f"rank {r['rank']} {key}"].append((r["step"], r[key] / 2**20))
+                who = f"rank {r['rank']}" if r["rank"] >= 0 else "log"
+                out[f"{who} {key}"].append((r["step"], r[key] / 2**20))
     return dict(out)
 
 
@@ -57,7 +58,7 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
         "Memory over time": plots.lines(_memory(doc), "Memory over time", "step", "MiB", integer_x=True),
         "Collective bus bandwidth vs message size": plots.lines(
             _by(m["bandwidth_by_size"], "op", "bytes", "busbw"),
-            "Collective bus bandwidth vs message size", "message size (bytes, log)", "busbw GB/s",
+            "Collective bus bandwidth vs message size", "message size (log scale)", "busbw GB/s",
             logx=True, dots=True),
         "Loss scale": plots.lines({"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"]]},
                                   "Loss scale over steps", "step", "loss scale", integer_x=True,

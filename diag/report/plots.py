@@ -1,13 +1,15 @@
 """Small self-made inline SVG charts for the HTML report (no plotting dependency, no scripts).
 
 `lines` draws one polyline (or markers only, `dots=True`) per series; `stacked_bars` one bar per
-category split into parts. Axes are linear, or log10 on x with `logx` (message sizes).
+category split into parts. Axes are linear, or log10 on x with `logx` (message sizes, labelled in bytes).
 """
 
 from __future__ import annotations
 
 import math
 from html import escape
+
+from diag.units import binary_bytes
 
 W, H, L, R, T, B = 640, 270, 64, 16, 44, 40
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f")
@@ -21,7 +23,13 @@ def _scale(lo: float, hi: float, a: float, b: float):  # type: ignore[no-untyped
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.2e}"
+    """A tick value without exponents: 0.0525, 36.1, 3730, 1.2M."""
+    a = abs(v)
+    if a >= 1e9:
+        return f"{v / 1e9:.3g}G"
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    return f"{v:.0f}" if a >= 100 else f"{v:.3g}"
 
 
 def _frame(title: str, xlabel: str, ylabel: str, body: list[str]) -> str:
@@ -48,10 +56,12 @@ def _axes(xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x:
     for i in range(5):
         yv, y = ylo + (yhi - ylo) * i / 4, H - B - (H - B - T) * i / 4
         out.append(f'<text x="{L - 4}" y="{y + 4}" font-size="10" text-anchor="end">{_fmt(yv)}</text>')
-    for xv in _xticks(xlo, xhi, integer_x):
-        label = f"{xv:.0f}" if integer_x else _fmt(10 ** xv if logx else xv)
+    ticks = _xticks(xlo, xhi, integer_x)
+    for i, xv in enumerate(ticks):
+        label = f"{xv:.0f}" if integer_x else binary_bytes(10 ** xv) if logx else _fmt(xv)
+        anchor = "start" if i == 0 and len(ticks) > 1 else "end" if i == len(ticks) - 1 and i else "middle"
         out.append(f'<text x="{sx(xv):.1f}" y="{H - B + 14}" font-size="10" '
-                   f'text-anchor="middle">{label}</text>')
+                   f'text-anchor="{anchor}">{escape(label)}</text>')
     return out
 
 
