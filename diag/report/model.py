@@ -78,13 +78,14 @@ def _stragglers(metrics: Metrics, findings: list[Finding]) -> pd.DataFrame:
     return df.assign(straggler=[int(r) in flagged for r in df["rank"]])
 
 
-def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any]:
-    """(TFLOP/s per GPU, MFU) for the summary line: measured, else the model view, else the log's."""
+def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any, str | None]:
+    """(TFLOP/s per GPU, MFU, which) for the summary: measured, else the model view, else the log's."""
     if tp["measured"]["tflops_per_gpu"] is not None:
-        return tp["measured"]["tflops_per_gpu"], tp["measured"]["mfu"]
+        return tp["measured"]["tflops_per_gpu"], tp["measured"]["mfu"], "measured"
     if tp["model"] and tp["model"]["tflops_per_gpu"] is not None:
-        return tp["model"]["tflops_per_gpu"], tp["model"]["mfu"]
-    return (log["tflops"].median() if "tflops" in log.columns else None), None
+        return tp["model"]["tflops_per_gpu"], tp["model"]["mfu"], "model"
+    printed = log["tflops"].median() if "tflops" in log.columns else None
+    return printed, None, ("log" if printed is not None else None)
 
 
 def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
@@ -97,13 +98,13 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
     steps = metrics.step_times
     log = trace.frame("log_step")
     tp = mfu.section(trace, metrics, peak_tflops, model)
-    tflops, util = _headline(tp, log)
+    tflops, util, which = _headline(tp, log)
     return plain({
         "schema": SCHEMA, "version": VERSION, "diag_version": __version__,
         "sources": list(trace.sources), "ranks": trace.ranks, "layout": trace.layout(),
         "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
         "summary": {"steps": _steps_summary(steps),
-                    "tflops_median": tflops, "mfu": util,
+                    "tflops_median": tflops, "tflops_source": which, "mfu": util,
                     "overflows": _overflows(trace),
                     "findings": len(findings)},
         "metrics": {

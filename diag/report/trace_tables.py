@@ -39,8 +39,10 @@ def layers_table(doc: dict[str, Any]) -> list[Table]:
     body = [[r["module"], _ms(r["fwd_ms"]), _ms(r["bwd_ms"]), flop_count(r["flops"]) if r["flops"] else "-",
              flop_rate(r["tflops"]), percent(r["mfu"])]
             + ([binary_bytes(r["mem_delta"])] if with_mem else []) for r in rows]
-    return [(f"Top layers by time (leaf modules, lowest rank, mean of {rows[0]['steps']} sampled steps)",
-             head, body)]
+    devices = {r["device"] for r in (doc.get("memory") or {}).get("peaks") or []}
+    note = "; memory deltas: none on CPU (no device allocator)" if not with_mem and devices == {"cpu"} else ""
+    title = f"Top layers by time (leaf modules, lowest rank, mean of {rows[0]['steps']} sampled steps{note})"
+    return [(title, head, body)]
 
 
 def steps_table(doc: dict[str, Any]) -> list[Table]:
