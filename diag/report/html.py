@@ -6,7 +6,7 @@ from html import escape
 from typing import Any
 
 from diag.report.figures import figures
-from diag.report.human import fix_blocks
+from diag.report.human import fix_blocks, prose
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}
@@ -30,7 +30,7 @@ def _finding(f: dict[str, Any]) -> str:
                        for label, text, _ in fix_blocks(fix))
         items += f"<li>fix: {escape(fix['summary'])}{code}</li>"
     return (f'<div class="f {escape(f["severity"])}"><h3>[{escape(f["severity"])}] '
-            f'{escape(f["title"])} <small>{escape(f["rule"])}</small></h3><ul>{items}</ul></div>')
+            f'{escape(prose(f["title"]))} <small>{escape(f["rule"])}</small></h3><ul>{items}</ul></div>')
 
 
 def render(doc: dict[str, Any]) -> str:

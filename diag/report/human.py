@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
 from typing import Any
 
@@ -34,6 +35,16 @@ def evidence_value(key: str, v: Any) -> str:
     if k.endswith(("share", "_frac", "_rate")):
         return f"{v * 100:.1f}%"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+_GBS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?) GB/s")
+
+
+def prose(text: str) -> str:
+    """A rule's title or detail with its bandwidths in the unit that reads ("2.61e-05 GB/s" ->
+    "26.1 KB/s"); everything else as the rule wrote it."""
+    return _GBS.sub(lambda m: significant(float(m.group(1)) * 1e9, ("B/s", "KB/s", "MB/s", "GB/s", "TB/s")),
+                    text)
 
 
 def evidence_line(evidence: dict[str, Any]) -> str:

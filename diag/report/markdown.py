@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.report.human import fix_blocks
+from diag.report.human import fix_blocks, prose
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 
@@ -21,7 +21,7 @@ def render(doc: dict[str, Any]) -> str:
     if not doc["findings"]:
         out += ["No findings.", ""]
     for f in doc["findings"]:
-        out.append(f"### [{f['severity']}] {f['title']} (`{f['rule']}`)")
+        out.append(f"### [{f['severity']}] {prose(f['title'])} (`{f['rule']}`)")
         out += [""] + [f"- {_cell(line)}" for line in finding_lines(f)]
         for fix in f.get("fixes") or []:
             out.append(f"- fix: {_cell(fix['summary'])}")

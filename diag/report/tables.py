@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.report.human import evidence_line
+from diag.report.human import evidence_line, prose
 from diag.report.trace_tables import trace_tables
 from diag.units import binary_bytes as _bytes
 from diag.units import flop_count, flop_rate, percent, rate, significant
@@ -100,7 +100,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
 def finding_lines(f: dict[str, Any]) -> list[str]:
     """Detail lines under a finding's title: what, where, evidence, recoverable time (the fixes are
     rendered apart, as code: `human.fix_blocks`)."""
-    lines = [f["detail"]]
+    lines = [prose(f["detail"])]
     where = [f"{k}: {', '.join(map(str, f[k][:8]))}" for k in ("ranks", "layers", "steps") if f.get(k)]
     if where:
         lines.append("; ".join(where))

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from diag.report.human import fix_blocks
+from diag.report.human import fix_blocks, prose
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -20,7 +20,7 @@ def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> Non
         for line in throughput_lines(doc):
             console.print(f"  {line}", highlight=False, markup=False)
     for f in doc["findings"]:
-        console.print(f"[{_STYLE.get(f['severity'], '')}]{f['severity'].upper()}[/] {f['title']} "
+        console.print(f"[{_STYLE.get(f['severity'], '')}]{f['severity'].upper()}[/] {prose(f['title'])} "
                       f"[dim]({f['rule']})[/dim]", highlight=False)
         if not quiet:
             for line in finding_lines(f):

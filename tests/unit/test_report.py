@@ -140,6 +140,8 @@ def test_fix_blocks_evidence_units_and_merged_ds_config(tmp_path, capsys):
     assert human.evidence_value("compute_s", {0: 0.012340539500000004}) == "{0: 12.3 ms}"
     assert human.evidence_value("peak_bytes", 3 << 30) == "3.0 GiB"
     assert human.evidence_value("step_share", 0.5512) == "55.1%"
+    assert human.prose("gathers run at 2.61e-05 GB/s against a nominal 1.25 GB/s link") == \
+        "gathers run at 26.1 KB/s against a nominal 1.25 GB/s link"
     blocks = human.fix_blocks({"ds_config": {"a": {"b": True}}, "megatron_args": ["--recompute-granularity",
                                                                                  "selective"]})
     assert json.loads(blocks[0][1]) == {"a": {"b": True}}
@@ -151,3 +153,6 @@ def test_fix_blocks_evidence_units_and_merged_ds_config(tmp_path, capsys):
     assert zo["stage"] == 3 and zo["zero_quantized_weights"] is True  # its first fix only
     assert cfg["train_micro_batch_size_per_gpu"] == 4  # the job's own settings kept
     assert "alternatives not merged" in capsys.readouterr().err
+    md = tmp_path / "z3.md"
+    assert main(["analyze", str(SAMPLES / "zero3_slow_link"), "-q", "--markdown", str(md)]) == 0
+    assert "26.1 KB/s" in md.read_text() and not re.search(r"\de-\d", md.read_text())
