@@ -92,7 +92,7 @@ class Trace:
     def layout(self) -> dict[str, Any]:
         """The job's layout as the headers agree on it (from the lowest rank that knows)."""
         keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
-                "global_batch", "grad_accum", "ds_config", "host")
+                "global_batch", "grad_accum", "ds_config", "host", "device_name", "model")
         out: dict[str, Any] = {}
         groups: dict[str, Any] = {}  # every rank's process groups by name (role, size, ranks)
         for rank in self.ranks:

@@ -16,6 +16,7 @@ from diag.tui.tail import Chunk
 
 MAX_RAW = 200_000  # records per kind kept for the analyzers (oldest dropped first)
 OVERFLOW_KEPT = 200
+OVERFLOW_STEPS_KEPT = 10_000  # steps with an overflow, kept apart from the recent loss-scale events
 
 
 class JobModel:
@@ -32,6 +33,11 @@ class JobModel:
         self.layers: dict[str, LayerStat] = {}
         self.layer_rank_steps: set[tuple[int, int]] = set()
         self.overflow: deque[dict[str, Any]] = deque(maxlen=OVERFLOW_KEPT)
+        # every step that overflowed (the recent-events deque above loses old ones on a long run,
+        # while each rank's health keeps counting them): step -> {ranks, scale_before, scale_after}
+        self.overflow_steps: dict[int, dict[str, Any]] = {}
+        self.stragglers: frozenset[int] = frozenset()  # ranks the latest analysis calls stragglers
+        self.state = "live"  # of a followed job: live / ended / detached (diag.tui.jobstate)
         self.loss_scale: float | None = None
         self.skipped_steps = 0
         self.gpus: dict[tuple[str, int], dict[str, Any]] = {}
@@ -58,6 +64,17 @@ class JobModel:
         if n or any(c.header for c in chunks):
             self.version += 1
         return n
+
+    def set_stragglers(self, ranks: set[int]) -> None:
+        """The straggler rule's verdict from the latest analysis (the Ranks tab shows it too)."""
+        if frozenset(ranks) != self.stragglers:
+            self.stragglers = frozenset(ranks)
+            self.version += 1
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.version += 1
 
     def _rank_of(self, chunk: Chunk) -> int | None:
         """The rank a file's records belong to (None for a sidecar or a file without header)."""
@@ -141,9 +158,21 @@ class JobModel:
         self.overflow.append({**ev, "rank": rank})
         if ev.get("overflow"):
             st.overflows += 1
+            self._keep_overflow(rank, ev)
         if ev.get("scale_after") is not None and rank == min(self.ranks):
             self.loss_scale = float(ev["scale_after"])
         self.skipped_steps = max(self.skipped_steps, int(ev.get("skipped_steps") or 0))
+
+    def _keep_overflow(self, rank: int, ev: dict[str, Any]) -> None:
+        step = int(ev.get("step") or 0)
+        row = self.overflow_steps.get(step)
+        if row is None:
+            if len(self.overflow_steps) >= OVERFLOW_STEPS_KEPT:
+                del self.overflow_steps[min(self.overflow_steps)]
+            row = self.overflow_steps[step] = {"step": step, "ranks": [], "source": ev.get("source"),
+                                               "scale_before": ev.get("scale_before"),
+                                               "scale_after": ev.get("scale_after")}
+        row["ranks"].append(rank)
 
     def _on_stats(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
         st.dropped = sum(int(v) for v in (ev.get("dropped") or {}).values())

@@ -36,7 +36,7 @@ MARKERS = (b"iteration", b"OVERFLOW!", b"Skipping step", b"memory (MB)", b"step=
            b"exits with return code",
            b"ChildFailedError", b"Watchdog caught", b"dist_world_size", b"DeepSpeedEngine configuration")
 LAYOUT_KEYS = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
-               "global_batch", "grad_accum")
+               "global_batch", "grad_accum", "model")
 
 
 @dataclass
