@@ -35,6 +35,7 @@ class JobModel:
         self.loss_scale: float | None = None
         self.skipped_steps = 0
         self.gpus: dict[tuple[str, int], dict[str, Any]] = {}
+        self.gpu_xids: dict[tuple[str, int], int] = {}  # Xid errors seen per GPU since start
         self.raw: dict[str, deque[dict[str, Any]]] = defaultdict(lambda: deque(maxlen=MAX_RAW))
         self.skipped_lines = 0
         self.events = 0
@@ -88,7 +89,10 @@ class JobModel:
         if isinstance(ts, int) and ts > self.newest_ts:
             self.newest_ts = ts
         if kind == schema.GPU:
-            self.gpus[(str(ev.get("host", "?")), int(ev.get("index") or 0))] = ev
+            key = (str(ev.get("host", "?")), int(ev.get("index") or 0))
+            self.gpus[key] = ev
+            if isinstance(ev.get("xid"), list):
+                self.gpu_xids[key] = self.gpu_xids.get(key, 0) + len(ev["xid"])
             return
         if rank is None:
             return
@@ -108,6 +112,8 @@ class JobModel:
         if ev.get("samples") is not None:
             self.step_samples[step].append(int(ev["samples"]))
         st.samples, st.tokens = ev.get("samples"), ev.get("tokens")
+        st.samples_total += int(st.samples or 0)
+        st.tokens_total += int(st.tokens or 0)
 
     def _on_comm(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
         key = (str(ev.get("group")), str(ev.get("op")))
@@ -116,8 +122,11 @@ class JobModel:
             if stat is None:
                 stat = table[key] = CommStat(*key)
             stat.add(ev)
-        step = int(ev.get("step") or 0)
-        st.comm_ns[step] = st.comm_ns.get(step, 0) + int(ev.get("dur") or 0)
+        step, dur = int(ev.get("step") or 0), int(ev.get("dur") or 0)
+        st.comm_ns[step] = st.comm_ns.get(step, 0) + dur
+        if not ev.get("async_op"):
+            st.blocked_ns[step] = st.blocked_ns.get(step, 0) + dur
+            st.blocked_ns_total += dur
         st.last_comm = (key[1], key[0], int(ev.get("ts") or 0))
 
     def _on_layer(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
@@ -134,6 +143,9 @@ class JobModel:
             peak = ev.get("rss")
         if peak is not None:
             st.mem_peak = max(st.mem_peak or 0, int(peak))
+        now = ev.get("allocated") if ev.get("allocated") is not None else ev.get("rss")
+        if now is not None:
+            st.mem_allocated = int(now)
         if ev.get("capacity"):
             st.mem_capacity = int(ev["capacity"])
 
