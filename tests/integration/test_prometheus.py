@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 import diag
+from tests.unit import fake_nvml
+from tests.unit.test_exporter import dashboard_queries
 from tests.workloads import launch
 
 pytest.importorskip("prometheus_client", reason="prometheus-client is the prometheus extra; not installed")
@@ -88,16 +90,32 @@ def stop(p: subprocess.Popen | None, group: bool = False) -> None:
         p.wait(timeout=10)
 
 
+def dashboard_check(port: int) -> list[str]:
+    """Run every query of the shipped Grafana dashboard on the server (each must parse and run);
+    returns the queries that returned no data."""
+    empty = []
+    for _title, expr in dashboard_queries():
+        expr = (expr.replace("$__rate_interval", "10s").replace("$peak_flops", "1e12")
+                .replace('=~"$job"', f'=~"{JOB}"'))
+        if not query(port, expr):
+            empty.append(expr)
+    return empty
+
+
 def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
     trace_dir = tmp_path / "trace"
     exp_port, prom_port = launch.free_port(), launch.free_port()
-    job = exporter = server = None
+    job = exporter = server = sidecar = None
     t0 = time.monotonic()
     try:
         job = launch.popen("tests.workloads.gpt_ds", [
             "--diag", "--trace-dir", str(trace_dir), "--dtype", "fp16", "--overflow-at", "5,9",
             "--steps", str(STEPS), "--step-sleep", "0.2"])
         wait_until("the trace directory", trace_dir.is_dir, 120, job)
+        from diag.collectors.nvml import Sidecar  # GPU health: NVML faked at the hardware seam
+
+        sidecar = Sidecar(str(trace_dir), interval=0.5, module=fake_nvml.make(xids=[(1, 79)]), host="gpuhost")
+        assert sidecar.start()
         with open(tmp_path / "exporter.log", "w") as log:
             exporter = subprocess.Popen(
                 [sys.executable, "-m", "diag", "export", "--prometheus", f"127.0.0.1:{exp_port}",
@@ -133,6 +151,8 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
         assert all(v > 0 for v in values(prom_port, f"diag_memory_peak_bytes{q}", "rank").values())
         assert values(prom_port, f"diag_loss_scale{q}")[()] < 256  # initial_scale_power 8, halved on overflow
         assert values(prom_port, f"diag_ranks{q}")[()] == 2
+        util = values(prom_port, f"diag_gpu_utilization_ratio{q}", "host", "gpu")
+        assert set(util) == {("gpuhost", "0"), ("gpuhost", "1")} and all(0 < v <= 1 for v in util.values())
 
         # after the job: the server's last counters are what the trace files hold
         job.wait(timeout=240)
@@ -154,10 +174,14 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
                    server, exporter)
         live = values(prom_port, f"diag_live_findings{q}")[()]
         assert live == sum(values(prom_port, f"diag_findings{q}", "rule", "severity").values())
+        empty = dashboard_check(prom_port)
+        assert len(empty) == 1 and "diag_tokens_total" in empty[0], empty  # the job reports no tokens
         print(f"\nprometheus test: target up {t_up - t0:.1f}s after launch, live asserts at "
               f"{t_live - t0:.1f}s, mean step {max(step_s.values()):.3f}s, busbw {busbw}, exposed {exposed}, "
               f"overflows {n_over}, skipped {skipped}, findings {live}, total {time.monotonic() - t0:.1f}s")
     finally:
+        if sidecar is not None:
+            sidecar.stop()
         stop(job, group=True)
         stop(exporter)
         stop(server)

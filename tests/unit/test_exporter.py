@@ -120,13 +120,13 @@ def test_gpu_health_from_the_sidecar_records(tmp_path) -> None:
     Job(steps=3).write(str(tmp_path))
     car = Sidecar(str(tmp_path), interval=3600, module=fake_nvml.make(xids=[(1, 79)]), host="hostA")
     assert car.start()
-    car.sample_once()
+    sample_after_the_thread(car)
     car.stop()
     ex = Exporter(str(tmp_path), "j", analyze=None)
     read_all(ex)
     m = scrape(ex)
     gpu = diag.load(str(tmp_path)).gpu.sort_values("ts")
-    assert len(gpu) >= 2  # the sidecar's first sample (at start) and ours
+    assert len(gpu) >= 4  # two samples of each of the two GPUs
     for index, rows in gpu.groupby("index"):
         rec, key = rows.iloc[-1], ("hostA", str(index))
         assert by(m["diag_gpu_utilization_ratio"], "host", "gpu")[key] == pytest.approx(rec["util"] / 100)
@@ -135,6 +135,17 @@ def test_gpu_health_from_the_sidecar_records(tmp_path) -> None:
         xids = sum(len(x) for x in rows["xid"])
         assert by(m["diag_gpu_xid_errors_total"], "host", "gpu")[key] == xids
     assert by(m["diag_gpu_xid_errors_total"], "host", "gpu")[("hostA", "1")] == 1  # the pending Xid 79
+
+
+def sample_after_the_thread(car) -> None:
+    """One more sample once the sidecar's thread wrote its first (samples are not serialized)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while car.samples < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert car.samples >= 1, "the sidecar's thread never sampled"
+    car.sample_once()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -158,3 +169,38 @@ def test_a_port_in_use_is_one_line_and_a_missing_directory_too(tmp_path) -> None
     assert len(p.stderr.splitlines()) == 1
     p = _cli("--prometheus", "127.0.0.1:0", "--duration", "1", str(tmp_path / "nope"))
     assert p.returncode == 2 and "no such trace directory" in p.stderr and len(p.stderr.splitlines()) == 1
+
+
+DASHBOARD = os.path.join(ROOT, "docs", "grafana", "diag-dashboard.json")
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of the shipped Grafana dashboard."""
+    import json
+
+    with open(DASHBOARD) as f:
+        doc = json.load(f)
+    return [(p["title"], t["expr"]) for p in doc["panels"] for t in p.get("targets", ())]
+
+
+def test_the_dashboard_uses_only_exported_metrics(tmp_path) -> None:
+    import re
+
+    from diag.collectors.nvml import Sidecar
+
+    from tests.tui.synth import SynthJob
+
+    job = SynthJob(str(tmp_path), 4, overflow_at=1)
+    for step in range(3):
+        job.write_step(step)
+    job.close()
+    car = Sidecar(str(tmp_path), interval=3600, module=fake_nvml.make(), host="node0")
+    assert car.start()
+    sample_after_the_thread(car)  # NVLink rates need a previous sample
+    car.stop()
+    ex = Exporter(str(tmp_path), "j", analyze_every=1.0)
+    read_all(ex)
+    ex.maybe_analyze()
+    exported = set(scrape(ex)) | {"diag_gpu_throttled"}  # a family with samples only while throttled
+    used = {name for _, q in dashboard_queries() for name in re.findall(r"\bdiag_\w+", q)}
+    assert len(used) >= 25 and used <= exported, sorted(used - exported)
