@@ -25,6 +25,7 @@ class JobModel:
         self.headers: dict[int, dict[str, Any]] = {}
         self._paths: dict[str, dict[str, Any]] = {}  # file -> its header (later chunks have none)
         self.ranks: dict[int, RankState] = {}
+        self._min_rank: int | None = None  # whose loss scale is shown (min() per event cost O(ranks))
         self.step_max: dict[int, int] = {}  # step -> slowest rank's duration (the job's step time)
         self.step_samples: dict[int, list[int]] = defaultdict(list)
         self.comms: dict[tuple[str, str], CommStat] = {}
@@ -78,6 +79,7 @@ class JobModel:
         st = self.ranks.get(rank)
         if st is None:
             st = self.ranks[rank] = RankState(rank)
+            self._min_rank = rank if self._min_rank is None else min(self._min_rank, rank)
         return st
 
     def add(self, rank: int | None, ev: dict[str, Any]) -> None:
@@ -153,7 +155,7 @@ class JobModel:
         self.overflow.append({**ev, "rank": rank})
         if ev.get("overflow"):
             st.overflows += 1
-        if ev.get("scale_after") is not None and rank == min(self.ranks):
+        if ev.get("scale_after") is not None and rank == self._min_rank:
             self.loss_scale = float(ev["scale_after"])
         self.skipped_steps = max(self.skipped_steps, int(ev.get("skipped_steps") or 0))
 
