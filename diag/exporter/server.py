@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from diag.exporter.families import families
-from diag.tui.model import JobModel
+from diag.tui.model import JobModel, trace_of
 from diag.tui.source import LiveSource
 from diag.tui.view import build_view
 
@@ -59,11 +59,11 @@ class Exporter:
                 or self.model.version == self._analyzed_version):
             return
         self._last_analysis = now
-        with self.lock:
+        with self.lock:  # only the copy holds scrapes back; frames are built outside
             self._analyzed_version = self.model.version
-            trace = self.model.to_trace()
+            snapshot = self.model.snapshot()
         try:
-            found, _failures = self.analyze(trace)
+            found, _failures = self.analyze(trace_of(*snapshot))
             self.findings = dict(Counter((f.rule, f.severity) for f in found))
             self.analysis_error = None
         except Exception as exc:  # noqa: BLE001 - the exporter keeps serving whatever the rules do

@@ -168,13 +168,21 @@ class JobModel:
             self.headers.setdefault(rank, {})[ev["key"]] = ev.get("value")
 
     # ---- outputs -----------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict[int, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        """(headers, records by kind) seen so far: copied quickly under a caller's lock, turned into a
+        `Trace` by `trace_of` outside it (building frames takes longer)."""
+        return {r: dict(h) for r, h in self.headers.items()}, {k: list(v) for k, v in self.raw.items()}
+
     def to_trace(self) -> Trace:
         """What has been seen so far as a `Trace`, for `analyzers.run_all`."""
-        from diag.trace.reader import build_frames
+        return trace_of(*self.snapshot())
 
-        by_kind = {k: list(v) for k, v in self.raw.items()}
-        return Trace(headers={r: dict(h) for r, h in self.headers.items()},
-                     frames=build_frames(by_kind), sources=["diag top"])
+
+def trace_of(headers: dict[int, dict[str, Any]], by_kind: dict[str, list[dict[str, Any]]]) -> Trace:
+    """A `Trace` of a `JobModel.snapshot()`, its frames built by the post-mortem reader's code."""
+    from diag.trace.reader import build_frames
+
+    return Trace(headers=headers, frames=build_frames(by_kind), sources=["diag top"])
 
 
 _HANDLERS = {
