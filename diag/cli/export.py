@@ -1,5 +1,7 @@
-"""Export a diag trace: a Perfetto / Chrome JSON timeline (--perfetto OUT.json), or live Prometheus
-metrics of the local ranks (--prometheus [ADDR]:PORT).
+"""Export a diag trace: a Perfetto timeline (--perfetto), or live metrics for Prometheus (--prometheus).
+
+--perfetto OUT.json writes a Perfetto / Chrome JSON timeline; --prometheus [ADDR]:PORT serves live
+Prometheus metrics of the local ranks.
 
 --perfetto: each rank is a process with tracks for steps, layers and collectives, plus a device-memory
 counter. Files that cannot be read (one line each on stderr, exit code 2) are left out.
