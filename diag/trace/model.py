@@ -7,11 +7,12 @@ analyzers take a `Trace` whatever the source.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from diag import schema
+
+if TYPE_CHECKING:  # imported where a frame is built: following live files needs no pandas
+    import pandas as pd
 
 # Columns whose values repeat a lot: stored as pandas categoricals (interned strings).
 CATEGORICAL = ("module", "phase", "op", "dtype", "group", "device", "source", "collector", "where",
@@ -46,6 +47,8 @@ class Trace:
         df = self.frames.get(kind)
         if df is not None:
             return df
+        import pandas as pd
+
         cols = ["rank", *schema.FIELDS.get(kind, ())]
         return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
 

@@ -150,6 +150,14 @@ def health(m: JobModel, st: RankState, median: float) -> str:
 
 
 def layer_rows(m: JobModel) -> list[LayerRow]:
+    """The `TOP_LAYERS` leaf layers by time, plus the pinned (embedding / output) ones."""
+    rows = leaf_layer_rows(m)
+    top = rows[:TOP_LAYERS]
+    return top + [r for r in rows[TOP_LAYERS:] if r.pinned]
+
+
+def leaf_layer_rows(m: JobModel) -> list[LayerRow]:
+    """Every leaf layer of the module tree (a model's FLOPs are the sum of its leaves'), by time."""
     names = sorted(m.layers)
     leaves = [n for i, n in enumerate(names)
               if not (i + 1 < len(names) and names[i + 1].startswith(n + "."))
@@ -164,8 +172,7 @@ def layer_rows(m: JobModel) -> list[LayerRow]:
                              s.flops / total / 1e3 if total else None,
                              any(p in name.lower() for p in PINNED)))
     rows.sort(key=lambda r: (-r.ms_per_step, r.module))
-    top = rows[:TOP_LAYERS]
-    return top + [r for r in rows[TOP_LAYERS:] if r.pinned]
+    return rows
 
 
 def _is_root(name: str) -> bool:
