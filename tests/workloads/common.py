@@ -52,6 +52,13 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4)
 
 
+def add_slow_args(p: argparse.ArgumentParser) -> None:
+    """A straggler planted in the job: one rank sleeps before every step's batch (the others wait
+    for it in the step's collectives)."""
+    p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--slow-ms", type=float, default=0.0)
+
+
 def init_process_group() -> tuple[int, int]:
     """gloo on CPU, from torchrun's environment."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -108,8 +115,11 @@ def train_loop(args: argparse.Namespace, prof: Any, opt: Any,
     backward, optimizer step; every step's loss and wall time (`--step-sleep` included), and the
     wall clock (ns) right after each optimizer step: the job's own iteration `step` is its index."""
     losses, times, ends = [], [], []
+    slow = getattr(args, "slow_rank", None) == dist.get_rank()
     for step in range(args.steps):
         t0 = time.perf_counter()
+        if slow:
+            time.sleep(args.slow_ms / 1000)
         opt.zero_grad(set_to_none=True)
         loss = loss_at(step)
         loss.backward()
