@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = f.read()
     os.remove(table)
     with open(args.out, "w") as f:
-        f.write(f"{INTRO}{rows}\nWhole matrix: {took:.0f} s of wall time (pytest exit {proc.returncode}).\n")
+        load = os.getloadavg()[0]
+        f.write(f"{INTRO}{rows}\nWhole matrix: {took:.0f} s of wall time, load average {load:.1f} at the end "
+                f"(pytest exit {proc.returncode}).\n")
     print(f"wrote {args.out}")
     return proc.returncode
 

@@ -129,7 +129,8 @@ class Outcome:
                 "post_mortem": ", ".join(sorted({x.rule for x in self.findings})) or "nothing",
                 "severity": f.severity if f is not None else None,
                 "named_ranks": f.ranks if f is not None else None,
-                "live": self.live, "live_s": None if self.live_s is None else round(self.live_s, 1),
+                "live_asked": c.inject == "stop", "live": self.live,
+                "live_s": None if self.live_s is None else round(self.live_s, 1),
                 "false_alarms": self.false_alarms(), "correct": self.correct(),
                 "known_gap": self.cell.known_gap, "note": self.note}
 
@@ -208,11 +209,13 @@ def render(rows: list[dict[str, Any]]) -> str:
             "false alarms | correct |\n|---|---|---|---|---|---|---|\n")
     body = []
     for r in rows:
-        live = "—" if r["live"] is None else f"{r['live']} ({r['live_s']} s after the fault)"
+        live = ("—" if not r["live_asked"] else
+                f"{r['live'] or 'no verdict'} ({r['live_s']} s after the fault)")
         post = r["post_mortem"]
         if r["severity"]:
             post += f" ({r['severity']}, ranks {r['named_ranks']})"
-        ok = "yes" if r["correct"] else "**no**" + (f": {r['known_gap']}" if r["known_gap"] else "")
+        gap = f": {r['known_gap']}" if r["known_gap"] else ""
+        ok = ("yes" + (f", by chance{gap}" if gap else "")) if r["correct"] else "**no**" + gap
         body.append(f"| {r['job']} | {r['fault']} | {r['expected']} | {post} | {live} | "
                     f"{', '.join(r['false_alarms']) or 'none'} | {ok} |")
     return head + "\n".join(body) + "\n"
