@@ -136,8 +136,8 @@ def test_dump_of_a_stopped_process_reads_its_stack(tmp_path):
     from diag.stacks.dump import dump, stopped
 
     script = tmp_path / "wait_here.py"
-    script.write_text("import time\ndef wait_here():\n    while True:\n        time.sleep(0.05)\n"
-                      "print('ready', flush=True)\nwait_here()\n")
+    script.write_text("import time\ndef wait_here():\n    print('ready', flush=True)\n    while True:\n"
+                      "        time.sleep(0.05)\nwait_here()\n")
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline() == "ready\n"
