@@ -22,7 +22,8 @@ start. A straggler (one rank sleeps 80 ms before each step's batch) and an fp16 
 planted by the workload's switches; a hang (SIGSTOP) and a dead rank (SIGKILL) are planted from
 outside on rank 1 after 6 iterations. "Post-mortem" is every rule of `diag analyze` on the trace
 (warnings and criticals only); "live" is `diag stacks` on the running launcher. A finding other than
-the expected one is a false alarm; a control must get none.
+the expected one is a false alarm; a control must get none. A cell whose known gap is marked "not
+strict" in tests/integration/faults.py can come out either way from run to run.
 
 """
 
