@@ -126,7 +126,8 @@ class TopApp(App[None]):
     def _status(self) -> str:
         sort = list(rows.RANK_SORTS)[self.sort_index]
         parts = ["PAUSED" if self.paused else ("live" if self.source.live else "replay"),
-                 f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}", *self.notes]
+                 f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}", *self.notes,
+                 *(self.view.refused if self.view is not None else ())]
         return " | ".join(parts)
 
     def _set_status(self) -> None:

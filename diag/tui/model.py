@@ -37,6 +37,7 @@ class JobModel:
         self.gpus: dict[tuple[str, int], dict[str, Any]] = {}
         self.raw: dict[str, deque[dict[str, Any]]] = defaultdict(lambda: deque(maxlen=MAX_RAW))
         self.skipped_lines = 0
+        self.refused: dict[str, str] = {}  # file -> why the readers refuse it (a FIFO, a device, ...)
         self.events = 0
         self.newest_ts = 0
         self.version = 0  # bumped on every change: the UI skips redraws when nothing changed
@@ -46,6 +47,9 @@ class JobModel:
         n = 0
         for chunk in chunks:
             self.skipped_lines += chunk.skipped
+            if chunk.problem is not None and chunk.path not in self.refused:
+                self.refused[chunk.path] = chunk.problem
+                self.version += 1
             header = chunk.header
             if header is not None:
                 self._paths[chunk.path] = header

@@ -11,6 +11,7 @@ Definitions (the tests recompute them from `diag.load` of the same trace):
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ class JobView:
     layer_rows: list[LayerRow] = field(default_factory=list)
     overflow_rows: list[dict[str, Any]] = field(default_factory=list)
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # "rank-00001.jsonl: a FIFO, ...: refused"
 
 
 def build_view(m: JobModel) -> JobView:
@@ -87,6 +89,7 @@ def build_view(m: JobModel) -> JobView:
     v.layer_rows = layer_rows(m)
     v.overflow_rows = overflow_rows(m)
     v.gpu_rows = [m.gpus[k] for k in sorted(m.gpus)]
+    v.refused = [f"{os.path.basename(path)}: {why}" for path, why in sorted(m.refused.items())]
     return v
 
 

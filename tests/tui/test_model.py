@@ -164,3 +164,12 @@ def test_top_and_analyze_report_the_same_busbw(real_trace):
             per_call_differs += mine["busbw"].mean() != pytest.approx(stat.busbw, rel=1e-3)
             compared += 1
     assert compared >= 4 and per_call_differs >= 1  # the old mean would have failed here
+
+
+def test_refused_files_reach_the_view(tmp_path):
+    (tmp_path / "rank-00000.jsonl").write_text(json.dumps({"k": "header", "schema": 1, "rank": 0}) + "\n")
+    os.mkfifo(tmp_path / "rank-00001.jsonl")
+    m = JobModel()
+    m.ingest(DirTail(str(tmp_path)).poll())
+    assert build_view(m).refused == ["rank-00001.jsonl: a FIFO, not a regular file: refused"]
+    assert build_view(m).ranks == 1
