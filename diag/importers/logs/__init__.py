@@ -98,7 +98,7 @@ def import_log(path: str) -> LogImport:
     rec = read_records(path)
     frames = {"log_step": rec.step_frame(), schema.OVERFLOW: rec.overflow_frame(),
               schema.MEMORY: rec.memory_frame()}
-    frames["log_failure"] = failure_frame(rec)
+    frames["log_failure"] = failure_frame(rec, path)
     if rec.run:
         frames["log_run"] = pd.DataFrame([{"rank": -1, "key": k, "value": v} for k, v in rec.run.items()])
     frames = {k: v for k, v in frames.items() if not v.empty}

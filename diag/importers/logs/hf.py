@@ -23,6 +23,7 @@ _DICT = re.compile(r"\{'(?:loss|eval_loss|train_runtime|train_loss)'.*\}")
 _BLOCK = re.compile(r"^\s*(Instantaneous batch size per device|"
                     r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
                     r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)")
+_BARE_NONFINITE = re.compile(r"(?<=: )(-?(?:nan|inf))(?=[,}])")  # `{'loss': nan, ...}`: repr of a float nan
 _RUN = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 
 
@@ -64,7 +65,7 @@ class HFReader:
 
     def _dict(self, ln: Line, text: str) -> bool:
         try:
-            d = ast.literal_eval(text)
+            d = ast.literal_eval(_BARE_NONFINITE.sub(r"'\1'", text))
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return False
         if not isinstance(d, dict):
