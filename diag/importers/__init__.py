@@ -115,4 +115,9 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
         from diag.importers.logs import merge_parts
 
         merge_parts(comb.parts)
-    return comb.trace()
+    trace = comb.trace()
+    if not trace.steps.empty and not trace.frame("log_step").empty:
+        from diag.importers.join import join_steps
+
+        trace.frames["step_join"] = join_steps(trace.steps, trace.frame("log_step"), trace.overflow)
+    return trace

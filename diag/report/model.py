@@ -100,6 +100,7 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
             "stragglers": rows(_stragglers(metrics, findings)),
             "step_times": rows(steps),
             "loss_scale": rows(_loss_scale(trace)),
+            "steps_joined": rows(trace.frame("step_join")),  # trace + log by iteration (importers/join.py)
         },
         "findings": [f.to_dict() for f in findings],
         "rule_failures": dict(failures),
