@@ -159,3 +159,15 @@ def test_cli_reports_the_crash_finding_and_still_exits_1():
     assert r.returncode == 1 and "Traceback" not in r.stderr
     (f,) = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "job_crash"]
     assert f["evidence"]["exit_codes"] == {"3": -9, "1": -9} and f["ranks"] == [1, 3]
+
+
+def test_pipeline_layer_list_numbers_are_not_ranks(tmp_path):
+    """Found on BigScience's meg_ds_3d_gpt2_perf_n16-ds-on.out: PipelineModule's partition listing
+    (`    70: float16_to_fp32`) read as srun labels gave 71 ranks for a 64-rank job."""
+    from diag.importers.logs import import_log
+
+    path = tmp_path / "pp.log"
+    path.write_text("using world size: 4, data-parallel-size: 1, tensor-model-parallel size: 2, "
+                    "pipeline-model-parallel size: 2\nstage=0 layers=7\n     0: _to_float16\n"
+                    "     1: EmbeddingPipe\n    69: EmbeddingPipe\n    70: float16_to_fp32\n")
+    assert import_log(str(path)).ranks == [0, 1, 2, 3]

@@ -112,7 +112,9 @@ def import_log(path: str) -> LogImport:
     world = layout.get("world_size")
     ranks = set(rec.ranks) | set(rec.hosts)
     if isinstance(world, int) and 0 < world <= 1 << 16:
-        ranks |= set(range(world))
+        # a number past the world size is no rank: DeepSpeed's pipeline layer list (`    70: LayerNorm`)
+        # reads like srun's `--label` prefix
+        ranks = {r for r in ranks if r < world} | set(range(world))
     for df in frames.values():
         ranks |= {int(r) for r in df["rank"].dropna() if r >= 0}
     headers = {r: {"rank": r, "source": "log", **layout, **({"host": rec.hosts[r]} if r in rec.hosts else {})}
