@@ -15,7 +15,7 @@ Each reader runs in its own subprocess, timed after its imports, with its peak R
 Printed as MiB per CPU second (the machines are shared: wall time is printed too) and ratios to
 `wc -l` (whose CPU time is taken as its wall time). With `--public DIR`, also a table of what diag
 read from each log in DIR (real public logs) next to what a grep of the same file counts (iteration /
-step lines, skipped iterations, the last iteration, world size).
+step lines and the HF training bar's counts, skipped iterations, the last iteration, world size).
 """
 
 from __future__ import annotations
@@ -111,13 +111,17 @@ def public_table(folder: str) -> None:
     """What diag reads from each real log, next to a grep of the same file."""
     from diag.importers import load_inputs
 
-    print(f"\n{'log':46s} {'iter lines':>10s} {'diag steps':>10s} {'last it.':>8s} {'diag last':>9s} "
+    print(f"\n{'log':46s} {'iterations':>10s} {'diag steps':>10s} {'last it.':>8s} {'diag last':>9s} "
           f"{'skipped':>7s} {'diag ov':>7s} {'world':>5s} {'diag world':>10s}")
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         text = open(path, encoding="utf-8", errors="replace").read()
         its = [int(m) for m in re.findall(r"\biteration\s+(\d+)/\s*\d+ \|", text)]
         its += [int(m) for m in re.findall(r"\] step=(\d+), skipped", text) if int(m) > 0]
+        total = re.search(r"Total optimization steps = (\d+)", text)
+        if total:  # the HF Trainer's training bar: `| 3/16 [`
+            bar = re.findall(r"\| *(\d+)/(\d+) \[", text)
+            its += [int(a) for a, b in bar if b == total.group(1) and int(a)]
         skipped = sum(int(m) for m in re.findall(r"number of skipped iterations:\s*(\d+)", text))
         ds_skip = [int(m) for m in re.findall(r"step=\d+, skipped=(\d+)", text)]
         skipped = skipped or (max(ds_skip) if ds_skip else 0)
