@@ -32,7 +32,15 @@ def _kineto(comb: Combiner, path: str, result: object) -> None:
 
 
 def _one(comb: Combiner, path: str, kind: str) -> None:
-    if kind == detect.DIAG:
+    if kind == detect.FR:
+        from diag.importers.flight_recorder import import_dump
+
+        rank, header, frames = import_dump(path)
+        if comb.result.headers.get(rank, {}).get("fr_version") is not None:
+            raise ImportProblem(f"a second Flight Recorder dump for rank {rank} (skipped)")
+        comb.add_header(rank, header)
+        comb.add_frames(frames)
+    elif kind == detect.DIAG:
         from diag.trace.reader import Unreadable, load_trace
 
         try:
@@ -107,4 +115,9 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
         from diag.importers.logs import merge_parts
 
         merge_parts(comb.parts)
-    return comb.trace()
+    trace = comb.trace()
+    if not trace.steps.empty and not trace.frame("log_step").empty:
+        from diag.importers.join import join_steps
+
+        trace.frames["step_join"] = join_steps(trace.steps, trace.frame("log_step"), trace.overflow)
+    return trace

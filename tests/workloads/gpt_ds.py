@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flops-profiler", type=int, default=None, metavar="STEP",
                    help="enable DeepSpeed's flops profiler on this step (the benchmark's baseline)")
     p.add_argument("--log-level", default="warning", help="DeepSpeed's log level (info shows OVERFLOW!)")
+    p.add_argument("--steps-per-print", type=int, default=10**9,
+                   help="DeepSpeed's `step=N` progress lines every N steps (with --log-level info)")
     return p.parse_args(argv)
 
 
@@ -39,7 +41,7 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": args.zero},
         "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
+        "steps_per_print": args.steps_per_print,
         "log_level": args.log_level,
     }
     if args.comms_logger:
