@@ -22,6 +22,9 @@ from diag import schema
 from diag.trace.reader import read_file
 from tests.integration import truth
 
+# plain torch loops, numbered by the steps collector: independent of a DeepSpeed other test files load
+pytestmark = pytest.mark.usefixtures("without_deepspeed")
+
 
 class Tiny(torch.nn.Module):
     """Embedding, one transformer encoder layer (SDPA inside), a head: a small real transformer."""

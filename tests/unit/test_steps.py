@@ -61,8 +61,7 @@ def _plain_loop(n: int) -> torch.nn.Module:
     return model
 
 
-def test_plain_torch_loop_counts_optimizer_steps(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
+def test_plain_torch_loop_counts_optimizer_steps(tmp_path, without_deepspeed):
     ag = agent.start(str(tmp_path), what=("steps",))
     seen: list[int] = []
     ag.step_listeners.append(seen.append)
@@ -148,8 +147,7 @@ def test_megatron_steps_carry_the_loops_iteration(tmp_path, monkeypatch):
     assert list(diag.load(str(tmp_path)).steps["step"]) == [41, 42, 43]
 
 
-def test_faults_never_reach_the_loop_and_are_counted(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
+def test_faults_never_reach_the_loop_and_are_counted(tmp_path, without_deepspeed):
     ag = agent.start(str(tmp_path), what=("steps",), faults={"steps": "raise"})
     torch.manual_seed(0)
     got = _plain_loop(4).weight.detach().clone()
