@@ -49,7 +49,7 @@ def resolve(args: argparse.Namespace) -> tuple[object, str]:
 
 def gpu_sidecar(trace_dir: str) -> tuple[object | None, list[str]]:
     """Start the NVML sidecar for this host; without a GPU, the one note the UI shows instead."""
-    from diag.collectors.nvml import Sidecar
+    from diag.nvml.sidecar import Sidecar
 
     sidecar = Sidecar(trace_dir)
     if sidecar.start():
