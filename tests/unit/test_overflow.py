@@ -130,9 +130,9 @@ def test_megatron_dynamic_grad_scaler(tmp_path, monkeypatch):
 
 
 def test_host_values_never_sync():
-    from diag.collectors import cuda
+    from diag.collectors import device
 
-    assert cuda.host_float(1.5) == 1.5 and cuda.host_float(True) is None
+    assert device.host_float(1.5) == 1.5 and device.host_float(True) is None
     x = torch.tensor(math.inf, requires_grad=True) * 2
-    assert cuda.host_float(x) == math.inf  # a CPU scalar: read without a warning or a copy
-    assert cuda.host_float(torch.ones(2)) is None and cuda.host_float(None) is None
+    assert device.host_float(x) == math.inf  # a CPU scalar: read without a warning or a copy
+    assert device.host_float(torch.ones(2)) is None and device.host_float(None) is None
