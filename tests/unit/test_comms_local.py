@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from diag.collectors import comms
-from diag.collectors.comms_timing import CommTiming, Later
+from diag.collectors.comms.timing import CommTiming, Later
 from torch._C._distributed_c10d import Work
 from torch.distributed import ProcessGroup
 
