@@ -48,7 +48,7 @@ def no_leftovers():
 @pytest.fixture
 def without_deepspeed(monkeypatch):
     """For plain torch loops: hide a DeepSpeed that an earlier test imported into this pytest process
-    (tests/unit/ds_harness.py does). While DeepSpeed is loaded, the steps collector waits
+    (tests/integration/ds_harness.py does). While DeepSpeed is loaded, the steps collector waits
     `TORCH_GRACE` torch optimizer steps for an engine (collectors/steps.py): a plain loop's first steps
     would not be boundaries, and its step numbers and layer samples would depend on test order."""
     monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
