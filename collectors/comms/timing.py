@@ -110,7 +110,8 @@ class CommTiming:
         elif p2p:
             self.waiting[work] = later
         elif async_op is False:
-            if self.last is not None:  # another thread's blocking call, not waited yet
+            if self.last is not None and self.last_later is not None:  # another thread's blocking
+                # call, not waited yet (the two are set together)
                 self.waiting[self.last] = self.last_later
             self.last, self.last_later = work, later
         else:

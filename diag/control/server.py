@@ -33,7 +33,7 @@ MAX_LAYERS_EVERY = 1_000_000
 
 def peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return int(struct.unpack("3i", creds)[1])
 
 
 class ControlServer:
