@@ -30,6 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
     parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
+    parser.add_argument("--ds-config-out", metavar="FILE",
+                        help="write the job's ds_config with each finding's first suggested patch merged")
+    parser.add_argument("--peak-tflops", type=float, metavar="N",
+                        help="the device's dense peak TFLOP/s for MFU, where diag's table has none (CPU, "
+                             "other GPUs) or to override it")
+    parser.add_argument("--model", metavar="K=V,...",
+                        help="model shape for the model-FLOPs view when the trace/log has none: "
+                             "layers=,hidden=,seq=,vocab=,batch= (+ heads=,ffn=,kv_heads=,swiglu=,formula=)")
 
 
 @contextmanager
@@ -59,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     from diag.trace.reader import Unreadable
 
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    shape = _model_option(args.model)
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise DiagError(f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}")
     if only:
         unknown = sorted(set(only) - set(registered_rules()))
         if unknown:
@@ -73,12 +84,38 @@ def run(args: argparse.Namespace) -> int:
         return e.exit_code
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
-    doc = model.build(trace, findings, failures, metrics)
+    doc = model.build(trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=shape)
     _render(doc, args)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
     failed = [p for p in trace.problems if getattr(p, "job_failed", False)]
     return 2 if len(trace.problems) > len(failed) else 1 if failed else 0
+
+
+def _model_option(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    from diag.metrics.model_flops import from_options
+
+    try:
+        return from_options(text)
+    except ValueError as e:
+        raise DiagError(str(e)) from None
+
+
+def _write_ds_config(doc: dict[str, Any], path: str) -> None:
+    """The merged ds_config as JSON, and one line on stderr saying what went in and what did not."""
+    import json
+
+    from diag.report.human import merged_ds_config
+
+    cfg, used, skipped = merged_ds_config(doc)
+    if not cfg:
+        raise DiagError("--ds-config-out: the trace records no ds_config and no finding suggests a patch")
+    write_report(path, json.dumps(cfg, indent=2) + "\n")
+    print(f"diag analyze: wrote {path}: the job's ds_config with {len(used)} patch(es) merged"
+          + (f" ({'; '.join(used)})" if used else "")
+          + (f"; alternatives not merged: {'; '.join(skipped)}" if skipped else ""), file=sys.stderr)
 
 
 def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
@@ -90,6 +127,8 @@ def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
         from diag.report import html
 
         write_report(args.html, html.render(doc))
+    if args.ds_config_out:
+        _write_ds_config(doc, args.ds_config_out)
     if args.json:
         from diag.report import json_report
 

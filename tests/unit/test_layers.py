@@ -236,7 +236,7 @@ def megatron_tp1(tmp_path):
     shims.megatron_cpu()
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
                                          world_size=1)
-    args = argparse.Namespace(tp=1, seed=0, layers=1, hidden=32, heads=4, vocab=64, seq=16, batch=2)
+    args = argparse.Namespace(tp=1, pp=1, seed=0, layers=1, hidden=32, heads=4, vocab=64, seq=16, batch=2)
     try:
         yield build_model(args), args
     finally:

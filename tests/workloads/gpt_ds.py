@@ -23,8 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--overflow-at", default="", help="steps (comma list) that get an inf gradient")
     p.add_argument("--overflow-rank", type=int, default=0)
-    p.add_argument("--slow-rank", type=int, default=None)
-    p.add_argument("--slow-ms", type=float, default=0.0)
+    common.add_slow_args(p)
     common.add_size_args(p)
     p.add_argument("--comms-logger", action="store_true",
                    help="enable DeepSpeed's comms logger (ground truth for deepspeed.comm bytes)")
