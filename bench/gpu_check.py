@@ -116,7 +116,7 @@ def check_nccl() -> None:
 
 
 def check_nvml() -> None:
-    from diag.collectors.nvml import selfcheck
+    from diag.nvml.sidecar import selfcheck
 
     check("NVML sidecar fields", selfcheck() == 0, "see the lines above")
 

@@ -97,7 +97,7 @@ def matmul(a: Shape, b: Shape, **_: Any) -> int:
     a2 = (1, a[0]) if len(a) == 1 else a
     b2 = (b[0], 1) if len(b) == 1 else b
     batch = torch.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2]))
-    return prod(batch) * mm_flops(a2[-2], a2[-1], b2[-1])
+    return int(prod(batch)) * mm_flops(a2[-2], a2[-1], b2[-1])
 
 
 @formula(*ops("linear"))
@@ -118,7 +118,7 @@ def conv_flops(x: Shape, w: Shape, out: Shape, transposed: bool) -> int:
 @formula(*ops("convolution", "_convolution", "cudnn_convolution", "_slow_conv2d_forward",
               "convolution_overrideable"))
 def convolution(x: Shape, w: Shape, _bias: Any, _stride: Any, _padding: Any, _dilation: Any,
-                transposed: bool = False, *_args: Any, out_shape: Shape, **_: Any) -> int:
+                transposed: Any = False, *_args: Any, out_shape: Shape, **_: Any) -> int:
     if not isinstance(transposed, bool):  # _slow_conv2d_forward has no `transposed` argument
         transposed = False
     return conv_flops(x, w, out_shape, transposed)

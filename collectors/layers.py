@@ -25,7 +25,7 @@ Exact for models whose shapes follow their inputs; where they do not (MoE routin
 FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
 
 Emits `(LAYER, step, module, phase, ts, dur, flops, mem_delta)`, phase "fwd"/"bwd"; `dur` is a
-CUDA-event `Pending` on GPU (collectors/timing.py) and `mem_delta` the allocator's allocated-bytes
+CUDA-event `Pending` on GPU (collectors/device/) and `mem_delta` the allocator's allocated-bytes
 change over the interval (None on CPU).
 
 Limits: a counting step runs every op through Python (x1.6 here, FlopCounterMode x2.7), and inside
@@ -37,13 +37,12 @@ training thread's next module call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from diag.collectors import modules
+from diag.collectors.device import CpuTimer, job_device, make_timer, memory_probe
 from diag.collectors.flops import FORMULAS, count
-from diag.collectors.timing import CpuTimer, job_device, make_timer, memory_probe
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
@@ -84,11 +83,8 @@ class FlopMode(TorchDispatchMode):
 class LayerRecorder:
     """The module tracker's listener: opens and closes intervals, pushes and pops the FlopMode."""
 
-    def __init__(self, agent: AgentAPI, event_cls: Any = None, device: str | None = None,
-                 memory: Callable[[], int | None] | None = None) -> None:
+    def __init__(self, agent: AgentAPI) -> None:
         self.agent = agent
-        # seams for tests of the CUDA path on CPU: a fake event class, device, allocated-bytes probe
-        self.event_cls, self.device, self.memory_fn = event_cls, device, memory
         self.active = False
         self.steps_seen = False
         self.micro = 0
@@ -145,9 +141,9 @@ class LayerRecorder:
             self._pop()
             self.active = False
             return
-        device = self.device or job_device()
-        self.timer = make_timer(device, self.event_cls)
-        self.memory = self.memory_fn or memory_probe(device)
+        device = job_device()  # the device seam (tests of the CUDA path on CPU swap its backend)
+        self.timer = make_timer(device)
+        self.memory = memory_probe(device)
         self.sig = (outermost, *signature(args))  # a sample that began inside the model (attach,
         # a pipeline stage's own root) must not reuse FLOPs counted from another module's start
         self.occurrence.clear()
@@ -249,12 +245,11 @@ def _warm_up() -> None:
         torch.zeros(1).add_(1)
 
 
-def install(agent: AgentAPI, undo: Undo, **seams: Any) -> None:
-    """Listen to the module tracker (installing it if comms has not) and to step boundaries.
-    `seams` (tests only): event_cls, device, memory, as LayerRecorder takes them."""
+def install(agent: AgentAPI, undo: Undo) -> None:
+    """Listen to the module tracker (installing it if comms has not) and to step boundaries."""
     _warm_up()
     tracker = modules.ensure_installed(agent, undo)
-    recorder = LayerRecorder(agent, **seams)
+    recorder = LayerRecorder(agent)
     guard = agent.guard
     recorder.fwd = guard("layers", recorder.fwd, "fwd")  # type: ignore[method-assign]
     recorder.fwd_end = guard("layers", recorder.fwd_end, "fwd-end")  # type: ignore[method-assign]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from diag.collectors import cuda
+from diag.collectors import device
 
 from diag import schema
 from diag.agent.api import AgentAPI
@@ -60,7 +60,7 @@ class _Memory:
 
     def device(self) -> tuple[str, int | None, int | None, int | None, int | None]:
         """(device, allocated, reserved, peak, capacity): CUDA counters, or the host's RAM on CPU."""
-        dev = cuda.backend
+        dev = device.backend
         if not dev.ready():
             return "cpu", None, None, None, self.ram
         index = dev.current_device()

@@ -8,7 +8,7 @@ at stage 0, `loss_scaler.cur_scale` under ZeRO: host floats), the optimizer's `o
 the boundary covers every optimizer type, where `DynamicLossScaler.update_scale` /
 `FP16_UnfusedOptimizer._update_scale` / `has_overflow` differ per optimizer and stage.
 Megatron: `DynamicGradScaler.update(found_inf)` (and `ConstantGradScaler`); found_inf is already a
-host bool, the scale a device tensor copied asynchronously (`cuda.host_scalar`), never `.item()`;
+host bool, the scale a device tensor copied asynchronously (`device.host_scalar`), never `.item()`;
 `skipped_steps` counts found_inf updates since install (Megatron keeps no such counter); source
 "megatron".
 bf16 / fp32: a record when the loss (`engine.backward`) or the global grad norm (the engine's cached
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from diag.collectors import cuda
+from diag.collectors import device
 from diag.collectors.steps import DS_ENGINE, ds_step, engine_class, megatron_step_classes, settled
 
 from diag import schema
@@ -51,7 +51,7 @@ def _around(original: Callable[..., Any], before: Callable[..., Any],
 
 
 def _nonfinite(value: Any) -> bool:
-    v = cuda.host_float(value)
+    v = device.host_float(value)
     return v is not None and not math.isfinite(v)
 
 
@@ -105,7 +105,7 @@ class _Overflow:
 
     # ---- DeepSpeed ---------------------------------------------------------------------------
     def _ds_before(self, engine: Any, *_a: Any, **_k: Any) -> tuple[int, Any]:
-        scale = cuda.host_float(engine._get_optimizer_loss_scale()) if engine.fp16_enabled() else None
+        scale = device.host_float(engine._get_optimizer_loss_scale()) if engine.fp16_enabled() else None
         return int(engine.global_steps), scale
 
     def _ds_after(self, engine: Any, token: tuple[int, Any] | None, _out: Any, *_a: Any,
@@ -115,7 +115,7 @@ class _Overflow:
         skipped = int(engine.skipped_steps)
         if engine.fp16_enabled():
             overflow = bool(getattr(engine.optimizer, "overflow", False))
-            after = cuda.host_float(engine._get_optimizer_loss_scale())
+            after = device.host_float(engine._get_optimizer_loss_scale())
             self.emit(token[0] + 1, overflow, token[1], after, skipped, "deepspeed_fp16")
         elif _nonfinite(getattr(engine, "_global_grad_norm", None)):
             self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_grad_norm")
@@ -129,14 +129,14 @@ class _Overflow:
     # ---- Megatron ----------------------------------------------------------------------------
     def _mg_before(self, scaler: Any, *_a: Any, **_k: Any) -> tuple[Any, Any]:
         tensor = scaler._scale
-        return tensor, cuda.host_scalar(tensor)
+        return tensor, device.host_scalar(tensor)
 
     def _mg_after(self, scaler: Any, token: tuple[Any, Any] | None, _out: Any,
                   found_inf: Any = False, *_a: Any, **_k: Any) -> None:
         if token is None:
             return
         tensor, before = token
-        after = before if scaler._scale is tensor else cuda.host_scalar(scaler._scale)
+        after = before if scaler._scale is tensor else device.host_scalar(scaler._scale)
         if found_inf:
             self.megatron_skipped += 1
         self.emit(self.agent.step, bool(found_inf), before, after, self.megatron_skipped, "megatron")

@@ -36,7 +36,7 @@ def _source_checkout_path() -> None:
     except OSError:
         return
     if ours and os.path.isfile(os.path.join(root, "collectors", "__init__.py")):
-        __path__.append(os.path.join(root))  # type: ignore[name-defined]
+        __path__.append(os.path.join(root))
 
 
 _source_checkout_path()

@@ -57,6 +57,6 @@ def ranks_under(pid: int) -> list[tuple[int, int | None]]:
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:
     try:
-        return proc.children()
+        return list(proc.children())
     except psutil.Error:
         return []

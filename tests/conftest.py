@@ -43,3 +43,12 @@ def no_leftovers():
     assert not (_threads() - threads_before), f"diag threads left: {_threads() - threads_before}"
     assert _global_hooks() == {**hooks_before, **{k: 0 for k in _global_hooks()
                                                   if k not in hooks_before}}, "global hooks left"
+
+
+@pytest.fixture
+def without_deepspeed(monkeypatch):
+    """For plain torch loops: hide a DeepSpeed that an earlier test imported into this pytest process
+    (tests/integration/ds_harness.py does). While DeepSpeed is loaded, the steps collector waits
+    `TORCH_GRACE` torch optimizer steps for an engine (collectors/steps.py): a plain loop's first steps
+    would not be boundaries, and its step numbers and layer samples would depend on test order."""
+    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)

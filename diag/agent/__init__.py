@@ -42,8 +42,13 @@ def start_with(options: AgentOptions) -> Agent:
         agent.start()
         _agent = agent
         if options.control:
-            agent._start_control()  # serves `detach` only now that stop() can find this agent
+            agent._start_control(lambda: _detach(agent))  # serves `detach` only now that stop() can find it
         return agent
+
+
+def _detach(agent: Agent) -> list[str]:
+    """A control socket's `detach`: stop the agent as `stop()` does if it is the current one."""
+    return stop() if current() is agent else agent.stop()
 
 
 def stop() -> list[str]:

@@ -226,12 +226,13 @@ class Agent:
         # the control socket is started by diag.agent.start() once this agent is the current one:
         # a `detach` that arrives at once must find it there (else it stops a half-started agent)
 
-    def _start_control(self) -> None:
-        """The control socket for `diag status/detach` (attach and `diag run` ask for it)."""
+    def _start_control(self, detach: Callable[[], list[str]]) -> None:
+        """The control socket for `diag status/detach` (attach and `diag run` ask for it); `detach`
+        is diag.agent's way to stop this agent (the server does not import diag.agent)."""
         try:
             from diag.control.server import ControlServer
 
-            server = ControlServer(self)
+            server = ControlServer(self, detach, lambda: rank_and_world()[0])
             self.undo.call(server.stop, "control-server")  # before it can serve a detach
             server.start()
         except Exception as exc:  # noqa: BLE001 - tracing goes on without the socket

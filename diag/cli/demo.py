@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 from diag.errors import FAILURE, DiagError
 
@@ -36,7 +37,7 @@ def workload_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
             "--log-level", "info", "--diag", "--trace-dir", trace_dir]
 
 
-def _launcher():  # type: ignore[no-untyped-def]
+def _launcher() -> ModuleType:
     """tests.workloads.launch from the source checkout diag was installed from."""
     if not (ROOT / "tests" / "workloads" / "gpt_ds.py").is_file():
         raise DiagError(f"the demo workload is not next to this diag ({ROOT}): install diag from "

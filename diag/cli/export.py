@@ -90,7 +90,7 @@ def serve(args: argparse.Namespace) -> int:
 def _sidecar(trace_dir: str) -> object | None:
     import sys
 
-    from diag.collectors.nvml import Sidecar
+    from diag.nvml.sidecar import Sidecar
 
     sidecar = Sidecar(trace_dir)
     if sidecar.start():

@@ -38,5 +38,4 @@ def run(args: argparse.Namespace) -> int:
     agent_options.build(args)  # a bad option fails here, not in every rank
     if shutil.which(command[0]) is None:
         raise DiagError(f"{command[0]}: command not found", USAGE)
-    os.execvpe(command[0], command, environment(args, dict(os.environ)))
-    return 0  # not reached
+    os.execvpe(command[0], command, environment(args, dict(os.environ)))  # never returns

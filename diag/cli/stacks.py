@@ -15,6 +15,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from diag.errors import USAGE, DiagError
 from diag.procs import ranks_under
@@ -101,7 +102,7 @@ def render(stacks: list[RankStack], progs: dict[int, Progress], found: str | Non
     return "\n".join(lines)
 
 
-def _as_json(stacks: list[RankStack], progs: dict[int, Progress], found: str | None) -> dict:
+def _as_json(stacks: list[RankStack], progs: dict[int, Progress], found: str | None) -> dict[str, Any]:
     return {"verdict": found, "groups": [
         {"ranks": [st.rank for st in g.ranks], "pids": [st.pid for st in g.ranks],
          "describe": [describe(st, progs.get(st.pid)) for st in g.ranks],

@@ -49,7 +49,7 @@ def resolve(args: argparse.Namespace) -> tuple[object, str]:
 
 def gpu_sidecar(trace_dir: str) -> tuple[object | None, list[str]]:
     """Start the NVML sidecar for this host; without a GPU, the one note the UI shows instead."""
-    from diag.collectors.nvml import Sidecar
+    from diag.nvml.sidecar import Sidecar
 
     sidecar = Sidecar(trace_dir)
     if sidecar.start():
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise DiagError(f"diag top needs textual: pip install 'diag[tui]' ({e.name} missing)") from None
     source, trace_dir = resolve(args)
-    sidecar, notes = None, []
+    sidecar, notes = None, list[str]()
     if source.live and not args.no_gpu:  # type: ignore[attr-defined]
         sidecar, notes = gpu_sidecar(trace_dir)
     app = TopApp(source, interval=args.interval, notes=tuple(notes), sidecar=sidecar,

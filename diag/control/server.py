@@ -6,7 +6,8 @@ No client can block it (issue 10: a byte a second held the old one-at-a-time loo
 silent connections filled its backlog of 8): connections are accepted at once and read without
 blocking, side by side, each must finish its request within `CLIENT_DEADLINE_S`, and beyond
 `MAX_CLIENTS` the oldest is dropped, so a `status` or `detach` always gets through.
-Imports only the stdlib: it runs inside the training process.
+Imports only the stdlib: it runs inside the training process. It knows the agent only through what
+it is given (the agent, how to detach it, the rank), never `diag.agent` itself: the agent starts it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +33,18 @@ MAX_LAYERS_EVERY = 1_000_000
 
 def peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return int(struct.unpack("3i", creds)[1])
 
 
 class ControlServer:
     """Listens on `protocol.socket_path(os.getpid())` until `stop()` (or a `detach` request)."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Any, detach: Callable[[], list[str]],
+                 rank: Callable[[], int | None]) -> None:
+        """`detach` stops the agent (through `diag.agent.stop` when it is the current one) and returns
+        the undo steps that failed; `rank` reads the job's rank at each `status` (it may change)."""
         self.agent = agent
+        self.detach, self.rank = detach, rank
         self.path = protocol.socket_path(os.getpid())
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
@@ -167,7 +173,7 @@ class ControlServer:
         cmd = msg.get("cmd")
         if cmd == "status":
             return {"ok": True, **self.agent.status(), "trace_dir": self.agent.trace_dir,
-                    "what": list(self.agent.what), "rank": _rank()}
+                    "what": list(self.agent.what), "rank": self.rank()}
         if cmd == "set-sampling":
             every = msg.get("layers_every")
             if not isinstance(every, int) or not 0 <= every <= MAX_LAYERS_EVERY:
@@ -178,10 +184,7 @@ class ControlServer:
             self.agent.flush()
             return {"ok": True}
         if cmd == "detach":
-            from diag import agent as agent_module
-
-            failed = agent_module.stop() if agent_module.current() is self.agent else self.agent.stop()
-            return {"ok": True, "undo_failed": failed}
+            return {"ok": True, "undo_failed": self.detach()}
         return {"ok": False, "error": f"unknown command {cmd!r}; one of {', '.join(protocol.COMMANDS)}"}
 
 
@@ -191,8 +194,3 @@ class _Client:
     deadline: float
     buf: bytearray = field(default_factory=bytearray)
 
-
-def _rank() -> int | None:
-    from diag.agent.header import rank_and_world
-
-    return rank_and_world()[0]

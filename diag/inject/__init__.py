@@ -17,15 +17,14 @@ from collections.abc import Callable
 
 from diag.errors import FAILURE, DiagError
 from diag.inject.checks import Target
+from diag.inject.failure import InjectFailed
+
+__all__ = ["AUTO_ORDER", "METHODS", "InjectFailed", "inject"]
 
 METHODS = ("remote_exec", "ptrace", "pyinjector", "hypno", "gdb")
 AUTO_ORDER = ("remote_exec", "ptrace")  # no malloc in the stopped thread
 MALLOC_RISK = ("makes the ptrace-stopped thread call malloc (dlopen/strdup), which deadlocks the "
                "rank if it was stopped inside malloc; the automatic order uses only remote_exec and ptrace")
-
-
-class InjectFailed(Exception):
-    """One strategy could not run the code in the target (the message says why, one line)."""
 
 
 def _injector(method: str) -> Callable[[Target, str], str | None]:

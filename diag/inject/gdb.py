@@ -12,8 +12,8 @@ import re
 import shutil
 import subprocess
 
-from diag.inject import InjectFailed
 from diag.inject.checks import Target, ptrace_hint
+from diag.inject.failure import InjectFailed
 
 TIMEOUT_S = 60
 

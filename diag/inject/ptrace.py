@@ -19,8 +19,9 @@ import subprocess
 import sys
 
 from diag.control import protocol
-from diag.inject import InjectFailed, helper, native
+from diag.inject import helper, native
 from diag.inject.checks import Target, describe_state, ptrace_hint
+from diag.inject.failure import InjectFailed
 
 TIMEOUT_S = 20.0
 GRACE_S = 3.0

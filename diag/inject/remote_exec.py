@@ -11,8 +11,8 @@ import os
 import subprocess
 
 from diag.control import protocol
-from diag.inject import InjectFailed
 from diag.inject.checks import Target, ptrace_hint
+from diag.inject.failure import InjectFailed
 
 REMOTE_EXEC_MIN = (3, 14)
 

@@ -56,7 +56,8 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
         if proc.returncode == 0:
             try:
-                return json.loads(proc.stdout)
+                threads: list[dict[str, Any]] = json.loads(proc.stdout)
+                return threads
             except json.JSONDecodeError:
                 why = "py-spy printed no JSON"
         else:

@@ -47,7 +47,7 @@ def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
     absent = [st for st in stacks if not inside[st.pid]]
     if not waiting:
         return None
-    ops = sorted({inside[st.pid] for st in waiting})  # type: ignore[type-var]
+    ops = sorted({op for st in waiting if (op := inside[st.pid])})
     if len(ops) > 1:
         return "ranks are in different collectives: " + "; ".join(
             f"{st.label} in {inside[st.pid]}" for st in waiting)

@@ -84,6 +84,8 @@ def _nested(key: str, value: Any) -> str | None:
 
 
 def _show(value: float) -> str:
-    big = type(value) is int and abs(value) >= 10**12
-    text = f"a {value.bit_length()}-bit integer" if big else repr(value)
+    if isinstance(value, int) and abs(value) >= 10**12:  # (a bool is never that big)
+        text = f"a {value.bit_length()}-bit integer"
+    else:
+        text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -121,7 +121,7 @@ class TopApp(App[None]):
     def _gpu_note(self) -> str:
         notes = [n for n in self.notes if "GPU" in n]
         return notes[0] if notes else ("no GPU samples in this trace (the sidecar: "
-                                       "python -m diag.collectors.nvml <trace-dir>)")
+                                       "python -m diag.nvml <trace-dir>)")
 
     def _status(self) -> str:
         sort = list(rows.RANK_SORTS)[self.sort_index]

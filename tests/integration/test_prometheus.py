@@ -112,7 +112,7 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
             "--diag", "--trace-dir", str(trace_dir), "--dtype", "fp16", "--overflow-at", "5,9",
             "--steps", str(STEPS), "--step-sleep", "0.2"])
         wait_until("the trace directory", trace_dir.is_dir, 120, job)
-        from diag.collectors.nvml import Sidecar  # GPU health: NVML faked at the hardware seam
+        from diag.nvml.sidecar import Sidecar  # GPU health: NVML faked at the hardware seam
 
         sidecar = Sidecar(str(trace_dir), interval=0.5, module=fake_nvml.make(xids=[(1, 79)]), host="gpuhost")
         assert sidecar.start()

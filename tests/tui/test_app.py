@@ -147,9 +147,8 @@ async def test_256_ranks_update_cells_in_place(tmp_path):
 
 @sync
 async def test_gpu_panel_from_the_sidecar_file_and_no_gpu_note(tmp_path):
-    from diag.collectors.nvml import Sidecar
-
     from diag.cli.top import gpu_sidecar
+    from diag.nvml.sidecar import Sidecar
     from tests.unit import fake_nvml
 
     SynthJob(str(tmp_path), 2).close()

@@ -74,11 +74,16 @@ def test_every_collector_with_an_installer_is_registered_and_resolves() -> None:
     from diag.agent.registry import COLLECTORS
 
     with_install = set()
-    for path in glob.glob(os.path.join(ROOT, "collectors", "*.py")):
+    # a collector is a module of collectors/ or a sub-package's __init__ (comms); the sub-package's
+    # own parts (comms/timing.py's install) are not collectors
+    paths = glob.glob(os.path.join(ROOT, "collectors", "*.py"))
+    paths += glob.glob(os.path.join(ROOT, "collectors", "*", "__init__.py"))
+    for path in paths:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         if any(isinstance(n, ast.FunctionDef) and n.name == "install" for n in tree.body):
-            with_install.add(f"diag.collectors.{os.path.basename(path)[:-3]}")
+            rel = os.path.relpath(path, os.path.join(ROOT, "collectors"))[:-3].removesuffix("/__init__")
+            with_install.add(f"diag.collectors.{rel.replace(os.sep, '.')}")
     assert set(COLLECTORS.values()) == with_install
     for name, module in COLLECTORS.items():
         assert callable(importlib.import_module(module).install), name

@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from diag.collectors import comms
-from diag.collectors.comms_timing import CommTiming, Later
-from diag.collectors.timing import CudaTimer
+from diag.collectors.comms.timing import CommTiming, Later
 from torch._C._distributed_c10d import Work
 from torch.distributed import ProcessGroup
 
 from diag import agent, schema
+from tests.unit.fake_device import FakeDevice, installed
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +58,13 @@ def _comm_lines(path: str) -> list[dict]:
 
 def test_cuda_path_records_events_and_waits_for_them(group, tmp_path) -> None:
     ag = agent.start(str(tmp_path), what=("steps",))
-    timing = CommTiming(ag, gpu_timer=CudaTimer(FakeEvent), is_gpu=lambda t: True)
+    timing = CommTiming(ag, is_gpu=lambda t: True)
     comms.install(ag, ag.undo, timing=timing)
     FakeEvent.done = False
     t = torch.ones(8)
-    dist.all_reduce(t)  # blocking: ended by the wait torch makes
-    dist.all_reduce(t, async_op=True).wait()  # async: ended by the Work's future callback
+    with installed(FakeDevice(FakeEvent)):  # the device seam's events, on the CPU tensors
+        dist.all_reduce(t)  # blocking: ended by the wait torch makes
+        dist.all_reduce(t, async_op=True).wait()  # async: ended by the Work's future callback
     ag._flush(final=False)
     path = ag.status()["trace_file"]
     assert _comm_lines(path) == [], "written before its end event completed"

@@ -115,7 +115,7 @@ def test_live_findings_are_the_rules_findings(fp16) -> None:
 
 
 def test_gpu_health_from_the_sidecar_records(tmp_path) -> None:
-    from diag.collectors.nvml import Sidecar
+    from diag.nvml.sidecar import Sidecar
 
     Job(steps=3).write(str(tmp_path))
     car = Sidecar(str(tmp_path), interval=3600, module=fake_nvml.make(xids=[(1, 79)]), host="hostA")
@@ -186,8 +186,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def test_the_dashboard_uses_only_exported_metrics(tmp_path) -> None:
     import re
 
-    from diag.collectors.nvml import Sidecar
-
+    from diag.nvml.sidecar import Sidecar
     from tests.tui.synth import SynthJob
 
     job = SynthJob(str(tmp_path), 4, overflow_at=1)

@@ -39,7 +39,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
 def test_layering_contracts_are_kept(tmp_path):
     out = _lint(_installed_layout(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "0 broken" in out.stdout and "Contracts: 7 kept" in out.stdout, out.stdout
+    assert "0 broken" in out.stdout and "Contracts: 11 kept" in out.stdout, out.stdout
 
 
 def test_a_report_importing_a_rule_breaks_a_contract(tmp_path):
@@ -54,3 +54,20 @@ def test_a_report_importing_a_rule_breaks_a_contract(tmp_path):
     assert out.returncode != 0
     assert "the report renders documents: no analyzers, UI or CLI BROKEN" in out.stdout, out.stdout
     assert "diag.report.leak2 -> diag.units_leak" in out.stdout and "diag.tui" in out.stdout
+
+
+def test_the_import_cycles_that_were_broken_stay_broken(tmp_path):
+    """Issue 15: an injector importing `diag.inject` (InjectFailed lived there, and it imports the
+    injectors) and the control server importing `diag.agent` (which starts it) are each caught."""
+    tree = _installed_layout(tmp_path)
+    gdb = tree / "diag" / "inject" / "gdb.py"
+    gdb.write_text(gdb.read_text().replace("from diag.inject.failure import InjectFailed",
+                                           "from diag.inject import InjectFailed"))
+    server = tree / "diag" / "control" / "server.py"
+    server.write_text(server.read_text() + "\n\ndef _current():\n    from diag import agent\n\n"
+                                           "    return agent.current()\n")
+    out = _lint(tree)
+    assert out.returncode != 0
+    assert "diag.inject.gdb -> diag.inject (l." in out.stdout, out.stdout
+    assert "diag.control.server -> diag.agent (l." in out.stdout, out.stdout
+    assert "No cycles are allowed in diag." in out.stdout, out.stdout

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from diag.collectors import layers, timing
+from diag.collectors import device, layers
 from torch.utils._python_dispatch import _len_torch_dispatch_stack
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -21,6 +21,10 @@ from diag import agent as diag_agent
 from diag import schema
 from diag.trace.reader import read_file
 from tests.integration import truth
+from tests.unit.fake_device import FakeDevice, installed
+
+# plain torch loops, numbered by the steps collector: independent of a DeepSpeed other test files load
+pytestmark = pytest.mark.usefixtures("without_deepspeed")
 
 
 class Tiny(torch.nn.Module):
@@ -201,11 +205,12 @@ class FakeEvent:
 def test_cuda_event_path_through_the_seam(tmp_path) -> None:
     ag = diag_agent.start(str(tmp_path), what=("steps",), layers_every=1)
     allocated = iter(range(0, 10**9, 1024))
-    layers.install(ag, ag.undo, event_cls=FakeEvent, device="cuda", memory=lambda: next(allocated))
-    lin = torch.nn.Linear(4, 4)
-    ag.begin_step(0)
-    lin(torch.randn(2, 4)).sum().backward()
-    assert isinstance(ag.state.get(layers.LayerRecorder).timer, timing.CudaTimer)
+    with installed(FakeDevice(FakeEvent, lambda: next(allocated))):
+        layers.install(ag, ag.undo)
+        lin = torch.nn.Linear(4, 4)
+        ag.begin_step(0)
+        lin(torch.randn(2, 4)).sum().backward()
+    assert isinstance(ag.state.get(layers.LayerRecorder).timer, device.CudaTimer)
     ag.flush()
     time.sleep(0.5)  # the writer holds the records back: the end events have not completed
     assert events(str(tmp_path), schema.LAYER) == []
@@ -231,7 +236,7 @@ def megatron_tp1(tmp_path):
     shims.megatron_cpu()
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
                                          world_size=1)
-    args = argparse.Namespace(tp=1, seed=0, layers=1, hidden=32, heads=4, vocab=64, seq=16, batch=2)
+    args = argparse.Namespace(tp=1, pp=1, seed=0, layers=1, hidden=32, heads=4, vocab=64, seq=16, batch=2)
     try:
         yield build_model(args), args
     finally:

@@ -1,5 +1,5 @@
 """Per-step memory records: process RSS on CPU, and the CUDA path through a fake allocator behind
-the `collectors.cuda` seam (the real one is checked on a GPU machine)."""
+the device seam, `diag.collectors.device` (the real one is checked on a GPU machine)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from diag.collectors import cuda
+from diag.collectors import device
 
 import diag
 from diag import agent
@@ -83,16 +83,16 @@ def fake(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)  # plain torch steps
     f = FakeAllocator()
-    old = cuda.use(f)
+    old = device.use(f)
     yield f
-    cuda.use(old)
+    device.use(old)
 
 
 def test_cpu_rss_and_host_capacity(tmp_path, monkeypatch):
     import sys
 
     monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
-    assert not cuda.backend.ready()  # no GPU here, and the agent never initializes CUDA itself
+    assert not device.backend.ready()  # no GPU here, and the agent never initializes CUDA itself
     agent.start(str(tmp_path), what=("memory",))
     _train()
     rss_now = psutil.Process().memory_info().rss

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from diag.collectors import nvml
-from diag.collectors.nvml_seam import NA, Nvml, load_module
 
 import diag
 from diag import agent, schema
+from diag.nvml import sidecar as nvml
+from diag.nvml.seam import NA, Nvml, load_module
 from tests.unit import fake_nvml
 
 
@@ -46,7 +46,7 @@ def test_samples_every_field_and_loads_with_the_ranks(tmp_path):
 def test_first_nvlink_sample_has_no_rate(tmp_path):
     nv = Nvml(fake_nvml.make())
     nv.start()
-    from diag.collectors.nvml_sample import GpuReader
+    from diag.nvml.sample import GpuReader
 
     r = GpuReader(nv, 0)
     first, second = r.sample(), r.sample()
@@ -80,7 +80,7 @@ def test_real_nvml_on_this_machine(tmp_path):
     started = car.start()
     car.stop()
     if started:
-        pytest.skip(reason="this machine has an NVIDIA GPU: covered by collectors.nvml.selfcheck()")
+        pytest.skip(reason="this machine has an NVIDIA GPU: covered by diag.nvml.sidecar.selfcheck()")
     assert car.error == "NVML not found"
 
 

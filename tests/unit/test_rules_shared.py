@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from diag.analyzers import config, evidence
-from diag.collectors.comms_ops import METHODS
+from diag.collectors.comms.ops import METHODS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,54 +1,19 @@
-"""Step boundaries from a real 2-rank DeepSpeed job (gloo), a plain torch loop and Megatron's optimizer.
-
-The forked-rank harness (`run_ranks`, `train`) lives in tests/unit/ds_harness.py.
-"""
+"""Step boundaries from a plain torch loop, DeepSpeed's engine class and Megatron's optimizer (a real
+2-rank DeepSpeed job: tests/integration/test_steps_deepspeed.py)."""
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
-from typing import Any
 
-import pytest
 import torch
 
 import diag
 from diag import agent
-from tests.unit.ds_harness import WORLD, _NoCudaTorch, ds_config, run_ranks, train
+from tests.unit.no_cuda import NoCudaTorch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _attach_midrun(rank: int, trace: str) -> dict[str, Any]:
-    return train(rank, ds_config(stage=1, gas=2), 8, trace=trace, attach_at=3,
-                 what=("steps", "memory"))
-
-
-@pytest.mark.slow
-def test_deepspeed_steps_attached_midrun_number_like_the_job(tmp_path):
-    trace = str(tmp_path / "trace")
-    results = run_ranks(tmp_path, _attach_midrun, trace)
-    tr = diag.load(trace)
-    assert sorted(tr.headers) == [0, 1]
-    for rank, res in enumerate(results):
-        steps = tr.steps[tr.steps["rank"] == rank].sort_values("step")
-        first = int(steps["step"].iloc[0])
-        assert 4 <= first <= 6, first  # attached at global_steps 3 (step 4 running), installed by 6
-        # one record per optimizer step (not per micro step, not twice), numbered like the engine:
-        # its global_steps once the step is taken (DeepSpeed's `step=N`), the last one = global_steps
-        assert list(steps["step"]) == list(range(first, res["global_steps"] + 1))
-        assert (steps["samples"] == 2 * 2 * WORLD).all()  # micro batch x grad accum x dp
-        assert steps["applied"].all()
-        durs = list(steps["dur"])
-        assert math.isnan(durs[0]) or durs[0] is None  # the first step seen has no start
-        assert all(d > 0 for d in durs[1:])
-        assert tr.headers[rank]["zero_stage"] == 1 and tr.headers[rank]["gradient_accumulation_steps"] == 2
-        mem = tr.memory[tr.memory["rank"] == rank]
-        assert list(mem["step"]) == list(steps["step"])
-        assert (mem["rss"] > 10 * 2**20).all() and (mem["device"] == "cpu").all()
-        assert res["status"]["errors"] == {}
 
 
 def _plain_loop(n: int) -> torch.nn.Module:
@@ -61,8 +26,7 @@ def _plain_loop(n: int) -> torch.nn.Module:
     return model
 
 
-def test_plain_torch_loop_counts_optimizer_steps(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
+def test_plain_torch_loop_counts_optimizer_steps(tmp_path, without_deepspeed):
     ag = agent.start(str(tmp_path), what=("steps",))
     seen: list[int] = []
     ag.step_listeners.append(seen.append)
@@ -111,7 +75,7 @@ def test_megatron_optimizer_step_counted_once(tmp_path, monkeypatch):
     import megatron.core.optimizer.optimizer as mo
     from megatron.core.optimizer import OptimizerConfig
 
-    monkeypatch.setattr(mo, "torch", _NoCudaTorch())  # its __init__ puts a scale tensor on 'cuda'
+    monkeypatch.setattr(mo, "torch", NoCudaTorch())  # its __init__ puts a scale tensor on 'cuda'
     model = torch.nn.Linear(4, 2)
     opt = mo.FP32Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), OptimizerConfig(clip_grad=0.0), None)
     original = mo.FP32Optimizer.__dict__["step"]
@@ -133,7 +97,7 @@ def test_megatron_steps_carry_the_loops_iteration(tmp_path, monkeypatch):
     import megatron.core.optimizer.optimizer as mo
     from megatron.core.optimizer import OptimizerConfig
 
-    monkeypatch.setattr(mo, "torch", _NoCudaTorch())
+    monkeypatch.setattr(mo, "torch", NoCudaTorch())
     args = types.SimpleNamespace(iteration=40)  # resumed from a checkpoint at iteration 40
     monkeypatch.setitem(sys.modules, "megatron.training.global_vars",
                         types.SimpleNamespace(_GLOBAL_ARGS=args))
@@ -148,8 +112,7 @@ def test_megatron_steps_carry_the_loops_iteration(tmp_path, monkeypatch):
     assert list(diag.load(str(tmp_path)).steps["step"]) == [41, 42, 43]
 
 
-def test_faults_never_reach_the_loop_and_are_counted(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
+def test_faults_never_reach_the_loop_and_are_counted(tmp_path, without_deepspeed):
     ag = agent.start(str(tmp_path), what=("steps",), faults={"steps": "raise"})
     torch.manual_seed(0)
     got = _plain_loop(4).weight.detach().clone()

@@ -1,5 +1,5 @@
 """mypy, strict, over the typed scope pyproject's [tool.mypy] names (the agent, the collectors, the
-stdlib-only core): any error fails the suite."""
+injectors, control, trace, stacks, the core and most CLI commands): any error fails the suite."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ class Groups:
     agent writes it as the `groups` meta record, which readers merge into the layout."""
 
     def __init__(self, on_new: Any = None) -> None:
-        self._cache: dict[int, tuple[weakref.ref, GroupInfo]] = {}
+        self._cache: dict[int, tuple[weakref.ref[Any], GroupInfo]] = {}
         self.seen: dict[str, dict[str, Any]] = {}
         self.on_new = on_new
 

@@ -1,21 +1,24 @@
 """Collectives and p2p ops: one `comm` record per call DeepSpeed, Megatron or the job makes.
 
+The collector (this module) and its parts: `ops` (the ProcessGroup methods and their payloads),
+`groups` (names by role), `timing` (completion), `dispatch` (calls from C++, at the c10d dispatcher).
+
 DeepSpeed's TorchBackend and Megatron's mappings hold references to torch.distributed functions
 taken at import time, so wrapping those functions misses calls. Every one of them ends in one method
-of the `ProcessGroup` class (`collectors.comms_ops` lists them), so the class methods are wrapped
+of the `ProcessGroup` class (`collectors.comms.ops` lists them), so the class methods are wrapped
 instead: that also catches groups created before the agent started (attach), and records each call
 once. A wrapper calls the original exactly once and returns or raises what it does; diag's own work
 runs before and after it inside `agent.guard`, so a failure there is counted, never raised.
 
 Record: (comm, step, op, bytes, dtype, group, group_size, group_ranks, ts, dur, module, async_op);
-`ts` is the issue time, `dur` a `Later` set at completion (`collectors.comms_timing`), `module` the
+`ts` is the issue time, `dur` a `Later` set at completion (`collectors.comms.timing`), `module` the
 innermost module running (`collectors.modules`) on a tracked step. Module tracking costs too much
 for every step, but a job issues the same collectives step after step: on the other steps a
 collective takes the module of its match in the last tracked step, the same (op, bytes, group) and
 the same occurrence of it within the step (`Matched`; ~0.3 us a collective); one with no match
 keeps None (a `attribution` meta record says "matched"). The hot path builds that one tuple; group name and
 ranks are cached per group, dtype names per dtype. Groups are named by their role (`tp:1`, `dp:5`,
-`world:0`: collectors.comms_groups), and every group seen is in the `groups` meta record.
+`world:0`: collectors.comms.groups), and every group seen is in the `groups` meta record.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from diag.collectors import comms_dispatch
-from diag.collectors.comms_groups import Groups
-from diag.collectors.comms_ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
-from diag.collectors.comms_timing import CommTiming, Later
+from diag.collectors.comms import dispatch
+from diag.collectors.comms.groups import Groups
+from diag.collectors.comms.ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
+from diag.collectors.comms.timing import CommTiming, Later
 
 from diag import schema
 from diag.agent.api import AgentAPI
@@ -90,7 +93,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
             parts = _recorder(agent, spec, groups, timing, matched)
             undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, parts, flop_seam))
     # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
-    comms_dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where),
+    dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where),
                            _runner(flop_seam))
 
 
@@ -148,7 +151,7 @@ def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any
     guarded_before = agent.guard(NAME, parts[0], name)
     guarded_after = agent.guard(NAME, parts[1], name)
     flop_mode_on_top, below_it = flop_seam
-    mark = comms_dispatch.marked
+    mark = dispatch.marked
 
     def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
         state = guarded_before(args, kwargs)

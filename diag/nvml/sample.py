@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from diag.collectors.nvml_seam import NA, Nvml, value
+from diag.nvml.seam import NA, Nvml, value
 
 # reason bit -> name, resolved against the binding (the "Throttle" names became "ClocksEvent")
 _REASONS = ("GpuIdle", "ApplicationsClocksSetting", "SwPowerCap", "HwSlowdown", "SyncBoost",

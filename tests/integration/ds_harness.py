@@ -1,4 +1,4 @@
-"""Shared harness of the steps, memory and overflow tests: forked ranks rendezvous on a FileStore,
+"""Shared harness of the DeepSpeed steps and overflow tests: forked ranks rendezvous on a FileStore,
 train a tiny MLP under a given ds_config with DeepSpeed, and report what the engine saw. A module of
 its own (not a test file) so that spawned ranks and several test files import it by name."""
 
@@ -132,13 +132,3 @@ def train(rank: int, cfg: dict[str, Any], steps: int, trace: str | None = None,
                status=agent.current().status() if agent.current() else None)
     agent.stop()
     return out
-
-
-class _NoCudaTorch:
-    """torch as a module that has no GPU: `torch.tensor(..., device='cuda')` lands on the CPU."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    def tensor(self, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.tensor(*args, **kwargs)

@@ -1,7 +1,7 @@
 """GPU-health sidecar: samples every local GPU through NVML and appends `gpu` events to
 `<trace_dir>/gpu-<host>.jsonl` (its own header, `"sidecar": "nvml"`), which `diag.load` reads with
 the rank files. It runs outside the training job (from `diag top`, or one per node with
-`python -m diag.collectors.nvml <trace_dir>`), so it may import pynvml.
+`python -m diag.nvml <trace_dir>`), so it may import pynvml.
 
 Without a GPU (`nvmlInit()` raises NVMLError_LibraryNotFound) `Sidecar.start()` returns False and
 `Sidecar.error` says "NVML not found": callers show that once and carry on.
@@ -17,9 +17,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-from diag.collectors.nvml_sample import GpuReader, XidWatch
-from diag.collectors.nvml_seam import Nvml, load_module, value
-
+from diag.nvml.sample import GpuReader, XidWatch
+from diag.nvml.seam import Nvml, load_module, value
 from diag.schema import SCHEMA_VERSION
 from diag.trace.writer import TraceFileWriter
 
@@ -118,7 +117,7 @@ def selfcheck(trace_dir: str | None = None, module: ModuleType | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diag.collectors.nvml", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m diag.nvml", description=__doc__)
     p.add_argument("trace_dir", nargs="?", help="write gpu-<host>.jsonl here (default: selfcheck)")
     p.add_argument("--interval", type=float, default=INTERVAL_S)
     args = p.parse_args(argv)

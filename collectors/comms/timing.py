@@ -15,8 +15,8 @@ with a null duration. At detach (or any stop) the ops still in flight are not er
 and completes them unseen. Their records are written with a null duration and counted in one
 `unfinished_at_detach` meta record (written at every stop, 0 when none), which also tells readers
 that the rank's trace ended while the job ran on (analyzers/hang_desync.py reads it); a CUDA span
-not yet complete at stop is still given up by the writer. GPU time comes from `collectors.timing`'s
-CUDA-event timer (the seam tests fake); the host never synchronizes.
+not yet complete at stop is still given up by the writer. GPU time comes from the device seam's
+CUDA-event timer (collectors/device/, which tests swap for a fake device); the host never synchronizes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from diag.collectors.timing import CpuTimer, Timer, make_timer
+from diag.collectors.device import CpuTimer, Timer, make_timer
 
 from diag import schema
 from diag.agent.api import AgentAPI
@@ -79,14 +79,13 @@ def _on_cuda(tensor: Any) -> bool:
 
 
 class CommTiming:
-    """Starts a `Later` per call and ties it to the call's Work. `gpu_timer` / `is_gpu` are the seam
-    for tests (fake CUDA events on CPU tensors)."""
+    """Starts a `Later` per call and ties it to the call's Work. `is_gpu` is a seam for tests (CPU
+    tensors taken for CUDA ones; their events come from a fake device behind the device seam)."""
 
-    def __init__(self, agent: AgentAPI, gpu_timer: Timer | None = None,
-                 is_gpu: Callable[[Any], bool] | None = None) -> None:
+    def __init__(self, agent: AgentAPI, is_gpu: Callable[[Any], bool] | None = None) -> None:
         self.agent = agent
         self.cpu = CpuTimer()
-        self.gpu_timer = gpu_timer
+        self.gpu_timer: Timer | None = None  # made at the first CUDA call
         self.is_gpu = is_gpu or _on_cuda
         self.waiting: weakref.WeakKeyDictionary[Any, Later] = weakref.WeakKeyDictionary()
         self.last: Any = None  # the blocking call's Work, until the wait torch makes next
@@ -111,7 +110,8 @@ class CommTiming:
         elif p2p:
             self.waiting[work] = later
         elif async_op is False:
-            if self.last is not None:  # another thread's blocking call, not waited yet
+            if self.last is not None and self.last_later is not None:  # another thread's blocking
+                # call, not waited yet (the two are set together)
                 self.waiting[self.last] = self.last_later
             self.last, self.last_later = work, later
         else:

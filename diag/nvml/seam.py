@@ -45,7 +45,8 @@ def load_module() -> ModuleType | None:
         import pynvml
     except ImportError:
         return None
-    return pynvml
+    module: ModuleType = pynvml  # untyped binding (not followed by mypy)
+    return module
 
 
 class Nvml:
