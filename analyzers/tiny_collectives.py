@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
 from diag.analyzers import config
 from diag.analyzers.base import rule
 
@@ -27,7 +28,8 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     c = metrics.comms
     if c.empty:
         return []
-    tiny = (c["bytes"].fillna(0).astype(float) < TINY_BYTES) & (c["kind"] != "barrier")
+    # a size nothing recorded (NaN) is not tiny: without sizes the rule's premise is unmeasured
+    tiny = (pd.to_numeric(c["bytes"], errors="coerce") < TINY_BYTES) & (c["kind"] != "barrier")
     per = metrics.comm_per_step(tiny)
     counts = c[tiny].groupby(["rank", "step"], observed=True).size().rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})

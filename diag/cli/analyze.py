@@ -8,6 +8,7 @@ showing that the job failed (a rank raised, timed out or was killed) is reported
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
     parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
+    parser.add_argument("--comm-pattern", metavar="REGEX", action="append", default=[],
+                        help="also count GPU kernels whose name matches REGEX as communication "
+                             "(repeatable; adds to the DIAG_COMM_PATTERN environment variable)")
 
 
 @contextmanager
@@ -58,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from diag.report import model
     from diag.trace.reader import Unreadable
 
+    _comm_patterns(args.comm_pattern)
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     if only:
         unknown = sorted(set(only) - set(registered_rules()))
@@ -79,6 +84,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
     failed = [p for p in trace.problems if getattr(p, "job_failed", False)]
     return 2 if len(trace.problems) > len(failed) else 1 if failed else 0
+
+
+def _comm_patterns(patterns: list[str]) -> None:
+    """--comm-pattern joins DIAG_COMM_PATTERN in the environment, where the importers (and their
+    worker processes) read it; a pattern that is not a regex is one line, exit 2."""
+    from diag.vocab import COMM_PATTERN_ENV, check_comm_pattern
+
+    old = os.environ.get(COMM_PATTERN_ENV, "").strip()
+    joined = "|".join(f"(?:{p})" for p in ([old] if old else []) + patterns)
+    os.environ[COMM_PATTERN_ENV] = check_comm_pattern(joined)
 
 
 def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:

@@ -10,24 +10,25 @@ import pandas as pd
 
 from diag.vocab import (
     COMM,
-    COMM_KERNEL_RE,
     COMPUTE,
     MEMORY,
     MEMORY_KERNEL_CATS,
     MEMORY_KERNEL_RE,
     OTHER,
     OTHER_KERNEL_RE,
+    comm_kernel_re,
 )
 
 
 def classify_kernels(names: pd.Series, cats: pd.Series) -> pd.Series:
-    """One class per kernel (compute / comm / memory / other), vectorized over the names."""
+    """One class per kernel (compute / comm / memory / other), vectorized over the names;
+    communication is every `vocab.comm_kernel_re` kernel (NCCL, RCCL, DeepEP, NVSHMEM, the user's)."""
     s = names.astype(str)
     out = np.full(len(s), COMPUTE, dtype=object)
     out[s.str.contains(OTHER_KERNEL_RE, regex=True).to_numpy()] = OTHER
     mem = s.str.match(MEMORY_KERNEL_RE).to_numpy() | cats.isin(list(MEMORY_KERNEL_CATS)).to_numpy()
     out[mem] = MEMORY
-    out[s.str.match(COMM_KERNEL_RE).to_numpy()] = COMM
+    out[s.str.contains(comm_kernel_re(), regex=True).to_numpy()] = COMM
     return pd.Series(out, index=names.index, dtype="category")
 
 
