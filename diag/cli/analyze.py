@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
     parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
+    parser.add_argument("--each-run", action="store_true",
+                        help="inputs from different runs: one report per run (else they are refused)")
     parser.add_argument("--comm-pattern", metavar="REGEX", action="append", default=[],
                         help="also count GPU kernels whose name matches REGEX as communication "
                              "(repeatable; adds to the DIAG_COMM_PATTERN environment variable)")
@@ -56,11 +58,8 @@ def _progress(paths: list[str], quiet: bool) -> Iterator[Progress | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diag.analyzers import registered_rules, run_all
-    from diag.importers import load_inputs
-    from diag.metrics.stage import Metrics
-    from diag.report import model
-    from diag.trace.reader import Unreadable
+    from diag.analyzers import registered_rules
+    from diag.importers.runs import MixedRuns
 
     _comm_patterns(args.comm_pattern)
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
@@ -70,8 +69,28 @@ def run(args: argparse.Namespace) -> int:
             raise DiagError(f"unknown rule(s): {', '.join(unknown)} (known: "
                             f"{', '.join(sorted(registered_rules())) or 'none'})")
     try:
-        with _progress(args.paths, args.quiet) as progress:
-            trace = load_inputs(args.paths, progress)
+        return _analyze(args.paths, args, only)
+    except MixedRuns as e:
+        if not args.each_run:
+            raise
+        codes = []
+        for i, paths in enumerate(e.runs, 1):
+            if not args.json:
+                print(f"== run {i} of {len(e.runs)}: {' '.join(paths)}")
+            codes.append(_analyze(paths, args, only, i))
+        return max(codes)
+
+
+def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None, run_no: int = 0) -> int:
+    from diag.analyzers import run_all
+    from diag.importers import load_inputs
+    from diag.metrics.stage import Metrics
+    from diag.report import model
+    from diag.trace.reader import Unreadable
+
+    try:
+        with _progress(paths, args.quiet) as progress:
+            trace = load_inputs(paths, progress)
     except Unreadable as e:  # nothing readable: still one line per bad input
         for p in e.per_file():
             print(f"diag analyze: error: {p}", file=sys.stderr)
@@ -79,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
     doc = model.build(trace, findings, failures, metrics)
-    _render(doc, args)
+    _render(doc, args, run_no)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
     failed = [p for p in trace.problems if getattr(p, "job_failed", False)]
@@ -96,15 +115,23 @@ def _comm_patterns(patterns: list[str]) -> None:
     os.environ[COMM_PATTERN_ENV] = check_comm_pattern(joined)
 
 
-def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
+def _numbered(path: str, run_no: int) -> str:
+    """report.md -> report.run2.md under --each-run (one file per run)."""
+    if not run_no:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.run{run_no}{ext}"
+
+
+def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> None:
     if args.markdown:
         from diag.report import markdown
 
-        write_report(args.markdown, markdown.render(doc))
+        write_report(_numbered(args.markdown, run_no), markdown.render(doc))
     if args.html:
         from diag.report import html
 
-        write_report(args.html, html.render(doc))
+        write_report(_numbered(args.html, run_no), html.render(doc))
     if args.json:
         from diag.report import json_report
 
