@@ -9,6 +9,7 @@ from diag.analyzers import config, evidence
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics.overflows import one_source
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -21,7 +22,7 @@ COLLAPSE_SCALE = 1.0  # or the loss scale fell to this (or to min_loss_scale)
 
 def per_step(trace: Trace) -> pd.DataFrame:
     """One row per (rank, step): overflow seen, last loss scale."""
-    of = trace.overflow
+    of = one_source(trace.overflow)  # a trace and its log record the same skips: count them once
     if of.empty:
         return pd.DataFrame(columns=["rank", "step", "overflow", "scale"])
     df = of.assign(overflow=of["overflow"].fillna(False).astype(bool),
@@ -54,6 +55,21 @@ def _fixes(trace: Trace) -> list[Fix]:
     ]
 
 
+def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
+    """Every recorded step was skipped: not a calibration, the job trained nothing."""
+    steps = sorted({int(s) for s in df["step"]})
+    scale = df["scale"].dropna()
+    where = (f"; loss scale went from {scale.max():g} down to {scale.min():g}" if len(scale) else "")
+    return Finding(
+        severity="critical",
+        title=f"fp16 overflow on every step: all {len(steps)} recorded steps skipped, no update applied",
+        detail=f"steps {steps[0]}-{steps[-1]} were all skipped for overflow{where}.",
+        evidence={"overflow_steps": len(steps), "steps": len(steps), "overflow_rate": 1.0,
+                  "min_scale": float(scale.min()) if len(scale) else None},
+        ranks=sorted(int(r) for r in df["rank"].unique() if int(r) >= 0), steps=steps[:50],
+        fixes=fixes)
+
+
 @rule("overflow_storm")
 def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
@@ -63,9 +79,12 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     df = per_step(trace)
     if df.empty:
         return []
+    if df["overflow"].all():
+        return [_never_applied(df, fixes=_fixes(trace))]
     post = after_calibration(df)
-    n_over = int(post["overflow"].sum())
-    rate = n_over / max(len(post), 1)
+    # per step, not per rank-step: an overflow makes every rank skip the same step
+    n_over, n_steps = post.loc[post["overflow"], "step"].nunique(), post["step"].nunique()
+    rate = n_over / max(n_steps, 1)
     floor = max(COLLAPSE_SCALE, float(config.setting(trace, "min_loss_scale")))
     min_scale = float(df["scale"].min()) if df["scale"].notna().any() else None
     collapsed = min_scale is not None and min_scale <= floor
@@ -78,9 +97,9 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
         severity="critical" if collapsed else "warning",
         title=(f"fp16 loss scale collapsed to {min_scale:g}" if collapsed else
                f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"),
-        detail=(f"{n_over} overflowing steps after calibration out of {len(post)} rank-steps; "
+        detail=(f"{n_over} overflowing steps after calibration out of {n_steps} steps; "
                 f"loss scale went from {df['scale'].max():g} down to {min_scale}."),
-        evidence={"overflow_steps": n_over, "rank_steps": len(post), "overflow_rate": rate,
+        evidence={"overflow_steps": n_over, "steps": n_steps, "overflow_rate": rate,
                   "min_scale": min_scale, "max_scale": float(df["scale"].max()),
                   "skipped_by_rank": evidence.by_rank(skipped, int)},
         ranks=sorted(int(r) for r in bad["rank"].unique()),
