@@ -142,3 +142,14 @@ def test_tiny_collectives_silent_without_sizes(tmp_path):
     assert [f["rule"] for f in doc["findings"] if f["rule"] == "tiny_collectives"] == []
     assert all(math.isnan(x) if isinstance(x, float) else x is None
                for x in [c["busbw"] for c in doc["metrics"]["collectives"]])
+
+
+def test_zero3_slow_link_silent_when_sizes_unknown(tmp_path):
+    """Its premise is a bandwidth: collectives without a recorded size measure none (a NaN busbw
+    compared false against the link and fired before)."""
+    from tests.unit.synth_trace import Job, fired
+
+    job = Job(header={"zero_stage": 3, "dtype": "fp16"}, hosts=["a", "b"])
+    job.each_step(lambda r, s: [job.comm(r, s, op="all_gather_into_tensor", nbytes=None, at_ms=10 * i,
+                                         dur_ms=15) for i in range(4)])
+    assert fired(job.write(str(tmp_path)), "zero3_slow_link") == []
