@@ -1,9 +1,9 @@
 """Import one PyTorch profiler (Kineto) trace file into per-kind column frames.
 
 kineto_events reads the `X` events into plain columns a chunk at a time; pandas does the rest
-column-wise. Times become integer nanoseconds like diag's own
-traces. Kinds produced: `kernel` (GPU kernels, memcpy, memset, classified, with their launch call's start and duration), `cpu_op` (host ops and
-annotations), `step` (from `ProfilerStep#N`) and `comm` (see kineto_comms).
+column-wise. Times become integer nanoseconds like diag's own traces. Kinds produced: `kernel` (GPU
+kernels, memcpy, memset, classified, with their launch call's start and duration), `cpu_op` (host ops
+and annotations), `step` (from `ProfilerStep#N`) and `comm` (see kineto_comms).
 """
 
 from __future__ import annotations

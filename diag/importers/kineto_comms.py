@@ -101,8 +101,9 @@ def _from_gloo(ann: pd.DataFrame, world: int) -> dict[str, Any]:
     ops = [canonical_op(n) for n in ann["name"].astype(str)]
     dims = [(a.get("Input Dims") or [[]])[0] for a in ann["args"]]
     types = [(a.get("Input type") or [None])[0] for a in ann["args"]]
-    numel = [prod(d) if isinstance(d, list) and d and all(isinstance(x, int) for x in d) else np.nan
-             for d in dims]  # no dims: size unknown, not 0
+    numel = [prod(d) if isinstance(d, list) and d and all(isinstance(x, int) for x in d)
+             else 0 if op == "barrier" else np.nan  # no dims: size unknown, not 0 (a barrier has none)
+             for d, op in zip(dims, ops)]
     nbytes = np.array([n * element_bytes(t) * (world if op == "all_gather" else 1)
                        for n, t, op in zip(numel, types, ops)], dtype=float)
     return {"ts": ann["ts"].to_numpy(), "dur": ann["dur"].to_numpy(), "op": ops, "bytes": nbytes,

@@ -124,7 +124,7 @@ class MixedRuns(DiagError):
     def __init__(self, runs: list[list[RunSig]], logs: list[str] | None = None) -> None:
         parts = [f"[{' '.join(s.path for s in r)}] ({r[0].describe() if len(r) == 1 else _merged(r)})"
                  for r in runs]
-        super().__init__(f"inputs come from {len(runs)} different runs, not merged: "
+        super().__init__(f"inputs come from {len(runs)} different runs (or capture windows), not merged: "
                          + "; ".join(parts) + " (analyze one at a time, or pass --each-run)")
         # paths per run; logs (no identity of their own) are analyzed on their own under --each-run
         self.runs = [[s.path for s in r] for r in runs] + ([logs] if logs else [])
