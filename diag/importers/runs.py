@@ -1,7 +1,7 @@
 """Which inputs belong to one run: `diag analyze runA runB` must never merge two jobs (it made "100%
 idle between steps" of the gap between them and a bogus "rank 3 stopped emitting").
 
-Each trace source gets a `RunSig` (world size, ranks, time span, argv from diag headers;
+Each trace source gets a `RunSig` (job id, world size, ranks, time span, argv from diag headers;
 distributedInfo and the events' span for Kineto). Sources of one run agree on the world size and
 argv, hold different ranks when they are of the same kind, and their time spans are within `GAP_NS`
 of each other. Logs carry no signature: they go with the run when there is one.
@@ -34,9 +34,10 @@ class RunSig:
     start_ns: int | None
     end_ns: int | None
     argv: tuple[str, ...] | None = None
+    job_id: str | None = None
 
     def describe(self) -> str:
-        bits = [f"world {self.world}" if self.world else "", _when(self.start_ns),
+        bits = [self.job_id or "", f"world {self.world}" if self.world else "", _when(self.start_ns),
                 f"ranks {','.join(map(str, sorted(self.ranks)))}" if self.ranks else ""]
         return ", ".join(b for b in bits if b)
 
@@ -87,11 +88,14 @@ def of_frames(path: str, kind: str, headers: dict[int, dict[str, Any]],
     starts = [h["start_ts"] for h in headers.values() if isinstance(h.get("start_ts"), int)]
     if starts:
         start = min(starts + ([start] if start is not None else []))
+    jobs = {h.get("job_id") for h in headers.values()} - {None}
     return RunSig(path, kind, frozenset(headers), _world(list(headers.values())), start, end,
-                  argvs.pop() if len(argvs) == 1 else None)
+                  argvs.pop() if len(argvs) == 1 else None, jobs.pop() if len(jobs) == 1 else None)
 
 
 def same_run(a: RunSig, b: RunSig) -> bool:
+    if a.job_id and b.job_id:  # the scheduler's word is final
+        return a.job_id == b.job_id and not (a.kind == b.kind and a.ranks & b.ranks)
     if a.world and b.world and a.world != b.world:
         return False
     if a.argv is not None and b.argv is not None and a.argv != b.argv:

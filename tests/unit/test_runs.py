@@ -103,3 +103,33 @@ def test_diag_traces_of_two_runs(tmp_path):
     rerun = job(tmp_path / "rerun", ["train.py", "--local_rank=0", "--lr", "2"], t0, range(2, 4))
     with pytest.raises(MixedRuns):
         load_inputs([node0, rerun])
+
+
+def test_job_id_tells_runs_apart(tmp_path, monkeypatch):
+    from diag.agent.header import job_id
+
+    for var in ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default: no id
+    assert job_id() is None
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert job_id() == "SLURM_JOB_ID=4242"
+
+    def run(path, jid: str, ranks: range) -> str:
+        j = Job(ranks=2)
+        j.header = {**j.header, "argv": ["train.py"], "job_id": jid}
+        j.write(str(path))
+        if ranks.start:
+            for r in (1, 0):
+                src = path / f"rank-{r:05d}.jsonl"
+                lines = src.read_text().splitlines()
+                lines[0] = json.dumps({**json.loads(lines[0]), "rank": r + 2, "world_size": 2})
+                src.unlink()
+                (path / f"rank-{r + 2:05d}.jsonl").write_text("\n".join(lines) + "\n")
+        return str(path)
+
+    a = run(tmp_path / "a", "SLURM_JOB_ID=1", range(0, 2))
+    b = run(tmp_path / "b", "SLURM_JOB_ID=2", range(2, 4))  # same argv, times, world: another job
+    with pytest.raises(MixedRuns) as e:
+        load_inputs([a, b])
+    assert "SLURM_JOB_ID=1" in str(e.value) and "SLURM_JOB_ID=2" in str(e.value)
