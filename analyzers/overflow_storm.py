@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 RATE = 0.10  # overflow share of steps after the initial calibration
 MIN_OVERFLOWS = 3  # and at least this many of them
 COLLAPSE_SCALE = 1.0  # or the loss scale fell to this (or to min_loss_scale)
+# or every recorded step was skipped, and more of them than a calibration takes (halving from 2^32
+# with hysteresis 2 skips at most 64): the job never trained
+ALL_SKIPPED_STEPS = 64
 
 
 def per_step(trace: Trace) -> pd.DataFrame:
@@ -55,6 +58,14 @@ def _fixes(trace: Trace) -> list[Fix]:
     ]
 
 
+def _all_skipped(df: pd.DataFrame, metrics: Metrics) -> bool:
+    """Every step the job recorded (trace steps or log iterations: a log lists only the skipped
+    ones among its overflow rows) was skipped, and at least `ALL_SKIPPED_STEPS` of them."""
+    hit = set(df.loc[df["overflow"], "step"].astype(int))
+    known = hit | set(df["step"].astype(int)) | set(metrics.step_times["step"].dropna().astype(int))
+    return len(hit) >= ALL_SKIPPED_STEPS and hit >= known
+
+
 def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
     """Every recorded step was skipped: not a calibration, the job trained nothing."""
     steps = sorted({int(s) for s in df["step"]})
@@ -73,13 +84,14 @@ def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
 @rule("overflow_storm")
 def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
-    or when the loss scale collapses to <= max(1, min_loss_scale). Fix: bf16 on Ampere+, lower
+    or when the loss scale collapses to <= max(1, min_loss_scale), or (critical) every recorded step,
+    at least 64 of them, was skipped. Fix: bf16 on Ampere+, lower
     initial_scale_power, larger loss_scale_window, hysteresis > 1, gradient clipping.
     recoverable_s: skipped steps per step times the median step time (work thrown away)."""
     df = per_step(trace)
     if df.empty:
         return []
-    if df["overflow"].all():
+    if _all_skipped(df, metrics):
         return [_never_applied(df, fixes=_fixes(trace))]
     post = after_calibration(df)
     # per step, not per rank-step: an overflow makes every rank skip the same step

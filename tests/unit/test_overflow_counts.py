@@ -52,9 +52,18 @@ def test_trace_and_its_log_counted_once(tmp_path):
 
 
 def test_every_logged_iteration_skipped_is_reported(tmp_path):
-    log = _megatron_log(tmp_path / "train.log", set(range(1, 13)))
+    """BigScience-like: 80 iterations logged, every one skipped."""
+    log = _megatron_log(tmp_path / "train.log", set(range(1, 81)), n=80)
     trace = load_inputs([log])
     summary = model.build(trace, [], {}, Metrics(trace))["summary"]
-    assert summary["overflows"] == 12
+    assert summary["overflows"] == 80
     (f,) = fired(trace, "overflow_storm")
-    assert f.severity == "critical" and "every step" in f.title and f.evidence["overflow_steps"] == 12
+    assert f.severity == "critical" and "every step" in f.title and f.evidence["overflow_steps"] == 80
+
+
+def test_calibration_or_a_few_skips_in_a_log_are_not_every_step(tmp_path):
+    """A log lists only the skipped iterations among its overflow rows: 2 skips of 12 iterations,
+    or 12 skipped of 12 (a calibration), are not "every step skipped"."""
+    for n, skipped in ((12, {2, 3}), (12, set(range(1, 13)))):
+        trace = load_inputs([_megatron_log(tmp_path / f"t{len(skipped)}.log", skipped, n=n)])
+        assert [f for f in fired(trace, "overflow_storm") if "every step" in f.title] == []
