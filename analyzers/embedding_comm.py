@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers import config
+from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
 from diag import schema
@@ -65,19 +65,37 @@ def _on_attributed(df: pd.DataFrame, steps: dict[int, set[int]]) -> pd.Series:
                      index=df.index, dtype=bool)
 
 
-def _fixes(stage: int) -> list[Fix]:
-    fixes = [Fix("Megatron: shard the vocabulary over tensor parallelism, keep it a multiple of 128, and "
-                 "untie input/output embeddings so pipeline stages stop all-reducing the tied weight",
-                 megatron_args=["--make-vocab-size-divisible-by", "128",
-                                "--untie-embeddings-and-output-weights"])]
-    if stage == 3:
-        fixes.insert(0, Fix("ZeRO-3 gathers the whole vocab x hidden matrix every forward and backward: "
-                            "keep a node-local replica (hpZ) and quantize the gathered weights",
-                            ds_config={"zero_optimization": {"zero_hpz_partition_size": 8,
-                                                             "zero_quantized_weights": True}}))
-    else:
-        fixes.insert(0, Fix("all-reduce only the embedding rows a batch touched (nn.Embedding(sparse=True))",
-                            ds_config={"sparse_gradients": True}))
+def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
+    """hpZ sized to the ranks per node (none on one node: the gather never leaves it), sparse
+    embedding gradients, Megatron's untied embeddings; only what changes the job's setting."""
+    fixes = []
+    stage = config.zero_stage(trace)
+    if job.deepspeed is not False:
+        lead = "" if job.deepspeed else "if the job uses DeepSpeed ZeRO: "
+        zero: dict[str, object] = {}
+        hosts = trace.hosts()
+        per_node = max(sum(1 for h in hosts.values() if h == v) for v in set(hosts.values())) if hosts else 0
+        if stage == 3:
+            if len(set(hosts.values()) - {"?"}) > 1 and per_node > 1 \
+                    and int(job.zero.get("zero_hpz_partition_size") or 1) != per_node:
+                zero["zero_hpz_partition_size"] = per_node
+            if not job.zero.get("zero_quantized_weights"):
+                zero["zero_quantized_weights"] = True
+            if zero:
+                fixes.append(Fix(f"{lead}ZeRO-3 gathers the whole vocab x hidden matrix every forward and "
+                                 "backward: " + ", ".join(f"{k} {v}" for k, v in zero.items()),
+                                 ds_config={"zero_optimization": zero}))
+        elif not job.megatron:
+            # no config key: DeepSpeed (0.19) rejects the old `sparse_gradients` flag and reduces the
+            # gradients of an nn.Embedding(sparse=True) sparsely by itself
+            fixes.append(Fix(f"{lead}all-reduce only the embedding rows a batch touched: construct the "
+                             "embedding with nn.Embedding(..., sparse=True)"))
+    if job.megatron and int(trace.layout().get("pp") or 1) > 1 \
+            and not job.arg("untie_embeddings_and_output_weights"):
+        args = job.flags("--untie-embeddings-and-output-weights")
+        if args:
+            fixes.append(Fix("untie input/output embeddings so the first and last pipeline stages stop "
+                             "all-reducing the tied weight", megatron_args=args))
     return fixes
 
 
@@ -85,8 +103,9 @@ def _fixes(stage: int) -> list[Fix]:
 def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when collectives moving embedding/output-layer data (see `embedding_mask`) cover >= 20%
     of the median step (union of their intervals) and carry >= 40% of all bytes communicated.
-    Fix: ZeRO-3 -> hpZ / quantized weights; else sparse embedding gradients; Megatron: vocab padded to
-    128, untied embeddings, TP-sharded vocab. recoverable_s: an upper bound, the embedding's median
+    Fix (only what changes the job's setting): ZeRO-3 -> zero_hpz_partition_size = ranks per node when
+    the job spans nodes, quantized weights; else sparse embedding gradients (nn.Embedding(sparse=True));
+    Megatron with pp > 1: untied embeddings. recoverable_s: an upper bound, the embedding's median
     communication time per step. Shares are computed over the steps where the agent attributed modules
     (`attributed_steps`; every step of older or imported traces). Under ZeRO-3 prefetch
     (stage3_prefetch_bucket_size > 0) gathers are issued ahead by an earlier module and cannot be
@@ -122,4 +141,4 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
                   "ops": {k: {"count": int(v["count"]), "bytes": int(v["sum"])} for k, v in ops.iterrows()}},
         ranks=sorted(int(r) for r in rows["rank"].unique()), layers=list(modules.index[:5]),
         steps=sorted(int(s) for s in per["step"].unique())[:20], recoverable_s=emb_s,
-        fixes=_fixes(config.zero_stage(trace)))]
+        fixes=_fixes(trace, framework.job_of(metrics)))]

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers import config, evidence
+from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics import comms
 from diag.metrics.steps import NS
+from diag.vocab import P2P
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -31,31 +33,58 @@ def timeline_exposed(metrics: Metrics) -> pd.DataFrame | None:
                          "dur_s": ov["total_ns"].to_numpy() / NS}, index=ov["rank"].to_numpy())
 
 
-def _fixes(trace: Trace) -> list[Fix]:
-    stage = config.zero_stage(trace)
-    zero: dict[str, object] = {"overlap_comm": True, "contiguous_gradients": True,
-                               "reduce_bucket_size": int(config.setting(trace, "reduce_bucket_size"))}
-    if stage == 3:
-        prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
-        zero["stage3_prefetch_bucket_size"] = int(4 * prefetch)
-    else:
-        zero["allgather_bucket_size"] = int(config.setting(trace, "allgather_bucket_size"))
-    now = "on" if config.setting(trace, "overlap_comm") else "off (the code default below stage 3)"
-    return [Fix(f"overlap gradient reduction with backward (overlap_comm is {now}) and reduce in large "
-                "contiguous buckets", ds_config={"zero_optimization": zero}),
-            Fix("Megatron's distributed optimizer: overlap grad reduce-scatter and param all-gather",
-                megatron_args=["--overlap-grad-reduce", "--overlap-param-gather"])]
+def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
+    """Only changes to what the job runs: DeepSpeed's ZeRO overlap where DeepSpeed runs it and
+    gradients are reduced over data parallelism (DP > 1), Megatron-LM's overlap flags it has not set.
+    Megatron-DeepSpeed has no such flags and keeps TP all-reduces synchronous under DeepSpeed."""
+    fixes = []
+    dp = trace.layout().get("dp")
+    if job.deepspeed is not False and dp != 1:
+        stage = config.zero_stage(trace)
+        zero: dict[str, object] = {}
+        overlap = config.setting(trace, "overlap_comm")
+        if not overlap:
+            zero["overlap_comm"] = True
+        if stage == 3:
+            prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
+            zero["stage3_prefetch_bucket_size"] = int(4 * prefetch if prefetch > 0
+                                                      else config.DS_DEFAULTS["stage3_prefetch_bucket_size"])
+        if zero:
+            if job.config_seen:
+                now = "on" if overlap else "off"
+                what = f"overlap_comm is {now}"
+            else:
+                what = "no DeepSpeed config was recorded: this applies if overlap_comm is off"
+            lead = "" if job.deepspeed else "if the job uses DeepSpeed ZeRO: "
+            fixes.append(Fix(f"{lead}overlap gradient reduction with backward ({what})",
+                             ds_config={"zero_optimization": zero}))
+    if job.framework == framework.MEGATRON_LM:
+        args = [f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if not job.arg(f)]
+        if "--overlap-param-gather" in args and not job.arg("use_distributed_optimizer"):
+            args.remove("--overlap-param-gather")  # it needs the distributed optimizer
+        if args and job.flags(*args):
+            fixes.append(Fix("Megatron-LM: overlap the data-parallel gradient reduction (and, with the "
+                             "distributed optimizer, the parameter all-gather) with compute",
+                             megatron_args=job.flags(*args)))
+    return fixes
 
 
 @rule("exposed_comm")
 def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when blocking (non-async, hence not overlapped) communication covers >= 40% of the median
     step on some rank, counting each collective's transfer time (its shortest duration over the ranks:
-    the time others spent waiting for a late rank is the straggler rule's business).
-    Fix: overlap_comm true (DeepSpeed's code default is true only for stage 3),
-    contiguous_gradients, bucket sizes, stage3_prefetch_bucket_size; Megatron --overlap-grad-reduce.
+    the time others spent waiting for a late rank is the straggler rule's business; with pp > 1 the
+    pipeline's send/recv are left to pipeline_bubble).
+    Fix, only where it changes the job's setting and exists in its framework: DeepSpeed overlap_comm
+    (its code default is true only for stage 3) and 4x stage3_prefetch_bucket_size when DP > 1;
+    Megatron-LM --overlap-grad-reduce / --overlap-param-gather (not Megatron-DeepSpeed: it lacks them).
     recoverable_s: min(exposed, compute) per step: overlap can hide at most the compute time."""
     df = metrics.exposed
+    if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
+        # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
+        # gradient or TP traffic: counted there, not here
+        c = metrics.comms
+        df = comms.blocking_per_step(c[~c["kind"].isin(P2P)], metrics.steady_steps, waits=False)
     med = timeline_exposed(metrics)
     if med is None:
         if df.empty:
@@ -78,4 +107,4 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
                   "overlap_comm": bool(config.setting(trace, "overlap_comm"))},
         ranks=sorted(int(r) for r in bad.index),
         steps=sorted(int(s) for s in df["step"].unique())[:20] if not df.empty else [],
-        recoverable_s=min(exp_s, step_s - exp_s), fixes=_fixes(trace))]
+        recoverable_s=min(exp_s, step_s - exp_s), fixes=_fixes(trace, framework.job_of(metrics)))]

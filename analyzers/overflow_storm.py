@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from diag.analyzers import config, evidence
+from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
@@ -42,20 +42,60 @@ def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
     return d[(~d["overflow"]).groupby(d["rank"]).cumsum() > 0]
 
 
-def _fixes(trace: Trace) -> list[Fix]:
+# gentler fp16 scaling: no initial scale below 2^8 is suggested; window and hysteresis raised to these
+GENTLE = {"initial_scale_power": 8, "loss_scale_window": 2000, "hysteresis": 4}
+
+
+def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
+    """bf16, gentler dynamic scaling and clipping, each only where it changes what the job runs, in its
+    framework's terms: ds_config under DeepSpeed (Megatron-DeepSpeed's fp16 too), Megatron-LM flags."""
+    fixes = []
+    if job.framework == framework.MEGATRON_LM:
+        if job.flags("--bf16"):
+            fixes.append(Fix("on Ampere or newer (A100/H100/H200) train in bf16 (drop --fp16): same range "
+                             "as fp32, no loss scaling", megatron_args=job.flags("--bf16")))
+        args: list[str] = []
+        scale = job.arg("initial_loss_scale")
+        if isinstance(scale, (int, float)) and scale > 2 ** (GENTLE["initial_scale_power"] + 4):
+            args += ["--initial-loss-scale", str(int(scale) >> 4)]
+        window = job.arg("loss_scale_window")
+        if isinstance(window, (int, float)) and window < GENTLE["loss_scale_window"]:
+            args += ["--loss-scale-window", str(GENTLE["loss_scale_window"])]
+        hyst = job.arg("hysteresis")
+        if isinstance(hyst, (int, float)) and hyst < GENTLE["hysteresis"]:
+            args += ["--hysteresis", str(GENTLE["hysteresis"])]
+        if args and job.flags(*args):
+            fixes.append(Fix("keep fp16 but scale more gently (lower start, longer growth window, tolerate "
+                             "isolated overflows)", megatron_args=job.flags(*args)))
+        clip = job.arg("clip_grad")
+        if isinstance(clip, (int, float)) and (clip <= 0 or clip > 1.0) and job.flags("--clip-grad", "1.0"):
+            fixes.append(Fix("a persistent inf usually comes from real divergence: clip gradients and "
+                             "lower the LR", megatron_args=job.flags("--clip-grad", "1.0")))
+        return fixes
+    if job.deepspeed is False:
+        return fixes
+    lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
+    fixes.append(Fix(f"{lead}on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no "
+                     "loss scaling", ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}}))
     power = int(config.setting(trace, "initial_scale_power"))
     window = int(config.setting(trace, "loss_scale_window"))
-    return [
-        Fix("on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss scaling",
-            ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}}),
-        Fix("keep fp16 but scale more gently: lower the initial scale, grow it less often and tolerate "
-            "isolated overflows before halving",
-            ds_config={"fp16": {"initial_scale_power": max(power - 4, 8),
-                                "loss_scale_window": max(window, 2000), "hysteresis": 4,
-                                "min_loss_scale": 1}}),
-        Fix("a persistent inf usually comes from real divergence: clip gradients and lower the LR",
-            ds_config={"gradient_clipping": 1.0}),
-    ]
+    hyst = int(config.setting(trace, "hysteresis"))
+    gentle: dict[str, object] = {}
+    if power > GENTLE["initial_scale_power"]:
+        gentle["initial_scale_power"] = max(power - 4, GENTLE["initial_scale_power"])
+    for key, now in (("loss_scale_window", window), ("hysteresis", hyst)):
+        if now < GENTLE[key]:
+            gentle[key] = GENTLE[key]
+    if gentle:
+        seen = "" if job.config_seen else " (no fp16 config was recorded: DeepSpeed's defaults assumed)"
+        fixes.append(Fix(f"{lead}keep fp16 but scale more gently: "
+                         + ", ".join(f"{k} {v}" for k, v in gentle.items()) + seen,
+                         ds_config={"fp16": gentle}))
+    clip = job.ds_config.get("gradient_clipping")
+    if not (isinstance(clip, (int, float)) and 0 < clip <= 1.0):
+        fixes.append(Fix(f"{lead}a persistent inf usually comes from real divergence: clip gradients and "
+                         "lower the LR", ds_config={"gradient_clipping": 1.0}))
+    return fixes
 
 
 def _all_skipped(df: pd.DataFrame, metrics: Metrics) -> bool:
@@ -85,14 +125,16 @@ def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
 def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
     or when the loss scale collapses to <= max(1, min_loss_scale), or (critical) every recorded step,
-    at least 64 of them, was skipped. Fix: bf16 on Ampere+, lower
-    initial_scale_power, larger loss_scale_window, hysteresis > 1, gradient clipping.
+    at least 64 of them, was skipped. Fix (only values that change the job's
+    setting, in its framework's terms): bf16 on Ampere+, initial_scale_power - 4 (not below 8),
+    loss_scale_window 2000, hysteresis 4, gradient clipping 1.0; Megatron-LM: --bf16,
+    --initial-loss-scale, --loss-scale-window, --hysteresis, --clip-grad.
     recoverable_s: skipped steps per step times the median step time (work thrown away)."""
     df = per_step(trace)
     if df.empty:
         return []
     if _all_skipped(df, metrics):
-        return [_never_applied(df, fixes=_fixes(trace))]
+        return [_never_applied(df, fixes=_fixes(trace, framework.job_of(metrics)))]
     post = after_calibration(df)
     # per step, not per rank-step: an overflow makes every rank skip the same step
     n_over, n_steps = post.loc[post["overflow"], "step"].nunique(), post["step"].nunique()
@@ -116,4 +158,4 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
                   "skipped_by_rank": evidence.by_rank(skipped, int)},
         ranks=sorted(int(r) for r in bad["rank"].unique()),
         steps=sorted({int(s) for s in bad["step"]})[:50],
-        recoverable_s=rate * step_s if step_s else None, fixes=_fixes(trace))]
+        recoverable_s=rate * step_s if step_s else None, fixes=_fixes(trace, framework.job_of(metrics)))]

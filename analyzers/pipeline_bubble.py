@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diag.analyzers import config, evidence
+from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
@@ -19,22 +19,74 @@ MIN_BUBBLE = 0.10  # and must be at least this large to matter
 SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches
 
 
-def microbatches(trace: Trace) -> int:
-    for key in ("num_microbatches", "gradient_accumulation_steps"):
+def microbatches(trace: Trace) -> int | None:
+    """Microbatches per step as recorded (agent, ds_config, log's grad_accum or global / (micro x dp))."""
+    for key in ("num_microbatches", "gradient_accumulation_steps", "grad_accum"):
         for h in trace.headers.values():
             if h.get(key):
                 return int(h[key])
-    return int(config.ds_config(trace).get("gradient_accumulation_steps") or 1)
+    got = config.ds_config(trace).get("gradient_accumulation_steps")
+    if got:
+        return int(got)
+    lay = trace.layout()
+    gb, mb, dp = lay.get("global_batch"), lay.get("micro_batch"), lay.get("dp")
+    if gb and mb and dp and gb % (mb * dp) == 0:
+        return int(gb // (mb * dp))
+    return None
+
+
+def _int(v: object) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
+    """More microbatches, interleaved stages, balanced first/last stages: each only when it changes the
+    job's setting and its framework has the knob (Megatron-DeepSpeed runs DeepSpeed's pipeline engine:
+    no interleaving, no per-stage layer counts; its microbatches are gradient_accumulation_steps)."""
+    fixes = []
+    target = 4 * (p - 1)
+    layers = _int(job.arg("num_layers"))
+    if m < target:
+        if job.framework == framework.MEGATRON_LM:
+            micro, dp = _int(job.arg("micro_batch_size")), _int(trace.layout().get("dp"))
+            if micro and dp and job.flags("--global-batch-size", "1"):
+                fixes.append(Fix(f"raise microbatches per step from {m} to {target} (bubble (p-1)/m <= 0.25)",
+                                 megatron_args=job.flags("--global-batch-size", str(target * micro * dp))))
+        elif job.deepspeed is not False:
+            lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
+            fixes.append(Fix(f"{lead}raise microbatches per step from {m} to {target} (bubble (p-1)/m "
+                             "<= 0.25; keep the global batch by lowering train_micro_batch_size_per_gpu)",
+                             ds_config={"gradient_accumulation_steps": target}))
+    interleaved = job.arg("num_layers_per_virtual_pipeline_stage")
+    if job.framework == framework.MEGATRON_LM and layers and not interleaved:
+        per_stage = layers // p
+        if per_stage >= 2 and layers % p == 0 and job.flags("--num-layers-per-virtual-pipeline-stage", "1"):
+            v = per_stage // 2 if per_stage % 2 == 0 else 1
+            fixes.append(Fix(f"interleave virtual stages: {per_stage} layers per stage in chunks of {v}",
+                             megatron_args=job.flags("--num-layers-per-virtual-pipeline-stage", str(v))))
+    if job.framework == framework.MEGATRON_LM and layers and p > 2 and layers % p == 0:
+        per_stage = layers // p
+        rest = layers - 2 * (per_stage - 1)
+        if per_stage >= 2 and rest % (p - 2) == 0:
+            args = ("--decoder-first-pipeline-num-layers", str(per_stage - 1),
+                    "--decoder-last-pipeline-num-layers", str(per_stage - 1))
+            if job.flags(*args):
+                fixes.append(Fix("balance stages: the first and last also hold the embedding and the loss",
+                                 megatron_args=job.flags(*args)))
+    return fixes
 
 
 @rule("pipeline_bubble")
 def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
     the step, Megatron's definition) exceeds (p-1)/m + 0.05 and is >= 0.10, or when the schedule's own
-    (p-1)/m >= 0.25 with a measured bubble >= 0.10. Fix: more microbatches (m), interleaved schedule
-    (virtual stages), balanced stages. recoverable_s: the excess over (p-1)/m times compute."""
+    (p-1)/m >= 0.25 with a measured bubble >= 0.10. Fix, where it changes the job's setting and its
+    framework has the knob: microbatches up to 4(p-1) (DeepSpeed gradient_accumulation_steps,
+    Megatron-LM --global-batch-size); Megatron-LM only: --num-layers-per-virtual-pipeline-stage when a
+    stage holds >= 2 layers, --decoder-first/last-pipeline-num-layers. recoverable_s: the excess over
+    (p-1)/m times compute. Silent when the microbatch count m was not recorded."""
     p, m = int(trace.layout().get("pp") or 1), microbatches(trace)
-    if p <= 1:
+    if p <= 1 or m is None:  # the schedule's bubble (p-1)/m is the premise: unknown m, no verdict
         return []
     c = metrics.comms
     per = metrics.comm_per_step(c["kind"].isin(P2P)) if not c.empty else None
@@ -55,10 +107,4 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
                   "bubble_by_rank": evidence.by_rank(by_rank)},
         ranks=[int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]],
         recoverable_s=max(measured - ideal, 0.0) * compute if measured > ideal else ideal / 2 * compute,
-        fixes=[Fix(f"raise microbatches per step to >= {4 * (p - 1)} (bubble (p-1)/m <= 0.25) and "
-                   "interleave virtual stages",
-                   ds_config={"gradient_accumulation_steps": max(4 * (p - 1), m)},
-                   megatron_args=["--num-layers-per-virtual-pipeline-stage", "2"]),
-               Fix("balance layers across stages (first/last stages also hold embedding and loss)",
-                   megatron_args=["--decoder-first-pipeline-num-layers", "<fewer>",
-                                  "--decoder-last-pipeline-num-layers", "<fewer>"])])]
+        fixes=_fixes(trace, framework.job_of(metrics), p, m))]

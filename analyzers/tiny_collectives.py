@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pandas as pd
-from diag.analyzers import config
+from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
@@ -19,17 +18,51 @@ MIN_PER_STEP = 32  # tiny collectives per step (median over ranks and steps)
 STEP_SHARE = 0.10  # and they take at least this share of the step
 
 
+def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
+    """Bucketing advice only where it changes the job's setting: ZeRO-3's persistence threshold and
+    prefetch bucket (from the current values); stage 1/2 gradient buckets only when DP > 1 and the
+    bucket is below DeepSpeed's default (at the default, tiny ops are not gradient buckets: TP or
+    per-parameter traffic no bucket size changes)."""
+    if job.deepspeed is False:
+        return []
+    lead = "" if job.deepspeed else "if the job uses DeepSpeed ZeRO: "
+    if config.zero_stage(trace) == 3:
+        thr = float(config.setting(trace, "stage3_param_persistence_threshold"))
+        prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
+        return [Fix(f"{lead}keep small parameters resident (persistence threshold {thr:.0e} -> "
+                    f"{max(thr * 10, 1e6):.0e}) and prefetch in larger buckets",
+                    ds_config={"zero_optimization": {
+                        "stage3_param_persistence_threshold": int(max(thr * 10, 1e6)),
+                        "stage3_prefetch_bucket_size": int(4 * prefetch if prefetch > 0 else
+                                                           config.DS_DEFAULTS["stage3_prefetch_bucket_size"])}})]
+    if trace.layout().get("dp") == 1:
+        return []
+    zero: dict[str, object] = {}
+    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+        now = float(config.setting(trace, key))
+        if now < float(config.DS_DEFAULTS[key]):
+            zero[key] = int(min(4 * now, float(config.DS_DEFAULTS[key])))
+    if not zero:
+        return []
+    return [Fix(f"{lead}bucket gradients into fewer, larger collectives",
+                ds_config={"zero_optimization": zero})]
+
+
 @rule("tiny_collectives")
 def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a step issues >= 32 collectives under 64 KiB (barriers excluded) and they take >= 10%
-    of the median step. Fix: larger reduce/allgather buckets, ZeRO-3 stage3_param_persistence_threshold
-    (keep small parameters resident) and larger prefetch bucket, coalesce small tensors.
+    of the median step; silent when the trace records no collective sizes. Fix (DeepSpeed jobs; only
+    changes to the current values): ZeRO-3 stage3_param_persistence_threshold x10 and 4x prefetch
+    bucket; stage 1/2 with DP > 1: reduce/allgather buckets raised toward DeepSpeed's default when below.
     recoverable_s: their time minus one bucketed collective's worth (the largest tiny op's time)."""
     c = metrics.comms
     if c.empty:
         return []
-    # a size nothing recorded (NaN) is not tiny: without sizes the rule's premise is unmeasured
-    tiny = (pd.to_numeric(c["bytes"], errors="coerce") < TINY_BYTES) & (c["kind"] != "barrier")
+    size = c["bytes"].astype(float)
+    known = size.notna() & (size > 0)  # traces without size fields (some Kineto) say 0 or nothing
+    if not known.any():
+        return []
+    tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier")
     per = metrics.comm_per_step(tiny)
     counts = c[tiny].groupby(["rank", "step"], observed=True).size().rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})
@@ -39,12 +72,6 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     if n < MIN_PER_STEP or step_s <= 0 or tiny_s / step_s < STEP_SHARE:
         return []
     rows = c[tiny]
-    zero: dict[str, object] = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
-    if config.zero_stage(trace) == 3:
-        thr = float(config.setting(trace, "stage3_param_persistence_threshold"))
-        zero = {"stage3_param_persistence_threshold": int(max(thr * 10, 1e6)),
-                "stage3_prefetch_bucket_size":
-                    int(4 * float(config.setting(trace, "stage3_prefetch_bucket_size")))}
     return [Finding(
         severity="warning",
         title=f"{n:.0f} collectives under 64 KiB per step take {tiny_s / step_s:.0%} of it",
@@ -55,6 +82,4 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
         ranks=sorted(int(r) for r in rows["rank"].unique()),
         layers=[str(m) for m in rows["module"].dropna().astype(str).value_counts().index[:5]],
         recoverable_s=max(tiny_s - float(rows["dur_s"].max()), 0.0),
-        fixes=[Fix("bucket small tensors into fewer, larger collectives",
-                   ds_config={"zero_optimization": zero}),
-               Fix("Megatron DDP: bucket gradients", megatron_args=["--ddp-bucket-size", "40000000"])])]
+        fixes=_fixes(trace, framework.job_of(metrics)))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from diag.analyzers import evidence
+from diag.analyzers import evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
@@ -55,7 +55,16 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
         evidence={"tp": tp, "ranks_per_host": per_node, "groups": [list(g) for g in bad],
                   "hosts": {int(r): h for r, h in host_of.items()}, "tp_comm_s": tp_s},
         ranks=sorted({r for g in bad for r in g}), recoverable_s=tp_s,
-        fixes=[Fix(f"keep TP inside a node: tensor parallel size <= {per_node} ranks per node, use data "
-                   "or pipeline parallelism across nodes",
-                   megatron_args=["--tensor-model-parallel-size", str(max(per_node, 1)),
-                                  "--pipeline-model-parallel-size", str(max(tp // max(per_node, 1), 1))])])]
+        fixes=_fixes(trace, framework.job_of(metrics), tp, per_node))]
+
+
+def _fixes(trace: Trace, job: framework.Job, tp: int, per_node: int) -> list[Fix]:
+    """TP down to the ranks per node, the factor moved to pipeline stages (same model split)."""
+    if per_node < 1 or per_node >= tp or tp % per_node:
+        return [Fix("place each tensor-parallel group on one node (Megatron's default rank order does so "
+                    "when TP divides the GPUs per node)")]
+    pp = int(trace.layout().get("pp") or 1)
+    args = job.flags("--tensor-model-parallel-size", str(per_node),
+                     "--pipeline-model-parallel-size", str(pp * (tp // per_node)))
+    return [Fix(f"keep TP inside a node: tensor parallel {tp} -> {per_node}, pipeline {pp} -> "
+                f"{pp * tp // per_node}", megatron_args=args)]

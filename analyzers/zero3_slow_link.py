@@ -29,22 +29,32 @@ def nominal_link_gbs(trace: Trace) -> float:
 
 
 def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
+    """ZeRO++ and a larger prefetch, each key only when it changes the job's effective setting."""
+    zc = config.zero_config(trace)
     prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
-    return [
-        Fix("ZeRO++: quantize weights and gradients on the wire"
-            + (" and keep a node-local copy of the parameters (hpZ)" if gpus_per_node > 1 else ""),
-            ds_config={"zero_optimization": {
-                **({"zero_hpz_partition_size": gpus_per_node} if gpus_per_node > 1 else {}),
-                "zero_quantized_weights": True, "zero_quantized_gradients": True}}),
-        Fix("fewer, larger gathers that overlap compute: raise the prefetch bucket "
-            f"(now {prefetch:.0e}) and keep overlap_comm on",
-            ds_config={"zero_optimization": {"stage3_prefetch_bucket_size": int(prefetch * 4),
-                                             "overlap_comm": True}}),
-        Fix("if the model fits with sharded optimizer state and gradients only, ZeRO-2 stops gathering "
-            "parameters every step", ds_config={"zero_optimization": {"stage": 2}}),
-        Fix("NCCL: ring algorithms use the inter-node links better for large gathers",
-            env={"NCCL_ALGO": "Ring"}),
-    ]
+    plus: dict[str, object] = {}
+    if gpus_per_node > 1 and int(zc.get("zero_hpz_partition_size") or 1) != gpus_per_node:
+        plus["zero_hpz_partition_size"] = gpus_per_node
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if not zc.get(key):
+            plus[key] = True
+    fixes = []
+    if plus:
+        fixes.append(Fix("ZeRO++: " + ", ".join(f"{k} {v}" for k, v in plus.items())
+                         + (" (hpZ: a node-local copy of the parameters)" if "zero_hpz_partition_size" in plus
+                            else ""), ds_config={"zero_optimization": plus}))
+    raised = prefetch * 4 if prefetch > 0 else float(config.DS_DEFAULTS["stage3_prefetch_bucket_size"])
+    bigger: dict[str, object] = {"stage3_prefetch_bucket_size": int(raised)}
+    if not config.setting(trace, "overlap_comm"):
+        bigger["overlap_comm"] = True
+    fixes.append(Fix(f"fewer, larger gathers that overlap compute: prefetch bucket {prefetch:.0e} -> "
+                     f"{raised:.0e}", ds_config={"zero_optimization": bigger}))
+    fixes.append(Fix("if the model fits with sharded optimizer state and gradients only, ZeRO-2 stops "
+                     "gathering parameters every step", ds_config={"zero_optimization": {"stage": 2}}))
+    if nominal_link_gbs(trace) == LINK_GBS_GPU:
+        fixes.append(Fix("NCCL: ring algorithms use the inter-node links better for large gathers",
+                         env={"NCCL_ALGO": "Ring"}))
+    return fixes
 
 
 @rule("zero3_slow_link")

@@ -39,6 +39,12 @@ class TorchCuda:
 
         return int(torch.cuda.get_device_properties(device).total_memory)
 
+    def device_name(self, device: int) -> str:
+        """The device's marketing name ("NVIDIA H100 80GB HBM3"): what MFU's peak table matches."""
+        import torch
+
+        return str(torch.cuda.get_device_properties(device).name)
+
     def reset_peak(self, device: int) -> None:
         import torch
 

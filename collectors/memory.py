@@ -68,6 +68,9 @@ class _Memory:
         cap = self.capacity.get(index)
         if cap is None:
             cap = self.capacity[index] = dev.total_memory(index)
+            name = getattr(dev, "device_name", None)
+            if name is not None:  # once per device: the peak-FLOP/s table of `diag analyze` reads it
+                self.agent.set_meta("device_name", name(index))
         peak = stats.get("allocated_bytes.all.peak")
         if self.reset_peak:
             dev.reset_peak(index)

@@ -85,6 +85,7 @@ class ModuleTracker:
         self.agent = agent
         self.stack: list[str] = agent.module_stack
         self.names: dict[int, Entry] = {}
+        self.layer_numbers: dict[str, int] = {}  # stacked layers whose model-wide index differs
         self.live = False
         self.listener: Any = None  # has .active, .fwd(name, outermost, args), .fwd_end(name), .bwd(old, new)
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
@@ -289,9 +290,30 @@ class ModuleTracker:
 
     def _index(self, root: Any) -> None:
         self.names[id(root)] = _entry(root, type(root).__name__)
+        renumbered: dict[str, int] = {}
         for name, sub in root.named_modules(remove_duplicate=True):
             if name:
                 self.names[id(sub)] = _entry(sub, name)
+                index = global_layer_index(name, sub)
+                if index is not None:
+                    renumbered[name] = index
+        if renumbered:
+            self.layer_numbers.update(renumbered)
+            self.agent.set_meta(schema.META_LAYER_NUMBERS, dict(self.layer_numbers))
+
+
+def global_layer_index(name: str, mod: Any) -> int | None:
+    """The model-wide 0-based index of a stacked layer (`...layers.<i>`) when it differs from its
+    local position `i`: a pipeline stage's megatron layers are numbered from 0 in each stage, and
+    carry their place in the whole model as `layer_number` (1-based; megatron-core and Megatron-
+    DeepSpeed alike). None for anything else."""
+    parent, _, last = name.rpartition(".")
+    if not last.isdigit() or not (parent == "layers" or parent.endswith(".layers")):
+        return None
+    number = getattr(mod, "layer_number", None)
+    if type(number) is not int or number < 1 or number - 1 == int(last):
+        return None
+    return number - 1
 
 
 def _entry(mod: Any, name: str) -> Entry:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from diag.collectors import cuda
-from diag.collectors.steps import ds_step, engine_class, megatron_step_classes
+from diag.collectors.steps import DS_ENGINE, ds_step, engine_class, megatron_step_classes, settled
 
 from diag import schema
 from diag.agent.api import AgentAPI
@@ -33,6 +33,7 @@ from diag.agent.undo import Undo
 
 NAME = "overflow"
 GRAD_SCALER = "megatron.core.optimizer.grad_scaler"
+WATCHED = {"deepspeed": DS_ENGINE, "megatron": GRAD_SCALER}
 
 
 def _around(original: Callable[..., Any], before: Callable[..., Any],
@@ -58,6 +59,7 @@ class _Overflow:
     def __init__(self, agent: AgentAPI, undo: Undo) -> None:
         self.agent, self.undo = agent, undo
         self.done: set[str] = set()
+        self.modules_seen = -1  # len(sys.modules) at the last scan that found nothing half-imported
         self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.megatron_skipped = 0
         self.loss_flagged = -1  # step whose non-finite loss was recorded (once per step)
@@ -70,10 +72,13 @@ class _Overflow:
     def patch_loaded(self, _step: int = 0) -> None:
         """Wrap what is imported now; also a step listener and a writer-thread listener, for
         modules imported later (before the job's first step: its first fp16 steps may overflow)."""
-        if len(self.done) == 2:
-            return
+        if len(self.done) == 2 or len(sys.modules) == self.modules_seen:
+            return  # nothing imported since the last complete scan
         with self._patching:
+            count = len(sys.modules)
             self._patch_loaded()
+            if settled(self.done, WATCHED):
+                self.modules_seen = count
 
     def _patch_loaded(self) -> None:
         cls = engine_class()

@@ -40,6 +40,7 @@ from diag.agent.undo import Undo
 NAME = "steps"
 DS_ENGINE = "deepspeed.runtime.engine"
 MEGATRON_OPTIMIZER = "megatron.core.optimizer.optimizer"
+WATCHED = {"deepspeed": DS_ENGINE, "megatron": MEGATRON_OPTIMIZER}  # what patch_loaded waits for
 TORCH_GRACE = 2  # torch-hook steps without a DeepSpeed engine before they count
 MEGATRON_ARGS = ("megatron.training.global_vars", "megatron.global_vars")  # Megatron-LM, -DeepSpeed
 
@@ -77,6 +78,13 @@ def engine_class() -> Any:
     return getattr(sys.modules.get(DS_ENGINE), "DeepSpeedEngine", None)
 
 
+def settled(done: set[str], watched: dict[str, str]) -> bool:
+    """Nothing half-imported among `watched` ({done key: module name}): each module is absent, or
+    it was patched. A module is in sys.modules while its body still runs (the classes not yet
+    defined), so a scan that saw it half-done must run again even if sys.modules did not grow."""
+    return all(key in done or name not in sys.modules for key, name in watched.items())
+
+
 class _Steps:
     """Boundary state shared by the wrappers: nesting depth and the previous boundary's time."""
 
@@ -87,6 +95,7 @@ class _Steps:
         self.last_ts: int | None = None
         self.ignored_torch = 0
         self.done: set[str] = set()
+        self.modules_seen = -1  # len(sys.modules) at the last scan that found nothing half-imported
         self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.seen: weakref.WeakSet[Any] = weakref.WeakSet()  # engines described so far
         self.before = agent.guard(NAME, self._before, "engine-before")
@@ -100,10 +109,13 @@ class _Steps:
     def patch_loaded(self) -> None:
         """Wrap what is imported now; called at install, by the writer thread every flush (a
         framework imported after install: `diag run`) and at each torch step."""
-        if len(self.done) == 2:
-            return
+        if len(self.done) == 2 or len(sys.modules) == self.modules_seen:
+            return  # nothing imported since the last complete scan (a step and a flush each ask)
         with self._patching:
+            count = len(sys.modules)
             self._patch_loaded()
+            if settled(self.done, WATCHED):
+                self.modules_seen = count
 
     def _patch_loaded(self) -> None:
         cls = engine_class()

@@ -65,7 +65,18 @@ META_FLOPS_EVERY = "flops_every"  # layers: FLOPs counted on 1 sample in N of an
 META_ATTRIBUTION = "attribution"  # "matched": untracked steps' comms take their tracked match's module
 META_GROUPS = "groups"  # process groups seen: {name: {"role": "tp", "size": 2, "ranks": [0, 1]}}
 META_UNFINISHED_AT_DETACH = "unfinished_at_detach"  # comms in flight when the agent stopped (count)
+META_LAYER_NUMBERS = "layer_numbers"  # {module name: model-wide layer index} where it differs (PP stages)
 META_ATTRIBUTED_STEP = "attributed_step"  # one meta record per step whose comms carry their module
+
+# Megatron arguments its own TFLOPs formula reads (diag/metrics/model_flops.py): the agent copies them
+# from the job's parsed arguments into the header's "model", the log importer from the arguments dump
+MEGATRON_MODEL_ARGS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_key_value_heads",
+    "num_query_groups", "group_query_attention", "kv_channels", "seq_length", "actual_seq_length",
+    "padded_vocab_size", "swiglu", "micro_batch_size", "global_batch_size", "data_parallel_size",
+    "world_size", "topk", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "checkpoint_activations", "recompute_granularity", "deepspeed",
+)
 
 # Defaults the reader fills for fields missing from a record (older writers, partial records).
 DEFAULTS: dict[str, Any] = {

@@ -54,6 +54,16 @@ SCENARIOS: dict[str, Scenario] = {
         ("embedding_comm",),
         ("--zero", "3", "--steps", "8", "--vocab", "65536", "--hidden", "32", "--seq", "16", "--batch", "2"),
         ds={"zero_optimization": {"stage3_prefetch_bucket_size": 0, "reduce_bucket_size": 1_000_000}}),
+    "embedding_moved": Scenario(
+        "embedding_heavy after moving the embedding out of ZeRO-3's partitioning: the same model and "
+        "batch under ZeRO-2. Its transformer blocks are below ZeRO-3's persistence threshold (1e5 "
+        "parameters), so under ZeRO-3 only the embedding (wte) and output layer (head) were partitioned "
+        "and gathered in every forward; under ZeRO-2 every rank keeps them whole and only their "
+        "gradients and optimizer state are partitioned. (embedding_heavy, embedding_moved) is the "
+        "before/after pair `diag diff` must explain.",
+        (),
+        ("--zero", "2", "--steps", "8", "--vocab", "65536", "--hidden", "32", "--seq", "16", "--batch", "2"),
+        ds={"zero_optimization": {"reduce_bucket_size": 1_000_000}}),
     "zero3_slow_link": Scenario(
         "ZeRO-3 with one rank per network namespace (hosts node-a and node-b) over a veth pair limited "
         "to 40 Mbit/s by tc tbf: parameter gathers crawl across the 'nodes'.",

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from diag.schema import SCHEMA_VERSION
+from diag.schema import MEGATRON_MODEL_ARGS, SCHEMA_VERSION
 
 
 def _version(mod: str) -> str | None:
@@ -77,13 +77,30 @@ def megatron_layout() -> dict[str, Any]:
     try:
         if not ps.model_parallel_is_initialized():
             return {}
-        return {
+        out: dict[str, Any] = {
             "tp": ps.get_tensor_model_parallel_world_size(),
             "pp": ps.get_pipeline_model_parallel_world_size(),
             "dp": ps.get_data_parallel_world_size(),
         }
     except Exception:  # noqa: BLE001
         return {}
+    model = megatron_model()
+    if model:
+        out["model"] = model
+    return out
+
+
+def megatron_model() -> dict[str, Any]:
+    """The model shape Megatron's TFLOPs formula reads, from the job's parsed arguments (Megatron-LM's
+    `megatron.training.global_vars`, Megatron-DeepSpeed's `megatron.global_vars`); {} without them."""
+    for name in ("megatron.training.global_vars", "megatron.global_vars"):
+        args = getattr(sys.modules.get(name), "_GLOBAL_ARGS", None)
+        if args is not None:
+            try:
+                return {k: _jsonable(getattr(args, k)) for k in MEGATRON_MODEL_ARGS if hasattr(args, k)}
+            except Exception:  # noqa: BLE001 - a property that raises: no model view
+                return {}
+    return {}
 
 
 def _engine_info(engine: Any) -> dict[str, Any]:

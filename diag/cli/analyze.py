@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comm-pattern", metavar="REGEX", action="append", default=[],
                         help="also count GPU kernels whose name matches REGEX as communication "
                              "(repeatable; adds to the DIAG_COMM_PATTERN environment variable)")
+    parser.add_argument("--ds-config-out", metavar="FILE",
+                        help="write the job's ds_config with each finding's first suggested patch merged")
+    parser.add_argument("--peak-tflops", type=float, metavar="N",
+                        help="the device's dense peak TFLOP/s for MFU, where diag's table has none (CPU, "
+                             "other GPUs) or to override it")
+    parser.add_argument("--model", metavar="K=V,...",
+                        help="model shape for the model-FLOPs view when the trace/log has none: "
+                             "layers=,hidden=,seq=,vocab=,batch= (+ heads=,ffn=,kv_heads=,swiglu=,formula=)")
 
 
 @contextmanager
@@ -63,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
     _comm_patterns(args.comm_pattern)
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    _model_option(args.model)  # a bad --model is one line before any input is read
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise DiagError(f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}")
     if only:
         unknown = sorted(set(only) - set(registered_rules()))
         if unknown:
@@ -97,7 +108,8 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
         return e.exit_code
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
-    doc = model.build(trace, findings, failures, metrics)
+    doc = model.build(trace, findings, failures, metrics, peak_tflops=args.peak_tflops,
+                      model=_model_option(args.model))
     _render(doc, args, run_no)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
@@ -123,6 +135,32 @@ def _numbered(path: str, run_no: int) -> str:
     return f"{stem}.run{run_no}{ext}"
 
 
+def _model_option(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    from diag.metrics.model_flops import from_options
+
+    try:
+        return from_options(text)
+    except ValueError as e:
+        raise DiagError(str(e)) from None
+
+
+def _write_ds_config(doc: dict[str, Any], path: str) -> None:
+    """The merged ds_config as JSON, and one line on stderr saying what went in and what did not."""
+    import json
+
+    from diag.report.human import merged_ds_config
+
+    cfg, used, skipped = merged_ds_config(doc)
+    if not cfg:
+        raise DiagError("--ds-config-out: the trace records no ds_config and no finding suggests a patch")
+    write_report(path, json.dumps(cfg, indent=2) + "\n")
+    print(f"diag analyze: wrote {path}: the job's ds_config with {len(used)} patch(es) merged"
+          + (f" ({'; '.join(used)})" if used else "")
+          + (f"; alternatives not merged: {'; '.join(skipped)}" if skipped else ""), file=sys.stderr)
+
+
 def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> None:
     if args.markdown:
         from diag.report import markdown
@@ -132,6 +170,8 @@ def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> N
         from diag.report import html
 
         write_report(_numbered(args.html, run_no), html.render(doc))
+    if args.ds_config_out:
+        _write_ds_config(doc, args.ds_config_out)
     if args.json:
         from diag.report import json_report
 

@@ -3,24 +3,14 @@ alone (pandas + rich; the full rule-based analysis is `diag analyze`)."""
 
 from __future__ import annotations
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from diag.metrics import bandwidth
+from diag.metrics.layer_stats import leaf_layers
 from diag.trace.model import Trace
 from diag.units import binary_bytes as _bytes
 from diag.units import ms as _ms
-
-
-def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
-    """Layer records of modules without children (parents' records are inclusive of them). The root
-    is named by its class, not as a prefix of its children: it is the one with the most FLOPs."""
-    names = set(layers["module"].astype(str))
-    leaves = {n for n in names if not any(o.startswith(n + ".") for o in names)}
-    if len(leaves) > 1:
-        leaves.discard(str(layers.groupby("module", observed=True)["flops"].sum().idxmax()))
-    return layers[layers["module"].astype(str).isin(leaves)]
 
 
 def job_table(trace: Trace) -> Table:

@@ -1,24 +1,105 @@
-"""Export a diag trace to another format: a Perfetto / Chrome JSON timeline (--perfetto OUT.json).
+"""Export a diag trace: a Perfetto timeline (--perfetto), or live metrics for Prometheus (--prometheus).
 
-Each rank is a process with tracks for steps, layers and collectives, plus a device-memory counter.
-Files that cannot be read (one line each on stderr, exit code 2) are left out; the others are exported.
+--perfetto OUT.json writes a Perfetto / Chrome JSON timeline; --prometheus [ADDR]:PORT serves live
+Prometheus metrics of the local ranks.
+
+--perfetto: each rank is a process with tracks for steps, layers and collectives, plus a device-memory
+counter. Files that cannot be read (one line each on stderr, exit code 2) are left out.
+
+--prometheus: a per-node exporter. It follows TRACE_DIR's files as they grow (the job's ranks on this
+node write them; nothing is added to the training process) and serves step time, throughput, FLOP/s,
+collectives by group and op, exposed communication, overflows, loss scale, memory, GPU health (the
+NVML sidecar's records; --gpu starts it) and the count of live findings at http://ADDR:PORT/metrics.
+":PORT" listens on every interface (Prometheus scrapes from elsewhere); see docs/prometheus.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from diag.errors import DiagError
+from diag.errors import USAGE, DiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace_dir", metavar="TRACE_DIR", help="a diag trace directory")
-    parser.add_argument("--perfetto", metavar="OUT.json", required=True,
-                        help="write a Chrome/Perfetto trace-event JSON file")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace-event JSON file")
+    what.add_argument("--prometheus", metavar="[ADDR]:PORT",
+                      help="serve live metrics of the trace directory for Prometheus to scrape")
+    prom = parser.add_argument_group("--prometheus options")
+    prom.add_argument("--job", help="the job label (default: the trace directory's name)")
+    prom.add_argument("--interval", type=float, default=2.0, help="seconds between reads of the files")
+    prom.add_argument("--analyze-every", type=float, default=60.0, metavar="S",
+                      help="run diag's rules on what was read every S seconds (0: never; default 60)")
+    prom.add_argument("--duration", type=float, default=None, metavar="S",
+                      help="stop after S seconds (default: until interrupted)")
+    prom.add_argument("--gpu", action="store_true", help="also run this host's NVML sidecar")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prometheus is not None:
+        return serve(args)
+    return perfetto(args)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """"[ADDR]:PORT" -> (ADDR, PORT); an empty ADDR is every interface."""
+    addr, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise DiagError(f"--prometheus {text!r}: expected [ADDR]:PORT, e.g. :9400 or 127.0.0.1:9400", USAGE)
+    return addr.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import time
+
+    try:
+        from prometheus_client import start_http_server
+
+        from diag.exporter.server import Exporter, registry_for
+    except ImportError as e:
+        raise DiagError(f"--prometheus needs prometheus-client: pip install 'diag[prometheus]' "
+                        f"({e.name} missing)") from None
+    addr, port = parse_listen(args.prometheus)
+    if args.interval <= 0:
+        raise DiagError("--interval must be > 0", USAGE)
+    job = args.job or os.path.basename(os.path.abspath(args.trace_dir))
+    exporter = Exporter(args.trace_dir, job, interval=args.interval, analyze_every=args.analyze_every)
+    try:
+        server, _thread = start_http_server(port, addr, registry=registry_for(exporter))
+    except OSError as e:
+        raise DiagError(f"cannot listen on {addr}:{port} ({e.strerror or e})") from None
+    sidecar = _sidecar(args.trace_dir) if args.gpu else None
+    exporter.start()
+    print(f"serving metrics of {args.trace_dir} (job {job!r}) at http://{addr}:{server.server_port}/metrics",
+          flush=True)
+    try:
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+    finally:
+        exporter.stop()
+        server.shutdown()
+        if sidecar is not None:
+            sidecar.stop()
+    return 0
+
+
+def _sidecar(trace_dir: str) -> object | None:
+    import sys
+
+    from diag.collectors.nvml import Sidecar
+
+    sidecar = Sidecar(trace_dir)
+    if sidecar.start():
+        return sidecar
+    print(f"diag export: no GPU health ({sidecar.error})", file=sys.stderr)
+    return None
+
+
+def perfetto(args: argparse.Namespace) -> int:
     import sys
 
     import diag

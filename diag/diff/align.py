@@ -5,7 +5,9 @@
   job without DeepSpeed), `zero-gather` (all_gather of ZeRO-3 parameters), `dp-grad` (gradient
   all_reduce / reduce_scatter on the data-parallel group), `dp` (other data-parallel traffic).
 - Layers are matched by qualified name with wrapper prefixes folded (`DeepSpeedEngine`, `module.`),
-  and TP shards folded: every rank's record of a name counts toward the one layer.
+  and TP shards folded: every rank's record of a name counts toward the one layer; a pipeline
+  stage's locally numbered layers (`decoder.layers.0` on the second of two stages) take their
+  model-wide index (`decoder.layers.2`) from the agent's `layer_numbers` record.
 - Sizes are per step, per sample or per token (`units`), from the step records' samples/tokens.
 """
 
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from diag import schema
 from diag.diff import adapter
 
 if TYPE_CHECKING:
@@ -97,6 +100,29 @@ def units(trace: Trace) -> dict[str, float | None]:
     return out
 
 
+def renumber(name: str, numbers: dict[str, int]) -> str:
+    """`decoder.layers.0.mlp` -> `decoder.layers.2.mlp` when the agent recorded that this rank's
+    `decoder.layers.0` is layer 2 of the whole model (a pipeline stage's local numbering)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        index = numbers.get(".".join(parts[:i]))
+        if index is not None:
+            parts[i - 1] = str(index)
+            return ".".join(parts)
+    return name
+
+
+def global_layer_names(trace: Trace, lay: pd.DataFrame) -> pd.Series:
+    """Each record's module name with pipeline stages' local layer indices made model-wide, from the
+    rank's `layer_numbers` meta (see collectors/modules.py)."""
+    numbers = {r: h.get(schema.META_LAYER_NUMBERS) for r, h in trace.headers.items()}
+    names = lay["module"].astype(str)
+    if not any(isinstance(v, dict) and v for v in numbers.values()):
+        return names
+    pairs = {(m, r): renumber(m, numbers.get(r) or {}) for m, r in set(zip(names, lay["rank"]))}
+    return pd.Series([pairs[(m, r)] for m, r in zip(names, lay["rank"])], index=lay.index)
+
+
 def layer_table(trace: Trace) -> pd.DataFrame:
     """Per folded layer and phase: mean time per sampled rank-step (ns) and FLOPs per step of one
     model replica (all ranks' FLOPs on the step / data-parallel replicas)."""
@@ -105,7 +131,7 @@ def layer_table(trace: Trace) -> pd.DataFrame:
     if lay.empty or "module" not in lay.columns:
         return pd.DataFrame(columns=cols)
     dp = layout(trace)["dp"]
-    d = lay.assign(layer=lay["module"].astype(str).map(fold_layer), phase=lay["phase"].astype(str),
+    d = lay.assign(layer=global_layer_names(trace, lay).map(fold_layer), phase=lay["phase"].astype(str),
                    flops=pd.to_numeric(lay["flops"], errors="coerce").fillna(0))
     # a layer called twice in a step counts twice; wrappers of the same work (DeepSpeedEngine and
     # its `module`) fold to one name and count once (the larger)

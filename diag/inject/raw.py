@@ -117,15 +117,28 @@ class _SigAction(ctypes.Structure):  # glibc's struct sigaction (x86-64)
                 ("restorer", ctypes.c_void_p)]
 
 
+def _ignore(_signum: int, _frame: object) -> None:
+    """A Python-level handler whose only use is making libc install a restorer (see restorer)."""
+
+
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
 def restorer() -> int:
     """libc's `__restore_rt` (`mov $15,%rax; syscall`: rt_sigreturn) in this process: glibc's
-    sigaction sets it as SA_RESTORER of every handler, so it is read back from Python's SIGINT one."""
+    sigaction sets it as SA_RESTORER of every handler it installs, so it is read back from one.
+    Python's SIGINT handler is the usual one; a process started with SIGINT ignored (a background
+    job of a non-interactive shell) has none, so a handler is set on SIGUSR2 just to read it."""
     act = _SigAction()
     if libc.sigaction(signal.SIGINT, None, ctypes.byref(act)) != 0 or not act.restorer:
+        previous = signal.signal(signal.SIGUSR2, _ignore)
+        try:
+            if libc.sigaction(signal.SIGUSR2, None, ctypes.byref(act)) != 0:
+                act.restorer = None
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
+    if not act.restorer:
         raise LookupError("cannot find libc's signal restorer")
     if ctypes.string_at(act.restorer, len(RESTORE_RT)) != RESTORE_RT:
         raise LookupError("libc's signal restorer is not `mov $15,%rax; syscall`")

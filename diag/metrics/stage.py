@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from diag.metrics import breakdown, comms, steps
+from diag.metrics import breakdown, comms, step_split, steps
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -53,6 +53,12 @@ class Metrics:
     def stragglers(self) -> pd.DataFrame:
         """Per rank: share of collectives it arrived last at, median step (`breakdown.stragglers`)."""
         return breakdown.stragglers(self.trace)
+
+    @cached_property
+    def step_split(self) -> pd.DataFrame:
+        """Per rank, over steady (sampled) steps of a diag trace: compute / exposed communication /
+        other time (`step_split.step_split`)."""
+        return step_split.step_split(self.steady_steps, self.trace.comms, self.trace.layers)
 
     @cached_property
     def step_times(self) -> pd.DataFrame:

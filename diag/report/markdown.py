@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.report.tables import finding_lines, summary_line, tables
+from diag.report.human import fix_blocks, prose
+from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 
 def _cell(s: str) -> str:
@@ -13,12 +14,21 @@ def _cell(s: str) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     out = ["# diag analysis", "", summary_line(doc), ""]
+    mfu = throughput_lines(doc)
+    if mfu:
+        out += ["## Throughput and MFU", ""] + [f"- {_cell(line)}" for line in mfu] + [""]
     out += ["## Findings", ""]
     if not doc["findings"]:
         out += ["No findings.", ""]
     for f in doc["findings"]:
-        out.append(f"### [{f['severity']}] {f['title']} (`{f['rule']}`)")
-        out += [""] + [f"- {_cell(line)}" for line in finding_lines(f)] + [""]
+        out.append(f"### [{f['severity']}] {prose(f['title'])} (`{f['rule']}`)")
+        out += [""] + [f"- {_cell(line)}" for line in finding_lines(f)]
+        for fix in f.get("fixes") or []:
+            out.append(f"- fix: {_cell(fix['summary'])}")
+            for label, text, lang in fix_blocks(fix):
+                out += ["", f"  {label}:", "", f"  ```{lang}"] + [f"  {line}" for line in text.splitlines()]
+                out += ["  ```", ""]
+        out.append("")
     for title, header, rows in tables(doc):
         out += [f"## {title}", "", "| " + " | ".join(header) + " |",
                 "|" + "---|" * len(header)]

@@ -13,6 +13,7 @@ import pandas as pd
 
 from diag import __version__
 from diag.metrics.stage import Metrics
+from diag.report import mfu, trace_doc
 
 if TYPE_CHECKING:
     from diag.findings import Finding
@@ -76,23 +77,38 @@ def _stragglers(metrics: Metrics, findings: list[Finding]) -> pd.DataFrame:
     return df.assign(straggler=[int(r) in flagged for r in df["rank"]])
 
 
+def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any, str | None]:
+    """(TFLOP/s per GPU, MFU, which) for the summary: measured, else the model view, else the log's."""
+    if tp["measured"]["tflops_per_gpu"] is not None:
+        return tp["measured"]["tflops_per_gpu"], tp["measured"]["mfu"], "measured"
+    if tp["model"] and tp["model"]["tflops_per_gpu"] is not None:
+        return tp["model"]["tflops_per_gpu"], tp["model"]["mfu"], "model"
+    printed = log["tflops"].median() if "tflops" in log.columns else None
+    return printed, None, ("log" if printed is not None else None)
+
+
 def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
-          metrics: Metrics | None = None) -> dict[str, Any]:
+          metrics: Metrics | None = None, *, peak_tflops: float | None = None,
+          model: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report document for one analysis: the trace's `metrics` (the ones the rules read; made
-    here when not given) and the findings."""
+    here when not given) and the findings. `peak_tflops` overrides the device table's peak, `model`
+    (Megatron argument names) the model shape the trace or log recorded."""
     metrics = metrics if metrics is not None else Metrics(trace)
     steps = metrics.step_times
     log = trace.frame("log_step")
+    tp = mfu.section(trace, metrics, peak_tflops, model)
+    tflops, util, which = _headline(tp, log)
     return plain({
         "schema": SCHEMA, "version": VERSION, "diag_version": __version__,
         "sources": list(trace.sources), "ranks": trace.ranks, "layout": trace.layout(),
         "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
         "summary": {"steps": _steps_summary(steps),
-                    "tflops_median": (log["tflops"].median() if "tflops" in log.columns else None),
+                    "tflops_median": tflops, "tflops_source": which, "mfu": util,
                     "overflows": _overflows(trace),
                     "findings": len(findings)},
         "metrics": {
             "breakdown": rows(metrics.breakdown),
+            "step_split": rows(metrics.step_split),
             "overlap": rows(metrics.overlap),
             "collectives": rows(metrics.collectives),
             "bandwidth_by_size": rows(metrics.bandwidth_by_size),
@@ -100,6 +116,11 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
             "step_times": rows(steps),
             "loss_scale": rows(_loss_scale(trace)),
         },
+        "throughput": tp,
+        "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),
+        "steps": trace_doc.steps(tp["per_step"], trace),
+        "memory": trace_doc.memory(trace),
+        "overflows": trace_doc.overflows(trace),
         "findings": [f.to_dict() for f in findings],
         "rule_failures": dict(failures),
     })

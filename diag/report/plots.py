@@ -1,7 +1,7 @@
 """Small self-made inline SVG charts for the HTML report (no plotting dependency, no scripts).
 
 `lines` draws one polyline (or markers only, `dots=True`) per series; `stacked_bars` one bar per
-category split into parts. Axes are linear, or log10 on x with `logx` (message sizes).
+category split into parts. Axes are linear, or log10 on x with `logx` (message sizes, labelled in bytes).
 """
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from html import escape
 
-W, H, L, R, T, B = 640, 260, 64, 16, 28, 40
+from diag.units import binary_bytes
+
+W, H, L, R, T, B = 640, 270, 64, 16, 44, 40
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f")
 
 Series = dict[str, list[tuple[float, float]]]
@@ -21,7 +23,13 @@ def _scale(lo: float, hi: float, a: float, b: float):  # type: ignore[no-untyped
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.2e}"
+    """A tick value without exponents: 0.0525, 36.1, 3730, 1.2M."""
+    a = abs(v)
+    if a >= 1e9:
+        return f"{v / 1e9:.3g}G"
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    return f"{v:.0f}" if a >= 100 else f"{v:.3g}"
 
 
 def _frame(title: str, xlabel: str, ylabel: str, body: list[str]) -> str:
@@ -29,25 +37,50 @@ def _frame(title: str, xlabel: str, ylabel: str, body: list[str]) -> str:
             f'role="img" aria-label="{escape(title)}"><rect width="{W}" height="{H}" fill="white"/>'
             f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14">{escape(title)}</text>'
             f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">{escape(xlabel)}</text>'
-            f'<text x="14" y="{H / 2}" font-size="11" transform="rotate(-90 14 {H / 2})" '
+            f'<text x="14" y="{(H - B + T) / 2}" font-size="11" transform="rotate(-90 14 {(H - B + T) / 2})" '
             f'text-anchor="middle">{escape(ylabel)}</text>{"".join(body)}</svg>')
 
 
-def _axes(xlo: float, xhi: float, ylo: float, yhi: float, logx: bool) -> list[str]:
+def _xticks(xlo: float, xhi: float, integer: bool) -> list[float]:
+    """Five ticks over [xlo, xhi], or whole numbers only (steps) when `integer`."""
+    if not integer:
+        return [xlo + (xhi - xlo) * i / 4 for i in range(5)]
+    step = max(1, math.ceil((xhi - xlo) / 8))
+    return [float(v) for v in range(math.ceil(xlo), math.floor(xhi) + 1, step)] or [xlo]
+
+
+def _axes(xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x: bool = False) -> list[str]:
     out = [f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="#333"/>',
            f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="#333"/>']
+    sx = _scale(xlo, xhi, L, W - R)
     for i in range(5):
-        yv, xv = ylo + (yhi - ylo) * i / 4, xlo + (xhi - xlo) * i / 4
-        y, x = H - B - (H - B - T) * i / 4, L + (W - L - R) * i / 4
+        yv, y = ylo + (yhi - ylo) * i / 4, H - B - (H - B - T) * i / 4
         out.append(f'<text x="{L - 4}" y="{y + 4}" font-size="10" text-anchor="end">{_fmt(yv)}</text>')
-        out.append(f'<text x="{x}" y="{H - B + 14}" font-size="10" text-anchor="middle">'
-                   f'{_fmt(10 ** xv if logx else xv)}</text>')
+    ticks = _xticks(xlo, xhi, integer_x)
+    for i, xv in enumerate(ticks):
+        label = f"{xv:.0f}" if integer_x else binary_bytes(10 ** xv) if logx else _fmt(xv)
+        anchor = "start" if i == 0 and len(ticks) > 1 else "end" if i == len(ticks) - 1 and i else "middle"
+        out.append(f'<text x="{sx(xv):.1f}" y="{H - B + 14}" font-size="10" '
+                   f'text-anchor="{anchor}">{escape(label)}</text>')
+    return out
+
+
+def _legend(names: list[str]) -> list[str]:
+    """Legend entries in one row under the title, outside the plotting area (never over data)."""
+    out, x = [], float(L)
+    for i, name in enumerate(names):
+        color = PALETTE[i % len(PALETTE)]
+        out.append(f'<rect x="{x:.0f}" y="{T - 16}" width="10" height="10" fill="{color}"/>'
+                   f'<text x="{x + 14:.0f}" y="{T - 7}" font-size="10">{escape(name)}</text>')
+        x += 24 + 6.2 * len(name)
     return out
 
 
 def lines(series: Series, title: str, xlabel: str, ylabel: str, *, logx: bool = False,
-          dots: bool = False) -> str:
-    """A line (or dot) chart; an empty `series` gives a chart that says "no data"."""
+          dots: bool = False, integer_x: bool = False, marks: list[float] | None = None,
+          mark_label: str = "") -> str:
+    """A line (or dot) chart; an empty `series` gives a chart that says "no data". `marks`: x values
+    drawn as dashed vertical lines (overflow steps), named `mark_label` in the legend."""
     pts = {k: [(math.log10(x) if logx else x, y) for x, y in v if not logx or x > 0]
            for k, v in series.items()}
     allp = [p for v in pts.values() for p in v]
@@ -57,8 +90,11 @@ def lines(series: Series, title: str, xlabel: str, ylabel: str, *, logx: bool = 
     xlo, xhi = min(p[0] for p in allp), max(p[0] for p in allp)
     ylo, yhi = min(0.0, min(p[1] for p in allp)), max(p[1] for p in allp)
     sx, sy = _scale(xlo, xhi, L, W - R), _scale(ylo, yhi, H - B, T)
-    body = _axes(xlo, xhi, ylo, yhi, logx)
-    for i, (name, v) in enumerate(pts.items()):
+    body = _axes(xlo, xhi, ylo, yhi, logx, integer_x)
+    shown = [m for m in marks or [] if xlo <= m <= xhi]
+    body += [f'<line x1="{sx(m):.1f}" y1="{T}" x2="{sx(m):.1f}" y2="{H - B}" stroke="#c00" '
+             f'stroke-dasharray="3,3"><title>{escape(mark_label)} {m:g}</title></line>' for m in shown]
+    for i, v in enumerate(pts.values()):
         color = PALETTE[i % len(PALETTE)]
         xy = [(sx(x), sy(y)) for x, y in sorted(v)]
         if dots or len(xy) == 1:
@@ -66,8 +102,10 @@ def lines(series: Series, title: str, xlabel: str, ylabel: str, *, logx: bool = 
         else:
             body.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="'
                         + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy) + '"/>')
-        body.append(f'<text x="{W - R - 4}" y="{T + 12 * (i + 1)}" font-size="10" fill="{color}" '
-                    f'text-anchor="end">{escape(name)}</text>')
+    body += _legend(list(pts))
+    if shown and mark_label:
+        body.append(f'<text x="{W - R}" y="{T - 7}" font-size="10" fill="#c00" text-anchor="end">'
+                    f'- - {escape(mark_label)}</text>')
     return _frame(title, xlabel, ylabel, body)
 
 
@@ -92,6 +130,5 @@ def stacked_bars(bars: dict[str, dict[str, float]], title: str, ylabel: str) -> 
             base += val
         body.append(f'<text x="{x + width * 0.35:.1f}" y="{H - B + 14}" font-size="10" '
                     f'text-anchor="middle">{escape(label)}</text>')
-    body += [f'<text x="{W - R - 4}" y="{T + 12 * (j + 1)}" font-size="10" text-anchor="end" '
-             f'fill="{PALETTE[j % len(PALETTE)]}">{escape(p)}</text>' for j, p in enumerate(parts)]
+    body += _legend(parts)
     return _frame(title, "", ylabel, body)

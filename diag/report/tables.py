@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.report.human import evidence_line, prose
+from diag.report.trace_tables import trace_tables
 from diag.units import binary_bytes as _bytes
+from diag.units import flop_count, flop_rate, percent, rate, significant
 from diag.units import ms as _ms
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -15,9 +18,64 @@ def _num(v: Any, fmt: str = ".2f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def throughput_table(doc: dict[str, Any]) -> list[Table]:
+    tp = doc.get("throughput") or {}
+    rows = [r for r in tp.get("per_rank") or [] if r.get("flops_per_step") is not None
+            or r.get("samples_per_s") is not None]
+    if not rows:
+        return []
+    return [("Throughput per rank (steady steps without FLOP counting, medians)",
+             ["rank", "steps", "FLOPs/step", "step ms", "FLOP/s", "MFU", "samples/s", "tokens/s"],
+             [[str(r["rank"]), str(r["steps"]), flop_count(r["flops_per_step"]), _num(r["step_ms"]),
+               flop_rate(r["tflops"]), percent(r["mfu"]), _rate(r["samples_per_s"], "samples"),
+               _rate(r["tokens_per_s"], "tokens")] for r in rows])]
+
+
+def _gbs(v: Any) -> str:
+    """A bandwidth given in GB/s, in the unit that reads best (26.1 KB/s, 12.3 GB/s)."""
+    return "-" if v is None else significant(v * 1e9, ("B/s", "KB/s", "MB/s", "GB/s", "TB/s"))
+
+
+def _rate(v: Any, unit: str) -> str:
+    return "-" if v is None else rate(v, unit)
+
+
+def throughput_lines(doc: dict[str, Any]) -> list[str]:
+    """The MFU paragraph: measured and model views side by side, the job's own figure, the peak."""
+    tp = doc.get("throughput") or {}
+    meas, model, peak = tp.get("measured") or {}, tp.get("model"), tp.get("peak")
+    out = []
+    if meas.get("tflops_per_gpu") is not None:
+        util = f"MFU {percent(meas['mfu'])}" if meas.get("mfu") is not None else "MFU unknown"
+        out.append(f"measured: {flop_rate(meas['tflops_per_gpu'])} per GPU (mean over ranks), {util}")
+    if model:
+        line = (f"model ({model['formula']} formula, batch {model['batch']}, world {model['world_size']}): "
+                f"{flop_count(model['flops_per_iteration'])} per iteration")
+        if model.get("tflops_per_gpu") is not None:
+            line += (f", {flop_rate(model['tflops_per_gpu'])} per GPU at {model['step_s'] * 1e3:.1f} ms per "
+                     "iteration")
+            if model.get("mfu") is not None:
+                line += f", MFU {percent(model['mfu'])}"
+        if model.get("tflops_on_log_times") is not None:
+            line += f"; on the log's own iteration times {flop_rate(model['tflops_on_log_times'])}"
+        out.append(line)
+    if tp.get("log_tflops_median") is not None:
+        out.append(f"the job's log prints {tp['log_tflops_median']:.2f} TFLOP/s per GPU (median of its "
+                   "TFLOPs lines)")
+    if not out:
+        return []
+    if peak:
+        out.append(f"peak: {peak['tflops']:g} TFLOP/s dense {peak['dtype']} on {peak['device']} "
+                   f"({peak['source']})")
+    elif tp.get("peak_note"):
+        out.append(f"peak: {tp['peak_note']}")
+    out.append(f"counted: {tp['counted']}")
+    return out
+
+
 def tables(doc: dict[str, Any]) -> list[Table]:
     m = doc["metrics"]
-    out: list[Table] = []
+    out: list[Table] = [*throughput_table(doc), *trace_tables(doc)]
     if m["breakdown"]:
         out.append(("Temporal breakdown", ["rank", "source", "span ms", "compute %", "non-compute %",
                                            "idle %"],
@@ -28,10 +86,9 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                     [[str(r["rank"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _num(r["overlap_pct"])]
                      for r in m["overlap"]]))
     if m["collectives"]:
-        out.append(("Collectives", ["rank", "op", "calls", "time ms", "mean size", "algbw GB/s",
-                                    "busbw GB/s"],
+        out.append(("Collectives", ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
                     [[str(r["rank"]), r["op"], str(r["calls"]), _ms(r["time_ns"]), _bytes(r["mean_bytes"]),
-                      _num(r["algbw"], ".3f"), _num(r["busbw"], ".3f")] for r in m["collectives"]]))
+                      _gbs(r["algbw"]), _gbs(r["busbw"])] for r in m["collectives"]]))
     if m["stragglers"]:
         out.append(("Stragglers", ["rank", "last to arrive (share of collectives)", "median step ms",
                                    "straggler"],
@@ -41,24 +98,16 @@ def tables(doc: dict[str, Any]) -> list[Table]:
 
 
 def finding_lines(f: dict[str, Any]) -> list[str]:
-    """Detail lines under a finding's title: what, where, evidence, recoverable time, fixes."""
-    lines = [f["detail"]]
+    """Detail lines under a finding's title: what, where, evidence, recoverable time (the fixes are
+    rendered apart, as code: `human.fix_blocks`)."""
+    lines = [prose(f["detail"])]
     where = [f"{k}: {', '.join(map(str, f[k][:8]))}" for k in ("ranks", "layers", "steps") if f.get(k)]
     if where:
         lines.append("; ".join(where))
     if f.get("evidence"):
-        lines.append("evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in f["evidence"].items()))
+        lines.append("evidence: " + evidence_line(f["evidence"]))
     if f.get("recoverable_s") is not None:
         lines.append(f"recoverable: ~{f['recoverable_s'] * 1e3:.1f} ms per step")
-    for fix in f.get("fixes") or []:
-        parts = [fix["summary"]]
-        if fix.get("ds_config"):
-            parts.append(f"ds_config: {fix['ds_config']}")
-        if fix.get("megatron_args"):
-            parts.append("megatron: " + " ".join(fix["megatron_args"]))
-        if fix.get("env"):
-            parts.append("env: " + " ".join(f"{k}={v}" for k, v in fix["env"].items()))
-        lines.append("fix: " + " | ".join(parts))
     return lines
 
 
@@ -69,13 +118,9 @@ def summary_line(doc: dict[str, Any]) -> str:
     if st.get("count"):
         bits.append(f"{st['count']} steps, median {st['median_ms']:.1f} ms, p90 {st['p90_ms']:.1f} ms")
     if s.get("tflops_median") is not None:
-        bits.append(f"{s['tflops_median']:.1f} TFLOP/s median")
+        bits.append(f"{flop_rate(s['tflops_median'])} per GPU"
+                    + (f", MFU {percent(s['mfu'])}" if s.get("mfu") is not None else ""))
     if s.get("overflows"):
         bits.append(f"{s['overflows']} overflow(s)")
     bits.append(f"{s['findings']} finding(s)")
     return " · ".join(bits)
-
-
-def _short(v: object) -> object:
-    """Evidence floats to 4 significant digits for reading (the JSON report keeps them exact)."""
-    return f"{v:.4g}" if isinstance(v, float) else v

@@ -7,11 +7,12 @@ analyzers take a `Trace` whatever the source.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from diag import schema
+
+if TYPE_CHECKING:  # imported where a frame is built: following live files needs no pandas
+    import pandas as pd
 
 # Columns whose values repeat a lot: stored as pandas categoricals (interned strings).
 CATEGORICAL = ("module", "phase", "op", "dtype", "group", "device", "source", "collector", "where",
@@ -46,6 +47,8 @@ class Trace:
         df = self.frames.get(kind)
         if df is not None:
             return df
+        import pandas as pd
+
         cols = ["rank", *schema.FIELDS.get(kind, ())]
         return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
 
@@ -92,7 +95,7 @@ class Trace:
     def layout(self) -> dict[str, Any]:
         """The job's layout as the headers agree on it (from the lowest rank that knows)."""
         keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
-                "global_batch", "grad_accum", "ds_config", "host")
+                "global_batch", "grad_accum", "ds_config", "host", "device_name", "model")
         out: dict[str, Any] = {}
         groups: dict[str, Any] = {}  # every rank's process groups by name (role, size, ranks)
         for rank in self.ranks:

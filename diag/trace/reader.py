@@ -8,14 +8,15 @@ from __future__ import annotations
 import glob
 import os
 from collections import defaultdict
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from diag import schema
 from diag.errors import DiagError
 from diag.trace import safeio, values
 from diag.trace.model import CATEGORICAL, LoadProblem, Trace
+
+if TYPE_CHECKING:  # imported where frames are built (`diag top` and the exporter tail without it)
+    import pandas as pd
 
 # gpu-<host>.jsonl: the NVML sidecar's file (a header with "sidecar": "nvml", then `gpu` events)
 TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl")
@@ -150,6 +151,8 @@ def lost_message(ev: dict[str, Any]) -> str:
 
 
 def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
     df = pd.DataFrame.from_records(rows)
     for col in ("rank", *schema.FIELDS.get(kind, ())):
         if col not in df.columns:

@@ -16,6 +16,7 @@ INT64 = 1 << 63
 # fields every reader computes with: a number or null, never a string, list or bool
 NUMERIC = ("ts", "dur", "step", "bytes", "group_size", "flops", "mem_delta", "allocated", "reserved",
            "peak", "capacity", "rss", "samples", "tokens", "count", "lines")
+_NUMERIC = frozenset(NUMERIC)
 MAX_DEPTH = 64  # diag writes flat records (stats nest 2 deep); deeper is not a diag record
 
 
@@ -43,6 +44,7 @@ def problem(obj: dict[str, Any]) -> str | None:
     """Why a parsed record is refused (a number out of range, a `NUMERIC` field that is not a
     number, a negative `dur`, too deep), or None.
     A flat record costs one pass over its values; nested ones are walked without recursion."""
+    not_number = False
     for key, value in obj.items():
         kind = type(value)
         if kind is int or kind is float:
@@ -52,10 +54,13 @@ def problem(obj: dict[str, Any]) -> str | None:
             why = _nested(key, value)
             if why is not None:
                 return why
-    for key in NUMERIC:
-        value = obj.get(key)
-        if value is not None and type(value) is not int and type(value) is not float:
-            return f"has {key} that is not a number ({str(value)[:30]!r})"
+        elif value is not None and key in _NUMERIC:
+            not_number = True
+    if not_number:  # rare: name the first in NUMERIC's order, whatever the record's
+        for key in NUMERIC:
+            value = obj.get(key)
+            if value is not None and type(value) is not int and type(value) is not float:
+                return f"has {key} that is not a number ({str(value)[:30]!r})"
     dur = obj.get("dur")
     if dur is not None and dur < 0:
         return f"has a negative dur ({dur})"

@@ -26,7 +26,7 @@ from diag.tui.widgets.table import SyncTable
 class TopApp(App[None]):
     TITLE = "diag top"
     CSS = """
-    #summary { height: 2; padding: 0 1; }
+    #summary { height: 3; padding: 0 1; }
     #spark { height: 2; margin: 0 1; }
     #panels-box, #panels { height: 1fr; }
     #status { height: 1; padding: 0 1; background: $boost; }
@@ -125,7 +125,8 @@ class TopApp(App[None]):
 
     def _status(self) -> str:
         sort = list(rows.RANK_SORTS)[self.sort_index]
-        parts = ["PAUSED" if self.paused else ("live" if self.source.live else "replay"),
+        state = self.view.state if self.view is not None else "live"
+        parts = ["PAUSED" if self.paused else (state if self.source.live else "replay"),
                  f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}", *self.notes]
         return " | ".join(parts)
 

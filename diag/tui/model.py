@@ -16,6 +16,7 @@ from diag.tui.tail import Chunk
 
 MAX_RAW = 200_000  # records per kind kept for the analyzers (oldest dropped first)
 OVERFLOW_KEPT = 200
+OVERFLOW_STEPS_KEPT = 10_000  # steps with an overflow, kept apart from the recent loss-scale events
 
 
 class JobModel:
@@ -25,6 +26,7 @@ class JobModel:
         self.headers: dict[int, dict[str, Any]] = {}
         self._paths: dict[str, dict[str, Any]] = {}  # file -> its header (later chunks have none)
         self.ranks: dict[int, RankState] = {}
+        self._min_rank: int | None = None  # whose loss scale is shown (min() per event cost O(ranks))
         self.step_max: dict[int, int] = {}  # step -> slowest rank's duration (the job's step time)
         self.step_samples: dict[int, list[int]] = defaultdict(list)
         self.comms: dict[tuple[str, str], CommStat] = {}
@@ -32,9 +34,15 @@ class JobModel:
         self.layers: dict[str, LayerStat] = {}
         self.layer_rank_steps: set[tuple[int, int]] = set()
         self.overflow: deque[dict[str, Any]] = deque(maxlen=OVERFLOW_KEPT)
+        # every step that overflowed (the recent-events deque above loses old ones on a long run,
+        # while each rank's health keeps counting them): step -> {ranks, scale_before, scale_after}
+        self.overflow_steps: dict[int, dict[str, Any]] = {}
+        self.stragglers: frozenset[int] = frozenset()  # ranks the latest analysis calls stragglers
+        self.state = "live"  # of a followed job: live / ended / detached (diag.tui.jobstate)
         self.loss_scale: float | None = None
         self.skipped_steps = 0
         self.gpus: dict[tuple[str, int], dict[str, Any]] = {}
+        self.gpu_xids: dict[tuple[str, int], int] = {}  # Xid errors seen per GPU since start
         self.raw: dict[str, deque[dict[str, Any]]] = defaultdict(lambda: deque(maxlen=MAX_RAW))
         self.skipped_lines = 0
         self.events = 0
@@ -59,6 +67,17 @@ class JobModel:
             self.version += 1
         return n
 
+    def set_stragglers(self, ranks: set[int]) -> None:
+        """The straggler rule's verdict from the latest analysis (the Ranks tab shows it too)."""
+        if frozenset(ranks) != self.stragglers:
+            self.stragglers = frozenset(ranks)
+            self.version += 1
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.version += 1
+
     def _rank_of(self, chunk: Chunk) -> int | None:
         """The rank a file's records belong to (None for a sidecar or a file without header)."""
         h = self._paths.get(chunk.path)
@@ -77,6 +96,7 @@ class JobModel:
         st = self.ranks.get(rank)
         if st is None:
             st = self.ranks[rank] = RankState(rank)
+            self._min_rank = rank if self._min_rank is None else min(self._min_rank, rank)
         return st
 
     def add(self, rank: int | None, ev: dict[str, Any]) -> None:
@@ -88,7 +108,10 @@ class JobModel:
         if isinstance(ts, int) and ts > self.newest_ts:
             self.newest_ts = ts
         if kind == schema.GPU:
-            self.gpus[(str(ev.get("host", "?")), int(ev.get("index") or 0))] = ev
+            key = (str(ev.get("host", "?")), int(ev.get("index") or 0))
+            self.gpus[key] = ev
+            if isinstance(ev.get("xid"), list):
+                self.gpu_xids[key] = self.gpu_xids.get(key, 0) + len(ev["xid"])
             return
         if rank is None:
             return
@@ -108,6 +131,8 @@ class JobModel:
         if ev.get("samples") is not None:
             self.step_samples[step].append(int(ev["samples"]))
         st.samples, st.tokens = ev.get("samples"), ev.get("tokens")
+        st.samples_total += int(st.samples or 0)
+        st.tokens_total += int(st.tokens or 0)
 
     def _on_comm(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
         key = (str(ev.get("group")), str(ev.get("op")))
@@ -116,8 +141,11 @@ class JobModel:
             if stat is None:
                 stat = table[key] = CommStat(*key)
             stat.add(ev)
-        step = int(ev.get("step") or 0)
-        st.comm_ns[step] = st.comm_ns.get(step, 0) + int(ev.get("dur") or 0)
+        step, dur = int(ev.get("step") or 0), int(ev.get("dur") or 0)
+        st.comm_ns[step] = st.comm_ns.get(step, 0) + dur
+        if not ev.get("async_op"):
+            st.blocked_ns[step] = st.blocked_ns.get(step, 0) + dur
+            st.blocked_ns_total += dur
         st.last_comm = (key[1], key[0], int(ev.get("ts") or 0))
 
     def _on_layer(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
@@ -134,6 +162,9 @@ class JobModel:
             peak = ev.get("rss")
         if peak is not None:
             st.mem_peak = max(st.mem_peak or 0, int(peak))
+        now = ev.get("allocated") if ev.get("allocated") is not None else ev.get("rss")
+        if now is not None:
+            st.mem_allocated = int(now)
         if ev.get("capacity"):
             st.mem_capacity = int(ev["capacity"])
 
@@ -141,9 +172,21 @@ class JobModel:
         self.overflow.append({**ev, "rank": rank})
         if ev.get("overflow"):
             st.overflows += 1
-        if ev.get("scale_after") is not None and rank == min(self.ranks):
+            self._keep_overflow(rank, ev)
+        if ev.get("scale_after") is not None and rank == self._min_rank:
             self.loss_scale = float(ev["scale_after"])
         self.skipped_steps = max(self.skipped_steps, int(ev.get("skipped_steps") or 0))
+
+    def _keep_overflow(self, rank: int, ev: dict[str, Any]) -> None:
+        step = int(ev.get("step") or 0)
+        row = self.overflow_steps.get(step)
+        if row is None:
+            if len(self.overflow_steps) >= OVERFLOW_STEPS_KEPT:
+                del self.overflow_steps[min(self.overflow_steps)]
+            row = self.overflow_steps[step] = {"step": step, "ranks": [], "source": ev.get("source"),
+                                               "scale_before": ev.get("scale_before"),
+                                               "scale_after": ev.get("scale_after")}
+        row["ranks"].append(rank)
 
     def _on_stats(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
         st.dropped = sum(int(v) for v in (ev.get("dropped") or {}).values())
@@ -154,13 +197,21 @@ class JobModel:
             self.headers.setdefault(rank, {})[ev["key"]] = ev.get("value")
 
     # ---- outputs -----------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict[int, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        """(headers, records by kind) seen so far: copied quickly under a caller's lock, turned into a
+        `Trace` by `trace_of` outside it (building frames takes longer)."""
+        return {r: dict(h) for r, h in self.headers.items()}, {k: list(v) for k, v in self.raw.items()}
+
     def to_trace(self) -> Trace:
         """What has been seen so far as a `Trace`, for `analyzers.run_all`."""
-        from diag.trace.reader import build_frames
+        return trace_of(*self.snapshot())
 
-        by_kind = {k: list(v) for k, v in self.raw.items()}
-        return Trace(headers={r: dict(h) for r, h in self.headers.items()},
-                     frames=build_frames(by_kind), sources=["diag top"])
+
+def trace_of(headers: dict[int, dict[str, Any]], by_kind: dict[str, list[dict[str, Any]]]) -> Trace:
+    """A `Trace` of a `JobModel.snapshot()`, its frames built by the post-mortem reader's code."""
+    from diag.trace.reader import build_frames
+
+    return Trace(headers=headers, frames=build_frames(by_kind), sources=["diag top"])
 
 
 _HANDLERS = {

@@ -11,6 +11,7 @@ from typing import Any
 
 from textual.message import Message
 
+from diag.tui import jobstate
 from diag.tui.model import JobModel
 from diag.tui.view import JobView, build_view
 
@@ -49,6 +50,8 @@ class Pump:
         self._posted = -1
         self._analyzed = -1
         self._last_analysis = float("-inf")
+        self.jobstate = jobstate.JobState()
+        self._state_at = float("-inf")
 
     def run(self, cancelled: Callable[[], bool]) -> None:
         """Refresh once per `interval` until stopped (a new view only when something changed)."""
@@ -60,14 +63,27 @@ class Pump:
     def poll_once(self) -> None:
         t0 = time.perf_counter()
         chunks = self.source.poll()
+        state = self._job_state()
         with self.lock:
             self.model.ingest(chunks)
+            if state is not None:
+                self.model.set_state(state)
             if self.model.version == self._posted:
                 return
             self._posted = self.model.version
             view = build_view(self.model)
         self.tick_s.append(time.perf_counter() - t0)
         self.post(ViewUpdated(view, time.monotonic()))
+
+    def _job_state(self) -> str | None:
+        """Live sources, every `jobstate.EVERY_S`: whether the job still runs (None: not checked)."""
+        now = time.monotonic()
+        if not getattr(self.source, "live", False) or now - self._state_at < jobstate.EVERY_S:
+            return None
+        self._state_at = now
+        with self.lock:
+            headers = {r: dict(h) for r, h in self.model.headers.items()}
+        return self.jobstate.check(headers)
 
     def maybe_analyze(self) -> None:
         """Every `analyze_every` seconds while data changes, and once as soon as a replay ends."""
@@ -85,4 +101,10 @@ class Pump:
         except Exception as exc:  # noqa: BLE001 - the UI keeps running whatever the analyzers do
             findings, failures, error = [], {}, f"{type(exc).__name__}: {exc}"
         self.analyses += 1
+        named = {int(r) for f in findings or [] if getattr(f, "rule", "") == "straggler" for r in f.ranks}
+        with self.lock:  # the Ranks tab names the stragglers the Findings tab names
+            unchanged = self.model.version == self._analyzed
+            self.model.set_stragglers(named)
+            if unchanged:  # a verdict is not new data to analyze again
+                self._analyzed = self.model.version
         self.post(FindingsUpdated(list(findings or []), dict(failures or {}), error))

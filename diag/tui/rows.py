@@ -93,9 +93,20 @@ def summary_text(v: JobView, source: str) -> str:
         parts.append(f"ZeRO-{lay['zero_stage']}")
     if lay.get("dtype"):
         parts.append(str(lay["dtype"]))
+    if v.state != "live":  # a followed job that ended, or whose agent detached, is not live any more
+        source = f"{v.state.upper()}: {source.removeprefix('live ')}"
     line1 = f"{source} | " + ", ".join(parts)
     sps = f"{1e3 / v.mean_ms:.2f}" if v.mean_ms else "-"
     line2 = (f"step {fmt.num(v.last_step)}: {fmt.ms(v.last_ms)} ms (mean {fmt.ms(v.mean_ms)} ms, "
              f"{sps} steps/s, {fmt.num(v.samples_per_s)} samples/s) | loss scale "
              f"{fmt.num(v.loss_scale, 0)}, skipped {v.skipped_steps} | {v.events} events")
-    return f"{line1}\n{line2}"
+    return f"{line1}\n{line2}\n{spark_scale(v)}"
+
+
+def spark_scale(v: JobView) -> str:
+    """The scale of the sparkline under the summary: which steps it covers, its lowest and highest."""
+    s = v.step_series
+    if not s:
+        return "step time: no steps yet"
+    return (f"step time, last {len(s)} step(s) (sparkline below, bar height from {fmt.ms(min(s))} to "
+            f"{fmt.ms(max(s))} ms)")

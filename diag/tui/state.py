@@ -28,12 +28,23 @@ class RankState:
     last_ts: int = 0
     samples: int | None = None
     tokens: int | None = None
+    # since start, for counters (`diag export --prometheus`): rates of these are the means over time
+    step_count: int = 0
+    step_ns_total: int = 0
+    samples_total: int = 0
+    tokens_total: int = 0
+    blocked_ns: dict[int, int] = field(default_factory=dict)  # step -> blocking (sync) comm ns
+    blocked_ns_total: int = 0
+    mem_allocated: int | None = None  # the latest memory record's (device allocator, else RSS)
 
     def add_step(self, step: int, dur: int) -> None:
         self.steps.append((step, dur))
-        if len(self.comm_ns) > COMM_STEPS_KEPT:
-            for old in sorted(self.comm_ns)[:-COMM_STEPS_KEPT]:
-                del self.comm_ns[old]
+        self.step_count += 1
+        self.step_ns_total += dur
+        for per_step in (self.comm_ns, self.blocked_ns):
+            if len(per_step) > COMM_STEPS_KEPT:
+                for old in sorted(per_step)[:-COMM_STEPS_KEPT]:
+                    del per_step[old]
 
     @property
     def last_step(self) -> tuple[int, int] | None:
@@ -46,6 +57,15 @@ class RankState:
         if last is None or last[1] <= 0:
             return None
         return min(1.0, self.comm_ns.get(last[0], 0) / last[1])
+
+    def exposed_share(self) -> float | None:
+        """Blocking (async_op false) communication wall time / step time of the last completed step:
+        the share of the step the training thread waited in collectives (waiting for late ranks
+        included; async collectives, which compute may hide, left out)."""
+        last = self.last_step
+        if last is None or last[1] <= 0:
+            return None
+        return min(1.0, self.blocked_ns.get(last[0], 0) / last[1])
 
 
 @dataclass

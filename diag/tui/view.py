@@ -68,6 +68,8 @@ class JobView:
     comm_rows: list[Any] = field(default_factory=list)  # CommStat, sorted by total time
     layer_rows: list[LayerRow] = field(default_factory=list)
     overflow_rows: list[dict[str, Any]] = field(default_factory=list)
+    overflow_steps: int = 0  # steps on which any rank overflowed, since the start
+    state: str = "live"  # of a followed job: live / ended / detached
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -86,6 +88,8 @@ def build_view(m: JobModel) -> JobView:
     v.comm_rows = sorted(m.comms.values(), key=lambda c: (-c.dur, c.group, c.op))
     v.layer_rows = layer_rows(m)
     v.overflow_rows = overflow_rows(m)
+    v.overflow_steps = len(m.overflow_steps)
+    v.state = m.state
     v.gpu_rows = [m.gpus[k] for k in sorted(m.gpus)]
     return v
 
@@ -128,8 +132,12 @@ def rank_rows(m: JobModel) -> list[RankRow]:
 
 
 def health(m: JobModel, st: RankState, median: float) -> str:
-    """"ok", or the problems of a rank: stale, straggler, overflows, dropped events, errors."""
-    out = []
+    """"ok", or the problems of a rank: stale, straggler (the straggler rule's verdict, as the
+    Findings tab shows it; or its last step this much slower than the median), overflows, dropped
+    events, errors."""
+    out = [] if m.state == "live" else [m.state]  # the job ended or the agent detached
+    if st.rank in m.stragglers:
+        out.append("straggler")
     if m.newest_ts and st.last_ts and (m.newest_ts - st.last_ts) / 1e9 > STALE_S:
         out.append(f"stale {(m.newest_ts - st.last_ts) / 1e9:.0f}s")
     last = st.last_step
@@ -142,6 +150,14 @@ def health(m: JobModel, st: RankState, median: float) -> str:
 
 
 def layer_rows(m: JobModel) -> list[LayerRow]:
+    """The `TOP_LAYERS` leaf layers by time, plus the pinned (embedding / output) ones."""
+    rows = leaf_layer_rows(m)
+    top = rows[:TOP_LAYERS]
+    return top + [r for r in rows[TOP_LAYERS:] if r.pinned]
+
+
+def leaf_layer_rows(m: JobModel) -> list[LayerRow]:
+    """Every leaf layer of the module tree (a model's FLOPs are the sum of its leaves'), by time."""
     names = sorted(m.layers)
     leaves = [n for i, n in enumerate(names)
               if not (i + 1 < len(names) and names[i + 1].startswith(n + "."))
@@ -156,8 +172,7 @@ def layer_rows(m: JobModel) -> list[LayerRow]:
                              s.flops / total / 1e3 if total else None,
                              any(p in name.lower() for p in PINNED)))
     rows.sort(key=lambda r: (-r.ms_per_step, r.module))
-    top = rows[:TOP_LAYERS]
-    return top + [r for r in rows[TOP_LAYERS:] if r.pinned]
+    return rows
 
 
 def _is_root(name: str) -> bool:
@@ -167,7 +182,8 @@ def _is_root(name: str) -> bool:
 
 
 def overflow_rows(m: JobModel) -> list[dict[str, Any]]:
-    """Loss-scale events grouped by step, newest first: which ranks overflowed, scale before/after."""
+    """Loss-scale events grouped by step, newest first: which ranks overflowed, scale before/after;
+    the recent events, and every step that overflowed even when its events are no longer recent."""
     by_step: dict[int, dict[str, Any]] = {}
     for ev in m.overflow:
         step = int(ev.get("step") or 0)
@@ -177,4 +193,7 @@ def overflow_rows(m: JobModel) -> list[dict[str, Any]]:
             row["ranks"].append(ev["rank"])
         row["scale_before"] = row["scale_before"] or ev.get("scale_before")
         row["scale_after"] = ev.get("scale_after", row["scale_after"])
+    for step, kept in m.overflow_steps.items():
+        if step not in by_step:
+            by_step[step] = {**kept, "ranks": list(kept["ranks"])}
     return [by_step[s] for s in sorted(by_step, reverse=True)]

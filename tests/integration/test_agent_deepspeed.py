@@ -129,6 +129,27 @@ def test_linear_flops_are_exact(pair: tuple[Job, Job]) -> None:
             assert truth.per_step(bwd, "flops") == dict.fromkeys(STEP_NUMBERS, 4 * tokens * k * n)
 
 
+def test_throughput_is_the_models_flops_over_step_time(pair: tuple[Job, Job]) -> None:
+    """`diag analyze`'s FLOPs per step and rank are the model's: forward 2*M*N*K of every linear plus
+    SDPA's QK^T and AV; backward twice that plus the score matrix SDPA's backward recomputes. TFLOP/s
+    is that over the step's own time, samples/s the engine's samples over it."""
+    from diag.report import model as report
+
+    on, _ = pair
+    m = on.result["model"]
+    b, s, h, v, layers = m["batch"], m["seq"], m["hidden"], m["vocab"], m["layers"]
+    fwd = layers * (2 * b * s * 12 * h * h + 4 * b * s * s * h) + 2 * b * s * h * v
+    want = 3 * fwd + layers * 2 * b * s * s * h
+    tp = report.build(on.trace, [], {})["throughput"]
+    rows = [r for r in tp["per_step"] if r["step"] in STEP_NUMBERS]
+    assert len(rows) == 2 * (STEPS - 1) and all(r["sampled"] for r in rows)  # the first has no duration
+    for r in rows:
+        assert r["flops"] == want
+        assert r["tflops"] == pytest.approx(want / r["dur_ns"] / 1e3)
+        assert r["samples_per_s"] == pytest.approx(2 * b / (r["dur_ns"] / 1e9))
+    assert tp["peak"] is None and "CPU" in tp["peak_note"]
+
+
 def test_memory_sampled_every_step(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     mem = on.trace.memory

@@ -63,6 +63,20 @@ def test_tensor_parallel_linear_flops_are_exact(pair: tuple[Job, Job]) -> None:
             assert truth.per_step(bwd, "flops") == dict.fromkeys(range(STEPS), 4 * tokens * k * n)
 
 
+def test_throughput_counts_each_ranks_tensor_parallel_share(pair: tuple[Job, Job]) -> None:
+    """Per rank and step: 1/TP of the model's matmuls (QKV, projection, MLP, the core attention's
+    QK^T and AV over heads/TP, the vocab-parallel logits), forward once and backward twice."""
+    from diag.report import model as report
+
+    on, _ = pair
+    m = on.result["model"]
+    b, s, h, v, layers = m["batch"], m["seq"], m["hidden"], m["vocab"], m["layers"]
+    fwd = (layers * (24 * b * s * h * h + 4 * b * s * s * h) + 2 * b * s * h * v) // TP
+    rows = report.build(on.trace, [], {})["throughput"]["per_step"]
+    assert sorted((r["rank"], r["step"]) for r in rows if r["flops"] == 3 * fwd) == [
+        (r, st) for r in range(2) for st in range(1, STEPS)]  # step 0 has no duration
+
+
 def test_healthy_agent_reports_no_errors(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     assert on.trace.errors.empty, on.trace.errors.to_dict("records")

@@ -164,3 +164,87 @@ def test_top_and_analyze_report_the_same_busbw(real_trace):
             per_call_differs += mine["busbw"].mean() != pytest.approx(stat.busbw, rel=1e-3)
             compared += 1
     assert compared >= 4 and per_call_differs >= 1  # the old mean would have failed here
+
+
+def test_overflow_tab_keeps_every_overflowed_step_on_a_long_run():
+    """The Overflow tab counted steps from the recent loss-scale events only: after 200 more of them
+    it said 'steps with an overflow 0' while each rank's health still said 'overflow 5'."""
+    trace = os.path.join(os.path.dirname(__file__), "..", "..", "sample_traces", "fp16_overflow")
+    m, _ = _view(trace)
+    skipped = sorted(int(s) for s in diag.load(trace).overflow.query("overflow == True")["step"].unique())
+    for step in range(12, 12 + 150):  # a long healthy tail: two loss-scale records per step
+        for rank in (0, 1):
+            m.add(rank, {"k": schema.OVERFLOW, "step": step, "ts": 0, "overflow": False, "scale_before": 8.0,
+                         "scale_after": 8.0, "skipped_steps": 5, "source": "deepspeed_fp16"})
+    v = build_view(m)
+    assert {r.health for r in v.rank_rows} == {"overflow 5"}
+    assert v.overflow_steps == len(skipped) == 5
+    assert sorted(r["step"] for r in v.overflow_rows if r["ranks"]) == skipped
+    assert all(sorted(r["ranks"]) == [0, 1] for r in v.overflow_rows if r["ranks"])
+
+
+def test_ranks_tab_names_the_straggler_the_findings_tab_names():
+    """The straggler rule flags rank 1 (it sleeps before each batch; rank 0 waits for it in the
+    collectives, so their step times look alike): Ranks said 'ok' for it while Findings named it."""
+    from diag.tui.pump import FindingsUpdated, Pump, ViewUpdated, run_analyzers
+
+    posted = []
+    trace = os.path.join(os.path.dirname(__file__), "..", "..", "sample_traces", "straggler")
+    pump = Pump(ReplaySource(trace, speed=0), posted.append, interval=0.01, analyze=run_analyzers,
+                analyze_every=0)
+    pump.poll_once()
+    before = [m.view for m in posted if isinstance(m, ViewUpdated)][-1]
+    assert "straggler" not in {r.health for r in before.rank_rows}  # step times alone do not show it
+    pump.maybe_analyze()
+    named = {r for m in posted if isinstance(m, FindingsUpdated) for f in m.findings if f.rule == "straggler"
+             for r in f.ranks}
+    pump.poll_once()
+    after = {r.rank: r.health for r in [m.view for m in posted if isinstance(m, ViewUpdated)][-1].rank_rows}
+    assert named == {1} and after[1].startswith("straggler") and "straggler" not in after[0]
+    analyses = pump.analyses
+    pump.maybe_analyze()  # the verdict is not new data: no second analysis
+    assert pump.analyses == analyses
+
+
+def test_header_and_health_say_when_the_followed_job_ended(tmp_path):
+    """After the job's processes exit, the header said 'live' and every rank 'ok'."""
+    import socket as _socket
+
+    from diag.tui import jobstate
+    from diag.tui.pump import Pump, ViewUpdated
+    from diag.tui.rows import summary_text
+
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(tmp_path / "rank-00000.jsonl", "w") as f:
+            f.write(json.dumps({"k": "header", "schema": 1, "rank": 0, "world_size": 1, "pid": job.pid,
+                                "host": _socket.gethostname()}) + "\n")
+            f.write(json.dumps({"k": schema.STEP, "step": 1, "ts": 1, "dur": 5_000_000, "samples": 8,
+                                "tokens": None, "applied": True}) + "\n")
+        posted = []
+        pump = Pump(LiveSource(str(tmp_path)), posted.append, interval=0.01, analyze=None, analyze_every=60)
+        pump.poll_once()
+        view = [m.view for m in posted if isinstance(m, ViewUpdated)][-1]
+        assert view.state == "live" and view.rank_rows[0].health == "ok"
+        job.kill()
+        job.wait()
+        pump._state_at -= jobstate.EVERY_S  # the next poll checks again
+        pump.poll_once()
+        view = [m.view for m in posted if isinstance(m, ViewUpdated)][-1]
+        assert view.state == "ended" and view.rank_rows[0].health == "ended"
+        assert summary_text(view, pump.source.describe()).startswith(f"ENDED: {tmp_path}")
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_sparkline_has_a_scale(real_trace):
+    """The sparkline of step times had no scale: the line above it names its range and its steps."""
+    from diag.tui.rows import spark_scale, summary_text
+
+    _, v = _view(real_trace)
+    lo, hi = min(v.step_series), max(v.step_series)
+    assert lo < hi
+    line = spark_scale(v)
+    assert f"last {len(v.step_series)} step(s)" in line and f"{lo:.1f} to {hi:.1f} ms" in line
+    assert summary_text(v, "replay x").splitlines()[-1] == line

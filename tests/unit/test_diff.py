@@ -17,7 +17,8 @@ from tests.unit.kineto_samples import ROOT
 
 SAMPLES = os.path.join(ROOT, "sample_traces")
 PAIRS = [("healthy", "straggler"), ("healthy", "zero3"), ("healthy", "overflow_storm"),
-         ("healthy", "input_stall"), ("healthy", "megatron_tp2"), ("zero3", "embedding_heavy")]
+         ("healthy", "input_stall"), ("healthy", "megatron_tp2"), ("zero3", "embedding_heavy"),
+         ("embedding_heavy", "embedding_moved")]
 
 
 @functools.cache
@@ -89,6 +90,26 @@ def test_zero3_shows_the_parameter_gathers():
     assert coll["all_gather:zero-gather"]["candidate_calls"] > 30  # layer-by-layer gathers
     assert {"key": "zero_stage", "baseline": 2, "candidate": 3} in [
         {k: c[k] for k in ("key", "baseline", "candidate")} for c in d["config"]]
+
+
+def test_moving_the_embedding_out_of_zero3_removes_its_gathers():
+    """The embedding-heavy model, whose embedding and output layer are the only parameters ZeRO-3
+    partitions, moved to ZeRO-2: the per-forward gathers of those 2 x 2.1M parameters go, their
+    gradients are all-reduced and the updated partitions all-gathered once a step instead, and the
+    embedding_comm finding is resolved. Every part named is a collective the layout change moved."""
+    d = doc("embedding_heavy", "embedding_moved")
+    gathers = part(d, "comm:all_gather:zero-gather")
+    assert gathers["baseline_ms"] > 5 and gathers["candidate_ms"] == 0
+    assert part(d, "comm:reduce_scatter:dp-grad")["candidate_ms"] == 0
+    assert "zero_stage" in gathers["config"]
+    coll = {c["key"]: c for c in d["collectives"]}
+    assert coll["all_gather:zero-gather"]["candidate_calls"] is None
+    grads = coll["all_reduce:dp-grad"]["candidate_bytes"]
+    assert grads > 2 * 65536 * 32 * 4 * 0.8  # wte's and head's fp32 gradients, every step
+    assert [f["rule"] for f in d["findings"]["resolved"]] == ["embedding_comm"]
+    assert d["findings"]["appeared"] == []
+    moved = {c.split(": ", 1)[1].split(",")[0] for c in d["headline"]["cause"]}
+    assert moved and all(m.split(" ", 1)[0] in ("all_gather", "all_reduce", "reduce_scatter") for m in moved)
 
 
 def test_overflow_storm_is_skipped_steps():

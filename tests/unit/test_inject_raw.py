@@ -75,3 +75,21 @@ def test_a_failed_injection_is_one_line_from_the_child(tmp_path, monkeypatch):
         ptrace.inject_raw(Target(dead.pid, sys.executable, sys.version_info[:2], False), "pass")
     assert "\n" not in str(err.value)
     assert not [n for n in os.listdir(tmp_path / "diag") if f"-{dead.pid}-" in n]  # payload removed
+
+
+def test_injector_started_with_sigint_ignored_finds_the_restorer():
+    """A background job of a non-interactive shell starts with SIGINT ignored, so Python installs no
+    SIGINT handler to read libc's restorer from (`diag attach ... &` failed with "cannot find libc's
+    signal restorer"). The injector then reads it from a handler of its own, and leaves SIGUSR2 as
+    it found it."""
+    import signal
+
+    probe = ("import signal, ctypes; from diag.inject import raw\n"
+             "assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN\n"
+             "a = raw.restorer()\n"
+             "assert ctypes.string_at(a, len(raw.RESTORE_RT)) == raw.RESTORE_RT\n"
+             "assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL\n"
+             "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

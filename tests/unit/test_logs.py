@@ -27,7 +27,8 @@ def _steps(res):
 
 def _layout(res):
     h = res.headers[min(res.headers)]
-    return {k: v for k, v in h.items() if k not in ("rank", "source", "host")}
+    return {k: v for k, v in h.items()
+            if k not in ("rank", "source", "host", "log_families", "megatron_args", "ds_config", "model")}
 
 
 # -- the line model -------------------------------------------------------------------------------
@@ -150,8 +151,11 @@ def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
     assert st.loc[3, "grad_norm"] == 3.712 and st.loc[5, "eval_loss"] == pytest.approx(10.93455)
     ov = res.frames["overflow"]
     assert list(ov["step"]) == [1, 2]  # = the iterations with `number of skipped iterations: 1`
-    assert _layout(res) == {"world_size": 4, "tp": 2, "pp": 2, "dp": 1, "zero_stage": 1, "dtype": "fp16",
-                            "micro_batch": 1, "global_batch": 4}
+    layout = _layout(res)
+    assert res.headers[0]["model"] == {"data_parallel_size": 1, "deepspeed": "True", "global_batch_size": 4,
+                                   "micro_batch_size": 1, "world_size": 4}  # what the TFLOPs formula reads
+    assert layout == {"world_size": 4, "tp": 2, "pp": 2, "dp": 1, "zero_stage": 1, "dtype": "fp16",
+                      "micro_batch": 1, "global_batch": 4}
     mem = res.frames["memory"].iloc[0]
     assert (mem["rank"], mem["step"]) == (0, 1) and mem["peak"] == pytest.approx(60.43310546875 * MiB)
 

@@ -51,6 +51,9 @@ class FakeAllocator:
         self._count("total_memory")
         return 143771 * 2**20
 
+    def device_name(self, device: int) -> str:
+        return "NVIDIA H200"
+
     def reset_peak(self, device: int) -> None:
         self._count("reset_peak")
         self.peak = self.allocated
@@ -112,6 +115,7 @@ def test_cuda_running_peak_without_reset(tmp_path, fake):
     assert (mem["capacity"] == 143771 * 2**20).all() and (mem["rss"] > 0).all()
     assert fake.calls == {"memory_stats": len(ACTIVATIONS), "total_memory": 1}  # never reset
     assert tr.headers[tr.ranks[0]].get("memory_peak") == "running"
+    assert tr.layout()["device_name"] == "NVIDIA H200"  # what MFU's peak table matches
     # the step that set a new running peak is the one whose activations were the largest so far
     rose = [s for s, (a, b) in enumerate(zip([0, *mem["peak"]], mem["peak"])) if b > a]
     assert rose == [0, 1, 3]

@@ -35,14 +35,14 @@ def test_json_document_is_plain_and_versioned():
     doc = json.loads(json_report.render(_doc()))
     assert (doc["schema"], doc["version"]) == (model.SCHEMA, model.VERSION)
     assert set(doc["metrics"]) == {"breakdown", "overlap", "collectives", "bandwidth_by_size",
-                                   "stragglers", "step_times", "loss_scale"}
+                                   "stragglers", "step_times", "loss_scale", "step_split"}
     assert doc["findings"][0]["fixes"][0]["env"] == {"NCCL_ALGO": "Ring"}
     assert all(r["source"] == "cpu" for r in doc["metrics"]["breakdown"])
 
 
 def test_html_is_self_contained_with_plots():
     page = html.render(_doc())
-    assert page.count("<svg") == 4 and "<script" not in page and "src=" not in page
+    assert page.count("<svg") == 6 and "<script" not in page and "src=" not in page
     assert "comm &lt;exposed&gt; &amp; slow" in page  # escaped
     assert "Loss scale over steps" in page and "polyline" in page
     assert "rule broken_rule failed" in page
@@ -54,7 +54,10 @@ def test_markdown_and_terminal_show_findings_and_fixes():
     doc = _doc()
     md = markdown.render(doc)
     assert "### [warning] comm <exposed> & slow (`exposed_comm`)" in md
-    assert "overlap_comm" in md and "NCCL_ALGO=Ring" in md and "| rank | source | span ms |" in md
+    assert "| rank | source | span ms |" in md
+    block = re.search(r"```json\n(.*?)```", md, flags=re.S)
+    assert block is not None and json.loads(block.group(1)) == {"zero_optimization": {"overlap_comm": True}}
+    assert re.search(r"```sh\n\s*NCCL_ALGO=Ring\n\s*```", md)  # pasteable, not a Python repr after a |
     out = io.StringIO()
     terminal.render(doc, Console(file=out, width=200), quiet=False)
     text = out.getvalue()
@@ -109,3 +112,47 @@ def test_units_binary_sizes_and_decimal_rates():
         "-", "512 B", "1.5 KiB", "5.0 GiB", "3.0 TiB"]
     assert [units.decimal_rate(v) for v in (None, 999, 1500, 25e9)] == [
         "-", "999 B/s", "1.5 KB/s", "25.0 GB/s"]
+
+
+def test_diag_trace_report_has_every_signal_in_human_units(tmp_path, capsys):
+    """A diag trace (no Kineto timeline): step split, top layers, steps, memory and overflow tables,
+    the breakdown plot drawn (not "no data"), no raw floats, fixes as JSON, the merged ds_config."""
+    src = str(SAMPLES / "fp16_overflow")
+    md_path, html_path = tmp_path / "r.md", tmp_path / "r.html"
+    assert main(["analyze", src, "--markdown", str(md_path), "--html", str(html_path), "-q"]) == 0
+    md, page = md_path.read_text(), html_path.read_text()
+    for title in ("## Throughput and MFU", "## Step time per rank: compute / exposed communication / other",
+                  "## Top layers by time", "## Steps", "## Memory per rank", "## fp16 overflows"):
+        assert title in md
+    assert "| 4 | " in md and "skipped" in md and "256 -> 128" in md  # the first overflow, as recorded
+    assert not re.search(r"\d\.\d{6,}|\de-\d", md)  # no 17-digit floats, no exponents
+    assert "0.000" not in md and "MB/s" in md.split("## Collectives")[1]  # bandwidth in a unit that reads
+    breakdown = re.search(r'<svg[^>]*aria-label="Time breakdown per rank".*?</svg>', page, flags=re.S)
+    assert breakdown and "no data" not in breakdown.group(0) and "exposed comm" in breakdown.group(0)
+    step_plot = re.search(r'<svg[^>]*aria-label="Step time".*?</svg>', page, flags=re.S).group(0)
+    assert step_plot.count('stroke-dasharray="3,3"') == 5  # the five overflow steps marked
+
+
+def test_fix_blocks_evidence_units_and_merged_ds_config(tmp_path, capsys):
+    from diag.report import human
+
+    assert human.evidence_value("busbw_gbs", 2.61e-05) == "26.1 KB/s"
+    assert human.evidence_value("compute_s", {0: 0.012340539500000004}) == "{0: 12.3 ms}"
+    assert human.evidence_value("peak_bytes", 3 << 30) == "3.0 GiB"
+    assert human.evidence_value("step_share", 0.5512) == "55.1%"
+    assert human.prose("gathers run at 2.61e-05 GB/s against a nominal 1.25 GB/s link") == \
+        "gathers run at 26.1 KB/s against a nominal 1.25 GB/s link"
+    blocks = human.fix_blocks({"ds_config": {"a": {"b": True}}, "megatron_args": ["--recompute-granularity",
+                                                                                 "selective"]})
+    assert json.loads(blocks[0][1]) == {"a": {"b": True}}
+    assert blocks[1][1] == "--recompute-granularity selective"  # one pasteable line
+    out = tmp_path / "ds.json"
+    assert main(["analyze", str(SAMPLES / "zero3_slow_link"), "-q", "--ds-config-out", str(out)]) == 0
+    cfg = json.loads(out.read_text())
+    zo = cfg["zero_optimization"]
+    assert zo["stage"] == 3 and zo["zero_quantized_weights"] is True  # its first fix only
+    assert cfg["train_micro_batch_size_per_gpu"] == 4  # the job's own settings kept
+    assert "alternatives not merged" in capsys.readouterr().err
+    md = tmp_path / "z3.md"
+    assert main(["analyze", str(SAMPLES / "zero3_slow_link"), "-q", "--markdown", str(md)]) == 0
+    assert "26.1 KB/s" in md.read_text() and not re.search(r"\de-\d", md.read_text())

@@ -184,3 +184,29 @@ def test_framework_imported_after_start_is_wrapped_before_any_step(tmp_path) -> 
                          text=True, timeout=240, check=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}).stdout.split("\n")
     assert [line for line in out if line.startswith(("True", "False"))] == ["True True", "False False"]
+
+
+def test_a_framework_half_imported_at_a_scan_is_patched_once_its_import_ends(tmp_path, monkeypatch):
+    """Late patching rescans only when sys.modules grew (each step and each flush ask), except after
+    a scan that found the engine's module still executing (in sys.modules, its class not defined yet):
+    the class appears without sys.modules growing, and must still be wrapped."""
+    import types
+
+    import deepspeed.runtime.engine as ds_engine
+    from diag.collectors.steps import TORCH_GRACE
+
+    cls = ds_engine.DeepSpeedEngine
+    original = cls.__dict__["_take_model_step"]
+    half = types.ModuleType("deepspeed.runtime.engine")  # its body has not reached the class yet
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.engine", half)
+    agent.start(str(tmp_path), what=("steps", "overflow"))
+    _plain_loop(TORCH_GRACE + 1)
+    assert cls.__dict__["_take_model_step"] is original
+    count = len(sys.modules)
+    half.DeepSpeedEngine = cls  # the import finishes
+    _plain_loop(TORCH_GRACE + 1)
+    patched = cls.__dict__["_take_model_step"]
+    agent.stop()
+    assert len(sys.modules) == count
+    assert patched is not original and patched.__wrapped__.__wrapped__ is original  # steps + overflow
+    assert cls.__dict__["_take_model_step"] is original

@@ -29,3 +29,28 @@ def megatron_cpu() -> None:
     cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     cuda.manual_seed = lambda seed: None
     cuda.manual_seed_all = lambda seed: None
+
+
+def megatron_pipeline_cpu() -> None:
+    """megatron-core's pipeline schedules allocate their token counters with a literal
+    `device="cuda"`: give the schedules module a `torch` whose tensor factories put "cuda" on the CPU
+    (every other name is the real torch)."""
+    import types
+
+    import torch
+    from megatron.core.pipeline_parallel import schedules
+
+    class _CpuTorch(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            return getattr(torch, name)
+
+    cpu = _CpuTorch("torch")
+    for name in ("zeros", "ones", "empty", "tensor", "full"):
+        real = getattr(torch, name)
+
+        def factory(*a: object, _real: object = real, **k: object) -> object:
+            if k.get("device") == "cuda":
+                k["device"] = "cpu"
+            return _real(*a, **k)  # type: ignore[operator]
+        setattr(cpu, name, factory)
+    schedules.torch = cpu

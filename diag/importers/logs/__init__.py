@@ -36,7 +36,7 @@ MARKERS = (b"iteration", b"OVERFLOW!", b"Skipping step", b"memory (MB)", b"step=
            b"exits with return code",
            b"ChildFailedError", b"Watchdog caught", b"dist_world_size", b"DeepSpeedEngine configuration")
 LAYOUT_KEYS = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
-               "global_batch", "grad_accum")
+               "global_batch", "grad_accum", "model")
 
 
 @dataclass
@@ -115,7 +115,12 @@ def import_log(path: str) -> LogImport:
         ranks |= set(range(world))
     for df in frames.values():
         ranks |= {int(r) for r in df["rank"].dropna() if r >= 0}
-    headers = {r: {"rank": r, "source": "log", **layout, **({"host": rec.hosts[r]} if r in rec.hosts else {})}
-               for r in sorted(ranks)}
+    found: dict[str, Any] = {"log_families": sorted(rec.families)}
+    if rec.args:
+        found["megatron_args"] = dict(rec.args)
+    if rec.ds_config is not None:
+        found["ds_config"] = rec.ds_config
+    headers = {r: {"rank": r, "source": "log", **layout, **found,
+                   **({"host": rec.hosts[r]} if r in rec.hosts else {})} for r in sorted(ranks)}
     problems: list[LoadProblem] = [JobFailed(path, failed[1], failed[0])] if failed else []
     return LogImport(sorted(ranks), frames, headers, problems)

@@ -18,6 +18,7 @@ overflows, the engine's config dump, the launcher's world layout and `see_memory
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 from diag.importers.logs.lines import Line, num
@@ -39,6 +40,8 @@ _CONFIG = re.compile(r"^\s*(world_size|train_batch_size|train_micro_batch_size_p
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
 _GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
+_JSON_BODY = re.compile(r'^\s+"|^\s*[}\]]')  # a line of DeepSpeed's indented JSON dump
+JSON_MAX_LINES = 2000  # a printed config longer than this is not one
 _DTYPES = {"float16": "fp16", "fp16": "fp16", "half": "fp16", "bfloat16": "bf16", "bf16": "bf16",
            "float32": "fp32", "fp32": "fp32"}
 
@@ -49,9 +52,14 @@ class DeepSpeedReader:
         self.in_config = False
         self.counter: tuple[int, int] | None = None  # last (step, cumulative skipped)
         self.grad_iter: int | None = None  # fp16 optimizers' own `Grad overflow on iteration N`
+        self.json: list[str] | None = None  # the user config's lines after `json = {`, until it parses
 
     def line(self, ln: Line) -> bool:
         t = ln.text
+        if self.json is not None:
+            if _JSON_BODY.match(t):
+                return self._json(t)
+            self.json = None  # another line came first (interleaved output): no config to read
         if "skipped=" in t and (m := _STEP.search(t)):
             return self._step(ln, int(m.group(1)), int(m.group(2)), m.group(3))
         if "SamplesPerSec=" in t and (m := _TIMER.search(t)):
@@ -97,6 +105,7 @@ class DeepSpeedReader:
             body = t.split("print]", 1)[1] if "print]" in t else t
             if "json = {" in body:
                 self.in_config = False
+                self.json = ["{"]
             elif m := _CONFIG.match(body):
                 self._config(ln, m.group(1), m.group(2))
                 return True
@@ -122,6 +131,23 @@ class DeepSpeedReader:
                                 num(m.group(3)) * GB)  # type: ignore[operator]
             return True
         return False
+
+    def _json(self, t: str) -> bool:
+        """One line of the printed user config; it ends where the lines parse as one JSON object."""
+        assert self.json is not None
+        self.json.append(t)
+        if len(self.json) > JSON_MAX_LINES:
+            self.json = None
+            return False
+        if t.strip().startswith("}"):
+            try:
+                cfg = json.loads("\n".join(self.json))
+            except ValueError:
+                return True
+            self.json = None
+            if isinstance(cfg, dict) and self.rec.ds_config is None:
+                self.rec.ds_config = cfg
+        return True
 
     def _config(self, ln: Line, key: str, value: str) -> None:
         v = value.strip()

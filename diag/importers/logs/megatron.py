@@ -17,8 +17,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 
+from diag import schema
 from diag.importers.logs.lines import Line, num
 from diag.importers.logs.records import MB, Records
 
@@ -43,6 +45,7 @@ _KEYS = {"consumed samples": "consumed_samples", "elapsed time per iteration (ms
 _ARGS = {"world_size": "world_size", "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
          "data_parallel_size": "dp", "context_parallel_size": "cp", "expert_model_parallel_size": "ep",
          "zero_stage": "zero_stage", "micro_batch_size": "micro_batch", "global_batch_size": "global_batch"}
+_PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 _WORLD_KEYS = {"data-parallel": "dp", "data-parallel-size": "dp", "tensor-model-parallel": "tp",
                "pipeline-model-parallel": "pp", "context-parallel": "cp"}
 
@@ -85,6 +88,9 @@ class MegatronReader:
             key = {"data": "dp", "tensor model": "tp", "pipeline model": "pp", "context": "cp"}[m.group(1)]
             self.rec.set_layout(**{key: len([x for x in m.group(2).split(",") if x.strip()])})
             return True
+        if "padded vocab" in t and (m := _PADDED.search(t)):
+            self.rec.layout.setdefault("model", {}).setdefault("padded_vocab_size", int(m.group(1)))
+            return True
         if "global_step=" in t and "train_step_timing" in t:
             return self._nemo(ln, t)
         return False
@@ -109,6 +115,12 @@ class MegatronReader:
         return True
 
     def _argument(self, key: str, value: str) -> None:
+        self.rec.args.setdefault(key, value)
+        if key in schema.MEGATRON_MODEL_ARGS:
+            model = self.rec.layout.setdefault("model", {})
+            v = num(value)
+            finite = v is not None and math.isfinite(v)
+            model.setdefault(key, v if finite and v != int(v) else int(v) if finite else value)  # type: ignore[arg-type]
         if key == "log_interval":
             self.log_interval = int(num(value) or 0) or None
         elif key in _ARGS:

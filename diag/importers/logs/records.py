@@ -63,6 +63,8 @@ class Records:
         self.layout: dict[str, Any] = {}
         self.memory: list[dict[str, Any]] = []
         self.run: dict[str, float] = {}
+        self.args: dict[str, str] = {}  # Megatron's arguments dump, as printed (framework detection)
+        self.ds_config: dict[str, Any] | None = None  # DeepSpeed's `json = {` user config
         self.overflows: list[Overflow] = []
         self._seen: dict[tuple[int, int], int] = {}  # (segment, rank) -> overflow lines seen
         self._segment: list[Overflow] = []  # the overflows since the last progress line

@@ -58,7 +58,7 @@ class Panels(Vertical):
             self.query_one(table, SyncTable).sync(cells, order=_index(cells))
         self.query_one("#overflow-summary", Static).update(Text(
             f"loss scale {fmt.num(v.loss_scale, 0)}, skipped steps {v.skipped_steps}, steps with "
-            f"an overflow {sum(1 for r in v.overflow_rows if r['ranks'])}"))
+            f"an overflow {v.overflow_steps}"))
         gpus = rows.gpu_rows(v)
         self.query_one("#gpu-note", Static).update(Text("" if gpus else self.gpu_note))
         self.query_one("#gpu-table", SyncTable).sync(gpus, order=_index(gpus))

@@ -1,0 +1,184 @@
+"""Which framework ran the job, at which version, with which settings: what a rule needs before it
+names a flag or a config key (a Megatron-LM flag is no fix for a Megatron-DeepSpeed job, DeepSpeed's
+`overlap_comm` none for a torchrec one).
+
+Evidence, strongest first: the diag header (argv, imported versions, the engine's ds_config and
+zero_config), the log's dumps (Megatron's arguments, DeepSpeed's user config), then Kineto op names.
+`Job.flags` keeps a fix's arguments only when every one exists in that framework's parser
+(`knob_table`, generated from the real parsers by scripts/knob_table.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from diag.analyzers import config, knob_table
+
+if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
+    from diag.trace.model import Trace
+
+MEGATRON_DEEPSPEED = "megatron-deepspeed"
+MEGATRON_LM = "megatron-lm"
+DEEPSPEED = "deepspeed"
+TORCHREC = "torchrec"
+FSDP = "fsdp"
+DDP = "ddp"
+UNKNOWN = "unknown"
+
+# Kineto op-name signs (record_function / module names each framework emits), checked in this order
+_OP_SIGNS = ((TORCHREC, re.compile(r"torchrec|fbgemm::|^## .* ##$|KJTAllToAll|ShardedEmbedding", re.I)),
+             (FSDP, re.compile(r"FullyShardedDataParallel|^FSDP::", re.I)),
+             (DEEPSPEED, re.compile(r"deepspeed|DeepSpeedEngine", re.I)),
+             (DDP, re.compile(r"DistributedDataParallel|torch\.distributed\.ddp\.reducer|reducer::", re.I)))
+_MEGATRON_SCRIPT = re.compile(r"(^|/)(pretrain_\w+|megatron\w*)\.py$")
+_MEGATRON_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers",
+                   "--micro-batch-size", "--global-batch-size")
+_DS_FLAGS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage")
+
+
+@dataclass
+class Job:
+    """The framework (one of the names above), its version as recorded, the Megatron arguments and
+    DeepSpeed config as the job ran them, and the evidence for each conclusion."""
+
+    framework: str = UNKNOWN
+    version: str | None = None
+    deepspeed_version: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    ds_config: dict[str, Any] = field(default_factory=dict)
+    zero: dict[str, Any] = field(default_factory=dict)
+    why: list[str] = field(default_factory=list)
+
+    @property
+    def megatron(self) -> bool:
+        return self.framework in (MEGATRON_DEEPSPEED, MEGATRON_LM)
+
+    @property
+    def deepspeed(self) -> bool | None:
+        """True: DeepSpeed's engine runs the job; False: another framework does; None: not known."""
+        if self.framework in (DEEPSPEED, MEGATRON_DEEPSPEED):
+            return True
+        return None if self.framework == UNKNOWN else False
+
+    @property
+    def config_seen(self) -> bool:
+        """Was any of the job's DeepSpeed config recorded (else settings are only code defaults)?"""
+        return bool(self.ds_config or self.zero)
+
+    def has_flag(self, flag: str) -> bool:
+        return flag in knob_table.ARGS.get(self.framework, frozenset())
+
+    def flags(self, *args: str) -> list[str]:
+        """`args` (flags and their values) when this is a Megatron job and every flag exists in its
+        parser; else [] (a fix naming a flag the job's framework lacks is not applicable)."""
+        if not self.megatron:
+            return []
+        if all(self.has_flag(a) for a in args if a.startswith("--")):
+            return list(args)
+        return []
+
+    def arg(self, name: str) -> Any:
+        """A Megatron argument's value as the job ran it (`num_layers` or `--num-layers`), else None."""
+        key = name.lstrip("-").replace("-", "_")
+        return self.args.get(key)
+
+
+def _argv_args(argv: list[str]) -> dict[str, Any]:
+    """`--a-b 3 --c` -> {"a_b": "3", "c": True}: the command line as Megatron's parser would see it."""
+    out: dict[str, Any] = {}
+    for i, a in enumerate(argv):
+        if not a.startswith("--"):
+            continue
+        key, eq, val = a[2:].partition("=")
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        value: Any = val if eq else (nxt if nxt is not None and not nxt.startswith("--") else True)
+        out.setdefault(key.replace("-", "_"), value)
+    return out
+
+
+def _value(v: Any) -> Any:
+    """A printed argument (`'True'`, `'4'`, `'None'`) as a Python value."""
+    if not isinstance(v, str):
+        return v
+    if v in ("True", "False"):
+        return v == "True"
+    if v == "None":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+
+
+def _ops(trace: Trace) -> list[str]:
+    names: set[str] = set()
+    for kind in ("cpu_op", "kernel"):
+        df = trace.frame(kind)
+        if not df.empty and "name" in df:
+            names |= {str(n) for n in df["name"].astype(str).unique()[:20000]}
+    return sorted(names)
+
+
+def detect(trace: Trace) -> Job:
+    """The job's framework, version and effective settings from everything the trace holds."""
+    job = Job(ds_config=config.ds_config(trace), zero=config.zero_config(trace))
+    heads = [trace.headers[r] for r in trace.ranks]
+    argv = next((list(h["argv"]) for h in heads if isinstance(h.get("argv"), list)), [])
+    args = {k: _value(v) for h in heads for k, v in (h.get("megatron_args") or {}).items()}
+    args.update({k: _value(v) for k, v in _argv_args(argv).items() if k not in args})
+    job.args = args
+    core = next((h["megatron"] for h in heads if h.get("megatron")), None)
+    job.deepspeed_version = next((h["deepspeed"] for h in heads if h.get("deepspeed")), None)
+    layout = trace.layout()
+
+    megatron = []
+    if core:
+        megatron.append(f"megatron.core {core} imported")
+    if argv and _MEGATRON_SCRIPT.search(argv[0]):
+        megatron.append(f"script {os.path.basename(argv[0])}")
+    if any(a in argv for a in _MEGATRON_FLAGS):
+        megatron.append("Megatron arguments on the command line")
+    if any(h.get("megatron_args") for h in heads):
+        megatron.append("Megatron's arguments dump in the log")
+    ds = []
+    if job.config_seen or layout.get("zero_stage") is not None:
+        ds.append("DeepSpeed engine config recorded")
+    if any("deepspeed" in (h.get("log_families") or ()) for h in heads):
+        ds.append("DeepSpeed engine lines in the log")
+    if any(a.split("=")[0] in _DS_FLAGS for a in argv) or args.get("deepspeed") is True:
+        ds.append("--deepspeed in the arguments")
+    if megatron and ds:
+        job.framework, job.version = MEGATRON_DEEPSPEED, core
+    elif megatron:
+        job.framework, job.version = MEGATRON_LM, core
+    elif ds:
+        job.framework, job.version = DEEPSPEED, job.deepspeed_version
+    job.why = megatron + ds
+    if job.framework == UNKNOWN:
+        ops = _ops(trace)
+        for name, sign in _OP_SIGNS:
+            hit = next((o for o in ops if sign.search(o)), None)
+            if hit is not None:
+                job.framework = name
+                job.why.append(f"op {hit!r} in the trace")
+                break
+    return job
+
+
+_JOBS: weakref.WeakKeyDictionary[Metrics, Job] = weakref.WeakKeyDictionary()
+
+
+def job_of(metrics: Metrics) -> Job:
+    """`detect` once per analysis stage (every rule asks)."""
+    got = _JOBS.get(metrics)
+    if got is None:
+        got = _JOBS[metrics] = detect(metrics.trace)
+    return got

@@ -1,0 +1,72 @@
+"""Where a diag trace's step time goes, per rank: compute, exposed communication, other.
+
+A diag trace has no kernel timeline (that is Kineto's, `breakdown.temporal_breakdown`), but it has
+each step's span, every collective's interval and, on sampled steps, every module's forward and
+backward interval. Per step:
+- exposed communication = the union of the blocking (not async_op) collectives inside the step,
+  waiting for late ranks included (what the rank's step loses to them);
+- compute = the union of the outermost module intervals (the model's forward and backward) not
+  covered by those collectives;
+- other = the rest: optimizer, data loading, host overhead, idle.
+Compute is known only on sampled steps, so the split is taken over the rank's steady sampled steps
+(their times include any FLOP counting); without sampled steps, over all steady steps with compute
+unknown (None) and `other` holding it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diag.metrics import intervals
+
+COLUMNS = ["rank", "basis", "steps", "total_ns", "compute_ns", "comm_ns", "other_ns", "compute_pct",
+           "comm_pct", "other_pct"]
+
+
+def _inside(df: pd.DataFrame, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """The union of `df`'s [ts, end) intervals clipped to [start, end)."""
+    ts = np.clip(df["ts"].to_numpy(np.int64), start, end)
+    ends = np.clip(df["end"].to_numpy(np.int64), start, end)
+    keep = ends > ts
+    return intervals.merge(ts[keep], ends[keep]) if keep.any() else (np.empty(0, np.int64),) * 2
+
+
+def _spans(df: pd.DataFrame) -> pd.DataFrame:
+    d = df.dropna(subset=["ts", "dur"])
+    ts = d["ts"].astype("int64")
+    return pd.DataFrame({"ts": ts.to_numpy(), "end": (ts + d["dur"].astype("int64")).to_numpy()})
+
+
+def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> dict[str, object]:
+    sampled = steps[steps["step"].isin(set(layers["step"]))] if len(layers) else steps.iloc[:0]
+    basis = "sampled steps" if len(sampled) else "all steps"
+    use = sampled if len(sampled) else steps
+    c, lay = _spans(comms), _spans(layers)
+    total = comm = compute = 0
+    for start, end in zip(use["start"].astype("int64"), use["end"].astype("int64")):
+        cu = _inside(c, start, end)
+        lu = _inside(lay, start, end)
+        total += end - start
+        comm += intervals.total(*cu)
+        compute += intervals.total(*lu) - intervals.overlap(lu, cu)
+    known = bool(len(sampled))
+    other = total - comm - (compute if known else 0)
+
+    def pct(v: int | None) -> float | None:
+        return None if v is None or not total else round(100 * v / total, 2)
+
+    return {"rank": rank, "basis": basis, "steps": len(use), "total_ns": total,
+            "compute_ns": compute if known else None, "comm_ns": comm, "other_ns": other,
+            "compute_pct": pct(compute if known else None), "comm_pct": pct(comm), "other_pct": pct(other)}
+
+
+def step_split(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """One row per rank with steady steps (`Metrics.steady_steps`, `trace.comms`, `trace.layers`)."""
+    if steady_steps.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
+    rows = [_rank(int(rank), st, blocking[blocking["rank"] == rank],
+                  layers[layers["rank"] == rank] if len(layers) else layers)
+            for rank, st in steady_steps.groupby("rank")]
+    return pd.DataFrame(rows, columns=COLUMNS)

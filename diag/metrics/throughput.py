@@ -1,0 +1,103 @@
+"""Throughput: TFLOP/s per GPU, MFU, samples/s and tokens/s, per step and per rank.
+
+What is counted (the measured view): the FLOPs diag's layer collector counted from the shapes of
+the aten ops that really ran (collectors/flops.py: matmuls, convolutions, attention; 2 per
+multiply-add) inside the outermost module records of a sampled step on a rank: its forward, its
+backward and any activation recomputation run inside the backward, and only that rank's share under
+tensor or pipeline parallelism. Ops outside every recorded module (a loss computed outside the
+model) and element-wise ops are not counted. A step that was not sampled is taken to do the FLOPs
+of the rank's nearest sampled step (exact where shapes follow a fixed batch). Sampled steps are
+slowed by the counting itself, so a rank's figure is the median over its steady steps that were not
+sampled (all steady steps when every step was sampled).
+
+The model view (model_flops): Megatron's analytic FLOPs of one iteration over the whole world, per
+GPU: model FLOPs / (iteration time x world size), the figure Megatron prints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diag.metrics.steps import NS, steady
+
+STEP_COLUMNS = ["rank", "step", "dur_ns", "sampled", "flops", "tflops", "mfu", "samples_per_s",
+                "tokens_per_s"]
+RANK_COLUMNS = ["rank", "steps", "flops_per_step", "step_ms", "tflops", "mfu", "samples_per_s",
+                "tokens_per_s"]
+
+
+def step_flops(layers: pd.DataFrame) -> pd.DataFrame:
+    """FLOPs per (rank, step): the sum over the step's outermost layer records (a record inside an
+    earlier one's interval is part of it: records are inclusive). Null when one of them is null
+    (a module whose FLOPs were never counted under its input signature)."""
+    cols = ["rank", "step", "flops"]
+    if layers.empty or not {"ts", "dur", "flops"} <= set(layers.columns):
+        return pd.DataFrame(columns=cols)
+    d = layers[["rank", "step", "ts", "dur", "flops"]].dropna(subset=["ts", "dur"])
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    d = d.assign(ts=d["ts"].astype("int64"), flops=pd.to_numeric(d["flops"], errors="coerce"))
+    d = d.assign(end=d["ts"] + d["dur"].astype("int64"))
+    d = d.sort_values(["rank", "step", "ts", "end"], ascending=[True, True, True, False], kind="stable")
+    reach = d.groupby(["rank", "step"], sort=False)["end"].cummax()
+    prev = reach.groupby([d["rank"], d["step"]], sort=False).shift()
+    outer = d[prev.isna() | (d["end"] > prev)]
+    g = outer.groupby(["rank", "step"], observed=True)["flops"]
+    out = g.sum(min_count=1).where(g.count() == g.size())
+    return out.rename("flops").reset_index()
+
+
+def per_step(steps: pd.DataFrame, layers: pd.DataFrame, peak_tflops: float | None,
+             seq_length: int | None) -> pd.DataFrame:
+    """One row per (rank, step) with a duration (`steps` is `Metrics.steps`)."""
+    if steps.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    st = steps[["rank", "step", "dur"]].copy()
+    st["samples"] = pd.to_numeric(steps["samples"], errors="coerce") if "samples" in steps else np.nan
+    st["tokens"] = pd.to_numeric(steps["tokens"], errors="coerce") if "tokens" in steps else np.nan
+    counted = step_flops(layers)
+    st = st.merge(counted, on=["rank", "step"], how="left")
+    st["sampled"] = st["flops"].notna()
+    # hold each rank's counted FLOPs over the steps between samples (a sample on a step without a
+    # duration, such as the first one seen, still tells the FLOPs of the steps after it)
+    every = pd.concat([st[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
+    every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
+    every["held"] = pd.to_numeric(every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()),
+                                  errors="coerce")
+    st = st.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
+    st = st.rename(columns={"held": "flops"})
+    sec = st["dur"].astype(float) / NS
+    st["dur_ns"] = st["dur"]
+    st["tflops"] = st["flops"] / sec / 1e12
+    st["mfu"] = st["tflops"] / peak_tflops if peak_tflops else np.nan
+    if seq_length and st["tokens"].isna().all():
+        st["tokens"] = st["samples"] * seq_length
+    st["samples_per_s"] = st["samples"] / sec
+    st["tokens_per_s"] = st["tokens"] / sec
+    return st[STEP_COLUMNS].reset_index(drop=True)
+
+
+def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: medians over its steady steps that were not sampled (all steady ones if none)."""
+    if rows.empty:
+        return pd.DataFrame(columns=RANK_COLUMNS)
+    out = []
+    for rank, df in rows.groupby("rank"):
+        df = steady(df.assign(dur_s=df["dur_ns"] / NS))
+        quiet = df[~df["sampled"]] if (~df["sampled"]).any() else df
+        out.append({"rank": rank, "steps": len(quiet), "flops_per_step": quiet["flops"].median(),
+                    "step_ms": quiet["dur_ns"].median() / 1e6, "tflops": quiet["tflops"].median(),
+                    "mfu": quiet["mfu"].median(), "samples_per_s": quiet["samples_per_s"].median(),
+                    "tokens_per_s": quiet["tokens_per_s"].median()})
+    return pd.DataFrame(out, columns=RANK_COLUMNS)
+
+
+def job_step_s(rows: pd.DataFrame) -> float | None:
+    """The job's iteration time: per step the slowest rank, median over steady, unsampled steps."""
+    if rows.empty:
+        return None
+    job = rows.groupby("step").agg(dur=("dur_ns", "max"), sampled=("sampled", "any")).reset_index()
+    job = steady(job.assign(rank=0, dur_s=job["dur"] / NS))
+    quiet = job[~job["sampled"]] if (~job["sampled"]).any() else job
+    return float(quiet["dur"].median()) / NS if len(quiet) else None

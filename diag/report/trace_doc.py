@@ -1,0 +1,67 @@
+"""The report's per-signal sections of a diag trace: top layers, steps, memory (peaks and timeline),
+overflows. Plain rows for the document; the renderers format them (diag/report/trace_tables.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from diag.metrics.layer_stats import top_layers
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+
+def layers(trace: Trace, peak_tflops: float | None) -> list[dict[str, Any]]:
+    return top_layers(trace.layers, peak_tflops).astype(object).to_dict("records")
+
+
+def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
+    """One row per step: the slowest and fastest rank's time, whether every rank applied it, and the
+    throughput figures (mean over ranks)."""
+    if not per_step:
+        return []
+    df = pd.DataFrame(per_step)
+    st = trace.steps
+    flags = st["applied"].astype("boolean").fillna(True) if not st.empty else pd.Series(dtype=bool)
+    applied = flags.groupby(st["step"]).all() if not st.empty else flags
+    out = []
+    for step, g in df.groupby("step"):
+        slow = g.loc[g["dur_ns"].idxmax()]
+        out.append({"step": int(step), "ranks": len(g), "max_ms": slow["dur_ns"] / 1e6,
+                    "min_ms": g["dur_ns"].min() / 1e6, "slowest_rank": int(slow["rank"]),
+                    "applied": bool(applied.get(step, True)), "sampled": bool(g["sampled"].any()),
+                    "tflops": g["tflops"].mean(), "samples_per_s": g["samples_per_s"].mean()})
+    return out
+
+
+def memory(trace: Trace) -> dict[str, list[dict[str, Any]]]:
+    """`peaks`: per rank device, peak allocated/reserved, capacity, peak RSS; `timeline`: every
+    memory record (rank, step, allocated, reserved, rss; bytes)."""
+    mem = trace.memory
+    if mem.empty:
+        return {"peaks": [], "timeline": []}
+    peaks = []
+    for rank, df in mem.groupby("rank"):
+        num = {c: pd.to_numeric(df[c], errors="coerce") for c in ("allocated", "reserved", "peak", "rss",
+                                                                  "capacity")}
+        peak = num["peak"].max() if num["peak"].notna().any() else num["allocated"].max()
+        cap = num["capacity"].max()
+        device = str(df["device"].dropna().iloc[-1]) if df["device"].notna().any() else "?"
+        peaks.append({"rank": int(rank), "device": device, "peak_allocated": peak,
+                      "peak_reserved": num["reserved"].max(), "capacity": cap,
+                      "peak_rss": num["rss"].max(),
+                      "peak_share": (peak / cap if device != "cpu" and cap and peak == peak else None)})
+    cols = ["rank", "step", "ts", "allocated", "reserved", "rss"]
+    timeline = mem[[c for c in cols if c in mem.columns]].astype(object).to_dict("records")
+    return {"peaks": peaks, "timeline": timeline}
+
+
+def overflows(trace: Trace) -> list[dict[str, Any]]:
+    ov = trace.overflow
+    if ov.empty or "overflow" not in ov.columns:
+        return []
+    hit = ov[ov["overflow"].astype("boolean").fillna(False)]
+    cols = ["rank", "step", "scale_before", "scale_after", "source"]
+    return hit[[c for c in cols if c in hit.columns]].astype(object).to_dict("records")
