@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
@@ -52,11 +52,17 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
             if micro and dp and job.flags("--global-batch-size", "1"):
                 fixes.append(Fix(f"raise microbatches per step from {m} to {target} (bubble (p-1)/m <= 0.25)",
                                  megatron_args=job.flags("--global-batch-size", str(target * micro * dp))))
+        elif deepspeed_pipeline(trace):
+            fixes.append(_more_microbatches(trace, job, p, m, target))
         elif job.deepspeed is not False:
             lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
             fixes.append(Fix(f"{lead}raise microbatches per step from {m} to {target} (bubble (p-1)/m "
                              "<= 0.25; keep the global batch by lowering train_micro_batch_size_per_gpu)",
                              ds_config={"gradient_accumulation_steps": target}))
+    if deepspeed_pipeline(trace):
+        fixes.append(Fix("balance the stages: PipelineModule(partition_method='parameters', or "
+                         "'type:<block class>') so the first and last stages, which also hold the embedding "
+                         "and the loss, get fewer blocks"))
     interleaved = job.arg("num_layers_per_virtual_pipeline_stage")
     if job.framework == framework.MEGATRON_LM and layers and not interleaved:
         per_stage = layers // p
@@ -74,6 +80,32 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
                 fixes.append(Fix("balance stages: the first and last also hold the embedding and the loss",
                                  megatron_args=job.flags(*args)))
     return fixes
+
+
+def deepspeed_pipeline(trace: Trace) -> bool:
+    """DeepSpeed's PipelineEngine runs the stages (also under Megatron-DeepSpeed): no interleaved
+    schedule, no per-stage layer-count flags; its knobs are the micro-batch count and PipelineModule's
+    partition_method."""
+    return any(h.get("pipeline_engine") == "deepspeed" for h in trace.headers.values())
+
+
+def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target: int) -> Fix:
+    """m -> target micro-batches; the global batch (micro x m x dp) stays where the micro-batch divides,
+    else train_batch_size grows with them (DeepSpeed checks train_batch_size = micro x accumulation x dp)."""
+    cfg = config.ds_config(trace)
+    micro, batch = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("train_batch_size")
+    patch: dict[str, Any] = {"gradient_accumulation_steps": target}
+    args: list[str] = []
+    what = f"(p-1)/(m+p-1) {(p - 1) / (m + p - 1):.2f} -> {(p - 1) / (target + p - 1):.2f}"
+    if micro and int(micro) * m % target == 0:
+        patch["train_micro_batch_size_per_gpu"] = int(micro) * m // target
+        args = job.flags("--micro-batch-size", str(patch["train_micro_batch_size_per_gpu"]))
+        what += ", same global batch"
+    elif batch:
+        patch["train_batch_size"] = int(batch) // m * target
+        what += f", global batch {batch} -> {patch['train_batch_size']}"
+    return Fix(f"raise the pipeline's micro-batches per step from {m} to {target} ({what})", ds_config=patch,
+               megatron_args=args)
 
 
 @rule("pipeline_bubble")

@@ -14,8 +14,10 @@ Sources, in order of trust:
   result says whether the update was applied (a skipped fp16 step never reaches the torch optimizer).
   Numbered by Megatron's `args.iteration + 1` (its training loop's `iteration` for the step in
   progress) where its global args exist, else counted on from the previous step.
-- torch's global optimizer step post-hook for plain torch loops (no counter of their own), numbered
-  from 0 at install.
+- torch's global optimizer step post-hook for plain torch loops, numbered by the program's own counter
+  where one is found (its loop variable, else the optimizer's update count; `steps_origin.py`), else
+  from 0 at install. The source is written as the `step_origin` meta (`deepspeed`, `megatron`,
+  `loop:NAME`, `optimizer`, or `attach` where the numbers count from the moment of attach).
 Nesting (a DeepSpeed or Megatron step running a torch optimizer inside) is counted once: only the
 outermost source emits. While DeepSpeed is loaded, torch hooks are ignored unless no engine shows up
 within `TORCH_GRACE` of them (then the job trains without the engine; those first steps are lost).
@@ -32,6 +34,8 @@ import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from diag.collectors.steps_origin import ProgramCounter
 
 from diag import schema
 from diag.agent.api import AgentAPI
@@ -94,6 +98,8 @@ class _Steps:
         self.t_install = agent.now()
         self.last_ts: int | None = None
         self.ignored_torch = 0
+        self.counter = ProgramCounter()
+        self.origin: str | None = None
         self.done: set[str] = set()
         self.modules_seen = -1  # len(sys.modules) at the last scan that found nothing half-imported
         self._patching = threading.Lock()  # the training thread and the writer thread both patch
@@ -183,6 +189,7 @@ class _Steps:
         self.seen.add(engine)
         self.agent.saw_engine(engine)
         self.agent.step = ds_step(engine)
+        self.say_origin("deepspeed")
 
     def _before(self, engine: Any) -> tuple[int, int]:
         return int(engine.global_steps), int(getattr(engine, "global_samples", 0))
@@ -193,6 +200,7 @@ class _Steps:
         iteration = megatron_iteration()
         if iteration is not None:
             self.agent.step = iteration
+        self.say_origin("megatron" if iteration is not None else "attach")
 
     def _after_engine(self, engine: Any, before: tuple[int, int] | None) -> None:
         if before is None or engine.global_steps == before[0]:
@@ -202,6 +210,7 @@ class _Steps:
             self.agent.saw_engine(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
         applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
+        self.say_origin("deepspeed")
         self.boundary(before[0] + 1, samples or None, applied, ds_step(engine))
 
     def _after_megatron(self, out: Any) -> None:
@@ -216,7 +225,15 @@ class _Steps:
         if "deepspeed" in self.done and self.ignored_torch < TORCH_GRACE:
             self.ignored_torch += 1  # an engine may be running this optimizer: wait for it
             return
-        self.boundary(self.agent.step, None, True, self.agent.step + 1)
+        step, origin = self.counter.number(optimizer, sys._getframe(1))
+        self.say_origin(origin)
+        self.boundary(step, None, True, step + 1)
+
+    def say_origin(self, origin: str) -> None:
+        """Write where step numbers come from (`step_origin` meta) when it changes."""
+        if origin != self.origin:
+            self.origin = origin
+            self.agent.set_meta(schema.META_STEP_ORIGIN, origin)
 
     def boundary(self, step: int, samples: int | None, applied: bool | None, next_step: int) -> None:
         now = self.agent.now()

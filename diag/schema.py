@@ -66,6 +66,8 @@ META_ATTRIBUTION = "attribution"  # "matched": untracked steps' comms take their
 META_GROUPS = "groups"  # process groups seen: {name: {"role": "tp", "size": 2, "ranks": [0, 1]}}
 META_UNFINISHED_AT_DETACH = "unfinished_at_detach"  # comms in flight when the agent stopped (count)
 META_LAYER_NUMBERS = "layer_numbers"  # {module name: model-wide layer index} where it differs (PP stages)
+META_STEP_ORIGIN = "step_origin"  # where step numbers come from: deepspeed, megatron, loop:NAME, optimizer,
+# or attach (counted from the moment of attach: not the program's iteration)
 META_ATTRIBUTED_STEP = "attributed_step"  # one meta record per step whose comms carry their module
 
 # Megatron arguments its own TFLOPs formula reads (diag/metrics/model_flops.py): the agent copies them

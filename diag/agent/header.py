@@ -119,8 +119,13 @@ def _engine_info(engine: Any) -> dict[str, Any]:
             if zc is not None and hasattr(zc, "model_dump"):
                 out["zero_config"] = _jsonable(zc.model_dump())
         mpu = getattr(engine, "mpu", None)
-        if mpu is not None:
-            out.setdefault("tp", mpu.get_model_parallel_world_size())
+        if mpu is not None:  # a PipelineEngine's grid: "model parallel" there is pp x tp, so ask for tp
+            tp = getattr(mpu, "get_tensor_model_parallel_world_size", mpu.get_model_parallel_world_size)
+            out.setdefault("tp", tp())
+        stages = getattr(engine, "num_stages", None)  # DeepSpeed's PipelineEngine
+        if isinstance(stages, int):
+            out["pp"] = stages
+            out["pipeline_engine"] = "deepspeed"  # its knobs, not Megatron-LM's (pipeline_bubble's fix)
         out["dp"] = getattr(engine, "dp_world_size", None)
         out["gradient_accumulation_steps"] = engine.gradient_accumulation_steps()
         out["train_micro_batch_size_per_gpu"] = engine.train_micro_batch_size_per_gpu()

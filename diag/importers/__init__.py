@@ -31,7 +31,12 @@ def _add_kineto(comb: Combiner, path: str, result: Any) -> None:
 
 
 def _read(path: str, kind: str) -> Any:
-    """One non-Kineto input read: a diag `Trace` or an imported log."""
+    """One non-Kineto input read: a Flight Recorder dump's (rank, header, frames), a diag `Trace` or
+    an imported log."""
+    if kind == detect.FR:
+        from diag.importers.flight_recorder import import_dump
+
+        return import_dump(path)
     if kind == detect.DIAG:
         from diag.trace.reader import Unreadable, load_trace
 
@@ -49,6 +54,12 @@ def _read(path: str, kind: str) -> Any:
 def _add(comb: Combiner, path: str, kind: str, data: Any) -> None:
     if kind == detect.KINETO:
         _add_kineto(comb, path, data)
+    elif kind == detect.FR:
+        rank, header, frames = data
+        if comb.result.headers.get(rank, {}).get("fr_version") is not None:
+            raise ImportProblem(f"a second Flight Recorder dump for rank {rank} (skipped)")
+        comb.add_header(rank, header)
+        comb.add_frames(frames)
     elif kind == detect.DIAG:
         comb.add_trace(data)
     else:
@@ -136,4 +147,9 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
         from diag.importers.logs import merge_parts
 
         merge_parts(comb.parts)
-    return comb.trace()
+    trace = comb.trace()
+    if not trace.steps.empty and not trace.frame("log_step").empty:
+        from diag.importers.join import join_steps
+
+        trace.frames["step_join"] = join_steps(trace.steps, trace.frame("log_step"), trace.overflow)
+    return trace

@@ -1,4 +1,5 @@
-"""Tell what a path holds by its content: a diag trace, a Kineto trace, or a training log."""
+"""Tell what a path holds by its content: a diag trace, a Kineto trace, a training log, or a PyTorch
+Flight Recorder dump."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import gzip
 import os
 import zlib
 
+from diag.importers import flight_recorder
 from diag.importers.errors import ImportProblem
 from diag.importers.jsonfile import GZIP_MAGIC
 from diag.importers.logs import MARKERS
 from diag.trace import safeio
 from diag.trace.reader import TRACE_GLOB
 
-DIAG, KINETO, LOG = "diag", "kineto", "log"
+DIAG, KINETO, LOG, FR = "diag", "kineto", "log", "flight_recorder"
 # files a directory contributes (a file named on the command line is always read)
 DIR_SUFFIXES = (".json", ".json.gz", ".gz", ".log", ".txt", ".out", ".err")
 
@@ -36,11 +38,13 @@ def _head(path: str, n: int = 8192) -> bytes:
 
 
 def kind_of_file(path: str) -> str:
-    """DIAG, KINETO or LOG; `ImportProblem` for an empty, binary or unknown file."""
+    """DIAG, KINETO, LOG or FR; `ImportProblem` for an empty, binary or unknown file."""
     head = _head(path)
     text = head.lstrip()
     if not text:
         raise ImportProblem("empty file")
+    if flight_recorder.is_dump(head):
+        return FR
     if text.startswith(b"{") and b'"k"' in text.split(b"\n", 1)[0][:200]:
         return DIAG
     json_object = text.startswith(b"{") and not text.startswith(b"{'")  # HF Trainer's printed dicts: a log

@@ -115,6 +115,7 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
             "stragglers": rows(_stragglers(metrics, findings)),
             "step_times": rows(steps),
             "loss_scale": rows(_loss_scale(trace)),
+            "steps_joined": rows(trace.frame("step_join")),  # trace + log by iteration (importers/join.py)
         },
         "throughput": tp,
         "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),

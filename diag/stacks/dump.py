@@ -47,9 +47,12 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
     exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
     if exe is None:
         raise DiagError("py-spy not found on PATH (pip install diag[attach])", FAILURE)
-    cmd = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+    base = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
     why = "failed"
     for attempt in range(TRIES):
+        # py-spy cannot suspend a stopped process ("Failed to get stack traces", issue 17); one that
+        # is stopped does not move, so reading it without suspending it is exact
+        cmd = [*base, "--nonblocking"] if stopped(pid) else base
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
         if proc.returncode == 0:
             try:
@@ -62,6 +65,15 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
             break
         time.sleep(RETRY_S * (attempt + 1))
     raise DiagError(f"py-spy dump of pid {pid} failed: {why}", FAILURE)
+
+
+def stopped(pid: int) -> bool:
+    """Is the process stopped (state T: SIGSTOP, or t: stopped by a tracer)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _reason(stderr: str) -> str:

@@ -127,7 +127,8 @@ class TopApp(App[None]):
         sort = list(rows.RANK_SORTS)[self.sort_index]
         state = self.view.state if self.view is not None else "live"
         parts = ["PAUSED" if self.paused else (state if self.source.live else "replay"),
-                 f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}", *self.notes]
+                 f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}", *self.notes,
+                 *(self.view.refused if self.view is not None else ())]
         return " | ".join(parts)
 
     def _set_status(self) -> None:

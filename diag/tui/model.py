@@ -45,6 +45,7 @@ class JobModel:
         self.gpu_xids: dict[tuple[str, int], int] = {}  # Xid errors seen per GPU since start
         self.raw: dict[str, deque[dict[str, Any]]] = defaultdict(lambda: deque(maxlen=MAX_RAW))
         self.skipped_lines = 0
+        self.refused: dict[str, str] = {}  # file -> why the readers refuse it (a FIFO, a device, ...)
         self.events = 0
         self.newest_ts = 0
         self.version = 0  # bumped on every change: the UI skips redraws when nothing changed
@@ -54,6 +55,9 @@ class JobModel:
         n = 0
         for chunk in chunks:
             self.skipped_lines += chunk.skipped
+            if chunk.problem is not None and chunk.path not in self.refused:
+                self.refused[chunk.path] = chunk.problem
+                self.version += 1
             header = chunk.header
             if header is not None:
                 self._paths[chunk.path] = header

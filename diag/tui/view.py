@@ -11,6 +11,7 @@ Definitions (the tests recompute them from `diag.load` of the same trace):
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ class JobView:
     overflow_steps: int = 0  # steps on which any rank overflowed, since the start
     state: str = "live"  # of a followed job: live / ended / detached
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # "rank-00001.jsonl: a FIFO, ...: refused"
 
 
 def build_view(m: JobModel) -> JobView:
@@ -91,6 +93,7 @@ def build_view(m: JobModel) -> JobView:
     v.overflow_steps = len(m.overflow_steps)
     v.state = m.state
     v.gpu_rows = [m.gpus[k] for k in sorted(m.gpus)]
+    v.refused = [f"{os.path.basename(path)}: {why}" for path, why in sorted(m.refused.items())]
     return v
 
 

@@ -51,7 +51,7 @@ def venv(tmp_path_factory) -> dict[str, str]:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("diag", "collectors", "analyzers"):
         shutil.copytree(os.path.join(ROOT, name), src / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                  "-q", "-w", str(tmp / "dist"), str(src))

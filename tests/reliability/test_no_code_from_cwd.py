@@ -19,6 +19,10 @@ from diag.inject.checks import Target
 PLANT = "import os\nopen({marker!r}, 'a').write({name!r} + ' ran as uid %d\\n' % os.getuid())\n"
 TARGET = "import sys, time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.005)\n"
 PAYLOAD = "open({out!r}, 'w').write('injected')\n"
+# (file, module it shadows)
+PLANTED = (("diag/__init__.py", "diag"), ("diag/inject/__init__.py", "diag.inject"),
+           ("diag/inject/raw.py", "diag.inject.raw"), ("pyinjector.py", "pyinjector"),
+           ("ctypes.py", "ctypes"), ("platform.py", "platform"), ("sitecustomize.py", "sitecustomize"))
 
 
 @pytest.fixture
@@ -29,10 +33,7 @@ def planted(tmp_path, monkeypatch):
     cwd.mkdir()
     os.chmod(cwd, 0o777)
     marker = str(tmp_path / "PWNED")
-    for rel, name in (("diag/__init__.py", "diag"), ("diag/inject/__init__.py", "diag.inject"),
-                      ("diag/inject/raw.py", "diag.inject.raw"), ("pyinjector.py", "pyinjector"),
-                      ("ctypes.py", "ctypes"),
-                      ("platform.py", "platform"), ("sitecustomize.py", "sitecustomize")):
+    for rel, name in PLANTED:
         path = cwd / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(PLANT.format(marker=marker, name=name))

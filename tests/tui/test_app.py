@@ -5,6 +5,7 @@ job, and at 256 synthetic ranks. Panels are checked against numbers computed wit
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -174,3 +175,17 @@ async def test_gpu_panel_from_the_sidecar_file_and_no_gpu_note(tmp_path):
         await pilot.press("5")
         for widget in ("#status", "#gpu-note"):
             assert "no NVIDIA GPU (NVML not found)" in str(app.query_one(widget).render())
+
+
+@sync
+async def test_a_file_the_readers_refuse_gets_a_line(real_trace, tmp_path):
+    """A FIFO named like a rank file: the readers refuse it (issue 10); top used to drop it silently."""
+    shutil.copytree(real_trace, tmp_path / "t")
+    os.mkfifo(tmp_path / "t" / "rank-00009.jsonl")
+    for source in (ReplaySource(str(tmp_path / "t"), speed=0), LiveSource(str(tmp_path / "t"))):
+        app = TopApp(source, analyze=None, interval=0.05)
+        async with app.run_test(size=(200, 40)) as pilot:
+            await wait_for(pilot, lambda app=app: app.refreshes > 0 and app.view.refused)
+            status = str(app.query_one("#status").render())
+            assert "rank-00009.jsonl: a FIFO, not a regular file: refused" in status, status
+            assert app.view.ranks == len(diag.load(real_trace).ranks)  # the good files still shown

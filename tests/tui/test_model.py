@@ -248,3 +248,12 @@ def test_sparkline_has_a_scale(real_trace):
     line = spark_scale(v)
     assert f"last {len(v.step_series)} step(s)" in line and f"{lo:.1f} to {hi:.1f} ms" in line
     assert summary_text(v, "replay x").splitlines()[-1] == line
+
+
+def test_refused_files_reach_the_view(tmp_path):
+    (tmp_path / "rank-00000.jsonl").write_text(json.dumps({"k": "header", "schema": 1, "rank": 0}) + "\n")
+    os.mkfifo(tmp_path / "rank-00001.jsonl")
+    m = JobModel()
+    m.ingest(DirTail(str(tmp_path)).poll())
+    assert build_view(m).refused == ["rank-00001.jsonl: a FIFO, not a regular file: refused"]
+    assert build_view(m).ranks == 1

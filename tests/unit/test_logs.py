@@ -189,14 +189,29 @@ def test_nemo_progress_bar():
 def test_hf_trainer_dicts_bar_and_summary():
     res = _load("hf_trainer_zero3_bf16.log")
     st = _steps(res)
-    assert list(st.index) == [10, 20]  # the training bar's count (the eval bar's is not a step)
-    assert list(st["iter_ms"]) == [2130.0, 2160.0]  # `2.13s/it`
-    assert list(st["loss"]) == [1.3425, 1.107]  # numbers, and strings in recent releases
+    # every count the training bar shows is a step (the eval bar's are not); the dicts sit at its count
+    assert list(st.index) == list(range(1, 21))
+    assert list(st.loc[[10, 20], "iter_ms"]) == [2130.0, 2160.0]  # `2.13s/it`
+    assert list(st["loss"].dropna()) == [1.3425, 1.107]  # numbers, and strings in recent releases
+    assert list(st.index[st["loss"].notna()]) == [10, 20]
     assert st.loc[20, "grad_norm"] == 1.944 and st.loc[20, "eval_loss"] == 1.0812
     run = dict(zip(res.frames["log_run"]["key"], res.frames["log_run"]["value"]))
     assert run["train_runtime"] == 449.3 and run["train_samples_per_second"] == 2.849
     assert _layout(res) == {"world_size": 8, "zero_stage": 3, "dtype": "bf16", "micro_batch": 4,
                             "global_batch": 64, "grad_accum": 2}
+
+
+def test_hf_bar_without_dicts_gives_steps(tmp_path):
+    """BigScience's hf_ds_gpt2_base_n16 log (transformers 2021, `logging_steps` 500 > 4 steps) prints
+    no dict: its training bar is its only step record, and its `Total optimization steps` line has
+    the logging prefix `[INFO|trainer.py:1149] <time> >>`."""
+    path = tmp_path / "x.log"
+    path.write_text("[INFO|trainer.py:1149] 2021-05-25 06:30:55,948 >>   Total optimization steps = 4\n"
+                    "  0%|          | 0/4 [00:00<?, ?it/s]\r 25%|██▌       | 1/4 [03:45<11:15, 225.28s/it]\r"
+                    " 50%|█████     | 2/4 [07:15<07:21, 220.73s/it]\r100%|██████████| 4/4 [14:31<00:00, "
+                    "219.64s/it]\n")
+    st = _steps(import_log(str(path)))
+    assert list(st.index) == [1, 2, 4] and list(st["iter_ms"]) == [225280.0, 220730.0, 219640.0]
 
 
 def test_hf_rate_in_iterations_per_second(tmp_path):

@@ -35,7 +35,7 @@ def test_json_document_is_plain_and_versioned():
     doc = json.loads(json_report.render(_doc()))
     assert (doc["schema"], doc["version"]) == (model.SCHEMA, model.VERSION)
     assert set(doc["metrics"]) == {"breakdown", "overlap", "collectives", "bandwidth_by_size",
-                                   "stragglers", "step_times", "loss_scale", "step_split"}
+                                   "stragglers", "step_times", "loss_scale", "step_split", "steps_joined"}
     assert doc["findings"][0]["fixes"][0]["env"] == {"NCCL_ALGO": "Ring"}
     assert all(r["source"] == "cpu" for r in doc["metrics"]["breakdown"])
 

@@ -122,3 +122,30 @@ def test_dump_of_a_process_that_is_gone_fails_once_with_one_line():
     with pytest.raises(DiagError) as e:
         dump(p.pid)
     assert "\n" not in str(e.value) and str(p.pid) in str(e.value)
+
+
+def test_dump_of_a_stopped_process_reads_its_stack(tmp_path):
+    """Issue 17: py-spy cannot suspend a SIGSTOPped process ("Failed to get stack traces"), so
+    `diag stacks` gave up on exactly the rank that hangs; a stopped process is read without suspending."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from diag.stacks.dump import dump, stopped
+
+    script = tmp_path / "wait_here.py"
+    script.write_text("import time\ndef wait_here():\n    print('ready', flush=True)\n    while True:\n"
+                      "        time.sleep(0.05)\nwait_here()\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        os.kill(p.pid, signal.SIGSTOP)
+        while not stopped(p.pid):
+            time.sleep(0.01)
+        st = rank_stack(p.pid, None, dump(p.pid))
+        assert "wait_here" in [f.name for f in st.frames]
+    finally:
+        p.kill()
+        p.wait()

@@ -37,6 +37,8 @@ def base_parser(doc: str | None) -> argparse.ArgumentParser:
                    help="stop the agent from another thread during this step (+ rank: ranks detach at "
                         "different moments, as `diag detach` does), --detach-delay s into it")
     p.add_argument("--detach-delay", type=float, default=0.0)
+    p.add_argument("--log-iterations", action="store_true",
+                   help="print `iteration N` after each optimizer step (plain-torch workloads)")
     return p
 
 
@@ -48,6 +50,13 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=4)
+
+
+def add_slow_args(p: argparse.ArgumentParser) -> None:
+    """A straggler planted in the job: one rank sleeps before every step's batch (the others wait
+    for it in the step's collectives)."""
+    p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--slow-ms", type=float, default=0.0)
 
 
 def init_process_group() -> tuple[int, int]:
@@ -103,21 +112,28 @@ def profiled(args: argparse.Namespace, rank: int) -> Iterator[Any]:
 def train_loop(args: argparse.Namespace, prof: Any, opt: Any,
                loss_at: Callable[[int], torch.Tensor]) -> dict[str, Any]:
     """The loop of the plain-torch workloads: zero the grads, `loss_at(step)` (batch and forward),
-    backward, optimizer step; every step's loss and wall time (`--step-sleep` included)."""
-    losses, times = [], []
+    backward, optimizer step; every step's loss and wall time (`--step-sleep` included), and the
+    wall clock (ns) right after each optimizer step: the job's own iteration `step` is its index."""
+    losses, times, ends = [], [], []
+    slow = getattr(args, "slow_rank", None) == dist.get_rank()
     for step in range(args.steps):
         t0 = time.perf_counter()
+        if slow:
+            time.sleep(args.slow_ms / 1000)
         opt.zero_grad(set_to_none=True)
         loss = loss_at(step)
         loss.backward()
         opt.step()
+        ends.append(time.time_ns())
+        if args.log_iterations:
+            print(f"iteration {step}", flush=True)
         losses.append(loss.item())
         if args.step_sleep:
             time.sleep(args.step_sleep)
         times.append(time.perf_counter() - t0)
         if prof is not None:
             prof.step()
-    return {"losses": losses, "step_times": times}
+    return {"losses": losses, "step_times": times, "step_ends": ends}
 
 
 def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any],

@@ -23,14 +23,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--overflow-at", default="", help="steps (comma list) that get an inf gradient")
     p.add_argument("--overflow-rank", type=int, default=0)
-    p.add_argument("--slow-rank", type=int, default=None)
-    p.add_argument("--slow-ms", type=float, default=0.0)
+    common.add_slow_args(p)
     common.add_size_args(p)
     p.add_argument("--comms-logger", action="store_true",
                    help="enable DeepSpeed's comms logger (ground truth for deepspeed.comm bytes)")
     p.add_argument("--flops-profiler", type=int, default=None, metavar="STEP",
                    help="enable DeepSpeed's flops profiler on this step (the benchmark's baseline)")
     p.add_argument("--log-level", default="warning", help="DeepSpeed's log level (info shows OVERFLOW!)")
+    p.add_argument("--steps-per-print", type=int, default=10**9,
+                   help="DeepSpeed's `step=N` progress lines every N steps (with --log-level info)")
     return p.parse_args(argv)
 
 
@@ -40,7 +41,7 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": args.zero},
         "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
+        "steps_per_print": args.steps_per_print,
         "log_level": args.log_level,
     }
     if args.comms_logger:

@@ -23,6 +23,7 @@ from tests.workloads.gpt import batch
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.base_parser(__doc__)
+    common.add_slow_args(p)
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--micro", type=int, default=4, help="micro-batches per step under --pp")

@@ -98,7 +98,7 @@ def import_log(path: str) -> LogImport:
     rec = read_records(path)
     frames = {"log_step": rec.step_frame(), schema.OVERFLOW: rec.overflow_frame(),
               schema.MEMORY: rec.memory_frame()}
-    frames["log_failure"] = failure_frame(rec)
+    frames["log_failure"] = failure_frame(rec, path)
     if rec.run:
         frames["log_run"] = pd.DataFrame([{"rank": -1, "key": k, "value": v} for k, v in rec.run.items()])
     frames = {k: v for k, v in frames.items() if not v.empty}
@@ -112,7 +112,9 @@ def import_log(path: str) -> LogImport:
     world = layout.get("world_size")
     ranks = set(rec.ranks) | set(rec.hosts)
     if isinstance(world, int) and 0 < world <= 1 << 16:
-        ranks |= set(range(world))
+        # a number past the world size is no rank: DeepSpeed's pipeline layer list (`    70: LayerNorm`)
+        # reads like srun's `--label` prefix
+        ranks = {r for r in ranks if r < world} | set(range(world))
     for df in frames.values():
         ranks |= {int(r) for r in df["rank"].dropna() if r >= 0}
     found: dict[str, Any] = {"log_families": sorted(rec.families)}

@@ -131,10 +131,11 @@ class CrashReader:
         kind = "interrupted" if sig == "SIGINT" else "exit"
         text = f"exit code {code}" + (f" ({sig})" if sig else "")
         detail = {"code": code, "signal": sig, "local": local}
-        self.rec.failures.append(Failure(kind, rank, ln.no, ln.ts, "exit", text, detail))
+        self.rec.failures.append(Failure(kind, rank, ln.no, ln.ts, "exit", text, detail, ln.raw[:300]))
 
     def _add(self, ln: Line, kind: str, exc: str, msg: str, **detail: Any) -> None:
-        self.rec.failures.append(Failure(kind, ln.rank, ln.no, ln.ts, exc, msg.strip()[:300], detail))
+        self.rec.failures.append(Failure(kind, ln.rank, ln.no, ln.ts, exc, msg.strip()[:300], detail,
+                                         ln.raw[:300]))
 
 
 def _i(text: str | None) -> int | None:
@@ -175,26 +176,42 @@ def evidence(rec: Records) -> tuple[list[Failure], list[Failure]]:
     return late or ([f for f in rec.failures if f.exc != "exit"] if exits else []), exits
 
 
-def failure_frame(rec: Records) -> pd.DataFrame:
-    """`log_failure`: one row per sign of the failure (for rules), the last completed step on each."""
+FAILURE_COLUMNS = ["rank", "step", "ts", "line", "kind", "exc", "message", "seq", "op", "code", "signal",
+                   "text", "first", "statement", "fix", "path"]
+
+
+def failure_frame(rec: Records, path: str = "") -> pd.DataFrame:
+    """`log_failure`: one row per sign of the failure (for rules), the last completed step on each;
+    `first` marks the one the statement (`statement`, on that row) names, `text` is the line itself."""
     causes, exits = evidence(rec)
+    chosen = _choose(causes, exits)
+    said = verdict(rec)
     return pd.DataFrame([{"rank": f.rank, "step": rec.last_step, "ts": f.ts, "line": f.line, "kind": f.kind,
                           "exc": f.exc, "message": f.message, **{k: v for k, v in f.detail.items()
-                                                                 if k in ("seq", "op", "code", "signal")}}
-                         for f in causes + exits],
-                        columns=["rank", "step", "ts", "line", "kind", "exc", "message", "seq", "op", "code",
-                                 "signal"])
+                                                                 if k in ("seq", "op", "code", "signal")},
+                          "text": f.text, "first": f is chosen, "path": path,
+                          "statement": said[1] if said and f is chosen else None,
+                          "fix": oom_fix(rec) if f is chosen and f.kind == "oom" else None}
+                         for f in causes + exits], columns=FAILURE_COLUMNS)
+
+
+def _choose(causes: list[Failure], exits: list[Failure]) -> Failure | None:
+    """The failure the statement leads with: the most telling kind, first in time."""
+    pool = causes or exits
+    if not pool:
+        return None
+    best = min(_PRIORITY[f.kind] for f in pool)
+    main = [f for f in pool if _PRIORITY[f.kind] == best]
+    return min(main, key=lambda f: (f.ts is None, f.ts or 0, f.line))
 
 
 def verdict(rec: Records) -> tuple[int, str] | None:
     """(line, one-line statement) when the log shows the job failed; None when it did not."""
     causes, exits = evidence(rec)
-    if not causes and not exits:
+    first = _choose(causes, exits)
+    if first is None:
         return None
-    pool = causes or exits
-    best = min(_PRIORITY[f.kind] for f in pool)
-    main = [f for f in pool if _PRIORITY[f.kind] == best]
-    first = min(main, key=lambda f: (f.ts is None, f.ts or 0, f.line))
+    main = [f for f in causes or exits if _PRIORITY[f.kind] == _PRIORITY[first.kind]]
     when = f"after step {rec.last_step} (the last completed)" if rec.last_step else "before step 1"
     what = {"oom": "CUDA out of memory", "nccl_timeout": "NCCL collective timeout",
             "interrupted": "interrupted"}.get(first.kind, first.exc)
@@ -216,13 +233,17 @@ def _r(rank: int) -> str:
     return str(rank) if rank >= 0 else "?"
 
 
+def oom_fix(rec: Records) -> str:
+    """The OOM fix in the job's own framework's terms."""
+    return _FIXES[next((f for f in ("megatron", "hf", "deepspeed") if f in rec.families), "deepspeed")]
+
+
 def _detail(first: Failure, same: list[Failure], rec: Records) -> str:
     d = first.detail
     if first.kind == "oom":
         mem = f": tried to allocate {d['tried']} on GPU {d['gpu']} ({d['free']} free of {d['capacity']})" \
             if d.get("tried") else f": {first.message[:160]}"
-        fam = next((f for f in ("megatron", "hf", "deepspeed") if f in rec.families), "deepspeed")
-        return mem + f"; fix: {_FIXES[fam]}"
+        return mem + f"; fix: {oom_fix(rec)}"
     if first.kind == "nccl_timeout":
         by_seq: dict[tuple[Any, Any], list[int]] = {}
         for f in same:

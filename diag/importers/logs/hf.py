@@ -5,6 +5,9 @@
   summary `{'train_runtime': 85.46, 'train_samples_per_second': 11.7, 'train_steps_per_second': 1.17,
   'train_loss': 0.50, 'epoch': 1.0}`. The dicts name no step: the step is the training progress bar's
   count just before (`100/200 [03:38<03:38,  2.18s/it]`, whose rate is the step time), else their order.
+  The training bar (its total is `Total optimization steps`) is a step record of its own at each count
+  it shows, with its rate as the step time: a run logging no dicts (`logging_steps` > its steps) still
+  has its steps.
 - `***** Running training *****` block: `Instantaneous batch size per device = 8`, `Total train batch
   size (w. parallel, distributed & accumulation) = 64`, `Gradient Accumulation steps = 1`,
   `Total optimization steps = 100`.
@@ -20,9 +23,10 @@ from diag.importers.logs.records import Records
 
 _BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)(s/it|it/s)")
 _DICT = re.compile(r"\{'(?:loss|eval_loss|train_runtime|train_loss)'.*\}")
-_BLOCK = re.compile(r"^\s*(Instantaneous batch size per device|"
+_BLOCK = re.compile(r"(?:^|>>)\s*(Instantaneous batch size per device|"
                     r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
                     r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)")
+_BARE_NONFINITE = re.compile(r"(?<=: )(-?(?:nan|inf))(?=[,}])")  # `{'loss': nan, ...}`: repr of a float nan
 _RUN = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 
 
@@ -39,11 +43,14 @@ class HFReader:
             if m := _BAR.search(t):
                 rate = num(m.group(3))
                 ms = None if not rate else (rate * 1e3 if m.group(4) == "s/it" else 1e3 / rate)
-                self.bar[int(m.group(2))] = (int(m.group(1)), ms)
+                count, total = int(m.group(1)), int(m.group(2))
+                self.bar[total] = (count, ms)
+                if total == self.total and count > 0:  # the training bar: a step record per step it shows
+                    self.rec.step(ln, count, iter_ms=ms)
                 t = t[m.end():]
         if "{'" in t and (m := _DICT.search(t)):
             return self._dict(ln, m.group(0))
-        if " = " in t and (m := _BLOCK.match(t)):
+        if " = " in t and (m := _BLOCK.search(t)):
             v = int(m.group(2).replace(",", ""))
             key = m.group(1)
             if key.startswith("Instantaneous"):
@@ -64,7 +71,7 @@ class HFReader:
 
     def _dict(self, ln: Line, text: str) -> bool:
         try:
-            d = ast.literal_eval(text)
+            d = ast.literal_eval(_BARE_NONFINITE.sub(r"'\1'", text))
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return False
         if not isinstance(d, dict):

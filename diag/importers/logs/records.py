@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,11 @@ import pandas as pd
 from diag import schema
 from diag.importers.logs.lines import Line
 
-# log_step columns, in order; every figure in the unit named (ms, per second, bytes)
+# log_step columns, in order; every figure in the unit named (ms, per second, bytes); `loss_nonfinite`
+# marks a printed nan/inf loss (a NaN `loss` alone may just be a line that printed none)
 STEP_COLUMNS = ("rank", "step", "ts", "iter_ms", "samples_per_sec", "tokens_per_sec",
                 "tokens_per_sec_per_gpu", "tflops", "loss", "lr", "grad_norm", "loss_scale", "skipped_iters",
-                "skipped_total", "nan_iters",
+                "skipped_total", "nan_iters", "loss_nonfinite",
                 "consumed_samples", "global_batch", "epoch", "eval_loss", "eval_ppl")
 MB, GB = 1 << 20, 1 << 30
 SAME_STEP_NS = 100_000_000  # ranks print one step's overflow within this of each other
@@ -48,6 +50,7 @@ class Failure:
     exc: str
     message: str
     detail: dict[str, Any] = field(default_factory=dict)
+    text: str = ""  # the log line itself, as printed (up to 300 characters)
 
 
 class Records:
@@ -81,6 +84,9 @@ class Records:
         for k, v in figures.items():
             if v is not None and rec.get(k) is None:
                 rec[k] = v
+        loss = figures.get("loss")
+        if isinstance(loss, float) and not math.isfinite(loss):  # a printed nan/inf, not a missing loss
+            rec["loss_nonfinite"] = True
         if step >= self.last_step:
             if step > self.last_step:
                 self._segment = []

@@ -4,6 +4,10 @@ job's ranks, not in its launcher, then runs any sitecustomize this one shadows.
 Starts in: a process with RANK in its environment (torchrun / deepspeed workers), or the command
 `diag run` executed itself when that is not a launcher. Skips: launchers, multiprocessing helpers,
 and other Python subprocesses of the job. Options come from the DIAG_RUN environment variable.
+
+A job's own sitecustomize earlier on sys.path (a launch script prepending its directory to PYTHONPATH)
+shadows this module; where diag is installed in the job's interpreter, its `diag-run.pth` arms
+hook.py, which boots the agent after that sitecustomize instead.
 """
 
 import os
@@ -29,7 +33,8 @@ def _wanted() -> bool:
     return "RANK" in os.environ or os.environ.get("DIAG_RUN_PID") == str(os.getpid())
 
 
-def _boot() -> None:
+def boot() -> None:
+    """Start the agent here if this process is one of the job's ranks (diag run's DIAG_RUN is set)."""
     spec = os.environ.get("DIAG_RUN")
     if not spec or not _wanted():
         return
@@ -57,5 +62,6 @@ def _chain() -> None:
         spec.loader.exec_module(module)
 
 
-_boot()
-_chain()
+if __name__ == "sitecustomize":  # imported as diag.inject.site.sitecustomize by hook.py: boot only
+    boot()
+    _chain()

@@ -1,0 +1,38 @@
+"""How a fault-matrix cell is judged (tests/integration/faults.py), on made-up findings: the expected
+rule naming the right rank, nothing else, and for a hang the live verdict naming the stopped rank."""
+
+from __future__ import annotations
+
+from diag.findings import Finding
+from tests.integration.faults import Cell, Outcome, render
+
+
+def finding(rule: str, ranks: list[int], severity: str = "warning") -> Finding:
+    return Finding(rule=rule, severity=severity, title=rule, detail="", ranks=ranks)
+
+
+STRAGGLER = Cell("DDP", "straggler", "m", (), expect="straggler", rank=1)
+HANG = Cell("TP", "hang", "m", (), expect="hang_desync", rank=1, inject="stop")
+HEALTHY = Cell("DDP", "healthy", "m", ())
+
+
+def test_the_expected_rule_must_name_the_planted_rank():
+    assert Outcome(STRAGGLER, [finding("straggler", [1])]).correct()
+    assert not Outcome(STRAGGLER, [finding("straggler", [0])]).correct()  # the wrong rank
+    assert not Outcome(STRAGGLER, []).correct()
+
+
+def test_any_other_alarm_is_false_and_a_control_must_get_none():
+    out = Outcome(STRAGGLER, [finding("straggler", [1]), finding("idle_between_steps", [0, 1])])
+    assert out.false_alarms() == ["idle_between_steps (warning, ranks [0, 1])"] and not out.correct()
+    assert Outcome(HEALTHY, []).correct()
+    assert not Outcome(HEALTHY, [finding("straggler", [0])]).correct()
+
+
+def test_a_hang_is_judged_by_the_live_verdict():
+    good = "rank 0 stuck in all_reduce; never arrived: rank 1 (in train_loop (common.py:132))"
+    assert Outcome(HANG, [], live=good, live_s=3.0).correct()  # post-mortem not required
+    assert not Outcome(HANG, [], live=None, live_s=3.0).correct()
+    assert not Outcome(HANG, [], live=good.replace("rank 1", "rank 0"), live_s=3.0).correct()
+    row = Outcome(HANG, [], live=None, live_s=3.0).row()
+    assert "no verdict (3.0 s after the fault)" in render([row])

@@ -1,0 +1,173 @@
+"""Rules on what a training log states: loss spikes, nan/inf losses, throughput drops and regressions,
+and the crash of the job as a finding.
+
+The loss and throughput fixtures (`megatron_loss_spike.log`, `megatron_throughput_regression.log`,
+`ds_throughput_drop.log`, `hf_noisy_finetune.log`, `hf_nan_loss.log`) are written line for line in the
+formats of the other fixtures (Megatron-LM's iteration line, DeepSpeed's `step=` and timer lines, the
+HF Trainer's progress bar and log dicts) with seeded figures; the crash fixtures are issue 18's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from diag.analyzers import run_all
+
+from diag.importers import load_inputs
+from tests.unit.kineto_samples import ROOT
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "logs")
+LOG_RULES = ("job_crash", "loss_spike", "nan_loss", "throughput_drop")
+
+
+def _findings(*names: str, path: str | None = None) -> list:
+    trace = load_inputs([path] if path else [os.path.join(FIX, n) for n in names])
+    found, failures = run_all(trace)
+    assert failures == {}
+    return found
+
+
+def _one(rule: str, name: str, path: str | None = None):
+    found = [f for f in _findings(name, path=path) if f.rule == rule]
+    assert len(found) == 1, [f.title for f in _findings(name, path=path)]
+    return found[0]
+
+
+HEALTHY = ["caught_exception_then_trains.log", "ds_pipeline.log", "ds_zero2_fp16.log",
+           "hf_trainer_zero3_bf16.log", "megatron_deepspeed_tp2_pp2.log", "megatron_lm_fp16.log",
+           "nemo_llama_sft.log", "hf_noisy_finetune.log"]
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_logs_are_silent(name):
+    assert [f.title for f in _findings(name)] == []
+
+
+def test_the_spike_and_the_drop_fixtures_are_healthy_in_their_other_figures():
+    assert [f.rule for f in _findings("megatron_loss_spike.log")] == ["loss_spike"]
+    assert [f.rule for f in _findings("ds_throughput_drop.log")] == ["throughput_drop"]
+    assert [f.rule for f in _findings("hf_nan_loss.log")] == ["nan_loss"]
+
+
+# -- loss ---------------------------------------------------------------------------------------
+
+def test_loss_spike_names_the_steps_the_baseline_and_recovery():
+    f = _one("loss_spike", "megatron_loss_spike.log")
+    assert f.steps == [310, 320] and f.severity == "warning"
+    first = f.evidence["spikes"][0]
+    assert first["step"] == 310 and first["loss"] == pytest.approx(7.955849)
+    # the baseline is the median of the 5 logged losses before (iterations 260-300)
+    assert first["baseline"] == pytest.approx(3.788540)
+    assert f.evidence["recovered"] is True and f.evidence["last_loss"] < first["baseline"]
+
+
+def test_a_spike_the_run_never_recovers_from_is_critical(tmp_path):
+    text = open(os.path.join(FIX, "megatron_loss_spike.log")).read().splitlines()
+    # from iteration 310 on every loss is the spike's: the run diverged
+    out = [ln.replace(ln.split("lm loss: ")[1].split(" |")[0], "7.955849E+00")
+           if "lm loss: " in ln and int(ln.split("iteration")[1].split("/")[0]) >= 310 else ln for ln in text]
+    path = tmp_path / "diverged.log"
+    path.write_text("\n".join(out) + "\n")
+    f = _one("loss_spike", "", path=str(path))
+    assert f.severity == "critical" and f.evidence["recovered"] is False and f.steps[0] == 310
+
+
+def test_hf_prints_a_nan_loss_as_a_bare_nan_and_it_is_read():
+    log = load_inputs([os.path.join(FIX, "hf_nan_loss.log")]).frame("log_step").set_index("step")
+    assert bool(log.loc[120, "loss_nonfinite"]) and log.loc[110, "loss"] == 0.9414
+    f = _one("nan_loss", "hf_nan_loss.log")
+    assert f.severity == "critical" and f.steps[:3] == [120, 130, 140] and f.evidence["nonfinite_steps"] == 9
+    assert f.evidence["last_finite"]["step"] == 110
+
+
+def test_megatron_nan_iteration_counter(tmp_path):
+    text = open(os.path.join(FIX, "megatron_lm_fp16.log")).read()
+    path = tmp_path / "nan.log"
+    path.write_text(text.replace("number of nan iterations:   0 |\n [2025-10-06 03:27:54]",
+                                 "number of nan iterations:   2 |\n [2025-10-06 03:27:54]"))
+    f = _one("nan_loss", "", path=str(path))
+    assert f.steps == [20] and f.evidence["nan_iterations"] == 2 and f.evidence["nonfinite_steps"] == 0
+
+
+def test_a_missing_loss_is_not_a_nan_loss():
+    """DeepSpeed's `step=` lines print no loss: NaN in the frame, but not a nan loss."""
+    assert [f for f in _findings("ds_zero2_fp16.log") if f.rule == "nan_loss"] == []
+
+
+# -- throughput ---------------------------------------------------------------------------------
+
+def test_throughput_drop_from_timestamps():
+    f = _one("throughput_drop", "ds_throughput_drop.log")
+    assert f.steps == [150, 160, 170, 180] and f.evidence["figure"] == "iter_ms"
+    assert f.evidence["worst_ratio"] == pytest.approx(2.0, abs=0.1)
+    assert f.recoverable_s == pytest.approx(0.8, abs=0.05)  # 1600 ms against a median of 800 ms
+
+
+def test_throughput_regression_over_the_run():
+    f = _one("throughput_drop", "megatron_throughput_regression.log")
+    assert "regressed" in f.title and f.evidence["ratio"] >= 1.25
+    # 4700 + 5 ms per iteration: first third ~ iterations 20-140, last third ~ 280-400
+    assert f.evidence["early_median"] == pytest.approx(5100, rel=0.03)
+    assert f.evidence["late_median"] == pytest.approx(6400, rel=0.03)
+
+
+def test_too_few_records_are_not_judged():
+    """megatron_lm_fp16.log has 3 records; 4891 -> 4647 ms would be no drop anyway, but a run of 3 with
+    a slow last record must not fire either."""
+    assert _findings("ds_pipeline.log") == []
+
+
+# -- the crash as a finding ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,kind,rank,iteration,line,codes", [
+    ("oom_megatron_after_step3.log", "oom", 2, 4, 19, {2: 1}),
+    ("torchrun_sigkill.log", "exit", 3, 101, 20, {3: -9, 1: -9}),
+    ("crash_16ranks_before_step1.log", "exception", 11, 1, 9, {r: 1 for r in range(16)}),
+    ("nccl_timeout_desync.log", "nccl_timeout", 0, 121, 2, {0: -6}),
+    ("hf_oom_sigkill.log", "oom", -1, 2, 12, {1: -9}),
+])
+def test_job_crash_finding(name, kind, rank, iteration, line, codes):
+    f = _one("job_crash", name)
+    ev = f.evidence
+    assert f.severity == "critical" and (ev["kind"], ev["first_rank"], ev["failed_iteration"]) == (kind, rank,
+                                                                                                 iteration)
+    assert ev["line"] == line and ev["exit_codes"] == codes and ev["path"].endswith(name)
+    raw = open(os.path.join(FIX, name)).read().splitlines()[line - 1]
+    assert ev["log_line"] == raw[:300]
+    assert f.steps == [iteration] and f.detail.startswith("job failed")
+
+
+def test_job_crash_keeps_nccl_seq_and_the_oom_fix():
+    ev = _one("job_crash", "nccl_timeout_desync.log").evidence
+    assert (ev["seq"], ev["op"]) == (48211, "ALLREDUCE")
+    oom = _one("job_crash", "oom_megatron_after_step3.log")
+    assert "--micro-batch-size" in oom.fixes[0].summary
+    assert _one("job_crash", "torchrun_sigkill.log").evidence["signal"] == "SIGKILL"
+
+
+def test_a_survived_traceback_is_no_crash():
+    assert [f for f in _findings("caught_exception_then_trains.log") if f.rule == "job_crash"] == []
+
+
+def test_cli_reports_the_crash_finding_and_still_exits_1():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-m", "diag", "analyze", os.path.join(FIX, "torchrun_sigkill.log"),
+                        "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    (f,) = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "job_crash"]
+    assert f["evidence"]["exit_codes"] == {"3": -9, "1": -9} and f["ranks"] == [1, 3]
+
+
+def test_pipeline_layer_list_numbers_are_not_ranks(tmp_path):
+    """Found on BigScience's meg_ds_3d_gpt2_perf_n16-ds-on.out: PipelineModule's partition listing
+    (`    70: float16_to_fp32`) read as srun labels gave 71 ranks for a 64-rank job."""
+    from diag.importers.logs import import_log
+
+    path = tmp_path / "pp.log"
+    path.write_text("using world size: 4, data-parallel-size: 1, tensor-model-parallel size: 2, "
+                    "pipeline-model-parallel size: 2\nstage=0 layers=7\n     0: _to_float16\n"
+                    "     1: EmbeddingPipe\n    69: EmbeddingPipe\n    70: float16_to_fp32\n")
+    assert import_log(str(path)).ranks == [0, 1, 2, 3]
