@@ -25,7 +25,7 @@ RULE_MODULES: list[str] = [
     "diag.analyzers.hang_desync", "diag.analyzers.zero3_slow_link", "diag.analyzers.tp_cross_node",
     "diag.analyzers.overflow_storm", "diag.analyzers.memory_pressure", "diag.analyzers.embedding_comm",
     "diag.analyzers.straggler", "diag.analyzers.exposed_comm", "diag.analyzers.pipeline_bubble",
-    "diag.analyzers.tiny_collectives", "diag.analyzers.idle_between_steps",
+    "diag.analyzers.tiny_collectives", "diag.analyzers.idle_between_steps", "diag.analyzers.launch_bound",
     "diag.analyzers.job_crash", "diag.analyzers.loss_spike", "diag.analyzers.nan_loss",
     "diag.analyzers.throughput_drop", "diag.analyzers.collective_desync",
 ]

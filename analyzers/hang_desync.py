@@ -29,6 +29,11 @@ def last_seen(trace: Trace) -> pd.Series:
     return pd.concat(parts, axis=1).max(axis=1).astype("int64")
 
 
+def _size(nbytes: Any) -> int | None:
+    """A collective's size, None when unknown (NaN / None), never 0."""
+    return None if nbytes is None or nbytes != nbytes else int(nbytes)
+
+
 def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     """Per group: each member rank's count of collectives and its last one (op, bytes, step)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
@@ -36,7 +41,7 @@ def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     counts, last = by.size(), c.loc[by["ts"].idxmax()]
     for (group, rank), n, op, nbytes, step in zip(counts.index, counts, last["kind"], last["bytes"],
                                                   last["step"]):
-        out.setdefault(group, {})[int(rank)] = {"count": int(n), "op": op, "bytes": int(nbytes or 0),
+        out.setdefault(group, {})[int(rank)] = {"count": int(n), "op": op, "bytes": _size(nbytes),
                                                 "step": int(step)}
     return out
 

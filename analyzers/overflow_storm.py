@@ -9,6 +9,7 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics.overflows import one_source
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -17,11 +18,14 @@ if TYPE_CHECKING:
 RATE = 0.10  # overflow share of steps after the initial calibration
 MIN_OVERFLOWS = 3  # and at least this many of them
 COLLAPSE_SCALE = 1.0  # or the loss scale fell to this (or to min_loss_scale)
+# or every recorded step was skipped, and more of them than a calibration takes (halving from 2^32
+# with hysteresis 2 skips at most 64): the job never trained
+ALL_SKIPPED_STEPS = 64
 
 
 def per_step(trace: Trace) -> pd.DataFrame:
     """One row per (rank, step): overflow seen, last loss scale."""
-    of = trace.overflow
+    of = one_source(trace.overflow)  # a trace and its log record the same skips: count them once
     if of.empty:
         return pd.DataFrame(columns=["rank", "step", "overflow", "scale"])
     df = of.assign(overflow=of["overflow"].fillna(False).astype(bool),
@@ -94,10 +98,34 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     return fixes
 
 
+def _all_skipped(df: pd.DataFrame, metrics: Metrics) -> bool:
+    """Every step the job recorded (trace steps or log iterations: a log lists only the skipped
+    ones among its overflow rows) was skipped, and at least `ALL_SKIPPED_STEPS` of them."""
+    hit = set(df.loc[df["overflow"], "step"].astype(int))
+    known = hit | set(df["step"].astype(int)) | set(metrics.step_times["step"].dropna().astype(int))
+    return len(hit) >= ALL_SKIPPED_STEPS and hit >= known
+
+
+def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
+    """Every recorded step was skipped: not a calibration, the job trained nothing."""
+    steps = sorted({int(s) for s in df["step"]})
+    scale = df["scale"].dropna()
+    where = (f"; loss scale went from {scale.max():g} down to {scale.min():g}" if len(scale) else "")
+    return Finding(
+        severity="critical",
+        title=f"fp16 overflow on every step: all {len(steps)} recorded steps skipped, no update applied",
+        detail=f"steps {steps[0]}-{steps[-1]} were all skipped for overflow{where}.",
+        evidence={"overflow_steps": len(steps), "steps": len(steps), "overflow_rate": 1.0,
+                  "min_scale": float(scale.min()) if len(scale) else None},
+        ranks=sorted(int(r) for r in df["rank"].unique() if int(r) >= 0), steps=steps[:50],
+        fixes=fixes)
+
+
 @rule("overflow_storm")
 def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
-    or when the loss scale collapses to <= max(1, min_loss_scale). Fix (only values that change the job's
+    or when the loss scale collapses to <= max(1, min_loss_scale), or (critical) every recorded step,
+    at least 64 of them, was skipped. Fix (only values that change the job's
     setting, in its framework's terms): bf16 on Ampere+, initial_scale_power - 4 (not below 8),
     loss_scale_window 2000, hysteresis 4, gradient clipping 1.0; Megatron-LM: --bf16,
     --initial-loss-scale, --loss-scale-window, --hysteresis, --clip-grad.
@@ -105,9 +133,12 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     df = per_step(trace)
     if df.empty:
         return []
+    if _all_skipped(df, metrics):
+        return [_never_applied(df, fixes=_fixes(trace, framework.job_of(metrics)))]
     post = after_calibration(df)
-    n_over = int(post["overflow"].sum())
-    rate = n_over / max(len(post), 1)
+    # per step, not per rank-step: an overflow makes every rank skip the same step
+    n_over, n_steps = post.loc[post["overflow"], "step"].nunique(), post["step"].nunique()
+    rate = n_over / max(n_steps, 1)
     floor = max(COLLAPSE_SCALE, float(config.setting(trace, "min_loss_scale")))
     min_scale = float(df["scale"].min()) if df["scale"].notna().any() else None
     collapsed = min_scale is not None and min_scale <= floor
@@ -120,9 +151,9 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
         severity="critical" if collapsed else "warning",
         title=(f"fp16 loss scale collapsed to {min_scale:g}" if collapsed else
                f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"),
-        detail=(f"{n_over} overflowing steps after calibration out of {len(post)} rank-steps; "
+        detail=(f"{n_over} overflowing steps after calibration out of {n_steps} steps; "
                 f"loss scale went from {df['scale'].max():g} down to {min_scale}."),
-        evidence={"overflow_steps": n_over, "rank_steps": len(post), "overflow_rate": rate,
+        evidence={"overflow_steps": n_over, "steps": n_steps, "overflow_rate": rate,
                   "min_scale": min_scale, "max_scale": float(df["scale"].max()),
                   "skipped_by_rank": evidence.by_rank(skipped, int)},
         ranks=sorted(int(r) for r in bad["rank"].unique()),

@@ -21,6 +21,9 @@ MIN_STEP_SHARE = 0.25  # and the difference is at least this share of the step
 CONSISTENT = 0.60  # and it is the slowest rank in at least this share of steps
 WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
+# with fewer steps (one profiled step), the arrival order at the collectives is the evidence:
+LAST_SHARE = 0.80  # one rank arrives last (the others wait for it) at this share of its collectives
+MIN_ARRIVALS = 20  # of at least this many collectives matched across the ranks
 
 
 def compute_per_step(metrics: Metrics) -> pd.DataFrame:
@@ -43,6 +46,71 @@ def _last_arrival(metrics: Metrics) -> dict[int, float]:
     return evidence.by_rank(metrics.stragglers.set_index("rank")["last_arrival_frac"])
 
 
+def arrivals(c: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, over the collectives matched across their group's members (the k-th op of a group
+    on each rank): how often it arrived last (shortest duration: the others were already waiting
+    inside) and the others' total wait (their duration beyond the shortest) at those it was last."""
+    cols = ["rank", "collectives", "last_share", "others_wait_s"]
+    if c.empty:
+        return pd.DataFrame(columns=cols)
+    c = c.sort_values("ts", kind="stable")
+    k = c.groupby([c["rank"], c["group"].astype(str)], observed=True).cumcount()
+    wide = pd.DataFrame({"g": c["group"].astype(str), "k": k, "rank": c["rank"],
+                         "dur": pd.to_numeric(c["dur"], errors="coerce")}
+                        ).pivot_table(index=["g", "k"], columns="rank", values="dur", aggfunc="first")
+    wide = wide[wide.notna().sum(axis=1) >= 2]
+    if wide.empty:
+        return pd.DataFrame(columns=cols)
+    last = wide.idxmin(axis=1)
+    wait = wide.sub(wide.min(axis=1), axis=0)
+    rows = []
+    for r in wide.columns:
+        mine = wide[r].notna()
+        at = mine & (last == r)
+        others = wait.loc[at].drop(columns=r).median(axis=1).sum() / 1e9 if at.any() else 0.0
+        rows.append({"rank": int(r), "collectives": int(mine.sum()),
+                     "last_share": float(at.sum() / max(mine.sum(), 1)), "others_wait_s": float(others)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """Few steps (a single profiled step): a rank the others wait for at most collectives."""
+    arr = arrivals(metrics.comms)
+    arr = arr[arr["collectives"] >= MIN_ARRIVALS]
+    late = arr[arr["last_share"] >= LAST_SHARE]
+    if arr["rank"].nunique() < 2 or len(late) != 1:
+        return []
+    row = late.iloc[0]
+    slow, steps = int(row["rank"]), metrics.steps
+    nsteps = max(int(steps["step"].nunique()), 1) if not steps.empty else 1
+    step_s = float(steps["dur_s"].median()) if not steps.empty else _span_s(metrics.comms)
+    waited = float(row["others_wait_s"]) / nsteps
+    if step_s <= 0 or waited < MIN_STEP_SHARE * step_s:
+        return []
+    host = trace.headers.get(slow, {}).get("host", "?")
+    return [Finding(
+        severity="warning",
+        title=f"rank {slow} is a straggler: the others wait for it at {row['last_share']:.0%} of "
+              "collectives",
+        detail=(f"rank {slow} (host {host}) arrived last at {row['last_share']:.0%} of "
+                f"{int(row['collectives'])} collectives; the other ranks waited {waited * 1e3:.1f} ms for it "
+                f"per step ({waited / step_s:.0%} of the step). Judged from arrival order: too few steps "
+                "to compare each rank's own work."),
+        evidence={"last_share": float(row["last_share"]), "collectives": int(row["collectives"]),
+                  "others_wait_s": waited, "step_s": step_s, "steps": nsteps, "host": host,
+                  "last_arrival_frac": evidence.by_rank(arr.set_index("rank")["last_share"])},
+        ranks=[slow], recoverable_s=waited,
+        fixes=[Fix(f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
+                   "exclude it or rebalance", env={"NCCL_DEBUG": "INFO"})])]
+
+
+def _span_s(c: pd.DataFrame) -> float:
+    if c.empty:
+        return 0.0
+    ts = pd.to_numeric(c["ts"])
+    return float((ts + pd.to_numeric(c["dur"])).max() - ts.min()) / 1e9
+
+
 @rule("straggler")
 def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when one rank's median compute time (step minus blocking-collective time; the others
@@ -52,8 +120,12 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     for an fp16 overflow are left out (their work differs between ranks by design); at least 5 steady
     applied steps are needed. Fix: check
     that host (thermal throttling, other processes, a slow disk or data shard), move the job off it,
-    balance the data. recoverable_s: the compute gap per step."""
+    balance the data. recoverable_s: the compute gap per step. With fewer than 5 steps (one profiled
+    step), the arrival order instead: one rank arrives last (shortest duration) at >= 80% of >= 20
+    collectives matched across the ranks, and the others wait for it >= 25% of the step."""
     df = compute_per_step(metrics)
+    if metrics.steps.empty or metrics.steps["step"].nunique() < MIN_STEPS:
+        return _by_arrival(trace, metrics)
     if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
         return []
     med = df.groupby("rank")["compute_s"].median()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
 from diag.analyzers import config, evidence
 from diag.analyzers.base import rule
 
@@ -71,8 +72,8 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
     per = metrics.union_per_step(cross)
-    rows = c[cross & (c["dur_s"] > 0)]
-    if rows.empty or per.empty:
+    rows = c[cross & (c["dur_s"] > 0) & pd.to_numeric(c["bytes"], errors="coerce").notna()]
+    if rows.empty or per.empty:  # no size recorded: the bandwidth premise is not measured
         return []
     step_s, cross_s = float(per["dur_s"].median()), float(per["comm_s"].median())
     busbw = float(rows["busbw"].median())

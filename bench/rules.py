@@ -100,7 +100,9 @@ def score(folder: str, rules: list[str]) -> Scored:
     must_not = set(labels.get("must_not_flag") or [])
     if "*" in must_not:
         must_not = (must_not - {"*"}) | (set(rules) - must)
-    trace = load_inputs([folder])
+    # `inputs`: the files of the folder to score, where it holds more than one capture (runs are never
+    # merged: kineto_gloo_dp keeps the CPU capture and its GPU-shaped twin side by side)
+    trace = load_inputs([os.path.join(folder, p) for p in labels.get("inputs") or []] or [folder])
     findings, failures = run_all(trace)
     if failures:
         raise RuntimeError(f"{folder}: rules failed: {failures}")

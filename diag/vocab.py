@@ -4,20 +4,35 @@ Every layer speaks it: the agent writes canonical op names, the importers map Ki
 them, bus-bandwidth factors (`schema.bus_factor`) and the rules key on them, and the metrics split
 activity by kernel class. Stdlib only, so the agent side can use it too.
 
-Kernel classes follow Holistic Trace Analysis (hta/utils/utils.py) so that breakdown figures agree:
-communication = `^nccl.*kernel` (old `ncclKernel_*` and new `ncclDevKernel_*`; we also accept any
-case), memory = `Memcpy*` / `Memset*` / `dma*` or a gpu_memcpy / gpu_memset event, other = a name
-containing `Sync`, compute = everything else.
+Kernel classes follow Holistic Trace Analysis (hta/utils/utils.py) so that breakdown figures agree
+on NCCL jobs: memory = `Memcpy*` / `Memset*` / `dma*` or a gpu_memcpy / gpu_memset event, other = a
+name containing `Sync`, compute = everything else. Communication is wider than HTA's `^nccl.*kernel`:
+`COMM_KERNELS` also holds RCCL, DeepEP (`internode::dispatch/combine/notify`, `intranode::...`, over
+NVSHMEM) and NVSHMEM's own kernels, which HTA counts as compute (DeepSeek's DualPipe profile would be
+"99.6% compute"). Users add their own with `DIAG_COMM_PATTERN` (one regex; `a|b` for several) or
+`diag analyze --comm-pattern REGEX`.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 
 COMPUTE, COMM, MEMORY, OTHER = "compute", "comm", "memory", "other"
 
 # Kernel-name patterns of the classes above (pandas `str.match` / `str.contains` patterns)
-COMM_KERNEL_RE = r"(?i)^nccl.*kernel"
+COMM_KERNEL_RE = r"(?i)^nccl.*kernel"  # HTA's communication class (NCCL, and RCCL: same kernel names)
+# every communication kernel: (pattern searched in the kernel name, canonical op; None = the op is
+# read from the NCCL kernel name or the host op that launched it)
+COMM_KERNELS: tuple[tuple[str, str | None], ...] = (
+    (r"^nccl.*kernel", None),  # NCCL ncclKernel_* / ncclDevKernel_*, RCCL on ROCm
+    (r"^rccl", None),  # RCCL's own kernel names
+    (r"\b(?:inter|intra)node(?:_ll)?::\w*(?:dispatch|combine|notify)", "all_to_all"),  # DeepEP
+    (r"\bnvshmemi?_", None),  # NVSHMEM collectives / proxies
+)
+COMM_PATTERN_ENV = "DIAG_COMM_PATTERN"  # a user's regex of more communication kernels
+UNKNOWN_OP = "unknown"  # a communication kernel whose collective nothing names
 MEMORY_KERNEL_RE = r"(?i)^(memcpy|memset|dma)"
 OTHER_KERNEL_RE = r"Sync"
 MEMORY_KERNEL_CATS = ("gpu_memcpy", "gpu_memset")
@@ -42,8 +57,11 @@ OPS = {
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_single_coalesced": "reduce_scatter",
     "broadcast_object_list": "broadcast", "monitored_barrier": "barrier", "isend": "send",
     "irecv": "recv", "recvanysource": "recv", "recv_anysource": "recv", "batch_isend_irecv": "send_recv",
+    # record_param_comms' "Collective name" of torch's all_to_all paths (ProcessGroupNCCL)
+    "all_to_allv": "all_to_all", "alltoall_v": "all_to_all", "all_to_all_v": "all_to_all",
 }
 P2P = ("send", "recv", "send_recv")  # canonical point-to-point ops
+CANONICAL_OPS = frozenset(OPS.values())
 _NCCL_OP_RE = re.compile(r"(?i)^nccl(?:dev)?kernel_([a-z]+)")
 
 
@@ -56,3 +74,56 @@ def canonical_op(name: str) -> str:
     else:
         key = name.split(":")[-1].strip("_").lower()
     return OPS.get(key, key)
+
+
+@functools.lru_cache(maxsize=8)
+def _comm_re(user: str) -> re.Pattern[str]:
+    parts = [p for p, _ in COMM_KERNELS] + ([f"(?:{user})"] if user else [])
+    try:
+        return re.compile("|".join(f"(?:{p})" for p in parts), re.IGNORECASE)
+    except re.error as e:
+        from diag.errors import DiagError
+
+        raise DiagError(f"communication pattern {user!r} is not a regular expression ({e})") from None
+
+
+def comm_kernel_re() -> re.Pattern[str]:
+    """One case-insensitive regex (searched, not anchored) matching every communication kernel:
+    `COMM_KERNELS` plus the user's `DIAG_COMM_PATTERN`, read at each call."""
+    return _comm_re(os.environ.get(COMM_PATTERN_ENV, "").strip())
+
+
+def check_comm_pattern(pattern: str) -> str:
+    """`pattern` if it compiles; `DiagError` naming it otherwise (for the command line)."""
+    _comm_re(pattern)
+    return pattern
+
+
+_FIXED_OPS = [(re.compile(p, re.IGNORECASE), op) for p, op in COMM_KERNELS if op]
+
+
+def kernel_op(name: str) -> str:
+    """The canonical op a communication kernel's own name tells (`ncclDevKernel_AllGather_*` ->
+    all_gather, a DeepEP dispatch -> all_to_all), `UNKNOWN_OP` when it tells none (NCCL's
+    `Generic` kernel, a user's pattern). NCCL runs all-to-all as grouped send/recv: its `SendRecv`
+    kernel says send_recv, so prefer the host op that launched it (`host_comm_op`) when there is one."""
+    m = _NCCL_OP_RE.match(name)
+    if m:
+        op = OPS.get(m.group(1).lower())
+        return op or UNKNOWN_OP
+    for rx, op in _FIXED_OPS:
+        if rx.search(name):
+            return op
+    return UNKNOWN_OP
+
+
+_HOST_COMM_RE = re.compile(r"^(?:c10d::|nccl:|gloo:|mpi:|ucc:)")
+
+
+def host_comm_op(name: str) -> str | None:
+    """The canonical op of a host-side collective op or annotation (`c10d::alltoall_base_`,
+    `nccl:all_to_all`, `gloo:all_reduce`), None for any other host op or an unknown collective."""
+    if not _HOST_COMM_RE.match(name):
+        return None
+    op = canonical_op(name)
+    return op if op in CANONICAL_OPS else None

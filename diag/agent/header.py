@@ -33,6 +33,19 @@ def rank_and_world() -> tuple[int | None, int | None]:
             int(world) if world and world.isdigit() else None)
 
 
+_JOB_ID_VARS = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID", "TORCHELASTIC_RUN_ID")
+
+
+def job_id() -> str | None:
+    """The scheduler's job id (Slurm, LSF, PBS) or torchrun's rendezvous id: what tells two runs apart
+    when their traces are analyzed together (`diag.importers.runs`)."""
+    for var in _JOB_ID_VARS:
+        v = os.environ.get(var, "").strip()
+        if v and v.lower() != "none":  # torchrun's default run id is the literal "none"
+            return f"{var}={v}"
+    return None
+
+
 def build_header(wall0_ns: int, perf0_ns: int, options: dict[str, Any]) -> dict[str, Any]:
     """The first line of a rank's trace file."""
     rank, world = rank_and_world()
@@ -45,6 +58,7 @@ def build_header(wall0_ns: int, perf0_ns: int, options: dict[str, Any]) -> dict[
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "argv": list(sys.argv),
+        "job_id": job_id(),
         "python": sys.version.split()[0],
         "torch": _version("torch"),
         "deepspeed": _version("deepspeed"),

@@ -8,6 +8,7 @@ showing that the job failed (a rank raised, timed out or was killed) is reported
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
     parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
+    parser.add_argument("--each-run", action="store_true",
+                        help="inputs from different runs: one report per run (else they are refused)")
+    parser.add_argument("--comm-pattern", metavar="REGEX", action="append", default=[],
+                        help="also count GPU kernels whose name matches REGEX as communication "
+                             "(repeatable; adds to the DIAG_COMM_PATTERN environment variable)")
     parser.add_argument("--ds-config-out", metavar="FILE",
                         help="write the job's ds_config with each finding's first suggested patch merged")
     parser.add_argument("--peak-tflops", type=float, metavar="N",
@@ -60,14 +66,12 @@ def _progress(paths: list[str], quiet: bool) -> Iterator[Progress | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diag.analyzers import registered_rules, run_all
-    from diag.importers import load_inputs
-    from diag.metrics.stage import Metrics
-    from diag.report import model
-    from diag.trace.reader import Unreadable
+    from diag.analyzers import registered_rules
+    from diag.importers.runs import MixedRuns
 
+    _comm_patterns(args.comm_pattern)
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
-    shape = _model_option(args.model)
+    _model_option(args.model)  # a bad --model is one line before any input is read
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise DiagError(f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}")
     if only:
@@ -76,20 +80,59 @@ def run(args: argparse.Namespace) -> int:
             raise DiagError(f"unknown rule(s): {', '.join(unknown)} (known: "
                             f"{', '.join(sorted(registered_rules())) or 'none'})")
     try:
-        with _progress(args.paths, args.quiet) as progress:
-            trace = load_inputs(args.paths, progress)
+        return _analyze(args.paths, args, only)
+    except MixedRuns as e:
+        if not args.each_run:
+            raise
+        codes = []
+        for i, paths in enumerate(e.runs, 1):
+            if not args.json:
+                print(f"== run {i} of {len(e.runs)}: {' '.join(paths)}")
+            codes.append(_analyze(paths, args, only, i))
+        return max(codes)
+
+
+def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None, run_no: int = 0) -> int:
+    from diag.analyzers import run_all
+    from diag.importers import load_inputs
+    from diag.metrics.stage import Metrics
+    from diag.report import model
+    from diag.trace.reader import Unreadable
+
+    try:
+        with _progress(paths, args.quiet) as progress:
+            trace = load_inputs(paths, progress)
     except Unreadable as e:  # nothing readable: still one line per bad input
         for p in e.per_file():
             print(f"diag analyze: error: {p}", file=sys.stderr)
         return e.exit_code
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
-    doc = model.build(trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=shape)
-    _render(doc, args)
+    doc = model.build(trace, findings, failures, metrics, peak_tflops=args.peak_tflops,
+                      model=_model_option(args.model))
+    _render(doc, args, run_no)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
     failed = [p for p in trace.problems if getattr(p, "job_failed", False)]
     return 2 if len(trace.problems) > len(failed) else 1 if failed else 0
+
+
+def _comm_patterns(patterns: list[str]) -> None:
+    """--comm-pattern joins DIAG_COMM_PATTERN in the environment, where the importers (and their
+    worker processes) read it; a pattern that is not a regex is one line, exit 2."""
+    from diag.vocab import COMM_PATTERN_ENV, check_comm_pattern
+
+    old = os.environ.get(COMM_PATTERN_ENV, "").strip()
+    joined = "|".join(f"(?:{p})" for p in ([old] if old else []) + patterns)
+    os.environ[COMM_PATTERN_ENV] = check_comm_pattern(joined)
+
+
+def _numbered(path: str, run_no: int) -> str:
+    """report.md -> report.run2.md under --each-run (one file per run)."""
+    if not run_no:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.run{run_no}{ext}"
 
 
 def _model_option(text: str | None) -> dict[str, Any] | None:
@@ -118,15 +161,15 @@ def _write_ds_config(doc: dict[str, Any], path: str) -> None:
           + (f"; alternatives not merged: {'; '.join(skipped)}" if skipped else ""), file=sys.stderr)
 
 
-def _render(doc: dict[str, Any], args: argparse.Namespace) -> None:
+def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> None:
     if args.markdown:
         from diag.report import markdown
 
-        write_report(args.markdown, markdown.render(doc))
+        write_report(_numbered(args.markdown, run_no), markdown.render(doc))
     if args.html:
         from diag.report import html
 
-        write_report(args.html, html.render(doc))
+        write_report(_numbered(args.html, run_no), html.render(doc))
     if args.ds_config_out:
         _write_ds_config(doc, args.ds_config_out)
     if args.json:

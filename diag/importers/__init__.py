@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from diag.errors import DiagError
-from diag.importers import detect
+from diag.importers import detect, runs
 from diag.importers.combine import Combiner
 from diag.importers.errors import ImportProblem
 from diag.trace.model import LoadProblem, Trace
@@ -19,10 +20,8 @@ from diag.trace.safeio import file_size
 Progress = Callable[[str, int], None]  # (path just done, its size in bytes)
 
 
-def _kineto(comb: Combiner, path: str, result: object) -> None:
-    if isinstance(result, ImportProblem):
-        raise result
-    rank, header, frames = result  # type: ignore[misc]
+def _add_kineto(comb: Combiner, path: str, result: Any) -> None:
+    rank, header, frames = result
     if rank in comb.result.headers and comb.result.headers[rank].get("source") == "kineto":
         raise ImportProblem(f"a second Kineto trace for rank {rank} (skipped)")
     for message in header.pop("problems", None) or ():  # kineto.PROBLEMS: imported, with losses
@@ -31,32 +30,52 @@ def _kineto(comb: Combiner, path: str, result: object) -> None:
     comb.add_frames(frames)
 
 
-def _one(comb: Combiner, path: str, kind: str) -> None:
+def _read(path: str, kind: str) -> Any:
+    """One non-Kineto input read: a Flight Recorder dump's (rank, header, frames), a diag `Trace` or
+    an imported log."""
     if kind == detect.FR:
         from diag.importers.flight_recorder import import_dump
 
-        rank, header, frames = import_dump(path)
+        return import_dump(path)
+    if kind == detect.DIAG:
+        from diag.trace.reader import Unreadable, load_trace
+
+        try:
+            return load_trace(path)
+        except Unreadable as e:
+            raise ImportProblem(str(e), e.problems) from None
+        except DiagError as e:
+            raise ImportProblem(str(e).removeprefix(f"{path}: ")) from None
+    from diag.importers.logs import import_log
+
+    return import_log(path)
+
+
+def _add(comb: Combiner, path: str, kind: str, data: Any) -> None:
+    if kind == detect.KINETO:
+        _add_kineto(comb, path, data)
+    elif kind == detect.FR:
+        rank, header, frames = data
         if comb.result.headers.get(rank, {}).get("fr_version") is not None:
             raise ImportProblem(f"a second Flight Recorder dump for rank {rank} (skipped)")
         comb.add_header(rank, header)
         comb.add_frames(frames)
     elif kind == detect.DIAG:
-        from diag.trace.reader import Unreadable, load_trace
-
-        try:
-            comb.add_trace(load_trace(path))
-        except Unreadable as e:
-            raise ImportProblem(str(e), e.problems) from None
-        except DiagError as e:
-            raise ImportProblem(str(e).removeprefix(f"{path}: ")) from None
+        comb.add_trace(data)
     else:
-        from diag.importers.logs import import_log
-
-        log = import_log(path)
-        for rank, header in log.headers.items():
+        for rank, header in data.headers.items():
             comb.add_header(rank, header)
-        comb.add_frames(log.frames)
-        comb.result.problems.extend(log.problems)
+        comb.add_frames(data.frames)
+        comb.result.problems.extend(data.problems)
+
+
+def _signature(path: str, kind: str, data: Any) -> runs.RunSig | None:
+    if kind == detect.KINETO:
+        rank, header, frames = data
+        return runs.of_frames(path, kind, {rank: header}, frames)
+    if kind == detect.DIAG:
+        return runs.of_frames(path, kind, data.headers, data.frames)
+    return None  # a log: no identity of its own
 
 
 def input_files(paths: list[str]) -> tuple[list[tuple[str, str | None]], list[LoadProblem]]:
@@ -76,18 +95,9 @@ def size_of(path: str) -> int:
     return file_size(path)
 
 
-def _step(comb: Combiner, path: str, fn: Callable[[Combiner, str], None], progress: Progress | None) -> None:
-    try:
-        fn(comb, path)
-        comb.result.sources.append(path)
-    except ImportProblem as e:
-        comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
-    if progress is not None:
-        progress(path, size_of(path))
-
-
 def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
-    """One Trace from every input; raises `DiagError` only when nothing at all could be read."""
+    """One Trace from every input; raises `DiagError` only when nothing at all could be read, and
+    `runs.MixedRuns` (naming them) when the inputs come from different runs."""
     from diag.importers.parallel import import_many
 
     items, problems = input_files(paths)
@@ -99,12 +109,34 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
             kinds[path] = kind or detect.kind_of_file(path)
         except ImportProblem as e:
             comb.result.problems.append(LoadProblem(path, str(e)))
-    kineto = [p for p, k in kinds.items() if k == detect.KINETO]
-    for path, result in import_many(kineto):
-        _step(comb, path, lambda c, p, r=result: _kineto(c, p, r), progress)
+    loaded: list[tuple[str, str, Any]] = []
+
+    def keep(path: str, kind: str, read: Callable[[], Any]) -> None:
+        try:
+            data = read()
+            if isinstance(data, ImportProblem):
+                raise data
+            loaded.append((path, kind, data))
+        except ImportProblem as e:
+            comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
+        if progress is not None:
+            progress(path, size_of(path))
+
+    for path, result in import_many([p for p, k in kinds.items() if k == detect.KINETO]):
+        keep(path, detect.KINETO, lambda r=result: r)
     for path, kind in kinds.items():
         if kind != detect.KINETO:
-            _step(comb, path, lambda c, p, k=kind: _one(c, p, k), progress)
+            keep(path, kind, lambda p=path, k=kind: _read(p, k))
+    sigs = [s for s in (_signature(*x) for x in loaded) if s is not None]
+    found = runs.group(sigs)
+    if len(found) > 1:
+        raise runs.MixedRuns(found, [p for p, k, _ in loaded if k == detect.LOG])
+    for path, kind, data in loaded:
+        try:
+            _add(comb, path, kind, data)
+            comb.result.sources.append(path)
+        except ImportProblem as e:
+            comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
     if not comb.result.sources:
         if not comb.result.problems:
             raise DiagError("nothing to analyze")

@@ -58,18 +58,26 @@ def kind_of_file(path: str) -> str:
     raise ImportProblem("not a diag trace, PyTorch profiler trace or DeepSpeed/Megatron log")
 
 
-def expand(path: str) -> list[tuple[str, str | None]]:
+def expand(path: str, depth: int = 3) -> list[tuple[str, str | None]]:
     """(path, kind) pairs: a diag trace directory stays one entry; any other directory gives its
-    files (sorted). Kind None means undetectable: `kind_of_file` will say why."""
+    files (sorted) and, `depth` levels down, its sub-folders' (a folder of runs, one per
+    sub-folder, or torch's `plugins/profile/<date>/` tree). Kind None means undetectable:
+    `kind_of_file` will say why."""
     if not os.path.exists(path):
         raise ImportProblem("no such file or directory")
     if not os.path.isdir(path):  # a FIFO or device too: kind_of_file refuses it with the reason
         return [(path, None)]
     if any(glob.glob(os.path.join(path, pat)) for pat in TRACE_GLOB):
         return [(path, DIAG)]
-    files = sorted(f for f in glob.glob(os.path.join(path, "*")) if os.path.isfile(f)
-                   and not os.path.basename(f).startswith(".")
-                   and (f.endswith(DIR_SUFFIXES) or "." not in os.path.basename(f)))
-    if not files:
+    entries = sorted(e for e in glob.glob(os.path.join(path, "*")) if not os.path.basename(e).startswith("."))
+    out: list[tuple[str, str | None]] = [
+        (f, None) for f in entries if os.path.isfile(f)
+        and (f.endswith(DIR_SUFFIXES) or "." not in os.path.basename(f))]
+    for sub in (e for e in entries if depth > 0 and os.path.isdir(e) and not os.path.islink(e)):
+        try:
+            out.extend(expand(sub, depth - 1))
+        except ImportProblem:
+            pass  # an empty sub-folder is not an input
+    if not out:
         raise ImportProblem("empty directory: no traces or logs in it")
-    return [(f, None) for f in files]
+    return out

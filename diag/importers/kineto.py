@@ -1,9 +1,9 @@
 """Import one PyTorch profiler (Kineto) trace file into per-kind column frames.
 
 kineto_events reads the `X` events into plain columns a chunk at a time; pandas does the rest
-column-wise. Times become integer nanoseconds like diag's own
-traces. Kinds produced: `kernel` (GPU kernels, memcpy, memset, classified), `cpu_op` (host ops and
-annotations), `step` (from `ProfilerStep#N`) and `comm` (see kineto_comms).
+column-wise. Times become integer nanoseconds like diag's own traces. Kinds produced: `kernel` (GPU
+kernels, memcpy, memset, classified, with their launch call's start and duration), `cpu_op` (host ops
+and annotations), `step` (from `ProfilerStep#N`) and `comm` (see kineto_comms).
 """
 
 from __future__ import annotations
@@ -43,16 +43,17 @@ def step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
 
 def _kernels(gpu: pd.DataFrame, runtime: pd.DataFrame, steps: pd.DataFrame, rank: int) -> pd.DataFrame:
     corr = gpu["correlation"].to_numpy()
-    launch = pd.Series(runtime["ts"].to_numpy(), index=runtime["correlation"].to_numpy())
-    launch = launch[~launch.index.duplicated()]
-    launch_ts = launch.reindex(corr).to_numpy()
+    first = ~pd.Index(runtime["correlation"].to_numpy()).duplicated()
+    calls = runtime[first].set_index("correlation")[["ts", "dur"]]
+    launch_ts = calls["ts"].reindex(corr).to_numpy()
     launched = ~np.isnan(launch_ts.astype(float))
     lts = np.where(launched, launch_ts, -1).astype(np.int64)
+    ldur = np.where(launched, calls["dur"].reindex(corr).to_numpy(), -1).astype(np.int64)
     return pd.DataFrame({
         "rank": rank, "name": gpu["name"].astype("category"), "kind": classify_kernels(gpu["name"],
                                                                                        gpu["cat"]),
         "stream": gpu["stream"], "ts": gpu["ts"], "dur": gpu["dur"],
-        "correlation": corr, "launch_ts": lts,
+        "correlation": corr, "launch_ts": lts, "launch_dur": ldur,
         "step": np.where(launched, step_of(lts, steps), -1),
     }).sort_values("ts", kind="stable").reset_index(drop=True)
 

@@ -73,7 +73,10 @@ def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
         name, cat, ts, dur, tid = _fields(evs)
         (ts_ns, ts_ok), (dur_ns, dur_ok) = _ns(ts), _ns(dur)
         keep = ts_ok & dur_ok & (dur_ns >= 0)
-        df = pd.DataFrame({"name": name, "cat": cat, "ts": ts_ns, "dur": dur_ns, "tid": tid})
+        # object columns even when empty: a trace with no host ops at all (older Kineto, an
+        # inference capture) must not give float name columns the string matching fails on
+        df = pd.DataFrame({"name": pd.Series(name, dtype=object), "cat": pd.Series(cat, dtype=object),
+                           "ts": ts_ns, "dur": dur_ns, "tid": pd.Series(tid, dtype=object)})
         args = [e.get("args") or {} for e in evs]
         if kind != "host":
             df["correlation"] = _ints([a.get("correlation", -1) for a in args])

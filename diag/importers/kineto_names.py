@@ -10,24 +10,29 @@ import pandas as pd
 
 from diag.vocab import (
     COMM,
-    COMM_KERNEL_RE,
     COMPUTE,
     MEMORY,
     MEMORY_KERNEL_CATS,
     MEMORY_KERNEL_RE,
     OTHER,
     OTHER_KERNEL_RE,
+    comm_kernel_re,
 )
 
 
 def classify_kernels(names: pd.Series, cats: pd.Series) -> pd.Series:
-    """One class per kernel (compute / comm / memory / other), vectorized over the names."""
-    s = names.astype(str)
-    out = np.full(len(s), COMPUTE, dtype=object)
-    out[s.str.contains(OTHER_KERNEL_RE, regex=True).to_numpy()] = OTHER
-    mem = s.str.match(MEMORY_KERNEL_RE).to_numpy() | cats.isin(list(MEMORY_KERNEL_CATS)).to_numpy()
-    out[mem] = MEMORY
-    out[s.str.match(COMM_KERNEL_RE).to_numpy()] = COMM
+    """One class per kernel (compute / comm / memory / other), vectorized over the names;
+    communication is every `vocab.comm_kernel_re` kernel (NCCL, RCCL, DeepEP, NVSHMEM, the user's).
+    The patterns run once per distinct name (a trace has hundreds, repeated thousands of times)."""
+    codes, uniques = pd.factorize(names.astype(str))
+    u = pd.Series(uniques, dtype=object)
+    kind = np.full(len(u), COMPUTE, dtype=object)
+    kind[u.str.contains(OTHER_KERNEL_RE, regex=True).to_numpy()] = OTHER
+    kind[u.str.match(MEMORY_KERNEL_RE).to_numpy()] = MEMORY
+    comm_re = comm_kernel_re()
+    kind[np.fromiter((comm_re.search(n) is not None for n in u), bool, len(u))] = COMM
+    out = kind[codes] if len(codes) else np.empty(0, dtype=object)
+    out[cats.isin(list(MEMORY_KERNEL_CATS)).to_numpy() & (out != COMM)] = MEMORY
     return pd.Series(out, index=names.index, dtype="category")
 
 

@@ -23,11 +23,18 @@ def _numbers(values: pd.Series) -> np.ndarray:
     return pd.to_numeric(values, errors="coerce").fillna(0).to_numpy(float)
 
 
+def _sizes(values: pd.Series) -> np.ndarray:
+    """Message sizes as floats: an unknown size (None, NaN) stays NaN."""
+    return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(float)
+
+
 def algbw(nbytes: pd.Series, dur_ns: pd.Series) -> np.ndarray:
-    """Algorithm bandwidth (GB/s) of every row: 0.0 where the duration is not positive; missing bytes
-    or durations count as 0."""
-    moved, dur = _numbers(nbytes), _numbers(dur_ns)
-    return np.divide(moved, dur, out=np.zeros(len(dur)), where=dur > 0)
+    """Algorithm bandwidth (GB/s) of every row: 0.0 where the duration is not positive; NaN where the
+    size is unknown (NaN), never 0; missing durations count as 0."""
+    moved, dur = _sizes(nbytes), _numbers(dur_ns)
+    out = np.divide(moved, dur, out=np.zeros(len(dur)), where=dur > 0)
+    out[np.isnan(moved)] = np.nan
+    return out
 
 
 def busbw(ops: pd.Series, nbytes: pd.Series, dur_ns: pd.Series, group_sizes: pd.Series) -> np.ndarray:
@@ -37,13 +44,17 @@ def busbw(ops: pd.Series, nbytes: pd.Series, dur_ns: pd.Series, group_sizes: pd.
 
 
 def bus_bytes(ops: pd.Series, nbytes: pd.Series, group_sizes: pd.Series) -> np.ndarray:
-    """Every row's bytes scaled by its bus factor: what `schema.bus_bandwidth` sums."""
-    return _numbers(nbytes) * bus_factors(ops, group_sizes)
+    """Every row's bytes scaled by its bus factor: what `schema.bus_bandwidth` sums (NaN: unknown)."""
+    return _sizes(nbytes) * bus_factors(ops, group_sizes)
 
 
 def total_busbw(comms: pd.DataFrame) -> float:
-    """`schema.bus_bandwidth` of all rows of a comm frame (columns op, bytes, dur, group_size)."""
+    """`schema.bus_bandwidth` of the rows of a comm frame whose size is known (columns op, bytes, dur,
+    group_size); NaN when no row's size is known."""
     if comms.empty:
         return 0.0
     moved = bus_bytes(comms["op"], comms["bytes"], comms["group_size"])
-    return schema.bus_bandwidth(float(moved.sum()), float(_numbers(comms["dur"]).sum()))
+    known = ~np.isnan(moved)
+    if not known.any():
+        return float("nan")
+    return schema.bus_bandwidth(float(moved[known].sum()), float(_numbers(comms["dur"])[known].sum()))

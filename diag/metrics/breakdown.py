@@ -73,19 +73,28 @@ def comm_overlap(trace: Trace) -> pd.DataFrame:
 
 def collective_stats(trace: Trace) -> pd.DataFrame:
     """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
-    bus bytes, each call's with its group's nccl-tests factor, over total time)."""
+    bus bytes, each call's with its group's nccl-tests factor, over the time of the calls whose size
+    is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
     c = trace.comms
     if c.empty:
         return pd.DataFrame(columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes",
                                      "algbw", "busbw"])
-    c = c.assign(op=c["op"].astype(str), bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]))
+    c = c.assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
+    sized = c["bytes"].notna()
+    c = c.assign(op=c["op"].astype(str), bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]),
+                 sized_ns=c["dur"].where(sized, 0))
     g = c.groupby(["rank", "op"], observed=True)
-    df = g.agg(calls=("dur", "size"), time_ns=("dur", "sum"), bytes=("bytes", "sum"),
-               group_size=("group_size", "max"), bus_bytes=("bus_bytes", "sum")).reset_index()
-    df["mean_bytes"] = df["bytes"] / df["calls"]
-    df["algbw"] = [schema.bus_bandwidth(b, t) for b, t in zip(df["bytes"], df["time_ns"])]
-    df["busbw"] = [schema.bus_bandwidth(b, t) for b, t in zip(df["bus_bytes"], df["time_ns"])]
-    return df.drop(columns="bus_bytes")
+    df = g.agg(calls=("dur", "size"), time_ns=("dur", "sum"), sized=("bytes", "count"),
+               group_size=("group_size", "max"), sized_ns=("sized_ns", "sum")).reset_index()
+    df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()  # NaN: no call's size is known
+    df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
+    df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
+    # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
+    df["algbw"] = [schema.bus_bandwidth(b, t) if b == b else np.nan
+                   for b, t in zip(df["bytes"], df["sized_ns"])]
+    df["busbw"] = [schema.bus_bandwidth(b, t) if b == b else np.nan
+                   for b, t in zip(df["bus_bytes"], df["sized_ns"])]
+    return df.drop(columns=["bus_bytes", "sized", "sized_ns"])
 
 
 def bandwidth_by_size(trace: Trace) -> pd.DataFrame:

@@ -65,10 +65,9 @@ def _loss_scale(trace: Trace) -> pd.DataFrame:
 
 
 def _overflows(trace: Trace) -> int:
-    ov = trace.overflow
-    if ov.empty or "overflow" not in ov.columns:
-        return 0
-    return int(ov["overflow"].astype("boolean").fillna(False).sum())
+    from diag.metrics.overflows import skipped_steps
+
+    return skipped_steps(trace.overflow)
 
 
 def _stragglers(metrics: Metrics, findings: list[Finding]) -> pd.DataFrame:

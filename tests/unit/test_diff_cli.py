@@ -81,7 +81,7 @@ BAD = {
     "half": (_half, "invalid JSON"),
     "two diag runs": (lambda t: [HEALTHY, "--vs", ZERO3, HEALTHY], "mixed runs are refused"),
     "two traces of one rank": (lambda t: [CPU_RANKS[0], GPU_RANKS[0], "--vs", HEALTHY],
-                               "a second Kineto trace for rank 0"),
+                               "different runs"),  # a rank twice: two captures, never merged
     "nothing timed": (lambda t: [HEALTHY, os.path.join(S, "fp16_overflow", "job.log")], "no timed steps"),
     "three paths": (lambda t: [HEALTHY, ZERO3, HEALTHY], "expected BASELINE CANDIDATE"),
 }

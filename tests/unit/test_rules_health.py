@@ -30,7 +30,7 @@ def test_overflow_calibration_is_not_a_storm(tmp_path):
 
 def test_overflow_storm_after_calibration(tmp_path):
     (f,) = fired(overflow_job({0, 4, 6, 8}).write(str(tmp_path)), "overflow_storm")
-    assert f.evidence["overflow_steps"] == 6 and f.steps == [4, 6, 8]  # 3 per rank
+    assert f.evidence["overflow_steps"] == 3 and f.steps == [4, 6, 8]  # per step, not per rank-step
     assert f.severity == "warning" and f.evidence["min_scale"] == 16
     assert f.fixes[0].ds_config["bf16"] == {"enabled": True}
     # the job already starts at 2^8: no lower start is offered (issue 11), the window and hysteresis are
