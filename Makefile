@@ -17,6 +17,7 @@ demo: setup
 
 test: setup .venv/.bench
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/python -m pytest -q
 
 # the second leg: the real-job tests on Python 3.12 with the newest torch, DeepSpeed and megatron-core
@@ -33,6 +34,7 @@ test-compat: .venv-compat/.installed
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 bench: setup
 	.venv/bin/python -m bench.overhead

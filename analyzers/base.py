@@ -22,12 +22,23 @@ if TYPE_CHECKING:
 
 # Every rule module, in report order. A rule module that fails to import is reported, not fatal.
 RULE_MODULES: list[str] = [
-    "diag.analyzers.hang_desync", "diag.analyzers.zero3_slow_link", "diag.analyzers.tp_cross_node",
-    "diag.analyzers.overflow_storm", "diag.analyzers.memory_pressure", "diag.analyzers.embedding_comm",
-    "diag.analyzers.straggler", "diag.analyzers.exposed_comm", "diag.analyzers.pipeline_bubble",
-    "diag.analyzers.tiny_collectives", "diag.analyzers.idle_between_steps", "diag.analyzers.launch_bound",
-    "diag.analyzers.job_crash", "diag.analyzers.loss_spike", "diag.analyzers.nan_loss",
-    "diag.analyzers.throughput_drop", "diag.analyzers.collective_desync",
+    "diag.analyzers.hang_desync",
+    "diag.analyzers.zero3_slow_link",
+    "diag.analyzers.tp_cross_node",
+    "diag.analyzers.overflow_storm",
+    "diag.analyzers.memory_pressure",
+    "diag.analyzers.embedding_comm",
+    "diag.analyzers.straggler",
+    "diag.analyzers.exposed_comm",
+    "diag.analyzers.pipeline_bubble",
+    "diag.analyzers.tiny_collectives",
+    "diag.analyzers.idle_between_steps",
+    "diag.analyzers.launch_bound",
+    "diag.analyzers.job_crash",
+    "diag.analyzers.loss_spike",
+    "diag.analyzers.nan_loss",
+    "diag.analyzers.throughput_drop",
+    "diag.analyzers.collective_desync",
 ]
 
 RuleFn = Callable[["Trace", Metrics], list[Finding]]
@@ -69,8 +80,9 @@ def registered_rules() -> dict[str, tuple[Rule, str]]:
     return dict(_RULES)
 
 
-def run_all(trace: Trace, only: list[str] | None = None,
-            metrics: Metrics | None = None) -> tuple[list[Finding], dict[str, str]]:
+def run_all(
+    trace: Trace, only: list[str] | None = None, metrics: Metrics | None = None
+) -> tuple[list[Finding], dict[str, str]]:
     """Run every registered rule (or those in `only`) on one `Metrics` of the trace (pass the one the
     report reads, or one is made); a rule that raises is reported in the second value ({rule: error})
     instead of stopping the analysis."""

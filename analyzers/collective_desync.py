@@ -24,9 +24,13 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 _SIG = ("op", "in_sizes", "out_sizes", "in_dtypes", "out_dtypes")
-_STATE = {"op": "COLLECTIVE_TYPE_MISMATCH", "in_sizes": "SIZE_OR_SYNTAX_MISMATCH",
-          "out_sizes": "SIZE_OR_SYNTAX_MISMATCH", "in_dtypes": "COLLECTIVE_DTYPE_MISMATCH",
-          "out_dtypes": "COLLECTIVE_DTYPE_MISMATCH"}
+_STATE = {
+    "op": "COLLECTIVE_TYPE_MISMATCH",
+    "in_sizes": "SIZE_OR_SYNTAX_MISMATCH",
+    "out_sizes": "SIZE_OR_SYNTAX_MISMATCH",
+    "in_dtypes": "COLLECTIVE_DTYPE_MISMATCH",
+    "out_dtypes": "COLLECTIVE_DTYPE_MISMATCH",
+}
 
 
 def members(trace: Trace, pg: str) -> list[int] | None:
@@ -48,9 +52,14 @@ def members(trace: Trace, pg: str) -> list[int] | None:
 
 
 def _describe(e: pd.Series) -> dict[str, Any]:
-    return {"seq": int(e["seq"]), "op": str(e["op"]), "input_sizes": json.loads(e["in_sizes"] or "null"),
-            "output_sizes": json.loads(e["out_sizes"] or "null"),
-            "dtypes": json.loads(e["in_dtypes"] or "null"), "called_at": str(e.get("where") or "")}
+    return {
+        "seq": int(e["seq"]),
+        "op": str(e["op"]),
+        "input_sizes": json.loads(e["in_sizes"] or "null"),
+        "output_sizes": json.loads(e["out_sizes"] or "null"),
+        "dtypes": json.loads(e["in_dtypes"] or "null"),
+        "called_at": str(e.get("where") or ""),
+    }
 
 
 def _dtypes(d: Any) -> str:
@@ -68,9 +77,12 @@ def mismatch(coll: pd.DataFrame) -> dict[str, Any] | None:
         others = [(k, v) for k, v in sig.items() if k != major[0]]
         first = others[0][0]
         field = next(f for f, a, b in zip(_SIG, major[0], first) if a != b)
-        return {"seq": int(seq), "state": _STATE[field],
-                "majority": {"ranks": major[1], **dict(zip(_SIG, major[0]))},
-                "differ": [{"ranks": v, **dict(zip(_SIG, k))} for k, v in others]}
+        return {
+            "seq": int(seq),
+            "state": _STATE[field],
+            "majority": {"ranks": major[1], **dict(zip(_SIG, major[0]))},
+            "differ": [{"ranks": v, **dict(zip(_SIG, k))} for k, v in others],
+        }
     return None
 
 
@@ -85,8 +97,14 @@ def _group(trace: Trace, pg: str, coll: pd.DataFrame) -> Finding | None:
     if not behind and not mm and not missing:
         return None
     desc = str(coll["pg_desc"].iloc[0] or pg)
-    ev: dict[str, Any] = {"group": pg, "group_desc": desc, "members": group, "dumped_ranks": dumped,
-                          "missing_dumps": missing, "last_seq": {int(r): int(s) for r, s in last.items()}}
+    ev: dict[str, Any] = {
+        "group": pg,
+        "group_desc": desc,
+        "members": group,
+        "dumped_ranks": dumped,
+        "missing_dumps": missing,
+        "last_seq": {int(r): int(s) for r, s in last.items()},
+    }
     parts, ranks = [], set(missing)
     if behind:
         lag = min(behind.values())
@@ -96,29 +114,45 @@ def _group(trace: Trace, pg: str, coll: pd.DataFrame) -> Finding | None:
         ev["waiting_in"] = {**w, "ranks": sorted(int(r) for r in waiting["rank"].unique())}
         ranks |= set(behind)
         slow = ", ".join(str(r) for r in sorted(behind))
-        parts.append(f"rank(s) {slow} stopped at seq {lag} while rank(s) "
-                     f"{', '.join(str(r) for r in ev['waiting_in']['ranks'])} entered seq {lag + 1} "
-                     f"{w.get('op', '?')} {w.get('input_sizes', '')} {_dtypes(w.get('dtypes'))}".rstrip()
-                     + (f" at {w['called_at']}" if w.get("called_at") else ""))
+        parts.append(
+            f"rank(s) {slow} stopped at seq {lag} while rank(s) "
+            f"{', '.join(str(r) for r in ev['waiting_in']['ranks'])} entered seq {lag + 1} "
+            f"{w.get('op', '?')} {w.get('input_sizes', '')} {_dtypes(w.get('dtypes'))}".rstrip()
+            + (f" at {w['called_at']}" if w.get("called_at") else "")
+        )
     if mm:
         ev["mismatch"] = mm
         d = mm["differ"][0]
         ranks |= {r for x in mm["differ"] for r in x["ranks"]}
-        parts.append(f"seq {mm['seq']}: rank(s) {', '.join(map(str, d['ranks']))} called {d['op']} "
-                     f"{d['in_sizes']} where rank(s) {', '.join(map(str, mm['majority']['ranks']))} called "
-                     f"{mm['majority']['op']} {mm['majority']['in_sizes']} ({mm['state']})")
+        parts.append(
+            f"seq {mm['seq']}: rank(s) {', '.join(map(str, d['ranks']))} called {d['op']} "
+            f"{d['in_sizes']} where rank(s) {', '.join(map(str, mm['majority']['ranks']))} called "
+            f"{mm['majority']['op']} {mm['majority']['in_sizes']} ({mm['state']})"
+        )
     if missing:
         parts.append(f"no dump from member rank(s) {', '.join(map(str, missing))}")
     return Finding(
         severity="critical" if (mm or behind) else "warning",
         title=f"hang in group {desc}: {parts[0].split(' at /')[0]}",
-        detail="; ".join(parts) + ".", evidence=ev, ranks=sorted(ranks),
-        fixes=[Fix("look at the named ranks' stacks where they stopped (py-spy dump, `diag stacks`): the "
-                   "code path that skipped or reordered a collective (a rank-dependent branch, an early "
-                   "exit, a data-dependent shape)"),
-               Fix("record more history and dump on every timeout next time",
-                   env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                        "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})])
+        detail="; ".join(parts) + ".",
+        evidence=ev,
+        ranks=sorted(ranks),
+        fixes=[
+            Fix(
+                "look at the named ranks' stacks where they stopped (py-spy dump, `diag stacks`): the "
+                "code path that skipped or reordered a collective (a rank-dependent branch, an early "
+                "exit, a data-dependent shape)"
+            ),
+            Fix(
+                "record more history and dump on every timeout next time",
+                env={
+                    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+                },
+            ),
+        ],
+    )
 
 
 @rule("collective_desync")

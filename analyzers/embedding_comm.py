@@ -21,7 +21,9 @@ STEP_SHARE = 0.20  # embedding collectives take at least this share of the step 
 COMM_SHARE = 0.40  # ... and at least this share of all communication
 EMBEDDING = re.compile(
     r"(^|\.)(wte|wpe|embed\w*|word_embeddings|position_embeddings|tok_embeddings|"
-    r"lm_head|head|output_layer)(\.|$)", re.IGNORECASE)
+    r"lm_head|head|output_layer)(\.|$)",
+    re.IGNORECASE,
+)
 
 
 def is_embedding(module: object) -> bool:
@@ -37,7 +39,8 @@ def embedding_mask(c: pd.DataFrame) -> pd.Series:
     gathers = c[by_module & (c["kind"] == "all_gather")]
     sizes = set(zip(gathers["rank"], gathers["bytes"]))
     grads = c["kind"].isin(("reduce_scatter", "all_reduce")) & pd.Series(
-        [(r, b) in sizes for r, b in zip(c["rank"], c["bytes"])], index=c.index)
+        [(r, b) in sizes for r, b in zip(c["rank"], c["bytes"])], index=c.index
+    )
     return by_module | grads
 
 
@@ -61,8 +64,9 @@ def _on_attributed(df: pd.DataFrame, steps: dict[int, set[int]]) -> pd.Series:
     """Rows of `df` (rank, step columns) on steps where module attribution was on."""
     if not steps:
         return pd.Series(True, index=df.index)
-    return pd.Series([r not in steps or s in steps[r] for r, s in zip(df["rank"], df["step"])],
-                     index=df.index, dtype=bool)
+    return pd.Series(
+        [r not in steps or s in steps[r] for r, s in zip(df["rank"], df["step"])], index=df.index, dtype=bool
+    )
 
 
 def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
@@ -76,26 +80,45 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
         hosts = trace.hosts()
         per_node = max(sum(1 for h in hosts.values() if h == v) for v in set(hosts.values())) if hosts else 0
         if stage == 3:
-            if len(set(hosts.values()) - {"?"}) > 1 and per_node > 1 \
-                    and int(job.zero.get("zero_hpz_partition_size") or 1) != per_node:
+            if (
+                len(set(hosts.values()) - {"?"}) > 1
+                and per_node > 1
+                and int(job.zero.get("zero_hpz_partition_size") or 1) != per_node
+            ):
                 zero["zero_hpz_partition_size"] = per_node
             if not job.zero.get("zero_quantized_weights"):
                 zero["zero_quantized_weights"] = True
             if zero:
-                fixes.append(Fix(f"{lead}ZeRO-3 gathers the whole vocab x hidden matrix every forward and "
-                                 "backward: " + ", ".join(f"{k} {v}" for k, v in zero.items()),
-                                 ds_config={"zero_optimization": zero}))
+                fixes.append(
+                    Fix(
+                        f"{lead}ZeRO-3 gathers the whole vocab x hidden matrix every forward and "
+                        "backward: " + ", ".join(f"{k} {v}" for k, v in zero.items()),
+                        ds_config={"zero_optimization": zero},
+                    )
+                )
         elif not job.megatron:
             # no config key: DeepSpeed (0.19) rejects the old `sparse_gradients` flag and reduces the
             # gradients of an nn.Embedding(sparse=True) sparsely by itself
-            fixes.append(Fix(f"{lead}all-reduce only the embedding rows a batch touched: construct the "
-                             "embedding with nn.Embedding(..., sparse=True)"))
-    if job.megatron and int(trace.layout().get("pp") or 1) > 1 \
-            and not job.arg("untie_embeddings_and_output_weights"):
+            fixes.append(
+                Fix(
+                    f"{lead}all-reduce only the embedding rows a batch touched: construct the "
+                    "embedding with nn.Embedding(..., sparse=True)"
+                )
+            )
+    if (
+        job.megatron
+        and int(trace.layout().get("pp") or 1) > 1
+        and not job.arg("untie_embeddings_and_output_weights")
+    ):
         args = job.flags("--untie-embeddings-and-output-weights")
         if args:
-            fixes.append(Fix("untie input/output embeddings so the first and last pipeline stages stop "
-                             "all-reducing the tied weight", megatron_args=args))
+            fixes.append(
+                Fix(
+                    "untie input/output embeddings so the first and last pipeline stages stop "
+                    "all-reducing the tied weight",
+                    megatron_args=args,
+                )
+            )
     return fixes
 
 
@@ -131,14 +154,25 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
     modules = named.groupby(named["module"].astype(str))["dur_s"].sum().sort_values(ascending=False)
     ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
-    return [Finding(
-        severity="warning",
-        title=f"embedding/output-layer collectives take {emb_s / step_s:.0%} of each step",
-        detail=(f"{emb_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step is communication issued by "
-                f"{', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes communicated)."),
-        evidence={"embedding_comm_s": emb_s, "step_s": step_s, "step_share": emb_s / step_s,
-                  "comm_share": comm_share,
-                  "ops": {k: {"count": int(v["count"]), "bytes": int(v["sum"])} for k, v in ops.iterrows()}},
-        ranks=sorted(int(r) for r in rows["rank"].unique()), layers=list(modules.index[:5]),
-        steps=sorted(int(s) for s in per["step"].unique())[:20], recoverable_s=emb_s,
-        fixes=_fixes(trace, framework.job_of(metrics)))]
+    return [
+        Finding(
+            severity="warning",
+            title=f"embedding/output-layer collectives take {emb_s / step_s:.0%} of each step",
+            detail=(
+                f"{emb_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step is communication issued by "
+                f"{', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes communicated)."
+            ),
+            evidence={
+                "embedding_comm_s": emb_s,
+                "step_s": step_s,
+                "step_share": emb_s / step_s,
+                "comm_share": comm_share,
+                "ops": {k: {"count": int(v["count"]), "bytes": int(v["sum"])} for k, v in ops.iterrows()},
+            },
+            ranks=sorted(int(r) for r in rows["rank"].unique()),
+            layers=list(modules.index[:5]),
+            steps=sorted(int(s) for s in per["step"].unique())[:20],
+            recoverable_s=emb_s,
+            fixes=_fixes(trace, framework.job_of(metrics)),
+        )
+    ]

@@ -29,8 +29,13 @@ def timeline_exposed(metrics: Metrics) -> pd.DataFrame | None:
     ov = ov[ov["source"] == "gpu"].merge(span[["rank", "total_ns"]], on="rank")
     if ov.empty:
         return None
-    return pd.DataFrame({"exposed_s": (ov["comm_ns"] - ov["overlap_ns"]).to_numpy() / NS,
-                         "dur_s": ov["total_ns"].to_numpy() / NS}, index=ov["rank"].to_numpy())
+    return pd.DataFrame(
+        {
+            "exposed_s": (ov["comm_ns"] - ov["overlap_ns"]).to_numpy() / NS,
+            "dur_s": ov["total_ns"].to_numpy() / NS,
+        },
+        index=ov["rank"].to_numpy(),
+    )
 
 
 def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
@@ -47,8 +52,9 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
             zero["overlap_comm"] = True
         if stage == 3:
             prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
-            zero["stage3_prefetch_bucket_size"] = int(4 * prefetch if prefetch > 0
-                                                      else config.DS_DEFAULTS["stage3_prefetch_bucket_size"])
+            zero["stage3_prefetch_bucket_size"] = int(
+                4 * prefetch if prefetch > 0 else config.DS_DEFAULTS["stage3_prefetch_bucket_size"]
+            )
         if zero:
             if job.config_seen:
                 now = "on" if overlap else "off"
@@ -56,16 +62,24 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
             else:
                 what = "no DeepSpeed config was recorded: this applies if overlap_comm is off"
             lead = "" if job.deepspeed else "if the job uses DeepSpeed ZeRO: "
-            fixes.append(Fix(f"{lead}overlap gradient reduction with backward ({what})",
-                             ds_config={"zero_optimization": zero}))
+            fixes.append(
+                Fix(
+                    f"{lead}overlap gradient reduction with backward ({what})",
+                    ds_config={"zero_optimization": zero},
+                )
+            )
     if job.framework == framework.MEGATRON_LM:
         args = [f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if not job.arg(f)]
         if "--overlap-param-gather" in args and not job.arg("use_distributed_optimizer"):
             args.remove("--overlap-param-gather")  # it needs the distributed optimizer
         if args and job.flags(*args):
-            fixes.append(Fix("Megatron-LM: overlap the data-parallel gradient reduction (and, with the "
-                             "distributed optimizer, the parameter all-gather) with compute",
-                             megatron_args=job.flags(*args)))
+            fixes.append(
+                Fix(
+                    "Megatron-LM: overlap the data-parallel gradient reduction (and, with the "
+                    "distributed optimizer, the parameter all-gather) with compute",
+                    megatron_args=job.flags(*args),
+                )
+            )
     return fixes
 
 
@@ -96,15 +110,23 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     worst = bad["share"].idxmax()
     exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
-    return [Finding(
-        severity="warning",
-        title=f"{exp_s / step_s:.0%} of each step waits on communication (rank {worst})",
-        detail=(f"rank {worst} spends {exp_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step blocked in "
-                "collectives that no compute overlaps."),
-        evidence={"exposed_s": evidence.by_rank(med["exposed_s"]),
-                  "step_s": evidence.by_rank(med["dur_s"]),
-                  "exposed_share": evidence.by_rank(med["share"]),
-                  "overlap_comm": bool(config.setting(trace, "overlap_comm"))},
-        ranks=sorted(int(r) for r in bad.index),
-        steps=sorted(int(s) for s in df["step"].unique())[:20] if not df.empty else [],
-        recoverable_s=min(exp_s, step_s - exp_s), fixes=_fixes(trace, framework.job_of(metrics)))]
+    return [
+        Finding(
+            severity="warning",
+            title=f"{exp_s / step_s:.0%} of each step waits on communication (rank {worst})",
+            detail=(
+                f"rank {worst} spends {exp_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step blocked in "
+                "collectives that no compute overlaps."
+            ),
+            evidence={
+                "exposed_s": evidence.by_rank(med["exposed_s"]),
+                "step_s": evidence.by_rank(med["dur_s"]),
+                "exposed_share": evidence.by_rank(med["share"]),
+                "overlap_comm": bool(config.setting(trace, "overlap_comm")),
+            },
+            ranks=sorted(int(r) for r in bad.index),
+            steps=sorted(int(s) for s in df["step"].unique())[:20] if not df.empty else [],
+            recoverable_s=min(exp_s, step_s - exp_s),
+            fixes=_fixes(trace, framework.job_of(metrics)),
+        )
+    ]

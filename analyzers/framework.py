@@ -31,13 +31,20 @@ DDP = "ddp"
 UNKNOWN = "unknown"
 
 # Kineto op-name signs (record_function / module names each framework emits), checked in this order
-_OP_SIGNS = ((TORCHREC, re.compile(r"torchrec|fbgemm::|^## .* ##$|KJTAllToAll|ShardedEmbedding", re.I)),
-             (FSDP, re.compile(r"FullyShardedDataParallel|^FSDP::", re.I)),
-             (DEEPSPEED, re.compile(r"deepspeed|DeepSpeedEngine", re.I)),
-             (DDP, re.compile(r"DistributedDataParallel|torch\.distributed\.ddp\.reducer|reducer::", re.I)))
+_OP_SIGNS = (
+    (TORCHREC, re.compile(r"torchrec|fbgemm::|^## .* ##$|KJTAllToAll|ShardedEmbedding", re.I)),
+    (FSDP, re.compile(r"FullyShardedDataParallel|^FSDP::", re.I)),
+    (DEEPSPEED, re.compile(r"deepspeed|DeepSpeedEngine", re.I)),
+    (DDP, re.compile(r"DistributedDataParallel|torch\.distributed\.ddp\.reducer|reducer::", re.I)),
+)
 _MEGATRON_SCRIPT = re.compile(r"(^|/)(pretrain_\w+|megatron\w*)\.py$")
-_MEGATRON_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers",
-                   "--micro-batch-size", "--global-batch-size")
+_MEGATRON_FLAGS = (
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--num-layers",
+    "--micro-batch-size",
+    "--global-batch-size",
+)
 _DS_FLAGS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage")
 
 

@@ -39,10 +39,15 @@ def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     out: dict[str, dict[int, dict[str, Any]]] = {}
     by = c.groupby([c["group"].astype(str), "rank"], observed=True)
     counts, last = by.size(), c.loc[by["ts"].idxmax()]
-    for (group, rank), n, op, nbytes, step in zip(counts.index, counts, last["kind"], last["bytes"],
-                                                  last["step"]):
-        out.setdefault(group, {})[int(rank)] = {"count": int(n), "op": op, "bytes": _size(nbytes),
-                                                "step": int(step)}
+    for (group, rank), n, op, nbytes, step in zip(
+        counts.index, counts, last["kind"], last["bytes"], last["step"]
+    ):
+        out.setdefault(group, {})[int(rank)] = {
+            "count": int(n),
+            "op": op,
+            "bytes": _size(nbytes),
+            "step": int(step),
+        }
     return out
 
 
@@ -87,15 +92,36 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})
-    what = ("ranks stopped emitting" if stopped else "ranks diverged in their collectives" if diverged
-            else "ranks fell behind")
-    return [Finding(
-        severity="critical", title=f"hang or desync: {what} ({ranks})",
-        detail="ranks disagree on where they are: a hang, a crash, or a rank-dependent collective",
-        evidence={"last_seen_s_before_end": {int(r): (seen.max() - t) / NS for r, t in seen.items()},
-                  "max_step": evidence.by_rank(max_step, int),
-                  "stopped": stopped, "behind": behind, "diverged_groups": diverged},
-        ranks=ranks, steps=sorted({int(s) for s in max_step.values}),
-        fixes=[Fix("surface the hung op as an error and dump every rank's stack (`diag attach`, py-spy)",
-                   env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "INFO",
-                        "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})])]
+    what = (
+        "ranks stopped emitting"
+        if stopped
+        else "ranks diverged in their collectives"
+        if diverged
+        else "ranks fell behind"
+    )
+    return [
+        Finding(
+            severity="critical",
+            title=f"hang or desync: {what} ({ranks})",
+            detail="ranks disagree on where they are: a hang, a crash, or a rank-dependent collective",
+            evidence={
+                "last_seen_s_before_end": {int(r): (seen.max() - t) / NS for r, t in seen.items()},
+                "max_step": evidence.by_rank(max_step, int),
+                "stopped": stopped,
+                "behind": behind,
+                "diverged_groups": diverged,
+            },
+            ranks=ranks,
+            steps=sorted({int(s) for s in max_step.values}),
+            fixes=[
+                Fix(
+                    "surface the hung op as an error and dump every rank's stack (`diag attach`, py-spy)",
+                    env={
+                        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                        "NCCL_DEBUG": "INFO",
+                        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+                    },
+                )
+            ],
+        )
+    ]

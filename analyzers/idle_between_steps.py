@@ -27,8 +27,9 @@ def gaps(metrics: Metrics) -> pd.DataFrame:
     gap, so the lead-in is where a slow data loader shows."""
     st = metrics.steps
     if st.empty:
-        return st.assign(gap_s=pd.Series(dtype=float), wall_s=pd.Series(dtype=float),
-                         comm_gap_s=pd.Series(dtype=float))
+        return st.assign(
+            gap_s=pd.Series(dtype=float), wall_s=pd.Series(dtype=float), comm_gap_s=pd.Series(dtype=float)
+        )
     nxt = st.groupby("rank")["start"].shift(-1)
     between = ((nxt - st["end"]) / NS).fillna(0).clip(lower=0)
     st = st.assign(gap_s=between, wall_s=st["dur_s"] + between, lo=st["end"], hi=nxt.fillna(st["end"]))
@@ -105,28 +106,46 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
     if bad.empty:
         return []
     gap = float(bad["gap_s"].median())
-    return [Finding(
-        severity="warning",
-        title=f"{bad['share'].max():.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
-        detail="nothing runs between one optimizer step and the next forward: the input pipeline is late",
-        evidence={"gap_s": evidence.by_rank(med["gap_s"]),
-                  "gap_share": evidence.by_rank(med["share"]),
-                  "collectives_in_gap_s": evidence.by_rank(med["comm_gap_s"])},
-        ranks=sorted(int(r) for r in bad.index), recoverable_s=gap,
-        fixes=_fixes(framework.job_of(metrics)))]
+    return [
+        Finding(
+            severity="warning",
+            title=f"{bad['share'].max():.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
+            detail="nothing runs between one optimizer step and the next forward: the input pipeline is late",
+            evidence={
+                "gap_s": evidence.by_rank(med["gap_s"]),
+                "gap_share": evidence.by_rank(med["share"]),
+                "collectives_in_gap_s": evidence.by_rank(med["comm_gap_s"]),
+            },
+            ranks=sorted(int(r) for r in bad.index),
+            recoverable_s=gap,
+            fixes=_fixes(framework.job_of(metrics)),
+        )
+    ]
 
 
 def _fixes(job: framework.Job) -> list[Fix]:
-    fixes = [Fix("prefetch batches in background workers: DataLoader(num_workers=4, pin_memory=True, "
-                 "prefetch_factor=4, persistent_workers=True)")]
+    fixes = [
+        Fix(
+            "prefetch batches in background workers: DataLoader(num_workers=4, pin_memory=True, "
+            "prefetch_factor=4, persistent_workers=True)"
+        )
+    ]
     if job.megatron:
         now = job.arg("num_workers")
         if isinstance(now, int) and not isinstance(now, bool):
             args = job.flags("--num-workers", str(max(2 * now, 4)))
             if args:
-                fixes = [Fix(f"more data-loader workers: --num-workers {now} -> {max(2 * now, 4)}",
-                             megatron_args=args)]
+                fixes = [
+                    Fix(
+                        f"more data-loader workers: --num-workers {now} -> {max(2 * now, 4)}",
+                        megatron_args=args,
+                    )
+                ]
         elif job.flags("--num-workers", "4"):
-            fixes = [Fix("if --num-workers is below 4 (Megatron's default is 2), raise it",
-                         megatron_args=job.flags("--num-workers", "4"))]
+            fixes = [
+                Fix(
+                    "if --num-workers is below 4 (Megatron's default is 2), raise it",
+                    megatron_args=job.flags("--num-workers", "4"),
+                )
+            ]
     return fixes

@@ -37,11 +37,14 @@ def host_wait(k: pd.DataFrame) -> dict[str, float]:
     launched_by = (k["launch_ts"] + k["launch_dur"]).to_numpy(np.int64)[1:]
     step = k["step"].to_numpy()
     waits = (gap > 0) & (launched_by > busy_until[:-1]) & (step[1:] == step[:-1])
-    return {"kernels": len(ts),
-            "short_share": float((k["dur"] < k["launch_dur"]).mean()),
-            "median_kernel_us": float(k["dur"].median()) / 1e3,
-            "median_launch_us": float(k["launch_dur"].median()) / 1e3,
-            "host_wait_ns": float(gap[waits].sum()), "span_ns": float(busy_until[-1] - ts[0])}
+    return {
+        "kernels": len(ts),
+        "short_share": float((k["dur"] < k["launch_dur"]).mean()),
+        "median_kernel_us": float(k["dur"].median()) / 1e3,
+        "median_launch_us": float(k["launch_dur"].median()) / 1e3,
+        "host_wait_ns": float(gap[waits].sum()),
+        "span_ns": float(busy_until[-1] - ts[0]),
+    }
 
 
 @rule("launch_bound")
@@ -55,27 +58,48 @@ def launch_bound(trace: Trace, metrics: Metrics) -> list[Finding]:
     if kernels.empty or "launch_dur" not in kernels.columns:
         return []
     found = {int(r): host_wait(k) for r, k in kernels.groupby("rank")}
-    bound = {r: v for r, v in found.items() if v["kernels"] >= MIN_KERNELS and v["span_ns"] > 0
-             and v["short_share"] >= SHORT_SHARE and v["host_wait_ns"] / v["span_ns"] >= HOST_WAIT_SHARE}
+    bound = {
+        r: v
+        for r, v in found.items()
+        if v["kernels"] >= MIN_KERNELS
+        and v["span_ns"] > 0
+        and v["short_share"] >= SHORT_SHARE
+        and v["host_wait_ns"] / v["span_ns"] >= HOST_WAIT_SHARE
+    }
     if not bound:
         return []
     share = {r: v["host_wait_ns"] / v["span_ns"] for r, v in bound.items()}
     worst = max(share, key=lambda r: share[r])
     w = bound[worst]
     nsteps = metrics.steps[metrics.steps["rank"] == worst]["step"].nunique() if not metrics.steps.empty else 0
-    return [Finding(
-        severity="warning",
-        title=f"launch-bound GPU: {share[worst]:.0%} of the GPU's time waits for kernel launches "
-              f"(rank {worst})",
-        detail=(f"{w['short_share']:.0%} of kernels run shorter than their launch call (median kernel "
+    return [
+        Finding(
+            severity="warning",
+            title=f"launch-bound GPU: {share[worst]:.0%} of the GPU's time waits for kernel launches "
+            f"(rank {worst})",
+            detail=(
+                f"{w['short_share']:.0%} of kernels run shorter than their launch call (median kernel "
                 f"{w['median_kernel_us']:.1f} us, median launch {w['median_launch_us']:.1f} us): the "
-                "host cannot issue work as fast as the GPU finishes it."),
-        evidence={"host_wait_share": evidence.by_rank(pd.Series(share)),
-                  "short_kernel_share": w["short_share"], "kernels": w["kernels"],
-                  "median_kernel_us": w["median_kernel_us"], "median_launch_us": w["median_launch_us"]},
-        ranks=sorted(bound),
-        recoverable_s=w["host_wait_ns"] / 1e9 / nsteps if nsteps else None,
-        fixes=[Fix("capture the step in CUDA graphs (torch.cuda.graphs / torch.compile(mode="
-                   "'reduce-overhead')): one launch replays all kernels"),
-               Fix("fuse small ops with torch.compile, or give each kernel more work (a larger "
-                   "micro-batch with fewer gradient-accumulation steps)")])]
+                "host cannot issue work as fast as the GPU finishes it."
+            ),
+            evidence={
+                "host_wait_share": evidence.by_rank(pd.Series(share)),
+                "short_kernel_share": w["short_share"],
+                "kernels": w["kernels"],
+                "median_kernel_us": w["median_kernel_us"],
+                "median_launch_us": w["median_launch_us"],
+            },
+            ranks=sorted(bound),
+            recoverable_s=w["host_wait_ns"] / 1e9 / nsteps if nsteps else None,
+            fixes=[
+                Fix(
+                    "capture the step in CUDA graphs (torch.cuda.graphs / torch.compile(mode="
+                    "'reduce-overhead')): one launch replays all kernels"
+                ),
+                Fix(
+                    "fuse small ops with torch.compile, or give each kernel more work (a larger "
+                    "micro-batch with fewer gradient-accumulation steps)"
+                ),
+            ],
+        )
+    ]

@@ -31,8 +31,12 @@ def losses(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=["step", "loss", "nonfinite"])
     d = log[["step", "loss"]].assign(
         loss=pd.to_numeric(log["loss"], errors="coerce"),
-        nonfinite=(log["loss_nonfinite"].astype("boolean").fillna(False) if "loss_nonfinite" in log.columns
-                   else False))
+        nonfinite=(
+            log["loss_nonfinite"].astype("boolean").fillna(False)
+            if "loss_nonfinite" in log.columns
+            else False
+        ),
+    )
     d = d[d["loss"].notna() | d["nonfinite"]]
     return d.sort_values("step", kind="stable").groupby("step", as_index=False).first()
 
@@ -44,8 +48,8 @@ def spikes(series: pd.DataFrame) -> list[dict[str, float]]:
     out: list[dict[str, float]] = []
     vals, steps = series["loss"].to_numpy(dtype=float), series["step"].tolist()
     for i in range(MIN_HISTORY, len(vals)):
-        base = float(np.median(vals[max(0, i - BASE_WINDOW):i]))
-        diffs = np.diff(vals[max(0, i - WINDOW):i])
+        base = float(np.median(vals[max(0, i - BASE_WINDOW) : i]))
+        diffs = np.diff(vals[max(0, i - WINDOW) : i])
         noise = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs)))) / math.sqrt(2)
         limit = base + max(SPIKE_RISE * abs(base), SPIKE_MADS * noise)
         if vals[i] > limit:
@@ -55,12 +59,19 @@ def spikes(series: pd.DataFrame) -> list[dict[str, float]]:
 
 def _spike_fixes() -> list[Fix]:
     return [
-        Fix("clip gradients and lower the peak learning rate (or lengthen warm-up)",
-            ds_config={"gradient_clipping": 1.0}, megatron_args=["--clip-grad 1.0"]),
-        Fix("if it recurs at the same samples: restart from the checkpoint before the spike and skip the "
-            "batches around it (data order), as large runs do"),
-        Fix("lower Adam beta2 (0.95) or raise eps, which damps updates after rare large gradients",
-            megatron_args=["--adam-beta2 0.95"]),
+        Fix(
+            "clip gradients and lower the peak learning rate (or lengthen warm-up)",
+            ds_config={"gradient_clipping": 1.0},
+            megatron_args=["--clip-grad 1.0"],
+        ),
+        Fix(
+            "if it recurs at the same samples: restart from the checkpoint before the spike and skip the "
+            "batches around it (data order), as large runs do"
+        ),
+        Fix(
+            "lower Adam beta2 (0.95) or raise eps, which damps updates after rare large gradients",
+            megatron_args=["--adam-beta2 0.95"],
+        ),
     ]
 
 
@@ -79,13 +90,26 @@ def loss_spike(trace: Trace, metrics: Metrics) -> list[Finding]:
     worst = max(found, key=lambda s: s["loss"] / s["baseline"] if s["baseline"] > 0 else math.inf)
     last = float(finite["loss"].iloc[-1])
     recovered = last <= worst["limit"]
-    return [Finding(
-        severity="warning" if recovered else "critical",
-        title=(f"loss spike at step {worst['step']}: {worst['loss']:.4g} against a running baseline of "
-               f"{worst['baseline']:.4g} ({worst['loss'] / worst['baseline']:.2f}x)"),
-        detail=(f"{len(found)} logged loss(es) above the running baseline by >= {SPIKE_RISE:.0%} and "
+    return [
+        Finding(
+            severity="warning" if recovered else "critical",
+            title=(
+                f"loss spike at step {worst['step']}: {worst['loss']:.4g} against a running baseline of "
+                f"{worst['baseline']:.4g} ({worst['loss'] / worst['baseline']:.2f}x)"
+            ),
+            detail=(
+                f"{len(found)} logged loss(es) above the running baseline by >= {SPIKE_RISE:.0%} and "
                 f">= {SPIKE_MADS} robust deviations; the last logged loss is {last:.4g} "
-                + ("(recovered)." if recovered else "(not recovered by the end of the log).")),
-        evidence={"spikes": found[:20], "spike_count": len(found), "last_loss": last,
-                  "recovered": recovered, "logged_losses": len(finite)},
-        steps=[s["step"] for s in found][:50], fixes=_spike_fixes())]
+                + ("(recovered)." if recovered else "(not recovered by the end of the log).")
+            ),
+            evidence={
+                "spikes": found[:20],
+                "spike_count": len(found),
+                "last_loss": last,
+                "recovered": recovered,
+                "logged_losses": len(finite),
+            },
+            steps=[s["step"] for s in found][:50],
+            fixes=_spike_fixes(),
+        )
+    ]

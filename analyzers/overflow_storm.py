@@ -28,10 +28,16 @@ def per_step(trace: Trace) -> pd.DataFrame:
     of = one_source(trace.overflow)  # a trace and its log record the same skips: count them once
     if of.empty:
         return pd.DataFrame(columns=["rank", "step", "overflow", "scale"])
-    df = of.assign(overflow=of["overflow"].fillna(False).astype(bool),
-                   scale=pd.to_numeric(of["scale_after"], errors="coerce"))
-    return (df.sort_values("ts").groupby(["rank", "step"], observed=True)
-            .agg(overflow=("overflow", "any"), scale=("scale", "last")).reset_index())
+    df = of.assign(
+        overflow=of["overflow"].fillna(False).astype(bool),
+        scale=pd.to_numeric(of["scale_after"], errors="coerce"),
+    )
+    return (
+        df.sort_values("ts")
+        .groupby(["rank", "step"], observed=True)
+        .agg(overflow=("overflow", "any"), scale=("scale", "last"))
+        .reset_index()
+    )
 
 
 def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
@@ -52,8 +58,13 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     fixes = []
     if job.framework == framework.MEGATRON_LM:
         if job.flags("--bf16"):
-            fixes.append(Fix("on Ampere or newer (A100/H100/H200) train in bf16 (drop --fp16): same range "
-                             "as fp32, no loss scaling", megatron_args=job.flags("--bf16")))
+            fixes.append(
+                Fix(
+                    "on Ampere or newer (A100/H100/H200) train in bf16 (drop --fp16): same range "
+                    "as fp32, no loss scaling",
+                    megatron_args=job.flags("--bf16"),
+                )
+            )
         args: list[str] = []
         scale = job.arg("initial_loss_scale")
         if isinstance(scale, (int, float)) and scale > 2 ** (GENTLE["initial_scale_power"] + 4):
@@ -65,18 +76,31 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
         if isinstance(hyst, (int, float)) and hyst < GENTLE["hysteresis"]:
             args += ["--hysteresis", str(GENTLE["hysteresis"])]
         if args and job.flags(*args):
-            fixes.append(Fix("keep fp16 but scale more gently (lower start, longer growth window, tolerate "
-                             "isolated overflows)", megatron_args=job.flags(*args)))
+            fixes.append(
+                Fix(
+                    "keep fp16 but scale more gently (lower start, longer growth window, tolerate "
+                    "isolated overflows)",
+                    megatron_args=job.flags(*args),
+                )
+            )
         clip = job.arg("clip_grad")
         if isinstance(clip, (int, float)) and (clip <= 0 or clip > 1.0) and job.flags("--clip-grad", "1.0"):
-            fixes.append(Fix("a persistent inf usually comes from real divergence: clip gradients and "
-                             "lower the LR", megatron_args=job.flags("--clip-grad", "1.0")))
+            fixes.append(
+                Fix(
+                    "a persistent inf usually comes from real divergence: clip gradients and lower the LR",
+                    megatron_args=job.flags("--clip-grad", "1.0"),
+                )
+            )
         return fixes
     if job.deepspeed is False:
         return fixes
     lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
-    fixes.append(Fix(f"{lead}on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no "
-                     "loss scaling", ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}}))
+    fixes.append(
+        Fix(
+            f"{lead}on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss scaling",
+            ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}},
+        )
+    )
     power = int(config.setting(trace, "initial_scale_power"))
     window = int(config.setting(trace, "loss_scale_window"))
     hyst = int(config.setting(trace, "hysteresis"))
@@ -88,13 +112,22 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
             gentle[key] = GENTLE[key]
     if gentle:
         seen = "" if job.config_seen else " (no fp16 config was recorded: DeepSpeed's defaults assumed)"
-        fixes.append(Fix(f"{lead}keep fp16 but scale more gently: "
-                         + ", ".join(f"{k} {v}" for k, v in gentle.items()) + seen,
-                         ds_config={"fp16": gentle}))
+        fixes.append(
+            Fix(
+                f"{lead}keep fp16 but scale more gently: "
+                + ", ".join(f"{k} {v}" for k, v in gentle.items())
+                + seen,
+                ds_config={"fp16": gentle},
+            )
+        )
     clip = job.ds_config.get("gradient_clipping")
     if not (isinstance(clip, (int, float)) and 0 < clip <= 1.0):
-        fixes.append(Fix(f"{lead}a persistent inf usually comes from real divergence: clip gradients and "
-                         "lower the LR", ds_config={"gradient_clipping": 1.0}))
+        fixes.append(
+            Fix(
+                f"{lead}a persistent inf usually comes from real divergence: clip gradients and lower the LR",
+                ds_config={"gradient_clipping": 1.0},
+            )
+        )
     return fixes
 
 
@@ -110,15 +143,21 @@ def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
     """Every recorded step was skipped: not a calibration, the job trained nothing."""
     steps = sorted({int(s) for s in df["step"]})
     scale = df["scale"].dropna()
-    where = (f"; loss scale went from {scale.max():g} down to {scale.min():g}" if len(scale) else "")
+    where = f"; loss scale went from {scale.max():g} down to {scale.min():g}" if len(scale) else ""
     return Finding(
         severity="critical",
         title=f"fp16 overflow on every step: all {len(steps)} recorded steps skipped, no update applied",
         detail=f"steps {steps[0]}-{steps[-1]} were all skipped for overflow{where}.",
-        evidence={"overflow_steps": len(steps), "steps": len(steps), "overflow_rate": 1.0,
-                  "min_scale": float(scale.min()) if len(scale) else None},
-        ranks=sorted(int(r) for r in df["rank"].unique() if int(r) >= 0), steps=steps[:50],
-        fixes=fixes)
+        evidence={
+            "overflow_steps": len(steps),
+            "steps": len(steps),
+            "overflow_rate": 1.0,
+            "min_scale": float(scale.min()) if len(scale) else None,
+        },
+        ranks=sorted(int(r) for r in df["rank"].unique() if int(r) >= 0),
+        steps=steps[:50],
+        fixes=fixes,
+    )
 
 
 @rule("overflow_storm")
@@ -147,15 +186,29 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     bad = post[post["overflow"]]
     skipped = df.groupby("rank")["overflow"].sum()
     step_s = metrics.median_step_s
-    return [Finding(
-        severity="critical" if collapsed else "warning",
-        title=(f"fp16 loss scale collapsed to {min_scale:g}" if collapsed else
-               f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"),
-        detail=(f"{n_over} overflowing steps after calibration out of {n_steps} steps; "
-                f"loss scale went from {df['scale'].max():g} down to {min_scale}."),
-        evidence={"overflow_steps": n_over, "steps": n_steps, "overflow_rate": rate,
-                  "min_scale": min_scale, "max_scale": float(df["scale"].max()),
-                  "skipped_by_rank": evidence.by_rank(skipped, int)},
-        ranks=sorted(int(r) for r in bad["rank"].unique()),
-        steps=sorted({int(s) for s in bad["step"]})[:50],
-        recoverable_s=rate * step_s if step_s else None, fixes=_fixes(trace, framework.job_of(metrics)))]
+    return [
+        Finding(
+            severity="critical" if collapsed else "warning",
+            title=(
+                f"fp16 loss scale collapsed to {min_scale:g}"
+                if collapsed
+                else f"fp16 overflow storm: {rate:.0%} of steps skipped after calibration"
+            ),
+            detail=(
+                f"{n_over} overflowing steps after calibration out of {n_steps} steps; "
+                f"loss scale went from {df['scale'].max():g} down to {min_scale}."
+            ),
+            evidence={
+                "overflow_steps": n_over,
+                "steps": n_steps,
+                "overflow_rate": rate,
+                "min_scale": min_scale,
+                "max_scale": float(df["scale"].max()),
+                "skipped_by_rank": evidence.by_rank(skipped, int),
+            },
+            ranks=sorted(int(r) for r in bad["rank"].unique()),
+            steps=sorted({int(s) for s in bad["step"]})[:50],
+            recoverable_s=rate * step_s if step_s else None,
+            fixes=_fixes(trace, framework.job_of(metrics)),
+        )
+    ]

@@ -50,35 +50,59 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
         if job.framework == framework.MEGATRON_LM:
             micro, dp = _int(job.arg("micro_batch_size")), _int(trace.layout().get("dp"))
             if micro and dp and job.flags("--global-batch-size", "1"):
-                fixes.append(Fix(f"raise microbatches per step from {m} to {target} (bubble (p-1)/m <= 0.25)",
-                                 megatron_args=job.flags("--global-batch-size", str(target * micro * dp))))
+                fixes.append(
+                    Fix(
+                        f"raise microbatches per step from {m} to {target} (bubble (p-1)/m <= 0.25)",
+                        megatron_args=job.flags("--global-batch-size", str(target * micro * dp)),
+                    )
+                )
         elif deepspeed_pipeline(trace):
             fixes.append(_more_microbatches(trace, job, p, m, target))
         elif job.deepspeed is not False:
             lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
-            fixes.append(Fix(f"{lead}raise microbatches per step from {m} to {target} (bubble (p-1)/m "
-                             "<= 0.25; keep the global batch by lowering train_micro_batch_size_per_gpu)",
-                             ds_config={"gradient_accumulation_steps": target}))
+            fixes.append(
+                Fix(
+                    f"{lead}raise microbatches per step from {m} to {target} (bubble (p-1)/m "
+                    "<= 0.25; keep the global batch by lowering train_micro_batch_size_per_gpu)",
+                    ds_config={"gradient_accumulation_steps": target},
+                )
+            )
     if deepspeed_pipeline(trace):
-        fixes.append(Fix("balance the stages: PipelineModule(partition_method='parameters', or "
-                         "'type:<block class>') so the first and last stages, which also hold the embedding "
-                         "and the loss, get fewer blocks"))
+        fixes.append(
+            Fix(
+                "balance the stages: PipelineModule(partition_method='parameters', or "
+                "'type:<block class>') so the first and last stages, which also hold the embedding "
+                "and the loss, get fewer blocks"
+            )
+        )
     interleaved = job.arg("num_layers_per_virtual_pipeline_stage")
     if job.framework == framework.MEGATRON_LM and layers and not interleaved:
         per_stage = layers // p
         if per_stage >= 2 and layers % p == 0 and job.flags("--num-layers-per-virtual-pipeline-stage", "1"):
             v = per_stage // 2 if per_stage % 2 == 0 else 1
-            fixes.append(Fix(f"interleave virtual stages: {per_stage} layers per stage in chunks of {v}",
-                             megatron_args=job.flags("--num-layers-per-virtual-pipeline-stage", str(v))))
+            fixes.append(
+                Fix(
+                    f"interleave virtual stages: {per_stage} layers per stage in chunks of {v}",
+                    megatron_args=job.flags("--num-layers-per-virtual-pipeline-stage", str(v)),
+                )
+            )
     if job.framework == framework.MEGATRON_LM and layers and p > 2 and layers % p == 0:
         per_stage = layers // p
         rest = layers - 2 * (per_stage - 1)
         if per_stage >= 2 and rest % (p - 2) == 0:
-            args = ("--decoder-first-pipeline-num-layers", str(per_stage - 1),
-                    "--decoder-last-pipeline-num-layers", str(per_stage - 1))
+            args = (
+                "--decoder-first-pipeline-num-layers",
+                str(per_stage - 1),
+                "--decoder-last-pipeline-num-layers",
+                str(per_stage - 1),
+            )
             if job.flags(*args):
-                fixes.append(Fix("balance stages: the first and last also hold the embedding and the loss",
-                                 megatron_args=job.flags(*args)))
+                fixes.append(
+                    Fix(
+                        "balance stages: the first and last also hold the embedding and the loss",
+                        megatron_args=job.flags(*args),
+                    )
+                )
     return fixes
 
 
@@ -104,8 +128,11 @@ def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target:
     elif batch:
         patch["train_batch_size"] = int(batch) // m * target
         what += f", global batch {batch} -> {patch['train_batch_size']}"
-    return Fix(f"raise the pipeline's micro-batches per step from {m} to {target} ({what})", ds_config=patch,
-               megatron_args=args)
+    return Fix(
+        f"raise the pipeline's micro-batches per step from {m} to {target} ({what})",
+        ds_config=patch,
+        megatron_args=args,
+    )
 
 
 @rule("pipeline_bubble")
@@ -131,12 +158,24 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     step_s = float(per["dur_s"].median())
     compute = step_s / (1 + measured)
-    return [Finding(
-        severity="warning",
-        title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
-        detail=f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute.",
-        evidence={"pp": p, "microbatches": m, "bubble_ideal": ideal, "bubble_measured": measured,
-                  "bubble_by_rank": evidence.by_rank(by_rank)},
-        ranks=[int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]],
-        recoverable_s=max(measured - ideal, 0.0) * compute if measured > ideal else ideal / 2 * compute,
-        fixes=_fixes(trace, framework.job_of(metrics), p, m))]
+    return [
+        Finding(
+            severity="warning",
+            title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
+            detail=(
+                f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute."
+            ),
+            evidence={
+                "pp": p,
+                "microbatches": m,
+                "bubble_ideal": ideal,
+                "bubble_measured": measured,
+                "bubble_by_rank": evidence.by_rank(by_rank),
+            },
+            ranks=[
+                int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]
+            ],
+            recoverable_s=max(measured - ideal, 0.0) * compute if measured > ideal else ideal / 2 * compute,
+            fixes=_fixes(trace, framework.job_of(metrics), p, m),
+        )
+    ]

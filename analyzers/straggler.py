@@ -32,8 +32,9 @@ def compute_per_step(metrics: Metrics) -> pd.DataFrame:
     if df.empty:
         return df
     xfer = metrics.exposed["exposed_s"].to_numpy()
-    df = df.assign(compute_s=(df["dur_s"] - df["exposed_s"]).clip(lower=0),
-                   wait_s=(df["exposed_s"] - xfer).clip(lower=0))
+    df = df.assign(
+        compute_s=(df["dur_s"] - df["exposed_s"]).clip(lower=0), wait_s=(df["exposed_s"] - xfer).clip(lower=0)
+    )
     st = metrics.trace.steps
     skipped = st[st["applied"].astype(object).eq(False)] if "applied" in st else st.iloc[:0]
     # steps skipped for an fp16 overflow take a different path (no optimizer update) on some ranks
@@ -55,9 +56,14 @@ def arrivals(c: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     c = c.sort_values("ts", kind="stable")
     k = c.groupby([c["rank"], c["group"].astype(str)], observed=True).cumcount()
-    wide = pd.DataFrame({"g": c["group"].astype(str), "k": k, "rank": c["rank"],
-                         "dur": pd.to_numeric(c["dur"], errors="coerce")}
-                        ).pivot_table(index=["g", "k"], columns="rank", values="dur", aggfunc="first")
+    wide = pd.DataFrame(
+        {
+            "g": c["group"].astype(str),
+            "k": k,
+            "rank": c["rank"],
+            "dur": pd.to_numeric(c["dur"], errors="coerce"),
+        }
+    ).pivot_table(index=["g", "k"], columns="rank", values="dur", aggfunc="first")
     wide = wide[wide.notna().sum(axis=1) >= 2]
     if wide.empty:
         return pd.DataFrame(columns=cols)
@@ -68,8 +74,14 @@ def arrivals(c: pd.DataFrame) -> pd.DataFrame:
         mine = wide[r].notna()
         at = mine & (last == r)
         others = wait.loc[at].drop(columns=r).median(axis=1).sum() / 1e9 if at.any() else 0.0
-        rows.append({"rank": int(r), "collectives": int(mine.sum()),
-                     "last_share": float(at.sum() / max(mine.sum(), 1)), "others_wait_s": float(others)})
+        rows.append(
+            {
+                "rank": int(r),
+                "collectives": int(mine.sum()),
+                "last_share": float(at.sum() / max(mine.sum(), 1)),
+                "others_wait_s": float(others),
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -88,20 +100,37 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
     if step_s <= 0 or waited < MIN_STEP_SHARE * step_s:
         return []
     host = trace.headers.get(slow, {}).get("host", "?")
-    return [Finding(
-        severity="warning",
-        title=f"rank {slow} is a straggler: the others wait for it at {row['last_share']:.0%} of "
-              "collectives",
-        detail=(f"rank {slow} (host {host}) arrived last at {row['last_share']:.0%} of "
+    return [
+        Finding(
+            severity="warning",
+            title=f"rank {slow} is a straggler: the others wait for it at {row['last_share']:.0%} of "
+            "collectives",
+            detail=(
+                f"rank {slow} (host {host}) arrived last at {row['last_share']:.0%} of "
                 f"{int(row['collectives'])} collectives; the other ranks waited {waited * 1e3:.1f} ms for it "
                 f"per step ({waited / step_s:.0%} of the step). Judged from arrival order: too few steps "
-                "to compare each rank's own work."),
-        evidence={"last_share": float(row["last_share"]), "collectives": int(row["collectives"]),
-                  "others_wait_s": waited, "step_s": step_s, "steps": nsteps, "host": host,
-                  "last_arrival_frac": evidence.by_rank(arr.set_index("rank")["last_share"])},
-        ranks=[slow], recoverable_s=waited,
-        fixes=[Fix(f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
-                   "exclude it or rebalance", env={"NCCL_DEBUG": "INFO"})])]
+                "to compare each rank's own work."
+            ),
+            evidence={
+                "last_share": float(row["last_share"]),
+                "collectives": int(row["collectives"]),
+                "others_wait_s": waited,
+                "step_s": step_s,
+                "steps": nsteps,
+                "host": host,
+                "last_arrival_frac": evidence.by_rank(arr.set_index("rank")["last_share"]),
+            },
+            ranks=[slow],
+            recoverable_s=waited,
+            fixes=[
+                Fix(
+                    f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
+                    "exclude it or rebalance",
+                    env={"NCCL_DEBUG": "INFO"},
+                )
+            ],
+        )
+    ]
 
 
 def _span_s(c: pd.DataFrame) -> float:
@@ -135,20 +164,42 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     wide = df.pivot_table(index="step", columns="rank", values="compute_s")
     consistent = float((wide.idxmax(axis=1) == slow).mean()) if not wide.empty else 0.0
     waited = float(df[df["rank"] != slow].groupby("rank")["wait_s"].median().median())
-    if (others <= 0 or med[slow] < SLOWER * others or gap < MIN_STEP_SHARE * step_s
-            or consistent < CONSISTENT or waited < WAITED * gap):
+    if (
+        others <= 0
+        or med[slow] < SLOWER * others
+        or gap < MIN_STEP_SHARE * step_s
+        or consistent < CONSISTENT
+        or waited < WAITED * gap
+    ):
         return []
     host = trace.headers.get(slow, {}).get("host", "?")
-    return [Finding(
-        severity="warning",
-        title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
-        detail=(f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
-                f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."),
-        evidence={"compute_s": evidence.by_rank(med), "ratio": float(med[slow] / others),
-                  "gap_s": gap, "step_s": step_s, "slowest_share": consistent, "host": host,
-                  "others_wait_s": waited,
-                  "last_arrival_frac": _last_arrival(metrics)},
-        ranks=[slow], steps=[int(s) for s in wide.index[wide.idxmax(axis=1) == slow]][:20],
-        recoverable_s=gap,
-        fixes=[Fix(f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
-                   "exclude it or rebalance", env={"NCCL_DEBUG": "INFO"})])]
+    return [
+        Finding(
+            severity="warning",
+            title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
+            detail=(
+                f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
+                f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."
+            ),
+            evidence={
+                "compute_s": evidence.by_rank(med),
+                "ratio": float(med[slow] / others),
+                "gap_s": gap,
+                "step_s": step_s,
+                "slowest_share": consistent,
+                "host": host,
+                "others_wait_s": waited,
+                "last_arrival_frac": _last_arrival(metrics),
+            },
+            ranks=[slow],
+            steps=[int(s) for s in wide.index[wide.idxmax(axis=1) == slow]][:20],
+            recoverable_s=gap,
+            fixes=[
+                Fix(
+                    f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
+                    "exclude it or rebalance",
+                    env={"NCCL_DEBUG": "INFO"},
+                )
+            ],
+        )
+    ]

@@ -26,14 +26,23 @@ REGRESSION = 1.25  # the last third's median step time over the first third's
 def step_cost(trace: Trace) -> tuple[pd.DataFrame, str]:
     """step and cost per logged record (ms per step, or the inverse of a rate), and which figure."""
     log = trace.frame("log_step")
-    for col, inverse in (("iter_ms", False), ("samples_per_sec", True), ("tokens_per_sec", True),
-                         ("tokens_per_sec_per_gpu", True)):
+    for col, inverse in (
+        ("iter_ms", False),
+        ("samples_per_sec", True),
+        ("tokens_per_sec", True),
+        ("tokens_per_sec_per_gpu", True),
+    ):
         if col in log.columns:
             v = pd.to_numeric(log[col], errors="coerce")
             ok = v.notna() & (v > 0)
             if ok.sum() > 0:
-                d = pd.DataFrame({"step": log.loc[ok, "step"].astype(int),
-                                  "cost": (1.0 / v[ok]) if inverse else v[ok], "value": v[ok]})
+                d = pd.DataFrame(
+                    {
+                        "step": log.loc[ok, "step"].astype(int),
+                        "cost": (1.0 / v[ok]) if inverse else v[ok],
+                        "value": v[ok],
+                    }
+                )
                 return d.groupby("step", as_index=False).max().sort_values("step"), col
     return pd.DataFrame(columns=["step", "cost", "value"]), ""
 
@@ -55,11 +64,17 @@ def slow_runs(d: pd.DataFrame, median: float) -> list[list[int]]:
 
 
 def _fixes() -> list[Fix]:
-    return [Fix("compare the slow steps' window with the hosts' logs: thermal throttling, a co-tenant, a "
-                "failing link or NIC; `diag attach` the job while it is slow to see which rank lags"),
-            Fix("a slowdown that grows over the run is often memory fragmentation or a growing Python-side "
-                "structure: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and watch host memory",
-                env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
+    return [
+        Fix(
+            "compare the slow steps' window with the hosts' logs: thermal throttling, a co-tenant, a "
+            "failing link or NIC; `diag attach` the job while it is slow to see which rank lags"
+        ),
+        Fix(
+            "a slowdown that grows over the run is often memory fragmentation or a growing Python-side "
+            "structure: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and watch host memory",
+            env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        ),
+    ]
 
 
 def _describe(d: pd.DataFrame, col: str, i: int) -> str:
@@ -88,24 +103,51 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
         steps = [int(d["step"].iloc[i]) for r in runs for i in r]
         peak = max(worst, key=lambda i: float(d["cost"].iloc[i]))
         rec_s = (float(d["cost"].iloc[worst].median()) - median) / 1e3 if col == "iter_ms" else None
-        found.append(Finding(
-            severity="warning",
-            title=(f"throughput drop over steps {d['step'].iloc[worst[0]]}-{d['step'].iloc[worst[-1]]}: "
-                   f"{float(d['cost'].iloc[peak]) / median:.2f}x the run's median step time"),
-            detail=(f"{len(runs)} stretch(es) of >= {MIN_SLOW_RUN} logged records at >= {SLOW:g}x the median "
-                    f"({_describe(d, col, peak)} at step {int(d['step'].iloc[peak])}; figure: {col})."),
-            evidence={"figure": col, "median_cost": median, "runs": [[int(d["step"].iloc[i]) for i in r]
-                                                                      for r in runs][:10],
-                      "worst_ratio": float(d["cost"].iloc[peak]) / median, "records": len(d)},
-            steps=steps[:50], recoverable_s=rec_s, fixes=_fixes()))
+        found.append(
+            Finding(
+                severity="warning",
+                title=(
+                    f"throughput drop over steps {d['step'].iloc[worst[0]]}-{d['step'].iloc[worst[-1]]}: "
+                    f"{float(d['cost'].iloc[peak]) / median:.2f}x the run's median step time"
+                ),
+                detail=(
+                    f"{len(runs)} stretch(es) of >= {MIN_SLOW_RUN} logged records at >= {SLOW:g}x the median "
+                    f"({_describe(d, col, peak)} at step {int(d['step'].iloc[peak])}; figure: {col})."
+                ),
+                evidence={
+                    "figure": col,
+                    "median_cost": median,
+                    "runs": [[int(d["step"].iloc[i]) for i in r] for r in runs][:10],
+                    "worst_ratio": float(d["cost"].iloc[peak]) / median,
+                    "records": len(d),
+                },
+                steps=steps[:50],
+                recoverable_s=rec_s,
+                fixes=_fixes(),
+            )
+        )
     if early > 0 and late >= REGRESSION * early:
-        found.append(Finding(
-            severity="warning",
-            title=f"throughput regressed over the run: the last third's steps are {late / early:.2f}x slower",
-            detail=(f"median step cost {early:.4g} over the first {third} logged records, {late:.4g} over "
-                    f"the last {third} (figure: {col}, {'ms' if col == 'iter_ms' else 'inverse rate'})."),
-            evidence={"figure": col, "early_median": early, "late_median": late, "ratio": late / early,
-                      "records": len(d)},
-            steps=[int(s) for s in d["step"].iloc[-third:]][:50],
-            recoverable_s=(late - early) / 1e3 if col == "iter_ms" else None, fixes=_fixes()))
+        found.append(
+            Finding(
+                severity="warning",
+                title=(
+                    "throughput regressed over the run: the last third's steps are "
+                    f"{late / early:.2f}x slower"
+                ),
+                detail=(
+                    f"median step cost {early:.4g} over the first {third} logged records, {late:.4g} over "
+                    f"the last {third} (figure: {col}, {'ms' if col == 'iter_ms' else 'inverse rate'})."
+                ),
+                evidence={
+                    "figure": col,
+                    "early_median": early,
+                    "late_median": late,
+                    "ratio": late / early,
+                    "records": len(d),
+                },
+                steps=[int(s) for s in d["step"].iloc[-third:]][:50],
+                recoverable_s=(late - early) / 1e3 if col == "iter_ms" else None,
+                fixes=_fixes(),
+            )
+        )
     return found

@@ -29,12 +29,22 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     if config.zero_stage(trace) == 3:
         thr = float(config.setting(trace, "stage3_param_persistence_threshold"))
         prefetch = float(config.setting(trace, "stage3_prefetch_bucket_size"))
-        return [Fix(f"{lead}keep small parameters resident (persistence threshold {thr:.0e} -> "
-                    f"{max(thr * 10, 1e6):.0e}) and prefetch in larger buckets",
-                    ds_config={"zero_optimization": {
+        return [
+            Fix(
+                f"{lead}keep small parameters resident (persistence threshold {thr:.0e} -> "
+                f"{max(thr * 10, 1e6):.0e}) and prefetch in larger buckets",
+                ds_config={
+                    "zero_optimization": {
                         "stage3_param_persistence_threshold": int(max(thr * 10, 1e6)),
-                        "stage3_prefetch_bucket_size": int(4 * prefetch if prefetch > 0 else
-                                                           config.DS_DEFAULTS["stage3_prefetch_bucket_size"])}})]
+                        "stage3_prefetch_bucket_size": int(
+                            4 * prefetch
+                            if prefetch > 0
+                            else config.DS_DEFAULTS["stage3_prefetch_bucket_size"]
+                        ),
+                    }
+                },
+            )
+        ]
     if trace.layout().get("dp") == 1:
         return []
     zero: dict[str, object] = {}
@@ -44,8 +54,9 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
             zero[key] = int(min(4 * now, float(config.DS_DEFAULTS[key])))
     if not zero:
         return []
-    return [Fix(f"{lead}bucket gradients into fewer, larger collectives",
-                ds_config={"zero_optimization": zero})]
+    return [
+        Fix(f"{lead}bucket gradients into fewer, larger collectives", ds_config={"zero_optimization": zero})
+    ]
 
 
 @rule("tiny_collectives")
@@ -72,14 +83,21 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     if n < MIN_PER_STEP or step_s <= 0 or tiny_s / step_s < STEP_SHARE:
         return []
     rows = c[tiny]
-    return [Finding(
-        severity="warning",
-        title=f"{n:.0f} collectives under 64 KiB per step take {tiny_s / step_s:.0%} of it",
-        detail=f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound",
-        evidence={"per_step": n, "tiny_s": tiny_s, "step_s": step_s,
-                  "by_op": {str(k): int(v) for k, v in rows["kind"].value_counts().items()},
-                  "median_bytes": float(rows["bytes"].median())},
-        ranks=sorted(int(r) for r in rows["rank"].unique()),
-        layers=[str(m) for m in rows["module"].dropna().astype(str).value_counts().index[:5]],
-        recoverable_s=max(tiny_s - float(rows["dur_s"].max()), 0.0),
-        fixes=_fixes(trace, framework.job_of(metrics)))]
+    return [
+        Finding(
+            severity="warning",
+            title=f"{n:.0f} collectives under 64 KiB per step take {tiny_s / step_s:.0%} of it",
+            detail=f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound",
+            evidence={
+                "per_step": n,
+                "tiny_s": tiny_s,
+                "step_s": step_s,
+                "by_op": {str(k): int(v) for k, v in rows["kind"].value_counts().items()},
+                "median_bytes": float(rows["bytes"].median()),
+            },
+            ranks=sorted(int(r) for r in rows["rank"].unique()),
+            layers=[str(m) for m in rows["module"].dropna().astype(str).value_counts().index[:5]],
+            recoverable_s=max(tiny_s - float(rows["dur_s"].max()), 0.0),
+            fixes=_fixes(trace, framework.job_of(metrics)),
+        )
+    ]

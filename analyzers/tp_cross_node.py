@@ -47,24 +47,48 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     in_bad = c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in bad)
     per = metrics.comm_per_step(in_bad) if not c.empty else None
     tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
-    return [Finding(
-        severity="critical",
-        title=f"{len(bad)} tensor-parallel group(s) of size {tp} span nodes",
-        detail=(f"TP={tp} but hosts have {per_node} rank(s) each: every layer's TP all-reduce crosses "
-                "the network."),
-        evidence={"tp": tp, "ranks_per_host": per_node, "groups": [list(g) for g in bad],
-                  "hosts": {int(r): h for r, h in host_of.items()}, "tp_comm_s": tp_s},
-        ranks=sorted({r for g in bad for r in g}), recoverable_s=tp_s,
-        fixes=_fixes(trace, framework.job_of(metrics), tp, per_node))]
+    return [
+        Finding(
+            severity="critical",
+            title=f"{len(bad)} tensor-parallel group(s) of size {tp} span nodes",
+            detail=(
+                f"TP={tp} but hosts have {per_node} rank(s) each: every layer's TP all-reduce crosses "
+                "the network."
+            ),
+            evidence={
+                "tp": tp,
+                "ranks_per_host": per_node,
+                "groups": [list(g) for g in bad],
+                "hosts": {int(r): h for r, h in host_of.items()},
+                "tp_comm_s": tp_s,
+            },
+            ranks=sorted({r for g in bad for r in g}),
+            recoverable_s=tp_s,
+            fixes=_fixes(trace, framework.job_of(metrics), tp, per_node),
+        )
+    ]
 
 
 def _fixes(trace: Trace, job: framework.Job, tp: int, per_node: int) -> list[Fix]:
     """TP down to the ranks per node, the factor moved to pipeline stages (same model split)."""
     if per_node < 1 or per_node >= tp or tp % per_node:
-        return [Fix("place each tensor-parallel group on one node (Megatron's default rank order does so "
-                    "when TP divides the GPUs per node)")]
+        return [
+            Fix(
+                "place each tensor-parallel group on one node (Megatron's default rank order does so "
+                "when TP divides the GPUs per node)"
+            )
+        ]
     pp = int(trace.layout().get("pp") or 1)
-    args = job.flags("--tensor-model-parallel-size", str(per_node),
-                     "--pipeline-model-parallel-size", str(pp * (tp // per_node)))
-    return [Fix(f"keep TP inside a node: tensor parallel {tp} -> {per_node}, pipeline {pp} -> "
-                f"{pp * tp // per_node}", megatron_args=args)]
+    args = job.flags(
+        "--tensor-model-parallel-size",
+        str(per_node),
+        "--pipeline-model-parallel-size",
+        str(pp * (tp // per_node)),
+    )
+    return [
+        Fix(
+            f"keep TP inside a node: tensor parallel {tp} -> {per_node}, pipeline {pp} -> "
+            f"{pp * tp // per_node}",
+            megatron_args=args,
+        )
+    ]

@@ -23,8 +23,7 @@ ZERO3_OPS = ("all_gather", "reduce_scatter")
 
 def nominal_link_gbs(trace: Trace) -> float:
     """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
-    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda")
-                                        for d in trace.memory.get("device", []))
+    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
     return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
 
 
@@ -40,20 +39,40 @@ def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
             plus[key] = True
     fixes = []
     if plus:
-        fixes.append(Fix("ZeRO++: " + ", ".join(f"{k} {v}" for k, v in plus.items())
-                         + (" (hpZ: a node-local copy of the parameters)" if "zero_hpz_partition_size" in plus
-                            else ""), ds_config={"zero_optimization": plus}))
+        fixes.append(
+            Fix(
+                "ZeRO++: "
+                + ", ".join(f"{k} {v}" for k, v in plus.items())
+                + (
+                    " (hpZ: a node-local copy of the parameters)" if "zero_hpz_partition_size" in plus else ""
+                ),
+                ds_config={"zero_optimization": plus},
+            )
+        )
     raised = prefetch * 4 if prefetch > 0 else float(config.DS_DEFAULTS["stage3_prefetch_bucket_size"])
     bigger: dict[str, object] = {"stage3_prefetch_bucket_size": int(raised)}
     if not config.setting(trace, "overlap_comm"):
         bigger["overlap_comm"] = True
-    fixes.append(Fix(f"fewer, larger gathers that overlap compute: prefetch bucket {prefetch:.0e} -> "
-                     f"{raised:.0e}", ds_config={"zero_optimization": bigger}))
-    fixes.append(Fix("if the model fits with sharded optimizer state and gradients only, ZeRO-2 stops "
-                     "gathering parameters every step", ds_config={"zero_optimization": {"stage": 2}}))
+    fixes.append(
+        Fix(
+            f"fewer, larger gathers that overlap compute: prefetch bucket {prefetch:.0e} -> {raised:.0e}",
+            ds_config={"zero_optimization": bigger},
+        )
+    )
+    fixes.append(
+        Fix(
+            "if the model fits with sharded optimizer state and gradients only, ZeRO-2 stops "
+            "gathering parameters every step",
+            ds_config={"zero_optimization": {"stage": 2}},
+        )
+    )
     if nominal_link_gbs(trace) == LINK_GBS_GPU:
-        fixes.append(Fix("NCCL: ring algorithms use the inter-node links better for large gathers",
-                         env={"NCCL_ALGO": "Ring"}))
+        fixes.append(
+            Fix(
+                "NCCL: ring algorithms use the inter-node links better for large gathers",
+                env={"NCCL_ALGO": "Ring"},
+            )
+        )
     return fixes
 
 
@@ -86,18 +105,30 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     nranks = max(rows["rank"].nunique(), 1)
     ideal_s = float(rows["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
     per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
-    return [Finding(
-        severity="critical",
-        title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
-        detail=(f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts take "
+    return [
+        Finding(
+            severity="critical",
+            title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
+            detail=(
+                f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts take "
                 f"{cross_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step at a median bus bandwidth of "
-                f"{busbw:.3g} GB/s against a nominal {link:g} GB/s link."),
-        evidence={"busbw_gbs": busbw, "busbw_aggregate_gbs": aggregate, "nominal_link_gbs": link,
-                  "cross_node_comm_s": cross_s,
-                  "step_s": step_s, "step_share": cross_s / step_s, "ops": len(rows),
-                  "bytes_per_step_per_rank": float(rows["bytes"].sum()) / nsteps / nranks,
-                  "hosts": sorted(set(host_of.values()))},
-        ranks=sorted(int(r) for r in rows["rank"].unique()),
-        layers=sorted({str(m) for m in rows["module"].dropna()})[:10],
-        steps=sorted(int(s) for s in per["step"].unique())[:20],
-        recoverable_s=max(cross_s - ideal_s, 0.0), fixes=_fixes(trace, per_node))]
+                f"{busbw:.3g} GB/s against a nominal {link:g} GB/s link."
+            ),
+            evidence={
+                "busbw_gbs": busbw,
+                "busbw_aggregate_gbs": aggregate,
+                "nominal_link_gbs": link,
+                "cross_node_comm_s": cross_s,
+                "step_s": step_s,
+                "step_share": cross_s / step_s,
+                "ops": len(rows),
+                "bytes_per_step_per_rank": float(rows["bytes"].sum()) / nsteps / nranks,
+                "hosts": sorted(set(host_of.values())),
+            },
+            ranks=sorted(int(r) for r in rows["rank"].unique()),
+            layers=sorted({str(m) for m in rows["module"].dropna()})[:10],
+            steps=sorted(int(s) for s in per["step"].unique())[:20],
+            recoverable_s=max(cross_s - ideal_s, 0.0),
+            fixes=_fixes(trace, per_node),
+        )
+    ]

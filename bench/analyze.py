@@ -33,8 +33,13 @@ def make_input(folder: str, ranks: int, steps: int) -> int:
     """Write `ranks` uncompressed GPU-shaped Kineto traces; returns their total size in bytes."""
     src = os.path.join(folder, "src")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    subprocess.run([sys.executable, "-m", "sample_traces.generate_kineto", src, "--steps", str(steps),
-                    "--gpu-shape"], check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "sample_traces.generate_kineto", src, "--steps", str(steps), "--gpu-shape"],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
     docs = []
     for r in (0, 1):
         with gzip.open(os.path.join(src, f"gpu-rank{r}.json.gz"), "rt") as f:
@@ -98,8 +103,13 @@ def _tree_memory(ps: psutil.Process) -> tuple[int, int]:
 def measure(tool: str, folder: str) -> dict[str, float]:
     """Run one worker; its result plus the peak RSS-sum and PSS-sum (bytes) of its process tree."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    proc = subprocess.Popen([sys.executable, "-m", "bench.analyze", "--worker", tool, folder],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.analyze", "--worker", tool, folder],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
     ps, peak_rss, peak_pss = psutil.Process(proc.pid), 0, 0
     while proc.poll() is None:
         rss, pss = _tree_memory(ps)
@@ -123,16 +133,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     folder = args.keep or tempfile.mkdtemp(prefix="diag-bench-")
     traces = os.path.join(folder, "traces")
-    size = (sum(os.path.getsize(os.path.join(traces, f)) for f in os.listdir(traces))
-            if os.path.isdir(traces) else make_input(folder, args.ranks, args.steps))
+    size = (
+        sum(os.path.getsize(os.path.join(traces, f)) for f in os.listdir(traces))
+        if os.path.isdir(traces)
+        else make_input(folder, args.ranks, args.steps)
+    )
     print(f"input: {len(os.listdir(traces))} rank traces, {size / 2**20:.1f} MiB uncompressed")
     ours, theirs = measure("diag", traces), measure("hta", traces)
     for name, r in (("diag", ours), ("HTA", theirs)):
-        print(f"{name:5s} load+analysis {r['secs']:7.2f} s   peak PSS {r['peak_pss'] / 2**20:7.1f} MiB"
-              f"   (RSS summed over processes {r['peak_rss'] / 2**20:7.1f} MiB)")
+        print(
+            f"{name:5s} load+analysis {r['secs']:7.2f} s   peak PSS {r['peak_pss'] / 2**20:7.1f} MiB"
+            f"   (RSS summed over processes {r['peak_rss'] / 2**20:7.1f} MiB)"
+        )
     print(f"speed-up diag vs HTA: {theirs['secs'] / ours['secs']:.1f}x (goal >= 5x)")
-    print(f"peak PSS HTA/diag: {theirs['peak_pss'] / ours['peak_pss']:.1f}x; diag peak PSS / input size: "
-          f"{ours['peak_pss'] / size:.2f}, RSS-sum / input size {ours['peak_rss'] / size:.2f} (goal <= 1.0)")
+    print(
+        f"peak PSS HTA/diag: {theirs['peak_pss'] / ours['peak_pss']:.1f}x; diag peak PSS / input size: "
+        f"{ours['peak_pss'] / size:.2f}, RSS-sum / input size {ours['peak_rss'] / size:.2f} (goal <= 1.0)"
+    )
     return 0
 
 

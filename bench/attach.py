@@ -41,16 +41,33 @@ def first_event(trace_dir: str, t0: float, limit: float = 30.0) -> float | None:
 def once(pid: int, method: str, what: str, folder: str) -> tuple[float | None, float, str]:
     trace = tempfile.mkdtemp(dir=folder)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "diag", "attach", str(pid), "--method", method,
-                             "--what", what, "--trace-dir", trace], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "diag",
+            "attach",
+            str(pid),
+            "--method",
+            method,
+            "--what",
+            what,
+            "--trace-dir",
+            trace,
+        ],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     latency = first_event(trace, t0)
     _, err = proc.communicate()
     cli = time.perf_counter() - t0
     if proc.returncode != 0:
         return None, cli, err.strip()
-    subprocess.run([sys.executable, "-m", "diag", "detach", str(pid)], cwd=ROOT, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "diag", "detach", str(pid)], cwd=ROOT, check=True, capture_output=True
+    )
     return latency, cli, ""
 
 
@@ -74,8 +91,10 @@ def main() -> None:
                         print(f"{method:<12} {label:<10} failed: {runs[0][2][:90]}")
                         break
                     cli = statistics.median(r[1] for r in runs)
-                    print(f"{method:<12} {label:<10} {statistics.median(lat):>17.3f} s "
-                          f"{max(lat):>5.2f} s {cli:>7.2f} s")
+                    print(
+                        f"{method:<12} {label:<10} {statistics.median(lat):>17.3f} s "
+                        f"{max(lat):>5.2f} s {cli:>7.2f} s"
+                    )
     finally:
         target.kill()
         target.wait()

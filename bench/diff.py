@@ -74,8 +74,12 @@ def worker(tool: str, base: str, cand: str, out: str) -> None:
 
 def measure(tool: str, base: str, cand: str, out: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "HTA_DISABLE_NS_ROUNDING": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "bench.diff", "--worker", tool, base, cand, out],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.diff", "--worker", tool, base, cand, out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     ps, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:
         peak = max(peak, _tree_memory(ps)[1])
@@ -106,10 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     theirs, ours = res["hta"]["counts"], res["diag-ops"]["counts"]
     only_hta = sorted(set(theirs) - set(ours))
     same = sum(theirs[n] == ours[n] for n in ours if n in theirs)
-    print(f"counts agree on {same} of {len(ours)} names diag lists; {len(set(ours) - set(theirs))} names "
-          f"only diag lists; {len(only_hta)} only HTA lists ({', '.join(only_hta[:3])})")
-    print(f"time HTA / diag ops table: {res['hta']['secs'] / res['diag-ops']['secs']:.1f}x; "
-          f"HTA / whole diag diff: {res['hta']['secs'] / res['diag']['secs']:.1f}x")
+    print(
+        f"counts agree on {same} of {len(ours)} names diag lists; {len(set(ours) - set(theirs))} names "
+        f"only diag lists; {len(only_hta)} only HTA lists ({', '.join(only_hta[:3])})"
+    )
+    print(
+        f"time HTA / diag ops table: {res['hta']['secs'] / res['diag-ops']['secs']:.1f}x; "
+        f"HTA / whole diag diff: {res['hta']['secs'] / res['diag']['secs']:.1f}x"
+    )
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -34,8 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", default=None, help="pytest -k selection of cells")
     args = p.parse_args(argv)
     table = args.out + ".table"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/integration/test_fault_matrix.py", *(["-k", args.k] if args.k else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/integration/test_fault_matrix.py",
+        *(["-k", args.k] if args.k else []),
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "DIAG_FAULT_TABLE": table})
     took = time.monotonic() - t0
@@ -47,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     os.remove(table)
     with open(args.out, "w") as f:
         load = os.getloadavg()[0]
-        f.write(f"{INTRO}{rows}\nWhole matrix: {took:.0f} s of wall time, load average {load:.1f} at the end "
-                f"(pytest exit {proc.returncode}).\n")
+        f.write(
+            f"{INTRO}{rows}\nWhole matrix: {took:.0f} s of wall time, load average {load:.1f} at the end "
+            f"(pytest exit {proc.returncode}).\n"
+        )
     print(f"wrote {args.out}")
     return proc.returncode
 

@@ -33,8 +33,8 @@ class Tiny(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d)
         self.blocks = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
-            for _ in range(2))
+            torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True) for _ in range(2)
+        )
         self.head = torch.nn.Linear(d, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -76,14 +76,21 @@ def check_layers_and_memory() -> None:
     got, tr = traced(lambda: train(4), what="steps,layers,memory", layers_every=1)
     check("losses bit-identical with layers+memory", got == ref, f"{got[-1]!r} vs {ref[-1]!r}")
     lay = tr.layers
-    check("layer durations resolved from CUDA events", len(lay) > 0 and lay["dur"].notna().all(),
-          f"{len(lay)} records, {int(lay['dur'].isna().sum()) if len(lay) else 0} null")
+    check(
+        "layer durations resolved from CUDA events",
+        len(lay) > 0 and lay["dur"].notna().all(),
+        f"{len(lay)} records, {int(lay['dur'].isna().sum()) if len(lay) else 0} null",
+    )
     check("layer mem_delta present on CUDA", len(lay) > 0 and lay["mem_delta"].notna().any(), "")
     mem = tr.memory
     ok = len(mem) > 0 and (mem["allocated"] > 0).all() and (mem["capacity"] > 0).all()
-    check("memory events from torch.cuda stats", bool(ok),
-          f"peak {mem['peak'].max() / 2**20:.0f} MiB of {mem['capacity'].max() / 2**30:.0f} GiB"
-          if len(mem) else "none")
+    check(
+        "memory events from torch.cuda stats",
+        bool(ok),
+        f"peak {mem['peak'].max() / 2**20:.0f} MiB of {mem['capacity'].max() / 2**30:.0f} GiB"
+        if len(mem)
+        else "none",
+    )
     check("no collector errors", tr.errors.empty, str(tr.errors.to_dict("records"))[:300])
 
 
@@ -91,8 +98,7 @@ def check_nccl() -> None:
     import torch.distributed as dist
 
     store = dist.FileStore(tempfile.mktemp(prefix="diag-nccl-"), 1)
-    dist.init_process_group("nccl", store=store, rank=0, world_size=1,
-                            device_id=torch.device("cuda:0"))
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda:0"))
     x = torch.ones(1 << 20, device="cuda")
 
     def run() -> None:
@@ -110,8 +116,11 @@ def check_nccl() -> None:
         dist.destroy_process_group()
     c = tr.comms
     check("NCCL collectives recorded", len(c) == 7, f"{len(c)} records: {c['op'].tolist()}")
-    check("NCCL durations resolved (CUDA events)", len(c) > 0 and c["dur"].notna().all(),
-          f"median {c['dur'].median() / 1e3:.1f} us" if len(c) else "")
+    check(
+        "NCCL durations resolved (CUDA events)",
+        len(c) > 0 and c["dur"].notna().all(),
+        f"median {c['dur'].median() / 1e3:.1f} us" if len(c) else "",
+    )
     check("bytes of all_reduce 4 MiB", len(c) > 0 and int(c["bytes"].iloc[0]) == 4 << 20, "")
 
 

@@ -116,7 +116,8 @@ def sampled():
         res["unsampled"].append(timeit(off, 8))
         A.stop()
     base, flop, counting, mine, unsampled = (
-        min(res[k]) for k in ("base", "fcm", "counting", "ours", "unsampled"))
+        min(res[k]) for k in ("base", "fcm", "counting", "ours", "unsampled")
+    )
     print(
         f"small transformer step {base * 1e3:.1f} ms: sampled (ours, counting) x{counting / base:.2f}, "
         f"sampled (ours, FLOPs reused 3 steps in 4) x{mine / base:.2f}, "

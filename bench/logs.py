@@ -32,12 +32,20 @@ from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures", "logs")
-SOURCES = ("megatron_loss_spike.log", "megatron_lm_fp16.log", "ds_zero2_fp16.log", "ds_throughput_drop.log",
-           "megatron_deepspeed_tp2_pp2.log", "hf_noisy_finetune.log",
-           "ds_fp16_every_rank_overflow.log")
+SOURCES = (
+    "megatron_loss_spike.log",
+    "megatron_lm_fp16.log",
+    "ds_zero2_fp16.log",
+    "ds_throughput_drop.log",
+    "megatron_deepspeed_tp2_pp2.log",
+    "hf_noisy_finetune.log",
+    "ds_fp16_every_rank_overflow.log",
+)
 _ITER_NUM = re.compile(r"(\biteration\s+|step=|global_step=)(\d+)")
-ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
-                  r".*?lm loss: ([\dE.+-]+)")
+ITER = re.compile(
+    r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
+    r".*?lm loss: ([\dE.+-]+)"
+)
 
 
 def _shifter(base: int) -> Callable[[re.Match[str]], str]:
@@ -46,8 +54,9 @@ def _shifter(base: int) -> Callable[[re.Match[str]], str]:
 
 def make_input(folder: str, mb: int, nodes: int) -> int:
     """Write `nodes` files of about mb/nodes MiB each; returns the total bytes."""
-    lines = [ln for name in SOURCES
-             for ln in open(os.path.join(FIX, name), encoding="utf-8").read().splitlines()]
+    lines = [
+        ln for name in SOURCES for ln in open(os.path.join(FIX, name), encoding="utf-8").read().splitlines()
+    ]
     per = mb * 2**20 // nodes
     total = 0
     for node in range(nodes):
@@ -57,8 +66,9 @@ def make_input(folder: str, mb: int, nodes: int) -> int:
             while done < per:
                 rank = node * 8 + rnd % 8
                 shift = _shifter(rnd * 1000)
-                chunk = "".join(f"worker-{node}: [rank{rank}]: " + _ITER_NUM.sub(shift, ln) + "\n"
-                                for ln in lines)
+                chunk = "".join(
+                    f"worker-{node}: [rank{rank}]: " + _ITER_NUM.sub(shift, ln) + "\n" for ln in lines
+                )
                 f.write(chunk)
                 done += len(chunk.encode())
                 rnd += 1
@@ -92,8 +102,16 @@ def worker(tool: str, files: list[str]) -> None:
         merge_parts(parts)
         out = {"records": int(sum(len(df) for df in parts.get("log_step", [])))}
     use = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"secs": time.perf_counter() - t0, "cpu": use.ru_utime + use.ru_stime - cpu0,
-                      "peak_rss": use.ru_maxrss * 1024, **out}))
+    print(
+        json.dumps(
+            {
+                "secs": time.perf_counter() - t0,
+                "cpu": use.ru_utime + use.ru_stime - cpu0,
+                "peak_rss": use.ru_maxrss * 1024,
+                **out,
+            }
+        )
+    )
 
 
 def measure(tool: str, files: list[str]) -> dict[str, float]:
@@ -111,8 +129,10 @@ def public_table(folder: str) -> None:
     """What diag reads from each real log, next to a grep of the same file."""
     from diag.importers import load_inputs
 
-    print(f"\n{'log':46s} {'iterations':>10s} {'diag steps':>10s} {'last it.':>8s} {'diag last':>9s} "
-          f"{'skipped':>7s} {'diag ov':>7s} {'world':>5s} {'diag world':>10s}")
+    print(
+        f"\n{'log':46s} {'iterations':>10s} {'diag steps':>10s} {'last it.':>8s} {'diag last':>9s} "
+        f"{'skipped':>7s} {'diag ov':>7s} {'world':>5s} {'diag world':>10s}"
+    )
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         text = open(path, encoding="utf-8", errors="replace").read()
@@ -130,9 +150,11 @@ def public_table(folder: str) -> None:
         log = trace.frame("log_step")
         diag_world = trace.layout().get("world_size")
         ov = int(trace.overflow["overflow"].astype(bool).sum()) if not trace.overflow.empty else 0
-        print(f"{name[:46]:46s} {len(set(its)):10d} {len(log):10d} {max(its, default=0):8d} "
-              f"{int(log['step'].max()) if len(log) else 0:9d} {skipped:7d} {ov:7d} "
-              f"{world.group(1) if world else '-':>5s} {'-' if diag_world is None else diag_world!s:>10s}")
+        print(
+            f"{name[:46]:46s} {len(set(its)):10d} {len(log):10d} {max(its, default=0):8d} "
+            f"{int(log['step'].max()) if len(log) else 0:9d} {skipped:7d} {ov:7d} "
+            f"{world.group(1) if world else '-':>5s} {'-' if diag_world is None else diag_world!s:>10s}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,10 +179,14 @@ def main(argv: list[str] | None = None) -> int:
             mbs = size / 2**20 / r["cpu"]
             rss = f"  peak RSS {r['peak_rss'] / 2**20:7.1f} MiB" if "peak_rss" in r else ""
             ratio = r["cpu"] / results["wc"]["cpu"]
-            print(f"{tool:6s} wall {r['secs']:7.2f} s  cpu {r['cpu']:7.2f} s  {mbs:7.1f} MiB/s of cpu  "
-                  f"{ratio:6.1f}x wc -l{rss}" + (f"  records {r['records']}" if "records" in r else ""))
-        print(f"diag / regex pass: {results['diag']['cpu'] / results['regex']['cpu']:.1f}x the cpu time; "
-              f"diag peak RSS / input: {results['diag']['peak_rss'] / size:.2f}")
+            print(
+                f"{tool:6s} wall {r['secs']:7.2f} s  cpu {r['cpu']:7.2f} s  {mbs:7.1f} MiB/s of cpu  "
+                f"{ratio:6.1f}x wc -l{rss}" + (f"  records {r['records']}" if "records" in r else "")
+            )
+        print(
+            f"diag / regex pass: {results['diag']['cpu'] / results['regex']['cpu']:.1f}x the cpu time; "
+            f"diag peak RSS / input: {results['diag']['peak_rss'] / size:.2f}"
+        )
     if args.public:
         public_table(args.public)
     return 0

@@ -63,19 +63,21 @@ def quantile(xs: list[float], q: float) -> float:
 def summarize(steps: dict[str, list[float]], q: float) -> dict[str, float]:
     """The q-quantile step time per variant, plus the derived always-on figure."""
     out = {k: quantile(v, q) for k, v in steps.items()}
-    out[ALWAYS_ON] = ((EVERY - 1) * out["diag, not sampled"]
-                      + out["diag per-layer (layers_every=1)"]) / EVERY
+    out[ALWAYS_ON] = ((EVERY - 1) * out["diag, not sampled"] + out["diag per-layer (layers_every=1)"]) / EVERY
     return out
 
 
 def paired_added(per_rank: Times, cpu: bool) -> dict[str, float]:
     """{variant: added seconds per step}, the median over rounds of (its block's median step minus
     the bare block's median step in the same round); plus the derived always-on figure."""
+
     def block_medians(name: str) -> list[float]:
         out = []
         for blocks in zip(*(r[name] for r in per_rank)):
-            steps = [sum(t[1] for t in ranks) if cpu else max(t[0] for t in ranks)
-                     for ranks in list(zip(*blocks))[1:]]
+            steps = [
+                sum(t[1] for t in ranks) if cpu else max(t[0] for t in ranks)
+                for ranks in list(zip(*blocks))[1:]
+            ]
             out.append(quantile(steps, 0.5))
         return out
 
@@ -84,15 +86,16 @@ def paired_added(per_rank: Times, cpu: bool) -> dict[str, float]:
     for name in per_rank[0]:
         if name != "bare":
             out[name] = quantile([v - b for v, b in zip(block_medians(name), bare)], 0.5)
-    out[ALWAYS_ON] = ((EVERY - 1) * out["diag, not sampled"]
-                      + out["diag per-layer (layers_every=1)"]) / EVERY
+    out[ALWAYS_ON] = ((EVERY - 1) * out["diag, not sampled"] + out["diag per-layer (layers_every=1)"]) / EVERY
     return out
 
 
 def paired_lines(per_rank: Times, cpu: bool, bare_s: float) -> list[str]:
     added = paired_added(per_rank, cpu)
-    rows = ["added per step, paired by round:" + "".join(
-        f"\n  {name:43} {v * 1e3:+8.2f} ms  ({v / bare_s:+.1%})" for name, v in added.items())]
+    rows = [
+        "added per step, paired by round:"
+        + "".join(f"\n  {name:43} {v * 1e3:+8.2f} ms  ({v / bare_s:+.1%})" for name, v in added.items())
+    ]
     for name in (ALWAYS_ON, "diag per-layer (layers_every=1)"):
         a, prof = added[name], added[PROFILER]
         ratio = f"{prof / a:.1f}x" if a > 0 and prof > 0 else "n/a (an added time <= 0: within noise)"
@@ -113,11 +116,13 @@ def own_lines(ranks: list[dict[str, Any]], times: Times, block: int) -> str:
     always = own_s * (EVERY - 1) / EVERY + (own_s + max(sampled, 0.0)) / EVERY
     prof = added[PROFILER]
     ratio = f"{prof / always:.1f}x" if always > 0 and prof > 0 else "n/a"
-    return (f"diag's own time (self-timed hooks + writer CPU, sum of ranks): {own_s * 1e3:.3f} ms per "
-            f"step not sampled; always-on with the sampled steps' paired CPU cost "
-            f"({max(sampled, 0.0) * 1e3:.2f} ms each, 1 in {EVERY}): {always * 1e3:.3f} ms per step\n"
-            f"torch.profiler's added CPU time (paired, {prof * 1e3:.2f} ms) / diag always-on's own "
-            f"time: {ratio}")
+    return (
+        f"diag's own time (self-timed hooks + writer CPU, sum of ranks): {own_s * 1e3:.3f} ms per "
+        f"step not sampled; always-on with the sampled steps' paired CPU cost "
+        f"({max(sampled, 0.0) * 1e3:.2f} ms each, 1 in {EVERY}): {always * 1e3:.3f} ms per step\n"
+        f"torch.profiler's added CPU time (paired, {prof * 1e3:.2f} ms) / diag always-on's own "
+        f"time: {ratio}"
+    )
 
 
 def added_ratio(med: dict[str, float], name: str) -> str:
@@ -134,11 +139,15 @@ def table(steps: dict[str, list[float]], title: str) -> str:
     rows = [f"{title:45} {'median ms':>9} {'x bare':>7} {'p20 ms':>8} {'x bare':>7} {'steps':>6}"]
     for name in med:
         n = len(steps.get(name, [])) or "-"
-        rows.append(f"{name:45} {med[name] * 1e3:9.2f} {med[name] / med['bare']:7.3f} "
-                    f"{low[name] * 1e3:8.2f} {low[name] / low['bare']:7.3f} {n:>6}")
+        rows.append(
+            f"{name:45} {med[name] * 1e3:9.2f} {med[name] / med['bare']:7.3f} "
+            f"{low[name] * 1e3:8.2f} {low[name] / low['bare']:7.3f} {n:>6}"
+        )
     for name in (ALWAYS_ON, "diag per-layer (layers_every=1)"):
-        rows.append(f"torch.profiler's added time / {name}'s: median {added_ratio(med, name)}, "
-                    f"p20 {added_ratio(low, name)}")
+        rows.append(
+            f"torch.profiler's added time / {name}'s: median {added_ratio(med, name)}, "
+            f"p20 {added_ratio(low, name)}"
+        )
     return "\n".join(rows)
 
 
@@ -148,21 +157,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=10, help="steps per block (first one not counted)")
     p.add_argument("--seed", type=int, default=0)
     argv = sys.argv[1:] if argv is None else argv
-    job = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    job = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     sys.path.insert(0, ROOT)
     from tests.workloads import launch
 
     with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
         result = os.path.join(tmp, "times.json")
-        launch.run("bench.variants", ["--rounds", str(args.rounds), "--block", str(args.block),
-                                      "--seed", str(args.seed), "--result", result, *JOB, *job],
-                   timeout=3600)
+        launch.run(
+            "bench.variants",
+            [
+                "--rounds",
+                str(args.rounds),
+                "--block",
+                str(args.block),
+                "--seed",
+                str(args.seed),
+                "--result",
+                result,
+                *JOB,
+                *job,
+            ],
+            timeout=3600,
+        )
         with open(result) as f:
             ranks = json.load(f)
         times = [r["times"] for r in ranks]
-        for cpu, title in ((False, "wall time per step (slowest rank)"),
-                           (True, "CPU time per step (sum of ranks)")):
+        for cpu, title in (
+            (False, "wall time per step (slowest rank)"),
+            (True, "CPU time per step (sum of ranks)"),
+        ):
             steps = pooled_steps(times, cpu=cpu)
             print(table(steps, title))
             print("\n".join(paired_lines(times, cpu, quantile(steps["bare"], 0.5))))

@@ -40,8 +40,14 @@ def measure(ranks: int, steps: int) -> dict[str, float]:
     job.close()
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     poll, scrape = statistics.median(polls[1:]), statistics.median(scrapes[1:])
-    return {"ranks": ranks, "poll_ms": poll * 1e3, "scrape_ms": scrape * 1e3, "series": series,
-            "bytes": len(body), "cpu": poll + scrape / 15}
+    return {
+        "ranks": ranks,
+        "poll_ms": poll * 1e3,
+        "scrape_ms": scrape * 1e3,
+        "series": series,
+        "bytes": len(body),
+        "cpu": poll + scrape / 15,
+    }
 
 
 def main() -> None:
@@ -49,12 +55,16 @@ def main() -> None:
     p.add_argument("--ranks", default="8,1024")
     p.add_argument("--steps", type=int, default=30)
     a = p.parse_args()
-    print(f"{'ranks':>6} {'poll ms/step':>13} {'scrape ms':>10} {'series':>8} {'scrape KiB':>11} "
-          f"{'CPU s/s (1 s poll, 15 s scrape)':>32}")
+    print(
+        f"{'ranks':>6} {'poll ms/step':>13} {'scrape ms':>10} {'series':>8} {'scrape KiB':>11} "
+        f"{'CPU s/s (1 s poll, 15 s scrape)':>32}"
+    )
     for n in (int(x) for x in a.ranks.split(",")):
         r = measure(n, a.steps)
-        print(f"{r['ranks']:>6} {r['poll_ms']:>13.2f} {r['scrape_ms']:>10.2f} {r['series']:>8} "
-              f"{r['bytes'] / 1024:>11.1f} {r['cpu']:>32.4f}")
+        print(
+            f"{r['ranks']:>6} {r['poll_ms']:>13.2f} {r['scrape_ms']:>10.2f} {r['series']:>8} "
+            f"{r['bytes'] / 1024:>11.1f} {r['cpu']:>32.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,11 @@ def fix_problems(trace: Any, findings: list[Any]) -> list[str]:
     out = []
     for f in findings:
         for fix in f.fixes:
-            out += [f"{f.rule}: {a} is no {job.framework} argument" for a in fix.megatron_args
-                    if a.startswith("--") and a not in table]
+            out += [
+                f"{f.rule}: {a} is no {job.framework} argument"
+                for a in fix.megatron_args
+                if a.startswith("--") and a not in table
+            ]
             if fix.ds_config is None:
                 continue
             if job.deepspeed is False:
@@ -79,8 +82,11 @@ def fix_problems(trace: Any, findings: list[Any]) -> list[str]:
                 from deepspeed.runtime.config import DeepSpeedConfig
             except ImportError:
                 continue
-            base = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-                    **{k: v for k, v in job.ds_config.items() if k != "train_batch_size"}}
+            base = {
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 1,
+                **{k: v for k, v in job.ds_config.items() if k != "train_batch_size"},
+            }
             try:
                 DeepSpeedConfig(_merge(base, fix.ds_config))
             except Exception as exc:  # noqa: BLE001 - any rejection is the finding
@@ -106,8 +112,14 @@ def score(folder: str, rules: list[str]) -> Scored:
     findings, failures = run_all(trace)
     if failures:
         raise RuntimeError(f"{folder}: rules failed: {failures}")
-    return Scored(os.path.relpath(folder, ROOT), {f.rule for f in findings}, must, must_not, excused,
-                  fix_problems(trace, findings))
+    return Scored(
+        os.path.relpath(folder, ROOT),
+        {f.rule for f in findings},
+        must,
+        must_not,
+        excused,
+        fix_problems(trace, findings),
+    )
 
 
 Row = tuple[str, int, int, int, float | None, float | None]
@@ -120,8 +132,9 @@ def table(scored: list[Scored], rules: list[str]) -> list[Row]:
         tp = sum(rule in s.flagged and rule in s.must for s in scored)
         fp = sum(rule in s.false_alarms for s in scored)
         fn = sum(rule in s.misses for s in scored)
-        rows.append((rule, tp, fp, fn, tp / (tp + fp) if tp + fp else None,
-                     tp / (tp + fn) if tp + fn else None))
+        rows.append(
+            (rule, tp, fp, fn, tp / (tp + fp) if tp + fp else None, tp / (tp + fn) if tp + fn else None)
+        )
     return rows
 
 

@@ -48,10 +48,18 @@ async def measure(ranks: int, seconds: int, interval: float) -> dict[str, float]
         cpu, wall = time.process_time() - cpu0 - writer_cpu, time.monotonic() - wall0
         rows = app.query_one("#ranks-table").row_count
     job.close()
-    return {"ranks": rows, "cpu_per_wall": cpu / wall, "tick_p50": _p(app.pump.tick_s, 0.5),
-            "tick_p95": _p(app.pump.tick_s, 0.95), "apply_p50": _p(app.apply_s, 0.5),
-            "apply_p95": _p(app.apply_s, 0.95), "latency_p50": statistics.median(latencies),
-            "latency_p95": _p(latencies, 0.95), "events": app.model.events, "interval": interval}
+    return {
+        "ranks": rows,
+        "cpu_per_wall": cpu / wall,
+        "tick_p50": _p(app.pump.tick_s, 0.5),
+        "tick_p95": _p(app.pump.tick_s, 0.95),
+        "apply_p50": _p(app.apply_s, 0.5),
+        "apply_p95": _p(app.apply_s, 0.95),
+        "latency_p50": statistics.median(latencies),
+        "latency_p95": _p(latencies, 0.95),
+        "events": app.model.events,
+        "interval": interval,
+    }
 
 
 def main() -> None:
@@ -64,12 +72,18 @@ def main() -> None:
     per = r["interval"]
     print(f"diag top, {r['ranks']} ranks, {r['events']} events over {a.seconds} refreshes")
     print(f"  UI CPU use:               {r['cpu_per_wall']:.2f} core-seconds per second")
-    print(f"  worker per refresh:       p50 {r['tick_p50'] * 1e3:.1f} ms, p95 "
-          f"{r['tick_p95'] * 1e3:.1f} ms ({r['tick_p95'] / per:.3f} of the period)")
-    print(f"  UI apply per refresh:     p50 {r['apply_p50'] * 1e3:.1f} ms, p95 "
-          f"{r['apply_p95'] * 1e3:.1f} ms ({r['apply_p95'] / per:.3f} of the period)")
-    print(f"  written -> shown latency: p50 {r['latency_p50'] * 1e3:.0f} ms, p95 "
-          f"{r['latency_p95'] * 1e3:.0f} ms ({r['latency_p95'] / per:.2f} of the period)")
+    print(
+        f"  worker per refresh:       p50 {r['tick_p50'] * 1e3:.1f} ms, p95 "
+        f"{r['tick_p95'] * 1e3:.1f} ms ({r['tick_p95'] / per:.3f} of the period)"
+    )
+    print(
+        f"  UI apply per refresh:     p50 {r['apply_p50'] * 1e3:.1f} ms, p95 "
+        f"{r['apply_p95'] * 1e3:.1f} ms ({r['apply_p95'] / per:.3f} of the period)"
+    )
+    print(
+        f"  written -> shown latency: p50 {r['latency_p50'] * 1e3:.0f} ms, p95 "
+        f"{r['latency_p95'] * 1e3:.0f} ms ({r['latency_p95'] / per:.2f} of the period)"
+    )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,14 @@ def variants(engine: Any, trace_dir: str) -> dict[str, Callable[[], Any]]:
     }
 
 
-def run_block(engine: Any, args: argparse.Namespace, rank: int, first: int, n: int,
-              mark: Callable[[], Any] | None = None) -> list[tuple[float, float]]:
+def run_block(
+    engine: Any,
+    args: argparse.Namespace,
+    rank: int,
+    first: int,
+    n: int,
+    mark: Callable[[], Any] | None = None,
+) -> list[tuple[float, float]]:
     """(wall, process CPU) seconds of each step. CPU time (all threads: the agent's writer too) is
     what a variant adds in work; unlike wall time it does not grow when other jobs preempt us.
     `mark` runs after the first step (the one that pays the switch and is not counted)."""

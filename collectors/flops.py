@@ -115,19 +115,43 @@ def conv_flops(x: Shape, w: Shape, out: Shape, transposed: bool) -> int:
     return 2 * x[0] * positions * prod(w)
 
 
-@formula(*ops("convolution", "_convolution", "cudnn_convolution", "_slow_conv2d_forward",
-              "convolution_overrideable"))
-def convolution(x: Shape, w: Shape, _bias: Any, _stride: Any, _padding: Any, _dilation: Any,
-                transposed: Any = False, *_args: Any, out_shape: Shape, **_: Any) -> int:
+@formula(
+    *ops(
+        "convolution", "_convolution", "cudnn_convolution", "_slow_conv2d_forward", "convolution_overrideable"
+    )
+)
+def convolution(
+    x: Shape,
+    w: Shape,
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: Any = False,
+    *_args: Any,
+    out_shape: Shape,
+    **_: Any,
+) -> int:
     if not isinstance(transposed, bool):  # _slow_conv2d_forward has no `transposed` argument
         transposed = False
     return conv_flops(x, w, out_shape, transposed)
 
 
 @formula(*ops("convolution_backward"))
-def convolution_backward(grad_out: Shape, x: Shape, w: Shape, _bias: Any, _stride: Any,
-                         _padding: Any, _dilation: Any, transposed: bool, _out_pad: Any,
-                         _groups: int, output_mask: Sequence[bool], **_: Any) -> int:
+def convolution_backward(
+    grad_out: Shape,
+    x: Shape,
+    w: Shape,
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _out_pad: Any,
+    _groups: int,
+    output_mask: Sequence[bool],
+    **_: Any,
+) -> int:
     """grad-input and grad-weight each cost what the forward did; only the requested ones run."""
     one = conv_flops(x, w, grad_out, transposed)
     return one * (int(bool(output_mask[0])) + int(bool(output_mask[1])))

@@ -65,12 +65,26 @@ def flash_backward(_grad_out: Shape, q: Shape, k: Shape, v: Shape, *args: Any, *
 
 # op names -> formula; `flops` registers them for the packets this torch build has
 FORMULAS: tuple[tuple[tuple[str, ...], Callable[..., int]], ...] = (
-    (("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-      "_scaled_dot_product_fused_attention_overrideable"), sdpa_forward),
-    (("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
-      "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-      "_scaled_dot_product_fused_attention_overrideable_backward"), sdpa_backward),
+    (
+        (
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_fused_attention_overrideable",
+        ),
+        sdpa_forward,
+    ),
+    (
+        (
+            "_scaled_dot_product_flash_attention_for_cpu_backward",
+            "_scaled_dot_product_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention_backward",
+            "_scaled_dot_product_cudnn_attention_backward",
+            "_scaled_dot_product_fused_attention_overrideable_backward",
+        ),
+        sdpa_backward,
+    ),
     (("_flash_attention_forward",), flash_forward),
     (("_efficient_attention_forward",), efficient_forward),
     (("_flash_attention_backward", "_efficient_attention_backward"), flash_backward),

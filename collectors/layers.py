@@ -65,8 +65,9 @@ class FlopMode(TorchDispatchMode):
         self.total = 0
         self.on = True
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.on:
@@ -176,8 +177,11 @@ class LayerRecorder:
         mode = self.mode
         if mode is None:
             return True
-        if (self.mode_thread != threading.get_ident() or _graph_task_id() != -1
-                or _get_current_dispatch_mode() is not mode):
+        if (
+            self.mode_thread != threading.get_ident()
+            or _graph_task_id() != -1
+            or _get_current_dispatch_mode() is not mode
+        ):
             return False
         self.mode = None
         mode.__exit__(None, None, None)

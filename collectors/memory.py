@@ -74,14 +74,27 @@ class _Memory:
         peak = stats.get("allocated_bytes.all.peak")
         if self.reset_peak:
             dev.reset_peak(index)
-        return (f"cuda:{index}", stats.get("allocated_bytes.all.current"),
-                stats.get("reserved_bytes.all.current"), peak, cap)
+        return (
+            f"cuda:{index}",
+            stats.get("allocated_bytes.all.current"),
+            stats.get("reserved_bytes.all.current"),
+            peak,
+            cap,
+        )
 
     def on_step(self, next_step: int) -> None:
         """Boundary of the step before `next_step`: record what it left and reached."""
         stack = self.agent.module_stack
-        self.agent.emit((schema.MEMORY, next_step - 1, self.agent.now(), *self.device(), self.rss(),
-                         stack[-1] if stack else None))
+        self.agent.emit(
+            (
+                schema.MEMORY,
+                next_step - 1,
+                self.agent.now(),
+                *self.device(),
+                self.rss(),
+                stack[-1] if stack else None,
+            )
+        )
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:
@@ -90,6 +103,8 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     undo.call(state.close, "memory: close /proc/self/statm")
     listener = agent.guard(NAME, state.on_step, "step")
     agent.step_listeners.append(listener)
-    undo.call(lambda: agent.step_listeners.remove(listener)
-              if listener in agent.step_listeners else None, "memory: step listener")
+    undo.call(
+        lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,
+        "memory: step listener",
+    )
     agent.set_meta("memory_peak", "per_step" if state.reset_peak else "running")

@@ -106,8 +106,10 @@ class ModuleTracker:
         self._hooks_on(agent.step)  # until the first step boundary: always on
         listener = agent.guard("modules", self.on_step, "step")
         agent.step_listeners.append(listener)
-        undo.call(lambda: agent.step_listeners.remove(listener)
-                  if listener in agent.step_listeners else None, "modules.step-listener")
+        undo.call(
+            lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,
+            "modules.step-listener",
+        )
 
     def _uninstall(self) -> None:
         self.live = False  # hooks still attached to live autograd graphs become no-ops
@@ -140,8 +142,10 @@ class ModuleTracker:
             if self._handles is None:
                 pre, post = self._hooks
                 # always_call: a forward that raises (a fused kernel's caught fallback) still ends
-                self._handles = (register_module_forward_pre_hook(pre),
-                                 register_module_forward_hook(post, always_call=True))
+                self._handles = (
+                    register_module_forward_pre_hook(pre),
+                    register_module_forward_hook(post, always_call=True),
+                )
 
     def _hooks_off(self) -> None:
         with self._switch:
@@ -242,7 +246,8 @@ class ModuleTracker:
         task = _graph_task_id()
         if task != self._task and task != -1:
             torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(self._backward_done, self._task, tuple(self.stack)))
+                functools.partial(self._backward_done, self._task, tuple(self.stack))
+            )
             self._task = task
         self._set(path)
 

@@ -36,8 +36,9 @@ GRAD_SCALER = "megatron.core.optimizer.grad_scaler"
 WATCHED = {"deepspeed": DS_ENGINE, "megatron": GRAD_SCALER}
 
 
-def _around(original: Callable[..., Any], before: Callable[..., Any],
-            after: Callable[..., Any]) -> Callable[..., Any]:
+def _around(
+    original: Callable[..., Any], before: Callable[..., Any], after: Callable[..., Any]
+) -> Callable[..., Any]:
     """A method wrapper: `after(self, token, result, *args)` with the token `before(self, *args)` gave."""
 
     def wrapper(obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -95,21 +96,19 @@ class _Overflow:
                 if scls is not None and "update" in scls.__dict__:
                     self.undo.patch(scls, "update", _around(scls.update, self.mg_before, self.mg_after))
             for mcls in megatron_step_classes():
-                self.undo.patch(mcls, "step", _around(mcls.__dict__["step"], _nothing,
-                                                      self.mg_step_after))
+                self.undo.patch(mcls, "step", _around(mcls.__dict__["step"], _nothing, self.mg_step_after))
 
-    def emit(self, step: int, overflow: bool, before: Any, after: Any, skipped: int | None,
-             source: str) -> None:
-        self.agent.emit((schema.OVERFLOW, step, self.agent.now(), overflow, before, after, skipped,
-                         source))
+    def emit(
+        self, step: int, overflow: bool, before: Any, after: Any, skipped: int | None, source: str
+    ) -> None:
+        self.agent.emit((schema.OVERFLOW, step, self.agent.now(), overflow, before, after, skipped, source))
 
     # ---- DeepSpeed ---------------------------------------------------------------------------
     def _ds_before(self, engine: Any, *_a: Any, **_k: Any) -> tuple[int, Any]:
         scale = device.host_float(engine._get_optimizer_loss_scale()) if engine.fp16_enabled() else None
         return int(engine.global_steps), scale
 
-    def _ds_after(self, engine: Any, token: tuple[int, Any] | None, _out: Any, *_a: Any,
-                  **_k: Any) -> None:
+    def _ds_after(self, engine: Any, token: tuple[int, Any] | None, _out: Any, *_a: Any, **_k: Any) -> None:
         if token is None or engine.global_steps == token[0]:
             return
         skipped = int(engine.skipped_steps)
@@ -131,8 +130,15 @@ class _Overflow:
         tensor = scaler._scale
         return tensor, device.host_scalar(tensor)
 
-    def _mg_after(self, scaler: Any, token: tuple[Any, Any] | None, _out: Any,
-                  found_inf: Any = False, *_a: Any, **_k: Any) -> None:
+    def _mg_after(
+        self,
+        scaler: Any,
+        token: tuple[Any, Any] | None,
+        _out: Any,
+        found_inf: Any = False,
+        *_a: Any,
+        **_k: Any,
+    ) -> None:
         if token is None:
             return
         tensor, before = token
@@ -159,5 +165,7 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     listener = agent.guard(NAME, state.patch_loaded, "late-install")
     agent.step_listeners.append(listener)
     agent.idle_listeners.append(listener)  # cleared by the agent's stop
-    undo.call(lambda: agent.step_listeners.remove(listener)
-              if listener in agent.step_listeners else None, "overflow: step listener")
+    undo.call(
+        lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,
+        "overflow: step listener",
+    )

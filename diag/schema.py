@@ -36,8 +36,17 @@ FIELDS: dict[str, tuple[str, ...]] = {
     LAYER: ("step", "module", "phase", "ts", "dur", "flops", "mem_delta"),
     # one collective or p2p op; group is the process group's name, module the one running at issue
     COMM: (
-        "step", "op", "bytes", "dtype", "group", "group_size", "group_ranks",
-        "ts", "dur", "module", "async_op",
+        "step",
+        "op",
+        "bytes",
+        "dtype",
+        "group",
+        "group_size",
+        "group_ranks",
+        "ts",
+        "dur",
+        "module",
+        "async_op",
     ),
     # per step: device memory (bytes) from the allocator's host-side counters, and process RSS
     MEMORY: ("step", "ts", "device", "allocated", "reserved", "peak", "capacity", "rss", "module"),
@@ -53,9 +62,23 @@ FIELDS: dict[str, tuple[str, ...]] = {
     LOST: ("ts", "lines", "first_step", "last_step", "error"),
     # one GPU's health sample from NVML (the sidecar); missing values are null
     GPU: (
-        "ts", "index", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "sm_clock",
-        "mem_clock", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx",
-        "ecc_errors", "xid",
+        "ts",
+        "index",
+        "util",
+        "mem_used",
+        "mem_total",
+        "power_w",
+        "power_limit_w",
+        "sm_clock",
+        "mem_clock",
+        "temp_c",
+        "throttle",
+        "pcie_tx",
+        "pcie_rx",
+        "nvlink_tx",
+        "nvlink_rx",
+        "ecc_errors",
+        "xid",
     ),
 }
 
@@ -73,17 +96,43 @@ META_ATTRIBUTED_STEP = "attributed_step"  # one meta record per step whose comms
 # Megatron arguments its own TFLOPs formula reads (diag/metrics/model_flops.py): the agent copies them
 # from the job's parsed arguments into the header's "model", the log importer from the arguments dump
 MEGATRON_MODEL_ARGS = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_key_value_heads",
-    "num_query_groups", "group_query_attention", "kv_channels", "seq_length", "actual_seq_length",
-    "padded_vocab_size", "swiglu", "micro_batch_size", "global_batch_size", "data_parallel_size",
-    "world_size", "topk", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-    "checkpoint_activations", "recompute_granularity", "deepspeed",
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_query_groups",
+    "group_query_attention",
+    "kv_channels",
+    "seq_length",
+    "actual_seq_length",
+    "padded_vocab_size",
+    "swiglu",
+    "micro_batch_size",
+    "global_batch_size",
+    "data_parallel_size",
+    "world_size",
+    "topk",
+    "num_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "checkpoint_activations",
+    "recompute_granularity",
+    "deepspeed",
 )
 
 # Defaults the reader fills for fields missing from a record (older writers, partial records).
 DEFAULTS: dict[str, Any] = {
-    "samples": None, "tokens": None, "applied": True, "flops": 0, "mem_delta": None,
-    "group_ranks": None, "module": None, "async_op": False, "capacity": None, "rss": None,
+    "samples": None,
+    "tokens": None,
+    "applied": True,
+    "flops": 0,
+    "mem_delta": None,
+    "group_ranks": None,
+    "module": None,
+    "async_op": False,
+    "capacity": None,
+    "rss": None,
 }
 
 # Bus-bandwidth factors of nccl-tests, as a function of the group size n.

@@ -35,8 +35,11 @@ def flop_count(n: Any) -> str:
 
 def flop_rate(tflops: Any) -> str:
     """A rate given in TFLOP/s, in the unit that reads best (12.3 TFLOP/s, 45.6 GFLOP/s)."""
-    return "-" if tflops is None else significant(tflops * 1e12, ("FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s",
-                                                           "TFLOP/s", "PFLOP/s"))
+    return (
+        "-"
+        if tflops is None
+        else significant(tflops * 1e12, ("FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s"))
+    )
 
 
 def percent(frac: Any, digits: int = 1) -> str:

@@ -31,13 +31,27 @@ def shadow_tree(dest: str) -> None:
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="diag-mypy-") as tmp:
         shadow_tree(tmp)
-        cmd = [sys.executable, "-m", "mypy", "--config-file", os.path.join(ROOT, "pyproject.toml"),
-               "--cache-dir", os.path.join(ROOT, ".mypy_cache"), *argv]
-        res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
-                             env={**os.environ, "MYPYPATH": tmp, "PYTHONPATH": ""})
+        cmd = [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            os.path.join(ROOT, "pyproject.toml"),
+            "--cache-dir",
+            os.path.join(ROOT, ".mypy_cache"),
+            *argv,
+        ]
+        res = subprocess.run(
+            cmd,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "MYPYPATH": tmp, "PYTHONPATH": ""},
+        )
         for stream, text in ((sys.stdout, res.stdout), (sys.stderr, res.stderr)):
-            stream.write(text.replace("diag/collectors/", "collectors/")
-                         .replace("diag/analyzers/", "analyzers/"))
+            stream.write(
+                text.replace("diag/collectors/", "collectors/").replace("diag/analyzers/", "analyzers/")
+            )
         return res.returncode
 
 

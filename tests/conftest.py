@@ -41,8 +41,9 @@ def no_leftovers():
     while _threads() - threads_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not (_threads() - threads_before), f"diag threads left: {_threads() - threads_before}"
-    assert _global_hooks() == {**hooks_before, **{k: 0 for k in _global_hooks()
-                                                  if k not in hooks_before}}, "global hooks left"
+    assert _global_hooks() == {**hooks_before, **{k: 0 for k in _global_hooks() if k not in hooks_before}}, (
+        "global hooks left"
+    )
 
 
 @pytest.fixture

@@ -93,8 +93,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
             parts = _recorder(agent, spec, groups, timing, matched)
             undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, parts, flop_seam))
     # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
-    dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where),
-                           _runner(flop_seam))
+    dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where), _runner(flop_seam))
 
 
 LAYOUT_ROLES = ("tp", "pp", "dp", "cp", "ep")
@@ -119,8 +118,9 @@ def _track_modules(agent: AgentAPI, undo: Undo) -> None:
     modules.ensure_installed(agent, undo)
 
 
-def _recorder(agent: AgentAPI, spec: Spec, groups: Groups, timing: CommTiming, matched: Matched
-              ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _recorder(
+    agent: AgentAPI, spec: Spec, groups: Groups, timing: CommTiming, matched: Matched
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(before, after) of one kind of call: the payload and clock read before it, the record emitted
     and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels."""
     start, op, module_of = timing.start, spec.op, matched.module
@@ -138,16 +138,22 @@ def _recorder(agent: AgentAPI, spec: Spec, groups: Groups, timing: CommTiming, m
         step = agent.step
         nbytes = nbytes * size if spec.times_n else nbytes
         module = module_of(step, (op, nbytes, group), stack[-1] if stack else None)
-        agent.emit((_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later,
-                    module, async_op))
+        agent.emit(
+            (_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later, module, async_op)
+        )
         timing.bind(work, later, spec.p2p, async_op)
 
     return before, after
 
 
-def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any],
-             parts: tuple[Callable[..., Any], Callable[..., Any]],
-             flop_seam: tuple[Callable[[], bool], Callable[[], Any]]) -> Callable[..., Any]:
+def _wrapper(
+    agent: AgentAPI,
+    name: str,
+    spec: Spec,
+    original: Callable[..., Any],
+    parts: tuple[Callable[..., Any], Callable[..., Any]],
+    flop_seam: tuple[Callable[[], bool], Callable[[], Any]],
+) -> Callable[..., Any]:
     guarded_before = agent.guard(NAME, parts[0], name)
     guarded_after = agent.guard(NAME, parts[1], name)
     flop_mode_on_top, below_it = flop_seam
@@ -159,7 +165,7 @@ def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any
         mark.on = True  # the c10d kernel below leaves this call to us
         try:
             if flop_mode_on_top():  # a sampled step: run the collective below diag's FLOP counter,
-                with below_it():    # which counts nothing in it, or torch.profiler records it twice
+                with below_it():  # which counts nothing in it, or torch.profiler records it twice
                     work = original(pg, *args, **kwargs)
             else:
                 work = original(pg, *args, **kwargs)
@@ -175,8 +181,9 @@ def _wrapper(agent: AgentAPI, name: str, spec: Spec, original: Callable[..., Any
     return wrapper
 
 
-def _runner(flop_seam: tuple[Callable[[], bool], Callable[[], Any]]
-            ) -> Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]:
+def _runner(
+    flop_seam: tuple[Callable[[], bool], Callable[[], Any]],
+) -> Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]:
     """Run a dispatcher op as the wrappers do: below diag's FLOP counter on sampled steps."""
     on_top, below_it = flop_seam
 

@@ -50,8 +50,12 @@ Recorder = Callable[[str], "tuple[Before, After] | None"]
 Guard = Callable[[Callable[..., Any], str], Callable[..., Any]]
 
 
-def register(undo: Undo, recorder: Recorder, guard: Guard,
-            run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]) -> None:
+def register(
+    undo: Undo,
+    recorder: Recorder,
+    guard: Guard,
+    run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+) -> None:
     """A kernel at the Autograd key of every c10d op this torch has. `recorder(method)` gives the
     (before, after) of the ProcessGroup method whose arguments the op takes (None: not recorded),
     `guard(fn, where)` the agent's guard, `run(fn, args, kwargs)` the call as the wrappers make it
@@ -71,19 +75,29 @@ def register(undo: Undo, recorder: Recorder, guard: Guard,
             continue
         before, after = parts
 
-        def finish(state: Any, args: tuple[Any, ...], out: Any, after: After = after,
-                   pg_index: int = pg_index) -> None:
+        def finish(
+            state: Any, args: tuple[Any, ...], out: Any, after: After = after, pg_index: int = pg_index
+        ) -> None:
             work = out[1] if type(out) is tuple and len(out) == 2 else out
-            after(state, ProcessGroup.unbox(args[pg_index]), True,
-                  Work.unbox(work) if isinstance(work, torch.ScriptObject) else None)
+            after(
+                state,
+                ProcessGroup.unbox(args[pg_index]),
+                True,
+                Work.unbox(work) if isinstance(work, torch.ScriptObject) else None,
+            )
 
-        lib.impl(name, _kernel(packet.default, guard(before, name), guard(finish, name), below, run),
-                 "Autograd")
+        lib.impl(
+            name, _kernel(packet.default, guard(before, name), guard(finish, name), below, run), "Autograd"
+        )
 
 
-def _kernel(op: Any, before: Callable[..., Any], finish: Callable[..., Any], below: Any,
-            run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
-            ) -> Callable[..., Any]:
+def _kernel(
+    op: Any,
+    before: Callable[..., Any],
+    finish: Callable[..., Any],
+    below: Any,
+    run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if getattr(marked, "on", False):  # a Python wrapper of `comms` records this call
             with below():

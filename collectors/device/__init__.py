@@ -19,8 +19,20 @@ from diag.collectors.device.cuda import CudaTimer, EventSpan, TorchCuda
 
 from diag.agent.pending import Pending
 
-__all__ = ["CpuTimer", "CudaTimer", "EventSpan", "Timer", "TorchCuda", "backend", "host_float",
-           "host_scalar", "job_device", "make_timer", "memory_probe", "use"]
+__all__ = [
+    "CpuTimer",
+    "CudaTimer",
+    "EventSpan",
+    "Timer",
+    "TorchCuda",
+    "backend",
+    "host_float",
+    "host_scalar",
+    "job_device",
+    "make_timer",
+    "memory_probe",
+    "use",
+]
 
 backend: Any = TorchCuda()
 

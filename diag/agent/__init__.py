@@ -13,15 +13,15 @@ from diag.agent.options import AgentOptions
 from diag.agent.registry import ALL_COLLECTORS, OptionError
 from diag.agent.runtime import Agent
 
-__all__ = ["ALL_COLLECTORS", "Agent", "AgentOptions", "OptionError", "current", "start", "start_with",
-           "stop"]
+__all__ = ["ALL_COLLECTORS", "Agent", "AgentOptions", "OptionError", "current", "start", "start_with", "stop"]
 
 _lock = threading.Lock()
 _agent: Agent | None = None
 
 
-def start(trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] | None = None,
-          **options: Any) -> Agent:
+def start(
+    trace_dir: str | None = None, what: str | tuple[str, ...] | list[str] | None = None, **options: Any
+) -> Agent:
     """Start the agent, or return the running one (a second attach reuses it).
 
     what: collectors to install, a tuple or a comma-separated string (default: all). The options and

@@ -46,8 +46,7 @@ def _in_child() -> None:
         registry._lock = threading.Lock()  # another thread may have held it at the fork
         disable(running)
         if _option(running, "follow_forks"):
-            threading.Thread(target=_restart, args=(running,), name="diag-fork-start",
-                             daemon=True).start()
+            threading.Thread(target=_restart, args=(running,), name="diag-fork-start", daemon=True).start()
     except Exception:  # noqa: BLE001 - a fork must never fail because of diag
         pass
 

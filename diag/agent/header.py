@@ -29,8 +29,7 @@ def rank_and_world() -> tuple[int | None, int | None]:
     except Exception:  # noqa: BLE001 - a half-initialized group is not our problem
         pass
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    return (int(rank) if rank and rank.isdigit() else None,
-            int(world) if world and world.isdigit() else None)
+    return (int(rank) if rank and rank.isdigit() else None, int(world) if world and world.isdigit() else None)
 
 
 _JOB_ID_VARS = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID", "TORCHELASTIC_RUN_ID")
@@ -108,8 +107,7 @@ def _engine_info(engine: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         out["zero_stage"] = int(engine.zero_optimization_stage())
-        out["dtype"] = ("fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled()
-                        else "fp32")
+        out["dtype"] = "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
         cfg = getattr(engine, "_config", None)
         raw = getattr(cfg, "_param_dict", None)
         if isinstance(raw, dict):

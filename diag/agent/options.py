@@ -69,7 +69,8 @@ class AgentOptions:
             raise OptionError("trace_dir", f"must be a path, got {self.trace_dir!r}")
         if self.faults is not None:
             if not isinstance(self.faults, Mapping) or not all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in self.faults.items()):
+                isinstance(k, str) and isinstance(v, str) for k, v in self.faults.items()
+            ):
                 raise OptionError("faults", f"must map collector names to actions, got {self.faults!r}")
             object.__setattr__(self, "faults", dict(self.faults))
 

@@ -37,6 +37,5 @@ def resolve(rec: tuple[Any, ...], give_up: bool = False) -> tuple[Any, ...]:
     if not any(isinstance(v, Pending) for v in rec):
         return rec
     return tuple(
-        (None if give_up and not v.ready() else v.value()) if isinstance(v, Pending) else v
-        for v in rec
+        (None if give_up and not v.ready() else v.value()) if isinstance(v, Pending) else v for v in rec
     )

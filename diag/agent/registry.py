@@ -48,6 +48,7 @@ def collector_names(what: str | tuple[str, ...] | list[str] | None) -> tuple[str
     unknown = [n for n in names if n not in COLLECTORS]
     if unknown:
         hint = closest(unknown[0], ALL_COLLECTORS) if len(unknown) == 1 else ""
-        raise OptionError("", f"unknown collector(s) {', '.join(unknown)}; choose from "
-                              f"{', '.join(ALL_COLLECTORS)}{hint}")
+        raise OptionError(
+            "", f"unknown collector(s) {', '.join(unknown)}; choose from {', '.join(ALL_COLLECTORS)}{hint}"
+        )
     return names

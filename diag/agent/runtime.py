@@ -90,8 +90,7 @@ class Agent:
     def now(self) -> int:
         return time.perf_counter_ns()
 
-    def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None
-              ) -> Callable[..., Any]:
+    def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
         """Wrap a hook so that nothing it raises reaches the job: the error is counted instead."""
         label: str = where or str(getattr(fn, "__name__", "hook"))
         agent = self
@@ -209,10 +208,15 @@ class Agent:
         _fork.watch(self)  # forked children (DataLoader workers) start without this agent
         rank, _ = rank_and_world()
         self._file = TraceFileWriter(self.trace_dir, rank_file_name(rank, os.getpid()))
-        header = build_header(self._wall0, self._perf0, {
-            "what": list(self.what), "layers_every": self.layers_every,
-            "ring_capacity": self.ring.capacity,
-        })
+        header = build_header(
+            self._wall0,
+            self._perf0,
+            {
+                "what": list(self.what),
+                "layers_every": self.layers_every,
+                "ring_capacity": self.ring.capacity,
+            },
+        )
         self._file.write_objects([header])
         self._header_rank = header.get("rank")
         self._rank_known = self._header_rank is not None
@@ -328,17 +332,28 @@ class Agent:
         for key, count in list(self.errors.items()):
             if self._errors_written.get(key) != count:
                 self._errors_written[key] = count
-                out.append(schema.to_json(
-                    (schema.ERROR, self.now(), *key, messages.get(key, ""), count),
-                    self._wall0, self._perf0))
+                out.append(
+                    schema.to_json(
+                        (schema.ERROR, self.now(), *key, messages.get(key, ""), count),
+                        self._wall0,
+                        self._perf0,
+                    )
+                )
         return out
 
     def _stats_record(self) -> tuple[Any, ...]:
         errors: dict[str, int] = {}
         for (collector, _, _), n in self.errors.items():
             errors[collector] = errors.get(collector, 0) + n
-        return (schema.STATS, self.now(), dict(self.captured), dict(self.ring.dropped), errors,
-                self.ring.capacity, self.ring.high_water)
+        return (
+            schema.STATS,
+            self.now(),
+            dict(self.captured),
+            dict(self.ring.dropped),
+            errors,
+            self.ring.capacity,
+            self.ring.high_water,
+        )
 
     def status(self) -> dict[str, Any]:
         """What `diag status` shows: collectors, captured/dropped/failed counts, file health."""
@@ -350,13 +365,16 @@ class Agent:
             "install_failures": dict(self.install_failures),
             "step": self.step,
             "layers_every": self.layers_every,
-            "captured": _by_collector(stats[2]), "dropped": _by_collector(stats[3]), "errors": stats[4],
+            "captured": _by_collector(stats[2]),
+            "dropped": _by_collector(stats[3]),
+            "errors": stats[4],
             "error_messages": [list(m) for m in self.error_messages],
             "buffered": len(self.ring),
             "lines_lost": self._file.lines_lost if self._file else 0,
             "write_error": self._file.last_error if self._file else None,
             "writer_cpu_ns": self.writer_cpu_ns,
-            "hook_ns": self.own_hook_ns(), "hook_calls": self.hook_calls,
+            "hook_ns": self.own_hook_ns(),
+            "hook_calls": self.hook_calls,
         }
 
 

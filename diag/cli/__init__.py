@@ -43,8 +43,10 @@ def _summary(module_name: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="diag", description="Profile and diagnose DeepSpeed / Megatron training jobs: attach to "
-        "a live job, watch it live, analyze traces and logs.")
+        prog="diag",
+        description="Profile and diagnose DeepSpeed / Megatron training jobs: attach to "
+        "a live job, watch it live, analyze traces and logs.",
+    )
     parser.add_argument("--version", action="version", version=f"diag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():

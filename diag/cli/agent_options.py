@@ -14,24 +14,45 @@ from diag.errors import USAGE, DiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace-dir", default=os.path.abspath(TRACE_DIR_NAME),
-                        help=f"where the ranks write their trace files (default: ./{TRACE_DIR_NAME})")
-    parser.add_argument("--what", default=",".join(DEFAULTS.what),
-                        help=f"collectors, comma-separated (default: {','.join(DEFAULTS.what)})")
-    parser.add_argument("--layers-every", type=int, default=None,
-                        help=f"per-layer time and FLOPs on every Nth step (default {DEFAULTS.layers_every})")
-    parser.add_argument("--flops-every", type=int, default=None,
-                        help="count FLOPs on 1 sampled step in N of the same input shapes, reuse them on "
-                             f"the others (default {DEFAULTS.flops_every}; 1 = count on every sampled step)")
-    parser.add_argument("--self-time", action="store_true",
-                        help="add up the time spent in diag's hooks (shown by `diag status`)")
+    parser.add_argument(
+        "--trace-dir",
+        default=os.path.abspath(TRACE_DIR_NAME),
+        help=f"where the ranks write their trace files (default: ./{TRACE_DIR_NAME})",
+    )
+    parser.add_argument(
+        "--what",
+        default=",".join(DEFAULTS.what),
+        help=f"collectors, comma-separated (default: {','.join(DEFAULTS.what)})",
+    )
+    parser.add_argument(
+        "--layers-every",
+        type=int,
+        default=None,
+        help=f"per-layer time and FLOPs on every Nth step (default {DEFAULTS.layers_every})",
+    )
+    parser.add_argument(
+        "--flops-every",
+        type=int,
+        default=None,
+        help="count FLOPs on 1 sampled step in N of the same input shapes, reuse them on "
+        f"the others (default {DEFAULTS.flops_every}; 1 = count on every sampled step)",
+    )
+    parser.add_argument(
+        "--self-time",
+        action="store_true",
+        help="add up the time spent in diag's hooks (shown by `diag status`)",
+    )
 
 
 def build(args: argparse.Namespace) -> AgentOptions:
     """The checked options; a bad one is a one-line usage error naming its flag."""
-    given = {"trace_dir": os.path.abspath(args.trace_dir), "what": args.what,
-             "layers_every": args.layers_every, "flops_every": args.flops_every,
-             "self_time": args.self_time or None}
+    given = {
+        "trace_dir": os.path.abspath(args.trace_dir),
+        "what": args.what,
+        "layers_every": args.layers_every,
+        "flops_every": args.flops_every,
+        "self_time": args.self_time or None,
+    }
     try:
         return AgentOptions.from_mapping(given)
     except OptionError as exc:

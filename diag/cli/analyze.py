@@ -24,26 +24,48 @@ PROGRESS_BYTES = 32 << 20  # show a progress bar when the inputs are bigger than
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="diag trace dir, Kineto trace files/dirs (.json, .json.gz), training logs")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="diag trace dir, Kineto trace files/dirs (.json, .json.gz), training logs",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON (schema v1)")
     parser.add_argument("--markdown", metavar="FILE", help="also write a Markdown report")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     parser.add_argument("--rules", metavar="A,B", help="run only these analyzer rules")
     parser.add_argument("-q", "--quiet", action="store_true", help="findings only, no tables")
-    parser.add_argument("--each-run", action="store_true",
-                        help="inputs from different runs: one report per run (else they are refused)")
-    parser.add_argument("--comm-pattern", metavar="REGEX", action="append", default=[],
-                        help="also count GPU kernels whose name matches REGEX as communication "
-                             "(repeatable; adds to the DIAG_COMM_PATTERN environment variable)")
-    parser.add_argument("--ds-config-out", metavar="FILE",
-                        help="write the job's ds_config with each finding's first suggested patch merged")
-    parser.add_argument("--peak-tflops", type=float, metavar="N",
-                        help="the device's dense peak TFLOP/s for MFU, where diag's table has none (CPU, "
-                             "other GPUs) or to override it")
-    parser.add_argument("--model", metavar="K=V,...",
-                        help="model shape for the model-FLOPs view when the trace/log has none: "
-                             "layers=,hidden=,seq=,vocab=,batch= (+ heads=,ffn=,kv_heads=,swiglu=,formula=)")
+    parser.add_argument(
+        "--each-run",
+        action="store_true",
+        help="inputs from different runs: one report per run (else they are refused)",
+    )
+    parser.add_argument(
+        "--comm-pattern",
+        metavar="REGEX",
+        action="append",
+        default=[],
+        help="also count GPU kernels whose name matches REGEX as communication "
+        "(repeatable; adds to the DIAG_COMM_PATTERN environment variable)",
+    )
+    parser.add_argument(
+        "--ds-config-out",
+        metavar="FILE",
+        help="write the job's ds_config with each finding's first suggested patch merged",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="N",
+        help="the device's dense peak TFLOP/s for MFU, where diag's table has none (CPU, "
+        "other GPUs) or to override it",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="K=V,...",
+        help="model shape for the model-FLOPs view when the trace/log has none: "
+        "layers=,hidden=,seq=,vocab=,batch= (+ heads=,ffn=,kv_heads=,swiglu=,formula=)",
+    )
 
 
 @contextmanager
@@ -59,8 +81,14 @@ def _progress(paths: list[str], quiet: bool) -> Iterator[Progress | None]:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("loading"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    with Progress(
+        TextColumn("loading"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("load", total=total)
         yield lambda _path, size: bar.advance(task, size)
 
@@ -77,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if only:
         unknown = sorted(set(only) - set(registered_rules()))
         if unknown:
-            raise DiagError(f"unknown rule(s): {', '.join(unknown)} (known: "
-                            f"{', '.join(sorted(registered_rules())) or 'none'})")
+            raise DiagError(
+                f"unknown rule(s): {', '.join(unknown)} (known: "
+                f"{', '.join(sorted(registered_rules())) or 'none'})"
+            )
     try:
         return _analyze(args.paths, args, only)
     except MixedRuns as e:
@@ -108,8 +138,9 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
         return e.exit_code
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
-    doc = model.build(trace, findings, failures, metrics, peak_tflops=args.peak_tflops,
-                      model=_model_option(args.model))
+    doc = model.build(
+        trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=_model_option(args.model)
+    )
     _render(doc, args, run_no)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
@@ -156,9 +187,12 @@ def _write_ds_config(doc: dict[str, Any], path: str) -> None:
     if not cfg:
         raise DiagError("--ds-config-out: the trace records no ds_config and no finding suggests a patch")
     write_report(path, json.dumps(cfg, indent=2) + "\n")
-    print(f"diag analyze: wrote {path}: the job's ds_config with {len(used)} patch(es) merged"
-          + (f" ({'; '.join(used)})" if used else "")
-          + (f"; alternatives not merged: {'; '.join(skipped)}" if skipped else ""), file=sys.stderr)
+    print(
+        f"diag analyze: wrote {path}: the job's ds_config with {len(used)} patch(es) merged"
+        + (f" ({'; '.join(used)})" if used else "")
+        + (f"; alternatives not merged: {'; '.join(skipped)}" if skipped else ""),
+        file=sys.stderr,
+    )
 
 
 def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> None:

@@ -26,14 +26,24 @@ from diag.procs import ranks_under
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=int, help="a rank's pid, or the torchrun/deepspeed launcher's")
     agent_options.add_arguments(parser)
-    parser.add_argument("--duration", type=float, default=None,
-                        help="detach after this many seconds (default: stay attached)")
-    parser.add_argument("--method", choices=METHODS, default=None,
-                        help="force one injection method (default: remote_exec, then ptrace)")
-    parser.add_argument("--no-torch", action="store_true",
-                        help="attach even if the target has not imported torch")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="say each method tried, why it failed, which one worked and its latency")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="detach after this many seconds (default: stay attached)"
+    )
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        default=None,
+        help="force one injection method (default: remote_exec, then ptrace)",
+    )
+    parser.add_argument(
+        "--no-torch", action="store_true", help="attach even if the target has not imported torch"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say each method tried, why it failed, which one worked and its latency",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
     options = agent_options.options(args)
     ranks = ranks_under(args.pid)
     with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
-        futures = [pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch)
-                   for pid, rank in ranks]
+        futures = [
+            pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch) for pid, rank in ranks
+        ]
     results, failed = [], []
     for fut in futures:
         try:

@@ -25,23 +25,41 @@ WORKLOAD = "tests.workloads.gpt_ds"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", help="where to write the trace (default: a new temp folder)")
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps to train (default 12)")
-    parser.add_argument("--layers-every", type=int, default=4,
-                        help="per-layer time and FLOPs every Nth step (default 4)")
+    parser.add_argument(
+        "--layers-every", type=int, default=4, help="per-layer time and FLOPs every Nth step (default 4)"
+    )
     parser.add_argument("--overflow-at", default="3", help="steps that get an inf gradient ('' none)")
     parser.add_argument("--no-analyze", action="store_true", help="skip `diag analyze`")
 
 
 def workload_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
-    return ["--zero", "2", "--dtype", "fp16", "--steps", str(args.steps),
-            "--overflow-at", args.overflow_at, "--layers-every", str(args.layers_every),
-            "--log-level", "info", "--diag", "--trace-dir", trace_dir]
+    return [
+        "--zero",
+        "2",
+        "--dtype",
+        "fp16",
+        "--steps",
+        str(args.steps),
+        "--overflow-at",
+        args.overflow_at,
+        "--layers-every",
+        str(args.layers_every),
+        "--log-level",
+        "info",
+        "--diag",
+        "--trace-dir",
+        trace_dir,
+    ]
 
 
 def _launcher() -> ModuleType:
     """tests.workloads.launch from the source checkout diag was installed from."""
     if not (ROOT / "tests" / "workloads" / "gpt_ds.py").is_file():
-        raise DiagError(f"the demo workload is not next to this diag ({ROOT}): install diag from "
-                        "its source checkout with `make setup` (pip install -e)", FAILURE)
+        raise DiagError(
+            f"the demo workload is not next to this diag ({ROOT}): install diag from "
+            "its source checkout with `make setup` (pip install -e)",
+            FAILURE,
+        )
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     return importlib.import_module("tests.workloads.launch")

@@ -34,13 +34,15 @@ def layers_table(trace: Trace, top: int = 8) -> Table:
     layers = leaf_layers(trace.layers[trace.layers["rank"] == 0])
     if layers.empty:
         return t
-    by = layers.pivot_table(index="module", columns="phase", values="dur", aggfunc="sum",
-                            observed=True).fillna(0)
+    by = layers.pivot_table(
+        index="module", columns="phase", values="dur", aggfunc="sum", observed=True
+    ).fillna(0)
     flops = layers.groupby("module", observed=True)["flops"].sum()
     by["total"] = by.sum(axis=1)
     for name, row in by.sort_values("total", ascending=False).head(top).iterrows():
-        t.add_row(str(name), _ms(row.get("fwd", 0)), _ms(row.get("bwd", 0)),
-                  f"{flops.get(name, 0) / 1e9:.3f}")
+        t.add_row(
+            str(name), _ms(row.get("fwd", 0)), _ms(row.get("bwd", 0)), f"{flops.get(name, 0) / 1e9:.3f}"
+        )
     return t
 
 
@@ -53,8 +55,13 @@ def comms_table(trace: Trace) -> Table:
         return t
     g = comms.groupby(comms["op"].astype(str))
     for op, df in sorted(g, key=lambda kv: -kv[1]["dur"].sum()):
-        t.add_row(op, str(len(df)), _bytes(df["bytes"].sum()), _ms(df["dur"].sum()),
-                  f"{bandwidth.total_busbw(df):.3f}")
+        t.add_row(
+            op,
+            str(len(df)),
+            _bytes(df["bytes"].sum()),
+            _ms(df["dur"].sum()),
+            f"{bandwidth.total_busbw(df):.3f}",
+        )
     return t
 
 
@@ -65,8 +72,12 @@ def memory_table(trace: Trace) -> Table:
     mem = trace.memory
     for rank, df in mem.groupby("rank"):
         peak = df["peak"].dropna()
-        t.add_row(str(rank), str(df["device"].iloc[-1]), _bytes(peak.max()) if len(peak) else "-",
-                  _bytes(df["rss"].dropna().max()) if df["rss"].notna().any() else "-")
+        t.add_row(
+            str(rank),
+            str(df["device"].iloc[-1]),
+            _bytes(peak.max()) if len(peak) else "-",
+            _bytes(df["rss"].dropna().max()) if df["rss"].notna().any() else "-",
+        )
     return t
 
 
@@ -76,8 +87,12 @@ def overflow_table(trace: Trace) -> Table:
         t.add_column(col, justify="right")
     ov = trace.overflow
     for _, row in ov[ov["overflow"] == True].iterrows():  # noqa: E712 - pandas column compare
-        t.add_row(str(row["rank"]), str(row["step"]),
-                  f"{row['scale_before']:g} -> {row['scale_after']:g}", str(row["source"]))
+        t.add_row(
+            str(row["rank"]),
+            str(row["step"]),
+            f"{row['scale_before']:g} -> {row['scale_after']:g}",
+            str(row["source"]),
+        )
     return t
 
 
@@ -85,13 +100,20 @@ def health_line(trace: Trace) -> str:
     errors = int(trace.errors["count"].sum()) if not trace.errors.empty else 0
     stats = trace.stats.groupby("rank").tail(1)
     dropped = sum(sum(d.values()) for d in stats["dropped"] if isinstance(d, dict))
-    return f"agent health: {errors} collector errors, {dropped} records dropped, " \
-           f"{len(trace.problems)} load problems"
+    return (
+        f"agent health: {errors} collector errors, {dropped} records dropped, "
+        f"{len(trace.problems)} load problems"
+    )
 
 
 def print_summary(trace: Trace, console: Console | None = None) -> None:
     console = console or Console()
-    for table in (job_table(trace), layers_table(trace), comms_table(trace), memory_table(trace),
-                  overflow_table(trace)):
+    for table in (
+        job_table(trace),
+        layers_table(trace),
+        comms_table(trace),
+        memory_table(trace),
+        overflow_table(trace),
+    ):
         console.print(table)
     console.print(health_line(trace))

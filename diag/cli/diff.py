@@ -17,11 +17,19 @@ from diag.errors import DiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="BASELINE CANDIDATE, or the baseline's inputs followed by --vs")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="BASELINE CANDIDATE, or the baseline's inputs followed by --vs",
+    )
     parser.add_argument("--vs", nargs="+", metavar="PATH", help="the candidate's inputs")
-    parser.add_argument("--per", choices=("auto", "step", "sample", "token"), default="auto",
-                        help="unit of the waterfall (auto: per step unless the batch differs)")
+    parser.add_argument(
+        "--per",
+        choices=("auto", "step", "sample", "token"),
+        default="auto",
+        help="unit of the waterfall (auto: per step unless the batch differs)",
+    )
     parser.add_argument("--json", action="store_true", help="print the diff as JSON (schema diag.diff v1)")
     parser.add_argument("--markdown", metavar="FILE", help="also write a Markdown report")
     parser.add_argument("--html", metavar="FILE", help="also write an HTML report")
@@ -31,8 +39,10 @@ def sides(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     if args.vs:
         return list(args.paths), list(args.vs)
     if len(args.paths) != 2:
-        raise DiagError(f"expected BASELINE CANDIDATE, got {len(args.paths)} path(s) (several inputs per "
-                        "side: BASELINE... --vs CANDIDATE...)")
+        raise DiagError(
+            f"expected BASELINE CANDIDATE, got {len(args.paths)} path(s) (several inputs per "
+            "side: BASELINE... --vs CANDIDATE...)"
+        )
     return [args.paths[0]], [args.paths[1]]
 
 

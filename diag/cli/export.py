@@ -26,15 +26,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace_dir", metavar="TRACE_DIR", help="a diag trace directory")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace-event JSON file")
-    what.add_argument("--prometheus", metavar="[ADDR]:PORT",
-                      help="serve live metrics of the trace directory for Prometheus to scrape")
+    what.add_argument(
+        "--prometheus",
+        metavar="[ADDR]:PORT",
+        help="serve live metrics of the trace directory for Prometheus to scrape",
+    )
     prom = parser.add_argument_group("--prometheus options")
     prom.add_argument("--job", help="the job label (default: the trace directory's name)")
     prom.add_argument("--interval", type=float, default=2.0, help="seconds between reads of the files")
-    prom.add_argument("--analyze-every", type=float, default=60.0, metavar="S",
-                      help="run diag's rules on what was read every S seconds (0: never; default 60)")
-    prom.add_argument("--duration", type=float, default=None, metavar="S",
-                      help="stop after S seconds (default: until interrupted)")
+    prom.add_argument(
+        "--analyze-every",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="run diag's rules on what was read every S seconds (0: never; default 60)",
+    )
+    prom.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop after S seconds (default: until interrupted)",
+    )
     prom.add_argument("--gpu", action="store_true", help="also run this host's NVML sidecar")
 
 
@@ -45,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """"[ADDR]:PORT" -> (ADDR, PORT); an empty ADDR is every interface."""
+    """ "[ADDR]:PORT" -> (ADDR, PORT); an empty ADDR is every interface."""
     addr, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise DiagError(f"--prometheus {text!r}: expected [ADDR]:PORT, e.g. :9400 or 127.0.0.1:9400", USAGE)
@@ -60,8 +73,9 @@ def serve(args: argparse.Namespace) -> int:
 
         from diag.exporter.server import Exporter, registry_for
     except ImportError as e:
-        raise DiagError(f"--prometheus needs prometheus-client: pip install 'diag[prometheus]' "
-                        f"({e.name} missing)") from None
+        raise DiagError(
+            f"--prometheus needs prometheus-client: pip install 'diag[prometheus]' ({e.name} missing)"
+        ) from None
     addr, port = parse_listen(args.prometheus)
     if args.interval <= 0:
         raise DiagError("--interval must be > 0", USAGE)
@@ -73,8 +87,10 @@ def serve(args: argparse.Namespace) -> int:
         raise DiagError(f"cannot listen on {addr}:{port} ({e.strerror or e})") from None
     sidecar = _sidecar(args.trace_dir) if args.gpu else None
     exporter.start()
-    print(f"serving metrics of {args.trace_dir} (job {job!r}) at http://{addr}:{server.server_port}/metrics",
-          flush=True)
+    print(
+        f"serving metrics of {args.trace_dir} (job {job!r}) at http://{addr}:{server.server_port}/metrics",
+        flush=True,
+    )
     try:
         deadline = None if args.duration is None else time.monotonic() + args.duration
         while deadline is None or time.monotonic() < deadline:

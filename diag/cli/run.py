@@ -27,8 +27,12 @@ def environment(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str
     """The job's environment: our sitecustomize first, diag importable last, options in DIAG_RUN."""
     opts = agent_options.build(args)
     paths = [SITE_DIR, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p], ROOT]
-    return {**base, "PYTHONPATH": os.pathsep.join(paths), "DIAG_RUN": opts.to_json(),
-            "DIAG_RUN_PID": str(os.getpid())}
+    return {
+        **base,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "DIAG_RUN": opts.to_json(),
+        "DIAG_RUN_PID": str(os.getpid()),
+    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", help="the ranks' trace directory when they are not attached")
     parser.add_argument("--all-threads", action="store_true", help="also print non-main threads")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--interval", type=float, default=1.0,
-                        help="seconds between the two samples (default 1)")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between the two samples (default 1)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,9 +51,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sample(ranks: list[tuple[int, int | None]], args: argparse.Namespace
-            ) -> tuple[list[RankStack], dict[int, Progress]]:
+def _sample(
+    ranks: list[tuple[int, int | None]], args: argparse.Namespace
+) -> tuple[list[RankStack], dict[int, Progress]]:
     """Every rank's stack, then its trace's count right after it (as close to the same instant)."""
+
     def one(pr: tuple[int, int | None]) -> tuple[RankStack, Progress | None]:
         st = rank_stack(pr[0], pr[1], dump(pr[0], args.native))
         return st, _progress(st, args.trace_dir)
@@ -80,8 +83,13 @@ def _trace_file(st: RankStack, trace_dir: str | None) -> str | None:
     return files[-1] if files else None
 
 
-def render(stacks: list[RankStack], progs: dict[int, Progress], found: str | None,
-           all_threads: bool, moved: list[str] | None = None) -> str:
+def render(
+    stacks: list[RankStack],
+    progs: dict[int, Progress],
+    found: str | None,
+    all_threads: bool,
+    moved: list[str] | None = None,
+) -> str:
     groups = cluster(stacks)
     lines = [f"{len(stacks)} rank(s), {len(groups)} distinct stack(s)"]
     odd = odd_ones_out(groups)
@@ -103,7 +111,15 @@ def render(stacks: list[RankStack], progs: dict[int, Progress], found: str | Non
 
 
 def _as_json(stacks: list[RankStack], progs: dict[int, Progress], found: str | None) -> dict[str, Any]:
-    return {"verdict": found, "groups": [
-        {"ranks": [st.rank for st in g.ranks], "pids": [st.pid for st in g.ranks],
-         "describe": [describe(st, progs.get(st.pid)) for st in g.ranks],
-         "frames": [fr.short() for fr in g.frames]} for g in cluster(stacks)]}
+    return {
+        "verdict": found,
+        "groups": [
+            {
+                "ranks": [st.rank for st in g.ranks],
+                "pids": [st.pid for st in g.ranks],
+                "describe": [describe(st, progs.get(st.pid)) for st in g.ranks],
+                "frames": [fr.short() for fr in g.frames],
+            }
+            for g in cluster(stacks)
+        ],
+    }

@@ -64,12 +64,16 @@ def _ask(pid: int) -> tuple[dict[str, Any] | None, str | None]:
 def render(st: dict[str, Any]) -> str:
     """A few lines per process: who, where it writes, then one line per collector."""
     rank = f" rank {st['rank']}" if st.get("rank") is not None else ""
-    lines = [f"pid {st['pid']}{rank}: step {st['step']}, layers every {st['layers_every']}, "
-             f"{st['buffered']} buffered, trace {st['trace_file']}"]
+    lines = [
+        f"pid {st['pid']}{rank}: step {st['step']}, layers every {st['layers_every']}, "
+        f"{st['buffered']} buffered, trace {st['trace_file']}"
+    ]
     kinds = sorted(set(st["captured"]) | set(st["dropped"]) | set(st["errors"]) | set(st["collectors"]))
     for kind in kinds:
-        lines.append(f"  {kind:<10} captured {st['captured'].get(kind, 0):>8}  "
-                     f"dropped {st['dropped'].get(kind, 0):>6}  failed {st['errors'].get(kind, 0):>4}")
+        lines.append(
+            f"  {kind:<10} captured {st['captured'].get(kind, 0):>8}  "
+            f"dropped {st['dropped'].get(kind, 0):>6}  failed {st['errors'].get(kind, 0):>4}"
+        )
     for name, why in st.get("install_failures", {}).items():
         lines.append(f"  {name:<10} not installed: {why}")
     own = f"  agent's own time: writer thread {st.get('writer_cpu_ns', 0) / 1e6:.1f} ms CPU"

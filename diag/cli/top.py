@@ -21,8 +21,9 @@ from diag.errors import USAGE, DiagError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?", help="trace directory or pid (default: ./diag-trace)")
     parser.add_argument("--replay", action="store_true", help="play a finished trace as if live")
-    parser.add_argument("--speed", type=float, default=1.0,
-                        help="replay speed factor (0 = everything at once; default 1)")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="replay speed factor (0 = everything at once; default 1)"
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="refresh period, seconds")
     parser.add_argument("--no-gpu", action="store_true", help="do not start the NVML sidecar")
     parser.add_argument("--no-analyze", action="store_true", help="do not run the analyzers live")
@@ -67,7 +68,12 @@ def run(args: argparse.Namespace) -> int:
     sidecar, notes = None, list[str]()
     if source.live and not args.no_gpu:  # type: ignore[attr-defined]
         sidecar, notes = gpu_sidecar(trace_dir)
-    app = TopApp(source, interval=args.interval, notes=tuple(notes), sidecar=sidecar,
-                 analyze=None if args.no_analyze else run_analyzers)
+    app = TopApp(
+        source,
+        interval=args.interval,
+        notes=tuple(notes),
+        sidecar=sidecar,
+        analyze=None if args.no_analyze else run_analyzers,
+    )
     app.run()
     return 0

@@ -27,8 +27,7 @@ def request(pid: int, cmd: str, timeout: float = 10.0, **args: Any) -> dict[str,
         except (OSError, ValueError) as e:
             if not _alive(pid):
                 _remove_stale(path)
-                raise DiagError(f"pid {pid} has exited (removed its stale control socket)",
-                                FAILURE) from None
+                raise DiagError(f"pid {pid} has exited (removed its stale control socket)", FAILURE) from None
             raise DiagError(f"pid {pid}: control socket did not answer ({e})", FAILURE) from None
     if not reply.get("ok"):
         raise DiagError(f"pid {pid}: {cmd} failed: {reply.get('error')}", FAILURE)

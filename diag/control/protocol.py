@@ -34,10 +34,13 @@ def runtime_dir(uid: int | None = None) -> str:
         pass
     st = os.lstat(base)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise UnsafeDirectory(f"{base} is not a private directory owned by uid {uid} (mode "
-                              f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}): another user may have "
-                              "created it; remove it, or point XDG_RUNTIME_DIR at a private directory "
-                              "(the job and diag must agree on it)", FAILURE)
+        raise UnsafeDirectory(
+            f"{base} is not a private directory owned by uid {uid} (mode "
+            f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}): another user may have "
+            "created it; remove it, or point XDG_RUNTIME_DIR at a private directory "
+            "(the job and diag must agree on it)",
+            FAILURE,
+        )
     return base
 
 
@@ -53,8 +56,11 @@ def socket_path(pid: int, uid: int | None = None) -> str:
 def listed_pids(uid: int | None = None) -> list[int]:
     """Pids that have a control socket in the user's directory (possibly stale)."""
     names = os.listdir(runtime_dir(uid))
-    return sorted(int(n[:-len(SOCKET_SUFFIX)]) for n in names
-                  if n.endswith(SOCKET_SUFFIX) and n[:-len(SOCKET_SUFFIX)].isdigit())
+    return sorted(
+        int(n[: -len(SOCKET_SUFFIX)])
+        for n in names
+        if n.endswith(SOCKET_SUFFIX) and n[: -len(SOCKET_SUFFIX)].isdigit()
+    )
 
 
 def write_private(name: str, data: bytes) -> str:

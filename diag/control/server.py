@@ -39,8 +39,7 @@ def peer_uid(conn: socket.socket) -> int:
 class ControlServer:
     """Listens on `protocol.socket_path(os.getpid())` until `stop()` (or a `detach` request)."""
 
-    def __init__(self, agent: Any, detach: Callable[[], list[str]],
-                 rank: Callable[[], int | None]) -> None:
+    def __init__(self, agent: Any, detach: Callable[[], list[str]], rank: Callable[[], int | None]) -> None:
         """`detach` stops the agent (through `diag.agent.stop` when it is the current one) and returns
         the undo steps that failed; `rank` reads the job's rank at each `status` (it may change)."""
         self.agent = agent
@@ -101,8 +100,12 @@ class ControlServer:
                         self._read(sel, clients, clients[key.fileobj])  # type: ignore[index]
                 now = time.monotonic()
                 for client in [c for c in clients.values() if c.deadline <= now]:
-                    self._finish(sel, clients, client, {"ok": False, "error": "request not complete "
-                                                        f"within {CLIENT_DEADLINE_S:.0f} s"})
+                    self._finish(
+                        sel,
+                        clients,
+                        client,
+                        {"ok": False, "error": f"request not complete within {CLIENT_DEADLINE_S:.0f} s"},
+                    )
         except (OSError, ValueError):
             return  # the listening socket was closed under us: stopping
         finally:
@@ -129,8 +132,9 @@ class ControlServer:
             clients[conn] = client
             sel.register(conn, selectors.EVENT_READ)
 
-    def _read(self, sel: selectors.BaseSelector, clients: dict[socket.socket, _Client],
-              client: _Client) -> None:
+    def _read(
+        self, sel: selectors.BaseSelector, clients: dict[socket.socket, _Client], client: _Client
+    ) -> None:
         try:
             chunk = client.conn.recv(4096)
         except (BlockingIOError, InterruptedError):
@@ -149,8 +153,13 @@ class ControlServer:
                 reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         self._finish(sel, clients, client, reply)
 
-    def _finish(self, sel: selectors.BaseSelector, clients: dict[socket.socket, _Client],
-                client: _Client, reply: dict[str, Any] | None) -> None:
+    def _finish(
+        self,
+        sel: selectors.BaseSelector,
+        clients: dict[socket.socket, _Client],
+        client: _Client,
+        reply: dict[str, Any] | None,
+    ) -> None:
         clients.pop(client.conn, None)
         try:
             sel.unregister(client.conn)
@@ -172,8 +181,13 @@ class ControlServer:
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         cmd = msg.get("cmd")
         if cmd == "status":
-            return {"ok": True, **self.agent.status(), "trace_dir": self.agent.trace_dir,
-                    "what": list(self.agent.what), "rank": self.rank()}
+            return {
+                "ok": True,
+                **self.agent.status(),
+                "trace_dir": self.agent.trace_dir,
+                "what": list(self.agent.what),
+                "rank": self.rank(),
+            }
         if cmd == "set-sampling":
             every = msg.get("layers_every")
             if not isinstance(every, int) or not 0 <= every <= MAX_LAYERS_EVERY:
@@ -193,4 +207,3 @@ class _Client:
     conn: socket.socket
     deadline: float
     buf: bytearray = field(default_factory=bytearray)
-

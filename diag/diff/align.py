@@ -25,10 +25,14 @@ from diag.diff import adapter
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
-ROLES = {"pp": "pipeline send/recv", "tp": "tensor-parallel activations",
-         "zero-gather": "ZeRO-3 parameter gathers on the data-parallel group",
-         "dp-grad": "data-parallel gradient reduction", "dp": "data-parallel group",
-         "other": "other group"}
+ROLES = {
+    "pp": "pipeline send/recv",
+    "tp": "tensor-parallel activations",
+    "zero-gather": "ZeRO-3 parameter gathers on the data-parallel group",
+    "dp-grad": "data-parallel gradient reduction",
+    "dp": "data-parallel group",
+    "other": "other group",
+}
 _P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 _WRAPPERS = re.compile(r"^(DeepSpeedEngine\.|module\.)+")
 ROOTS = ("DeepSpeedEngine", "module")
@@ -131,12 +135,16 @@ def layer_table(trace: Trace) -> pd.DataFrame:
     if lay.empty or "module" not in lay.columns:
         return pd.DataFrame(columns=cols)
     dp = layout(trace)["dp"]
-    d = lay.assign(layer=global_layer_names(trace, lay).map(fold_layer), phase=lay["phase"].astype(str),
-                   flops=pd.to_numeric(lay["flops"], errors="coerce").fillna(0))
+    d = lay.assign(
+        layer=global_layer_names(trace, lay).map(fold_layer),
+        phase=lay["phase"].astype(str),
+        flops=pd.to_numeric(lay["flops"], errors="coerce").fillna(0),
+    )
     # a layer called twice in a step counts twice; wrappers of the same work (DeepSpeedEngine and
     # its `module`) fold to one name and count once (the larger)
     raw = d.groupby(["layer", "phase", "rank", "step", "module"], observed=True).agg(
-        dur=("dur", "sum"), flops=("flops", "sum"))
+        dur=("dur", "sum"), flops=("flops", "sum")
+    )
     per = raw.groupby(level=["layer", "phase", "rank", "step"], observed=True).max()
     g = per.groupby(level=["layer", "phase"], observed=True)
     steps = per.reset_index().groupby(["layer", "phase"], observed=True)["step"].nunique()
@@ -150,14 +158,21 @@ def collective_table(trace: Trace) -> pd.DataFrame:
     cols = ["key", "calls", "bytes", "time_ns", "busbw"]
     if c.empty:
         return pd.DataFrame(columns=cols)
-    c = c.assign(bw=adapter.busbw(c["op"], c["bytes"], c["dur"], c["group_size"]),
-                 dur=pd.to_numeric(c["dur"], errors="coerce").fillna(0))
+    c = c.assign(
+        bw=adapter.busbw(c["op"], c["bytes"], c["dur"], c["group_size"]),
+        dur=pd.to_numeric(c["dur"], errors="coerce").fillna(0),
+    )
     c = c.assign(bwt=c["bw"] * c["dur"])
     per = max(c["step"].nunique(), 1) * max(c["rank"].nunique(), 1)
     g = c.groupby("key", observed=True)
-    out = pd.DataFrame({"calls": g.size() / per, "bytes": g["bytes"].sum() / per,
-                        "time_ns": g["dur"].sum() / per,
-                        "busbw": g["bwt"].sum() / g["dur"].sum().where(g["dur"].sum() > 0)})
+    out = pd.DataFrame(
+        {
+            "calls": g.size() / per,
+            "bytes": g["bytes"].sum() / per,
+            "time_ns": g["dur"].sum() / per,
+            "busbw": g["bwt"].sum() / g["dur"].sum().where(g["dur"].sum() > 0),
+        }
+    )
     return out.reset_index()[cols]
 
 

@@ -11,17 +11,34 @@ from diag.diff.split import COMPUTE, IDLE, OPTIMIZER, SKIPPED
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
-_LAYOUT = ("world_size", "tp", "pp", "dp", "zero_stage", "dtype", "gradient_accumulation_steps",
-           "train_micro_batch_size_per_gpu")
+_LAYOUT = (
+    "world_size",
+    "tp",
+    "pp",
+    "dp",
+    "zero_stage",
+    "dtype",
+    "gradient_accumulation_steps",
+    "train_micro_batch_size_per_gpu",
+)
 COMM = "comm:"
 # key prefix -> the waterfall labels (or label families) it moves
 _AFFECTS: list[tuple[str, tuple[str, ...]]] = [
-    ("zero_stage", (COMM, COMPUTE, OPTIMIZER)), ("zero_optimization", (COMM, OPTIMIZER)),
-    ("tp", (COMM, COMPUTE)), ("pp", (COMM, IDLE)), ("dp", (COMM,)), ("world_size", (COMM,)),
-    ("dtype", (COMPUTE, SKIPPED)), ("bf16", (COMPUTE, SKIPPED)), ("fp16", (COMPUTE, SKIPPED)),
-    ("train_micro_batch_size_per_gpu", (COMPUTE,)), ("train_batch_size", (COMPUTE,)),
-    ("gradient_accumulation_steps", (COMPUTE, COMM)), ("optimizer", (OPTIMIZER,)),
-    ("communication_data_type", (COMM,)), ("activation_checkpointing", (COMPUTE,)),
+    ("zero_stage", (COMM, COMPUTE, OPTIMIZER)),
+    ("zero_optimization", (COMM, OPTIMIZER)),
+    ("tp", (COMM, COMPUTE)),
+    ("pp", (COMM, IDLE)),
+    ("dp", (COMM,)),
+    ("world_size", (COMM,)),
+    ("dtype", (COMPUTE, SKIPPED)),
+    ("bf16", (COMPUTE, SKIPPED)),
+    ("fp16", (COMPUTE, SKIPPED)),
+    ("train_micro_batch_size_per_gpu", (COMPUTE,)),
+    ("train_batch_size", (COMPUTE,)),
+    ("gradient_accumulation_steps", (COMPUTE, COMM)),
+    ("optimizer", (OPTIMIZER,)),
+    ("communication_data_type", (COMM,)),
+    ("activation_checkpointing", (COMPUTE,)),
 ]
 
 
@@ -56,5 +73,8 @@ def affects(key: str) -> list[str]:
 def differences(a: Trace, b: Trace) -> list[dict[str, Any]]:
     """[{key, baseline, candidate, affects}] for every setting that differs (absent = None)."""
     sa, sb = settings(a), settings(b)
-    return [{"key": k, "baseline": sa.get(k), "candidate": sb.get(k), "affects": affects(k)}
-            for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
+    return [
+        {"key": k, "baseline": sa.get(k), "candidate": sb.get(k), "affects": affects(k)}
+        for k in sorted(set(sa) | set(sb))
+        if sa.get(k) != sb.get(k)
+    ]

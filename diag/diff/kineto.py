@@ -29,8 +29,12 @@ def has_ops(trace: Trace) -> bool:
     return any(not _frame(trace, d).empty for d in (CPU, GPU))
 
 
-def op_summary(trace: Trace, ranks: list[int] | None = None, steps: list[int] | None = None,
-               devices: tuple[str, ...] = (CPU, GPU)) -> pd.DataFrame:
+def op_summary(
+    trace: Trace,
+    ranks: list[int] | None = None,
+    steps: list[int] | None = None,
+    devices: tuple[str, ...] = (CPU, GPU),
+) -> pd.DataFrame:
     """name, device, count, dur_ns over the chosen ranks and steps (all by default)."""
     parts = []
     for device in devices:
@@ -40,8 +44,7 @@ def op_summary(trace: Trace, ranks: list[int] | None = None, steps: list[int] | 
         if steps is not None:
             df = df[df["step"].isin(steps)]
         g = df.assign(name=df["name"].astype(str)).groupby("name", observed=True)["dur"]
-        parts.append(pd.DataFrame({"count": g.size(), "dur_ns": g.sum()}).reset_index()
-                     .assign(device=device))
+        parts.append(pd.DataFrame({"count": g.size(), "dur_ns": g.sum()}).reset_index().assign(device=device))
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return out.reindex(columns=["name", "device", "count", "dur_ns"])
 
@@ -51,8 +54,12 @@ def profiled_steps(trace: Trace) -> int:
     return max(int(st["step"].nunique()), 1) if len(st) else 1
 
 
-def ops_diff(a: Trace, b: Trace, ranks: tuple[list[int] | None, list[int] | None] = (None, None),
-             steps: tuple[list[int] | None, list[int] | None] = (None, None)) -> pd.DataFrame:
+def ops_diff(
+    a: Trace,
+    b: Trace,
+    ranks: tuple[list[int] | None, list[int] | None] = (None, None),
+    steps: tuple[list[int] | None, list[int] | None] = (None, None),
+) -> pd.DataFrame:
     """One row per (device, name): counts and durations of both sides, their differences, `change`
     (added / removed / more / fewer / same count), and per-step durations; sorted by |duration delta|."""
     sa, sb = op_summary(a, ranks[0], steps[0]), op_summary(b, ranks[1], steps[1])
@@ -61,9 +68,10 @@ def ops_diff(a: Trace, b: Trace, ranks: tuple[list[int] | None, list[int] | None
         m[col] = m[col].fillna(0).astype("int64")
     m["diff_count"] = m["count_b"] - m["count_a"]
     m["diff_dur_ns"] = m["dur_ns_b"] - m["dur_ns_a"]
-    m["change"] = ["added" if ca == 0 else "removed" if cb == 0 else "more" if d > 0 else
-                   "fewer" if d < 0 else "same" for ca, cb, d in zip(m["count_a"], m["count_b"],
-                                                                      m["diff_count"])]
+    m["change"] = [
+        "added" if ca == 0 else "removed" if cb == 0 else "more" if d > 0 else "fewer" if d < 0 else "same"
+        for ca, cb, d in zip(m["count_a"], m["count_b"], m["diff_count"])
+    ]
     na = len(ranks[0] or a.ranks or [0]) * (len(steps[0]) if steps[0] else profiled_steps(a))
     nb = len(ranks[1] or b.ranks or [0]) * (len(steps[1]) if steps[1] else profiled_steps(b))
     m["per_step_dur_ns_a"] = m["dur_ns_a"] / max(na, 1)

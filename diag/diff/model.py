@@ -41,14 +41,22 @@ def _side(trace: Trace, parts: pd.DataFrame) -> dict[str, Any]:
     ms = st["dur_ns"].astype(float) / 1e6
     u = align.units(trace)
     med = float(ms.median()) if len(ms) else None
-    return {"sources": list(trace.sources), "ranks": trace.ranks, "layout": trace.layout(),
-            "steps": {"count": int(st["step"].nunique()), "median_ms": med,
-                      "p90_ms": float(ms.quantile(0.9)) if len(ms) else None,
-                      "mean_ms": float(ms.mean()) if len(ms) else None},
-            "samples_per_step": u["samples"], "tokens_per_step": u["tokens"],
-            "throughput": {f"{k}_per_s": _rate(u[k], med) for k in ("samples", "tokens")},
-            "memory": align.memory_peaks(trace),
-            "estimated_steps": int((~parts["sampled"]).sum()) if len(parts) else 0}
+    return {
+        "sources": list(trace.sources),
+        "ranks": trace.ranks,
+        "layout": trace.layout(),
+        "steps": {
+            "count": int(st["step"].nunique()),
+            "median_ms": med,
+            "p90_ms": float(ms.quantile(0.9)) if len(ms) else None,
+            "mean_ms": float(ms.mean()) if len(ms) else None,
+        },
+        "samples_per_step": u["samples"],
+        "tokens_per_step": u["tokens"],
+        "throughput": {f"{k}_per_s": _rate(u[k], med) for k in ("samples", "tokens")},
+        "memory": align.memory_peaks(trace),
+        "estimated_steps": int((~parts["sampled"]).sum()) if len(parts) else 0,
+    }
 
 
 def choose_unit(a: Trace, b: Trace, want: str) -> str:
@@ -85,8 +93,11 @@ def _per_units(a: Trace, b: Trace, pa: pd.DataFrame, pb: pd.DataFrame) -> dict[s
             sa, sb = waterfall.side(pa, _per(a, unit)), waterfall.side(pb, _per(b, unit))
         except DiagError:
             continue
-        out[unit] = {"baseline_ms": _ms(sa.total), "candidate_ms": _ms(sb.total),
-                     "change_pct": _pct(float(sa.total), float(sb.total))}
+        out[unit] = {
+            "baseline_ms": _ms(sa.total),
+            "candidate_ms": _ms(sb.total),
+            "change_pct": _pct(float(sa.total), float(sb.total)),
+        }
     return out
 
 
@@ -94,8 +105,13 @@ def describe(label: str) -> str:
     if label.startswith("comm:"):
         _, op, role = label.split(":", 2)
         return f"{op} ({align.ROLES.get(role, role)}), exposed"
-    return {"compute": "compute", "idle": "idle / input wait", "optimizer": "optimizer step",
-            "skipped": "overflow-skipped steps", "other": "other host time"}.get(label, label)
+    return {
+        "compute": "compute",
+        "idle": "idle / input wait",
+        "optimizer": "optimizer step",
+        "skipped": "overflow-skipped steps",
+        "other": "other host time",
+    }.get(label, label)
 
 
 def exact(x: Fraction) -> str:
@@ -106,13 +122,25 @@ def exact(x: Fraction) -> str:
 def _parts(w: waterfall.Waterfall, diffs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for lab, d in w.delta.items():
-        op, role = (lab.split(":", 2)[1:] if lab.startswith("comm:") else (None, None))
-        keys = [c["key"] for c in diffs if any(lab == f or (f.endswith(":") and lab.startswith(f))
-                                               for f in c["affects"])]
-        out.append({"label": lab, "what": describe(lab), "op": op, "role": role,
-                    "baseline_ms": _ms(w.baseline.parts.get(lab, 0)),
-                    "candidate_ms": _ms(w.candidate.parts.get(lab, 0)), "delta_ms": _ms(d),
-                    "delta_ns_exact": exact(d), "config": keys})
+        op, role = lab.split(":", 2)[1:] if lab.startswith("comm:") else (None, None)
+        keys = [
+            c["key"]
+            for c in diffs
+            if any(lab == f or (f.endswith(":") and lab.startswith(f)) for f in c["affects"])
+        ]
+        out.append(
+            {
+                "label": lab,
+                "what": describe(lab),
+                "op": op,
+                "role": role,
+                "baseline_ms": _ms(w.baseline.parts.get(lab, 0)),
+                "candidate_ms": _ms(w.candidate.parts.get(lab, 0)),
+                "delta_ms": _ms(d),
+                "delta_ns_exact": exact(d),
+                "config": keys,
+            }
+        )
     return out
 
 
@@ -134,28 +162,47 @@ def _cause(parts: list[dict[str, Any]], ranks: pd.DataFrame, unit: str) -> list[
 
 
 def _layers(a: Trace, b: Trace) -> list[dict[str, Any]]:
-    m = align.layer_table(a).merge(align.layer_table(b), on=["layer", "phase"], how="outer",
-                                   suffixes=("_a", "_b"))
+    m = align.layer_table(a).merge(
+        align.layer_table(b), on=["layer", "phase"], how="outer", suffixes=("_a", "_b")
+    )
     m["delta_ms"] = (m["time_ns_b"].fillna(0) - m["time_ns_a"].fillna(0)) / 1e6
     m["delta_flops"] = m["flops_b"].fillna(0) - m["flops_a"].fillna(0)
     m = m.assign(baseline_ms=m["time_ns_a"] / 1e6, candidate_ms=m["time_ns_b"] / 1e6)
     m = m.rename(columns={"flops_a": "baseline_flops", "flops_b": "candidate_flops"})
     m = m.loc[m["delta_ms"].abs().sort_values(ascending=False, kind="stable").index]
-    return rows(m[["layer", "phase", "baseline_ms", "candidate_ms", "delta_ms", "baseline_flops",
-                   "candidate_flops", "delta_flops"]])
+    return rows(
+        m[
+            [
+                "layer",
+                "phase",
+                "baseline_ms",
+                "candidate_ms",
+                "delta_ms",
+                "baseline_flops",
+                "candidate_flops",
+                "delta_flops",
+            ]
+        ]
+    )
 
 
 def _collectives(a: Trace, b: Trace) -> list[dict[str, Any]]:
-    m = align.collective_table(a).merge(align.collective_table(b), on="key", how="outer",
-                                        suffixes=("_a", "_b"))
+    m = align.collective_table(a).merge(
+        align.collective_table(b), on="key", how="outer", suffixes=("_a", "_b")
+    )
     out = []
     for r in m.itertuples(index=False):
         op, role = r.key.split(":", 1)
         row = {"key": r.key, "op": op, "role": role}
         for f in ("calls", "bytes", "time_ns", "busbw"):
             va, vb = getattr(r, f"{f}_a"), getattr(r, f"{f}_b")
-            row.update({f"baseline_{f}": va, f"candidate_{f}": vb,
-                        f"delta_{f}": (0 if pd.isna(vb) else vb) - (0 if pd.isna(va) else va)})
+            row.update(
+                {
+                    f"baseline_{f}": va,
+                    f"candidate_{f}": vb,
+                    f"delta_{f}": (0 if pd.isna(vb) else vb) - (0 if pd.isna(va) else va),
+                }
+            )
         out.append(row)
     return sorted(out, key=lambda r: -abs(r["delta_time_ns"]))
 
@@ -163,23 +210,29 @@ def _collectives(a: Trace, b: Trace) -> list[dict[str, Any]]:
 def _findings(a: Trace, b: Trace) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
     fa, fail_a = adapter.findings(a)
     fb, fail_b = adapter.findings(b)
+
     def short(f: Finding) -> dict[str, Any]:
         return {"rule": f.rule, "severity": f.severity, "title": f.title}
 
     ra, rb = {f.rule for f in fa}, {f.rule for f in fb}
-    return ({"appeared": [short(f) for f in fb if f.rule not in ra],
-             "resolved": [short(f) for f in fa if f.rule not in rb],
-             "unchanged": [short(f) for f in fb if f.rule in ra]},
-            {**{f"baseline:{k}": v for k, v in fail_a.items()},
-             **{f"candidate:{k}": v for k, v in fail_b.items()}})
+    return (
+        {
+            "appeared": [short(f) for f in fb if f.rule not in ra],
+            "resolved": [short(f) for f in fa if f.rule not in rb],
+            "unchanged": [short(f) for f in fb if f.rule in ra],
+        },
+        {
+            **{f"baseline:{k}": v for k, v in fail_a.items()},
+            **{f"candidate:{k}": v for k, v in fail_b.items()},
+        },
+    )
 
 
 def _memory(sa: dict[str, Any], sb: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k in ("peak", "rss"):
         va, vb = sa["memory"][k], sb["memory"][k]
-        out[k] = {"baseline": va, "candidate": vb,
-                  "delta": None if va is None or vb is None else vb - va}
+        out[k] = {"baseline": va, "candidate": vb, "delta": None if va is None or vb is None else vb - va}
     return out
 
 
@@ -194,25 +247,46 @@ def build(a: Trace, b: Trace, unit: str = "auto") -> dict[str, Any]:
     sa, sb = _side(a, pa), _side(b, pb)
     findings, failures = _findings(a, b)
     ops = kineto.ops_diff(a, b) if kineto.has_ops(a) or kineto.has_ops(b) else None
-    return plain({
-        "schema": SCHEMA, "version": VERSION, "diag_version": __version__,
-        "baseline": sa, "candidate": sb,
-        "headline": {
-            "median_change_pct": _pct(sa["steps"]["median_ms"], sb["steps"]["median_ms"]),
-            "p90_change_pct": _pct(sa["steps"]["p90_ms"], sb["steps"]["p90_ms"]),
-            "throughput_change_pct": _pct(sa["throughput"]["samples_per_s"],
-                                          sb["throughput"]["samples_per_s"]),
-            "unit": unit, "per_unit": _per_units(a, b, pa, pb), "cause": _cause(parts, ranks, unit)},
-        "waterfall": {"unit": unit, "baseline_ms": _ms(w.baseline.total),
-                      "candidate_ms": _ms(w.candidate.total), "total_ms": _ms(w.total),
-                      "total_ns_exact": exact(w.total),
-                      "change_pct": _pct(float(w.baseline.total), float(w.candidate.total)),
-                      "parts": parts},
-        "by_rank": {str(r): {k: v for k, v in row.items()} for r, row in ranks.iterrows()},
-        "layers": _layers(a, b), "collectives": _collectives(a, b),
-        "memory": _memory(sa, sb), "findings": findings, "rule_failures": failures,
-        "config": diffs,
-        "ops": None if ops is None else {"rows": rows(ops.head(TOP_OPS)), "total_rows": len(ops),
-                                         "added": int((ops["change"] == "added").sum()),
-                                         "removed": int((ops["change"] == "removed").sum())},
-    })
+    return plain(
+        {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "diag_version": __version__,
+            "baseline": sa,
+            "candidate": sb,
+            "headline": {
+                "median_change_pct": _pct(sa["steps"]["median_ms"], sb["steps"]["median_ms"]),
+                "p90_change_pct": _pct(sa["steps"]["p90_ms"], sb["steps"]["p90_ms"]),
+                "throughput_change_pct": _pct(
+                    sa["throughput"]["samples_per_s"], sb["throughput"]["samples_per_s"]
+                ),
+                "unit": unit,
+                "per_unit": _per_units(a, b, pa, pb),
+                "cause": _cause(parts, ranks, unit),
+            },
+            "waterfall": {
+                "unit": unit,
+                "baseline_ms": _ms(w.baseline.total),
+                "candidate_ms": _ms(w.candidate.total),
+                "total_ms": _ms(w.total),
+                "total_ns_exact": exact(w.total),
+                "change_pct": _pct(float(w.baseline.total), float(w.candidate.total)),
+                "parts": parts,
+            },
+            "by_rank": {str(r): {k: v for k, v in row.items()} for r, row in ranks.iterrows()},
+            "layers": _layers(a, b),
+            "collectives": _collectives(a, b),
+            "memory": _memory(sa, sb),
+            "findings": findings,
+            "rule_failures": failures,
+            "config": diffs,
+            "ops": None
+            if ops is None
+            else {
+                "rows": rows(ops.head(TOP_OPS)),
+                "total_rows": len(ops),
+                "added": int((ops["change"] == "added").sum()),
+                "removed": int((ops["change"] == "removed").sum()),
+            },
+        }
+    )

@@ -27,8 +27,10 @@ def load_side(label: str, paths: list[str]) -> Trace:
     from diag.importers import load_inputs
 
     if _runs(paths) > 1:
-        raise DiagError(f"{label}: {len(paths)} inputs hold more than one diag trace folder: "
-                        "a side must be one run (mixed runs are refused)")
+        raise DiagError(
+            f"{label}: {len(paths)} inputs hold more than one diag trace folder: "
+            "a side must be one run (mixed runs are refused)"
+        )
     try:
         trace = load_inputs(paths)
     except DiagError as e:

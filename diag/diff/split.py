@@ -137,8 +137,9 @@ def _windows(trace: Trace) -> pd.DataFrame:
     st = trace.steps
     extra = ["ts", "applied"] if {"ts", "applied"} <= set(st.columns) else []
     if extra and len(st):
-        times = times.merge(st[["rank", "step", *extra]].drop_duplicates(["rank", "step"]),
-                            on=["rank", "step"], how="left")
+        times = times.merge(
+            st[["rank", "step", *extra]].drop_duplicates(["rank", "step"]), on=["rank", "step"], how="left"
+        )
     for col, default in (("ts", None), ("applied", True)):
         if col not in times.columns:
             times[col] = default

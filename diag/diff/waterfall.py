@@ -54,8 +54,7 @@ def _rank(label: str) -> tuple[int, str]:
     return len(ORDER), label
 
 
-def build(a: pd.DataFrame, b: pd.DataFrame, unit: str, per_a: float | None,
-          per_b: float | None) -> Waterfall:
+def build(a: pd.DataFrame, b: pd.DataFrame, unit: str, per_a: float | None, per_b: float | None) -> Waterfall:
     sa, sb = side(a, per_a), side(b, per_b)
     labels = sorted(set(sa.parts) | set(sb.parts), key=_rank)
     delta = {lab: sb.parts.get(lab, Fraction(0)) - sa.parts.get(lab, Fraction(0)) for lab in labels}

@@ -55,21 +55,27 @@ class Families:
             fam = self.out[name] = cls(name, doc, labels=list(labels))
         return fam
 
-    def gauge(self, name: str, doc: str, labels: tuple[str, ...], values: tuple[str, ...],
-              value: Any) -> None:
+    def gauge(
+        self, name: str, doc: str, labels: tuple[str, ...], values: tuple[str, ...], value: Any
+    ) -> None:
         fam = self._family(GaugeMetricFamily, name, doc, labels)
         if _num(value) is not None:
             fam.add_metric(list(values), _num(value))
 
-    def counter(self, name: str, doc: str, labels: tuple[str, ...], values: tuple[str, ...],
-                value: Any) -> None:
+    def counter(
+        self, name: str, doc: str, labels: tuple[str, ...], values: tuple[str, ...], value: Any
+    ) -> None:
         fam = self._family(CounterMetricFamily, name, doc, labels)
         if _num(value) is not None:
             fam.add_metric(list(values), _num(value))
 
 
-def families(m: JobModel, view: JobView, job: str, findings: dict[tuple[str, str], int] | None,
-             ) -> Iterator[Metric]:
+def families(
+    m: JobModel,
+    view: JobView,
+    job: str,
+    findings: dict[tuple[str, str], int] | None,
+) -> Iterator[Metric]:
     """Every metric of the job as the local trace files show it so far."""
     f = Families()
     _ranks(f, m, job)
@@ -77,10 +83,19 @@ def families(m: JobModel, view: JobView, job: str, findings: dict[tuple[str, str
     _job(f, m, view, job)
     _gpus(f, m, job)
     if findings is not None:
-        f.gauge("diag_live_findings", "findings of diag's rules on what the local ranks wrote so far",
-                ("job",), (job,), sum(findings.values()))
-        f._family(GaugeMetricFamily, "diag_findings", "live findings of diag's rules on the local "
-                  "ranks (diag analyze's rules), by rule and severity", ("job", "rule", "severity"))
+        f.gauge(
+            "diag_live_findings",
+            "findings of diag's rules on what the local ranks wrote so far",
+            ("job",),
+            (job,),
+            sum(findings.values()),
+        )
+        f._family(
+            GaugeMetricFamily,
+            "diag_findings",
+            "live findings of diag's rules on the local ranks (diag analyze's rules), by rule and severity",
+            ("job", "rule", "severity"),
+        )
         for (rule, severity), n in sorted(findings.items()):
             f.gauge("diag_findings", "", ("job", "rule", "severity"), (job, rule, severity), n)
     yield from f.out.values()
@@ -92,33 +107,77 @@ def _ranks(f: Families, m: JobModel, job: str) -> None:
         lv = (job, str(rank), st.host)
         last = st.last_step
         f.counter("diag_steps_total", "optimizer steps completed", RANK, lv, st.step_count)
-        f.counter("diag_step_seconds_total", "wall time of the completed steps", RANK, lv,
-                  st.step_ns_total / 1e9)
-        f.gauge("diag_step_duration_seconds", "duration of the last completed step", RANK, lv,
-                last[1] / 1e9 if last else None)
+        f.counter(
+            "diag_step_seconds_total", "wall time of the completed steps", RANK, lv, st.step_ns_total / 1e9
+        )
+        f.gauge(
+            "diag_step_duration_seconds",
+            "duration of the last completed step",
+            RANK,
+            lv,
+            last[1] / 1e9 if last else None,
+        )
         f.gauge("diag_last_step", "number of the last completed step", RANK, lv, last[0] if last else None)
-        f.counter("diag_samples_total", "samples the job reported per step (its data-parallel replica's)",
-                  RANK, lv, st.samples_total if st.samples is not None else None)
-        f.counter("diag_tokens_total", "tokens the job reported per step", RANK, lv,
-                  st.tokens_total if st.tokens is not None else None)
-        f.counter("diag_comm_blocking_seconds_total", "wall time the training thread blocked in "
-                  "collectives (async_op false), waiting for late ranks included", RANK, lv,
-                  st.blocked_ns_total / 1e9)
-        f.gauge("diag_exposed_comm_ratio", "blocking collective time / step time of the last step",
-                RANK, lv, st.exposed_share())
-        f.counter("diag_overflows_total", "loss-scale updates that found an overflow (fp16)", RANK, lv,
-                  st.overflows)
-        f.gauge("diag_memory_used_bytes", "device memory allocated at the last step (process RSS on "
-                "CPU)", RANK, lv, st.mem_allocated)
-        f.gauge("diag_memory_peak_bytes", "peak device memory since start (RSS on CPU)", RANK, lv,
-                st.mem_peak)
-        f.gauge("diag_memory_capacity_bytes", "device memory capacity (host memory on CPU)", RANK, lv,
-                st.mem_capacity)
-        f.counter("diag_agent_dropped_events_total", "events the agent dropped (ring full)", RANK, lv,
-                  st.dropped)
+        f.counter(
+            "diag_samples_total",
+            "samples the job reported per step (its data-parallel replica's)",
+            RANK,
+            lv,
+            st.samples_total if st.samples is not None else None,
+        )
+        f.counter(
+            "diag_tokens_total",
+            "tokens the job reported per step",
+            RANK,
+            lv,
+            st.tokens_total if st.tokens is not None else None,
+        )
+        f.counter(
+            "diag_comm_blocking_seconds_total",
+            "wall time the training thread blocked in "
+            "collectives (async_op false), waiting for late ranks included",
+            RANK,
+            lv,
+            st.blocked_ns_total / 1e9,
+        )
+        f.gauge(
+            "diag_exposed_comm_ratio",
+            "blocking collective time / step time of the last step",
+            RANK,
+            lv,
+            st.exposed_share(),
+        )
+        f.counter(
+            "diag_overflows_total", "loss-scale updates that found an overflow (fp16)", RANK, lv, st.overflows
+        )
+        f.gauge(
+            "diag_memory_used_bytes",
+            "device memory allocated at the last step (process RSS on CPU)",
+            RANK,
+            lv,
+            st.mem_allocated,
+        )
+        f.gauge(
+            "diag_memory_peak_bytes", "peak device memory since start (RSS on CPU)", RANK, lv, st.mem_peak
+        )
+        f.gauge(
+            "diag_memory_capacity_bytes",
+            "device memory capacity (host memory on CPU)",
+            RANK,
+            lv,
+            st.mem_capacity,
+        )
+        f.counter(
+            "diag_agent_dropped_events_total", "events the agent dropped (ring full)", RANK, lv, st.dropped
+        )
         f.counter("diag_agent_errors_total", "collector failures the agent counted", RANK, lv, st.errors)
-        f.gauge("diag_last_event_timestamp_seconds", "time of the rank's newest record (a stale "
-                "rank stops advancing)", RANK, lv, st.last_ts / 1e9 if st.last_ts else None)
+        f.gauge(
+            "diag_last_event_timestamp_seconds",
+            "time of the rank's newest record (a stale rank stops advancing)",
+            RANK,
+            lv,
+            st.last_ts / 1e9 if st.last_ts else None,
+        )
 
 
 def _role(m: JobModel, rank: int, group: str) -> str:
@@ -135,36 +194,82 @@ def _collectives(f: Families, m: JobModel, job: str) -> None:
             f.counter("diag_collectives_total", "collective and p2p calls", COMM, lv, c.count)
             f.counter("diag_collective_seconds_total", "wall time of the calls", COMM, lv, c.dur / 1e9)
             f.counter("diag_collective_bytes_total", "payload bytes of the calls", COMM, lv, c.bytes)
-            f.counter("diag_collective_bus_bytes_total", "bytes x nccl-tests bus factor of the group "
-                      "size: rate() over seconds' rate() is the bus bandwidth", COMM, lv, c.bus_bytes)
-            f.gauge("diag_collective_busbw_bytes_per_second", "bus bandwidth since start (diag "
-                    "analyze's figure: bus bytes over total time)", COMM, lv, c.busbw * 1e9)
+            f.counter(
+                "diag_collective_bus_bytes_total",
+                "bytes x nccl-tests bus factor of the group "
+                "size: rate() over seconds' rate() is the bus bandwidth",
+                COMM,
+                lv,
+                c.bus_bytes,
+            )
+            f.gauge(
+                "diag_collective_busbw_bytes_per_second",
+                "bus bandwidth since start (diag analyze's figure: bus bytes over total time)",
+                COMM,
+                lv,
+                c.busbw * 1e9,
+            )
 
 
 def _job(f: Families, m: JobModel, view: JobView, job: str) -> None:
     lv = (job,)
     f.gauge("diag_ranks", "ranks whose trace files this exporter reads", ("job",), lv, len(m.headers))
-    f.gauge("diag_job_step_duration_seconds", "the job's step time: slowest local rank per step, mean "
-            "of the last 20 steps", ("job",), lv, view.mean_ms / 1e3 if view.mean_ms else None)
-    f.gauge("diag_samples_per_second", "global training throughput: samples per data-parallel replica "
-            "x dp over the job's step time (last 20 steps)", ("job",), lv, view.samples_per_s)
+    f.gauge(
+        "diag_job_step_duration_seconds",
+        "the job's step time: slowest local rank per step, mean of the last 20 steps",
+        ("job",),
+        lv,
+        view.mean_ms / 1e3 if view.mean_ms else None,
+    )
+    f.gauge(
+        "diag_samples_per_second",
+        "global training throughput: samples per data-parallel replica "
+        "x dp over the job's step time (last 20 steps)",
+        ("job",),
+        lv,
+        view.samples_per_s,
+    )
     flops = _flops_per_step(m)
-    f.gauge("diag_model_flops_per_step", "FLOPs of one step of one rank (leaf layers, sampled steps)",
-            ("job",), lv, flops)
-    f.gauge("diag_model_flops_per_second", "achieved model FLOP/s of one rank: FLOPs per step over the "
-            "job's step time (MFU = this / the GPU's peak)", ("job",), lv,
-            flops / (view.mean_ms / 1e3) if flops and view.mean_ms else None)
-    f.gauge("diag_loss_scale", "dynamic loss scale (fp16) after the last update", ("job",), lv,
-            m.loss_scale)
-    f.counter("diag_skipped_steps_total", "optimizer steps skipped on overflow (the engine's count)",
-              ("job",), lv, m.skipped_steps if m.overflow else None)
+    f.gauge(
+        "diag_model_flops_per_step",
+        "FLOPs of one step of one rank (leaf layers, sampled steps)",
+        ("job",),
+        lv,
+        flops,
+    )
+    f.gauge(
+        "diag_model_flops_per_second",
+        "achieved model FLOP/s of one rank: FLOPs per step over the "
+        "job's step time (MFU = this / the GPU's peak)",
+        ("job",),
+        lv,
+        flops / (view.mean_ms / 1e3) if flops and view.mean_ms else None,
+    )
+    f.gauge("diag_loss_scale", "dynamic loss scale (fp16) after the last update", ("job",), lv, m.loss_scale)
+    f.counter(
+        "diag_skipped_steps_total",
+        "optimizer steps skipped on overflow (the engine's count)",
+        ("job",),
+        lv,
+        m.skipped_steps if m.overflow else None,
+    )
     lay = view.layout
     info = ("job", "world_size", "tp", "pp", "dp", "zero_stage", "dtype")
-    f.gauge("diag_job_info", "the job's parallel layout (value 1)", info,
-            (job, *(str(lay.get(k, "")) for k in info[1:])), 1 if m.headers else None)
+    f.gauge(
+        "diag_job_info",
+        "the job's parallel layout (value 1)",
+        info,
+        (job, *(str(lay.get(k, "")) for k in info[1:])),
+        1 if m.headers else None,
+    )
     f.counter("diag_exporter_records_total", "trace records read", ("job",), lv, m.events)
-    f.counter("diag_exporter_skipped_lines_total", "trace lines that were not valid records",
-              ("job",), lv, m.skipped_lines)
+    f.counter(
+        "diag_exporter_skipped_lines_total",
+        "trace lines that were not valid records",
+        ("job",),
+        lv,
+        m.skipped_lines,
+    )
 
 
 def _flops_per_step(m: JobModel) -> float | None:
@@ -179,10 +284,19 @@ def _gpus(f: Families, m: JobModel, job: str) -> None:
         for suffix, field, scale, doc in GPU_GAUGES:
             v = _num(g.get(field))
             f.gauge(f"diag_gpu_{suffix}", doc, GPU, lv, v * scale if v is not None else None)
-        f.counter("diag_gpu_xid_errors_total", "Xid errors in the NVML sidecar's records",
-                  GPU, lv, m.gpu_xids.get((host, index), 0))
+        f.counter(
+            "diag_gpu_xid_errors_total",
+            "Xid errors in the NVML sidecar's records",
+            GPU,
+            lv,
+            m.gpu_xids.get((host, index), 0),
+        )
         throttle = g.get("throttle")
-        f._family(GaugeMetricFamily, "diag_gpu_throttled", "1 per active clock-event (throttle) reason",
-                  (*GPU, "reason"))
+        f._family(
+            GaugeMetricFamily,
+            "diag_gpu_throttled",
+            "1 per active clock-event (throttle) reason",
+            (*GPU, "reason"),
+        )
         for reason in throttle if isinstance(throttle, list) else ():
             f.gauge("diag_gpu_throttled", "", (*GPU, "reason"), (*lv, str(reason)), 1)

@@ -33,8 +33,15 @@ def run_analyzers(trace: Any) -> tuple[list[Any], dict[str, str]]:
 class Exporter:
     """A prometheus-client collector over one trace directory (register it on a registry)."""
 
-    def __init__(self, trace_dir: str, job: str, *, interval: float = 2.0, analyze_every: float = 60.0,
-                 analyze: Analyze | None = run_analyzers) -> None:
+    def __init__(
+        self,
+        trace_dir: str,
+        job: str,
+        *,
+        interval: float = 2.0,
+        analyze_every: float = 60.0,
+        analyze: Analyze | None = run_analyzers,
+    ) -> None:
         self.source = LiveSource(trace_dir)
         self.job, self.interval = job, interval
         self.analyze_every, self.analyze = analyze_every, analyze
@@ -54,9 +61,13 @@ class Exporter:
 
     def maybe_analyze(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        if (self.analyze is None or self.analyze_every <= 0 or not self.model.events
-                or now - self._last_analysis < self.analyze_every
-                or self.model.version == self._analyzed_version):
+        if (
+            self.analyze is None
+            or self.analyze_every <= 0
+            or not self.model.events
+            or now - self._last_analysis < self.analyze_every
+            or self.model.version == self._analyzed_version
+        ):
             return
         self._last_analysis = now
         with self.lock:  # only the copy holds scrapes back; frames are built outside

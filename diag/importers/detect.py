@@ -48,8 +48,11 @@ def kind_of_file(path: str) -> str:
     if text.startswith(b"{") and b'"k"' in text.split(b"\n", 1)[0][:200]:
         return DIAG
     json_object = text.startswith(b"{") and not text.startswith(b"{'")  # HF Trainer's printed dicts: a log
-    if (json_object or (text.startswith(b"[") and text[1:].lstrip()[:1] in (b"{", b"]"))
-            or path.endswith((".json", ".json.gz"))):  # a JSON name: let the parser say what is wrong
+    if (
+        json_object
+        or (text.startswith(b"[") and text[1:].lstrip()[:1] in (b"{", b"]"))
+        or path.endswith((".json", ".json.gz"))
+    ):  # a JSON name: let the parser say what is wrong
         return KINETO
     if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:
         raise ImportProblem("binary file: not a diag trace, PyTorch profiler trace or training log")
@@ -71,8 +74,10 @@ def expand(path: str, depth: int = 3) -> list[tuple[str, str | None]]:
         return [(path, DIAG)]
     entries = sorted(e for e in glob.glob(os.path.join(path, "*")) if not os.path.basename(e).startswith("."))
     out: list[tuple[str, str | None]] = [
-        (f, None) for f in entries if os.path.isfile(f)
-        and (f.endswith(DIR_SUFFIXES) or "." not in os.path.basename(f))]
+        (f, None)
+        for f in entries
+        if os.path.isfile(f) and (f.endswith(DIR_SUFFIXES) or "." not in os.path.basename(f))
+    ]
     for sub in (e for e in entries if depth > 0 and os.path.isdir(e) and not os.path.islink(e)):
         try:
             out.extend(expand(sub, depth - 1))

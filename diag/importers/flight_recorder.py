@@ -32,8 +32,24 @@ from diag.trace import safeio
 PICKLE_MARK = (b"pg_config", b"entries")
 JSON_MARK = b'"comm_lib_version"'
 _RANK = re.compile(r"(\d+)(?:\.json)?$")
-ENTRY_COLUMNS = ["rank", "pg", "pg_desc", "seq", "p2p_seq", "is_p2p", "op", "in_sizes", "out_sizes",
-                 "in_dtypes", "out_dtypes", "state", "retired", "ts", "timeout_ms", "where"]
+ENTRY_COLUMNS = [
+    "rank",
+    "pg",
+    "pg_desc",
+    "seq",
+    "p2p_seq",
+    "is_p2p",
+    "op",
+    "in_sizes",
+    "out_sizes",
+    "in_dtypes",
+    "out_dtypes",
+    "state",
+    "retired",
+    "ts",
+    "timeout_ms",
+    "where",
+]
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -47,8 +63,9 @@ def is_dump(head: bytes) -> bool:
     """Does a file's head look like a Flight Recorder dump (pickle or JSON)?"""
     if head[:1] == b"\x80":
         return all(m in head for m in PICKLE_MARK)
-    return head.lstrip()[:1] == b"{" and (JSON_MARK in head or (b'"entries"' in head and
-                                                                 b'"collective_seq_id"' in head))
+    return head.lstrip()[:1] == b"{" and (
+        JSON_MARK in head or (b'"entries"' in head and b'"collective_seq_id"' in head)
+    )
 
 
 def load(path: str) -> dict[str, Any]:
@@ -61,10 +78,22 @@ def load(path: str) -> dict[str, Any]:
     if len(raw) > safeio.max_input_bytes():
         raise ImportProblem(safeio.too_big("is larger than", safeio.max_input_bytes()))
     try:
-        dump = (_NoGlobals(io.BytesIO(raw)).load() if raw[:1] == b"\x80"
-                else json.loads(raw.decode("utf-8", errors="replace")))
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, RecursionError, MemoryError) as e:
+        dump = (
+            _NoGlobals(io.BytesIO(raw)).load()
+            if raw[:1] == b"\x80"
+            else json.loads(raw.decode("utf-8", errors="replace"))
+        )
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        RecursionError,
+        MemoryError,
+    ) as e:
         raise ImportProblem(f"not a readable Flight Recorder dump ({str(e)[:120]})") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
         raise ImportProblem("not a Flight Recorder dump: no `entries` list")
@@ -75,8 +104,9 @@ def rank_of(path: str) -> int:
     """torch names each rank's dump by appending its global rank to the prefix."""
     m = _RANK.search(os.path.basename(path))
     if m is None:
-        raise ImportProblem("Flight Recorder dump without the rank at the end of its name "
-                            "(torch writes <prefix><rank>)")
+        raise ImportProblem(
+            "Flight Recorder dump without the rank at the end of its name (torch writes <prefix><rank>)"
+        )
     return int(m.group(1))
 
 
@@ -102,21 +132,48 @@ def import_dump(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]
             continue
         pg = e.get("process_group") or ("", "")
         name = str(e.get("profiling_name") or "")
-        rows.append({"rank": rank, "pg": str(pg[0]), "pg_desc": str(pg[1]) if len(pg) > 1 else "",
-                     "seq": e.get("collective_seq_id"), "p2p_seq": e.get("p2p_seq_id"),
-                     "is_p2p": bool(e.get("is_p2p")), "op": name.split(":", 1)[-1],
-                     "in_sizes": _sizes(e.get("input_sizes")), "out_sizes": _sizes(e.get("output_sizes")),
-                     "in_dtypes": _sizes(e.get("input_dtypes")), "out_dtypes": _sizes(e.get("output_dtypes")),
-                     "state": e.get("state"), "retired": e.get("retired"), "ts": e.get("time_created_ns"),
-                     "timeout_ms": e.get("timeout_ms"), "where": _caller(e.get("frames"))})
-    groups = [{"rank": rank, "pg": str(k), "name": str((v or {}).get("name", k)),
-               "desc": str((v or {}).get("desc", "")), "ranks": str((v or {}).get("ranks", ""))}
-              for k, v in (dump.get("pg_config") or {}).items()]
-    status = [{"rank": rank, "pg": str(k), **{f: (v or {}).get(f"last_{f}_collective")
-                                              for f in ("enqueued", "started", "completed")}}
-              for k, v in (dump.get("pg_status") or {}).items()]
-    frames = {"fr_entry": pd.DataFrame(rows, columns=ENTRY_COLUMNS),
-              "fr_group": pd.DataFrame(groups, columns=["rank", "pg", "name", "desc", "ranks"]),
-              "fr_status": pd.DataFrame(status, columns=["rank", "pg", "enqueued", "started", "completed"])}
+        rows.append(
+            {
+                "rank": rank,
+                "pg": str(pg[0]),
+                "pg_desc": str(pg[1]) if len(pg) > 1 else "",
+                "seq": e.get("collective_seq_id"),
+                "p2p_seq": e.get("p2p_seq_id"),
+                "is_p2p": bool(e.get("is_p2p")),
+                "op": name.split(":", 1)[-1],
+                "in_sizes": _sizes(e.get("input_sizes")),
+                "out_sizes": _sizes(e.get("output_sizes")),
+                "in_dtypes": _sizes(e.get("input_dtypes")),
+                "out_dtypes": _sizes(e.get("output_dtypes")),
+                "state": e.get("state"),
+                "retired": e.get("retired"),
+                "ts": e.get("time_created_ns"),
+                "timeout_ms": e.get("timeout_ms"),
+                "where": _caller(e.get("frames")),
+            }
+        )
+    groups = [
+        {
+            "rank": rank,
+            "pg": str(k),
+            "name": str((v or {}).get("name", k)),
+            "desc": str((v or {}).get("desc", "")),
+            "ranks": str((v or {}).get("ranks", "")),
+        }
+        for k, v in (dump.get("pg_config") or {}).items()
+    ]
+    status = [
+        {
+            "rank": rank,
+            "pg": str(k),
+            **{f: (v or {}).get(f"last_{f}_collective") for f in ("enqueued", "started", "completed")},
+        }
+        for k, v in (dump.get("pg_status") or {}).items()
+    ]
+    frames = {
+        "fr_entry": pd.DataFrame(rows, columns=ENTRY_COLUMNS),
+        "fr_group": pd.DataFrame(groups, columns=["rank", "pg", "name", "desc", "ranks"]),
+        "fr_status": pd.DataFrame(status, columns=["rank", "pg", "enqueued", "started", "completed"]),
+    }
     header = {"rank": rank, "source": "flight_recorder", "fr_version": str(dump.get("version", ""))}
     return rank, header, {k: v for k, v in frames.items() if not v.empty}

@@ -23,8 +23,9 @@ def _trace_side(steps: pd.DataFrame) -> pd.DataFrame:
     s = steps.assign(dur_ms=pd.to_numeric(steps["dur"], errors="coerce") / 1e6)
     applied = s["applied"].astype("boolean") if "applied" in s.columns else pd.Series(True, index=s.index)
     s = s.assign(skipped=~applied.fillna(True))
-    return s.groupby("step").agg(trace_ms=("dur_ms", "median"), ranks=("rank", "nunique"),
-                                 trace_skipped=("skipped", "any"))
+    return s.groupby("step").agg(
+        trace_ms=("dur_ms", "median"), ranks=("rank", "nunique"), trace_skipped=("skipped", "any")
+    )
 
 
 def shift(trace_ms: pd.Series, log_ms: pd.Series) -> int:
@@ -47,16 +48,26 @@ def join_steps(steps: pd.DataFrame, log: pd.DataFrame, overflow: pd.DataFrame) -
         return pd.DataFrame(columns=COLUMNS)
     t = _trace_side(steps)
     lg = log.groupby("step").first()
-    log_ms = (pd.to_numeric(lg["iter_ms"], errors="coerce") if "iter_ms" in lg.columns
-              else pd.Series(dtype=float))
+    log_ms = (
+        pd.to_numeric(lg["iter_ms"], errors="coerce") if "iter_ms" in lg.columns else pd.Series(dtype=float)
+    )
     k = shift(t["trace_ms"], log_ms)
     lg.index = lg.index + k
-    ov = overflow[overflow["source"].astype(str).str.startswith("log")] if "source" in overflow.columns \
+    ov = (
+        overflow[overflow["source"].astype(str).str.startswith("log")]
+        if "source" in overflow.columns
         else overflow.iloc[0:0]
+    )
     log_skipped = set((pd.to_numeric(ov["step"], errors="coerce").dropna().astype(int) + k).tolist())
-    out = t.join(lg.rename(columns={"iter_ms": "log_ms"})[["log_ms", *[c for c in LOG_FIGURES if c in lg]]],
-                 how="outer")
+    out = t.join(
+        lg.rename(columns={"iter_ms": "log_ms"})[["log_ms", *[c for c in LOG_FIGURES if c in lg]]],
+        how="outer",
+    )
     skipped = out["trace_skipped"].astype("boolean").fillna(False).astype(bool)
-    out = out.assign(in_trace=out.index.isin(t.index), in_log=out.index.isin(lg.index), log_shift=k,
-                     overflow=skipped | out.index.isin(list(log_skipped)))
+    out = out.assign(
+        in_trace=out.index.isin(t.index),
+        in_log=out.index.isin(lg.index),
+        log_shift=k,
+        overflow=skipped | out.index.isin(list(log_skipped)),
+    )
     return out.rename_axis("step").reset_index().reindex(columns=COLUMNS)

@@ -26,9 +26,17 @@ PROBLEMS = "problems"  # header key: one-line problems with a file that was stil
 def _steps(host: pd.DataFrame, rank: int) -> pd.DataFrame:
     m = host["name"].str.extract(r"^ProfilerStep\s*#\s*(\d+)", expand=False)
     st = host[m.notna()].assign(step=m[m.notna()].astype(int)).sort_values("ts")
-    return pd.DataFrame({"rank": rank, "step": st["step"].to_numpy(), "ts": st["ts"].to_numpy(),
-                         "dur": st["dur"].to_numpy(), "samples": None, "tokens": None,
-                         "applied": True})
+    return pd.DataFrame(
+        {
+            "rank": rank,
+            "step": st["step"].to_numpy(),
+            "ts": st["ts"].to_numpy(),
+            "dur": st["dur"].to_numpy(),
+            "samples": None,
+            "tokens": None,
+            "applied": True,
+        }
+    )
 
 
 def step_of(ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -49,20 +57,39 @@ def _kernels(gpu: pd.DataFrame, runtime: pd.DataFrame, steps: pd.DataFrame, rank
     launched = ~np.isnan(launch_ts.astype(float))
     lts = np.where(launched, launch_ts, -1).astype(np.int64)
     ldur = np.where(launched, calls["dur"].reindex(corr).to_numpy(), -1).astype(np.int64)
-    return pd.DataFrame({
-        "rank": rank, "name": gpu["name"].astype("category"), "kind": classify_kernels(gpu["name"],
-                                                                                       gpu["cat"]),
-        "stream": gpu["stream"], "ts": gpu["ts"], "dur": gpu["dur"],
-        "correlation": corr, "launch_ts": lts, "launch_dur": ldur,
-        "step": np.where(launched, step_of(lts, steps), -1),
-    }).sort_values("ts", kind="stable").reset_index(drop=True)
+    return (
+        pd.DataFrame(
+            {
+                "rank": rank,
+                "name": gpu["name"].astype("category"),
+                "kind": classify_kernels(gpu["name"], gpu["cat"]),
+                "stream": gpu["stream"],
+                "ts": gpu["ts"],
+                "dur": gpu["dur"],
+                "correlation": corr,
+                "launch_ts": lts,
+                "launch_dur": ldur,
+                "step": np.where(launched, step_of(lts, steps), -1),
+            }
+        )
+        .sort_values("ts", kind="stable")
+        .reset_index(drop=True)
+    )
 
 
 def _cpu_ops(host: pd.DataFrame, steps: pd.DataFrame, rank: int) -> pd.DataFrame:
     ts = host["ts"].to_numpy()
-    return pd.DataFrame({"rank": rank, "name": host["name"].astype("category"),
-                         "cat": host["cat"].astype("category"), "tid": host["tid"].astype("category"),
-                         "ts": ts, "dur": host["dur"], "step": step_of(ts, steps)})
+    return pd.DataFrame(
+        {
+            "rank": rank,
+            "name": host["name"].astype("category"),
+            "cat": host["cat"].astype("category"),
+            "tid": host["tid"].astype("category"),
+            "ts": ts,
+            "dur": host["dur"],
+            "step": step_of(ts, steps),
+        }
+    )
 
 
 def rank_of(doc: dict[str, Any], path: str) -> int:
@@ -96,13 +123,22 @@ def _import(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]]:
     info = doc.get("distributedInfo") or {}
     host = cols["host"].sort_values("ts", kind="stable")
     steps = _steps(host, rank)
-    frames = {schema.STEP: steps, "kernel": _kernels(cols["gpu"], cols["runtime"], steps, rank),
-              "cpu_op": _cpu_ops(host, steps, rank)}
+    frames = {
+        schema.STEP: steps,
+        "kernel": _kernels(cols["gpu"], cols["runtime"], steps, rank),
+        "cpu_op": _cpu_ops(host, steps, rank),
+    }
     frames[schema.COMM] = kineto_comms.comm_frame(host, frames["kernel"], info, rank)
     frames[schema.COMM]["step"] = step_of(frames[schema.COMM]["ts"].to_numpy(), steps)
-    header = {"rank": rank, "world_size": info.get("world_size"), "host": doc.get("host_name"),
-              "backend": info.get("backend"), "source": "kineto", "path": path,
-              "device_properties": doc.get("deviceProperties") or []}
+    header = {
+        "rank": rank,
+        "world_size": info.get("world_size"),
+        "host": doc.get("host_name"),
+        "backend": info.get("backend"),
+        "source": "kineto",
+        "path": path,
+        "device_properties": doc.get("deviceProperties") or [],
+    }
     if dropped:
         header[PROBLEMS] = [dropped]
     return rank, header, frames

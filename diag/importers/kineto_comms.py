@@ -87,27 +87,52 @@ def _from_param_comms(kernels: pd.DataFrame, host: pd.DataFrame, world: int) -> 
     ops = []
     for a, host_op, kop in zip(args, enclosing, fixed):
         named = canonical_op(str(a["Collective name"])) if a.get("Collective name") else None
-        ops.append(kop if kop != UNKNOWN_OP and kop not in P2P else named if named in CANONICAL_OPS
-                   else host_op or kop)
+        ops.append(
+            kop
+            if kop != UNKNOWN_OP and kop not in P2P
+            else named
+            if named in CANONICAL_OPS
+            else host_op or kop
+        )
     dtype = [a.get("dtype") for a in args]
-    return {"ts": k["ts"].to_numpy(), "dur": k["dur"].to_numpy(), "op": ops,
-            "bytes": np.array([_bytes(a, d) for a, d in zip(args, dtype)], dtype=float),
-            "dtype": dtype, "group_size": [int(a.get("Group size", world) or world) for a in args],
-            "group": [str(a.get("Process Group Name", "default")) for a in args],
-            "group_ranks": [a.get("Process Group Ranks") for a in args]}
+    return {
+        "ts": k["ts"].to_numpy(),
+        "dur": k["dur"].to_numpy(),
+        "op": ops,
+        "bytes": np.array([_bytes(a, d) for a, d in zip(args, dtype)], dtype=float),
+        "dtype": dtype,
+        "group_size": [int(a.get("Group size", world) or world) for a in args],
+        "group": [str(a.get("Process Group Name", "default")) for a in args],
+        "group_ranks": [a.get("Process Group Ranks") for a in args],
+    }
 
 
 def _from_gloo(ann: pd.DataFrame, world: int) -> dict[str, Any]:
     ops = [canonical_op(n) for n in ann["name"].astype(str)]
     dims = [(a.get("Input Dims") or [[]])[0] for a in ann["args"]]
     types = [(a.get("Input type") or [None])[0] for a in ann["args"]]
-    numel = [prod(d) if isinstance(d, list) and d and all(isinstance(x, int) for x in d)
-             else 0 if op == "barrier" else np.nan  # no dims: size unknown, not 0 (a barrier has none)
-             for d, op in zip(dims, ops)]
-    nbytes = np.array([n * element_bytes(t) * (world if op == "all_gather" else 1)
-                       for n, t, op in zip(numel, types, ops)], dtype=float)
-    return {"ts": ann["ts"].to_numpy(), "dur": ann["dur"].to_numpy(), "op": ops, "bytes": nbytes,
-            "dtype": types, "group_size": world, "group": "default", "group_ranks": None}
+    numel = [
+        prod(d)
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d)
+        else 0
+        if op == "barrier"
+        else np.nan  # no dims: size unknown, not 0 (a barrier has none)
+        for d, op in zip(dims, ops)
+    ]
+    nbytes = np.array(
+        [n * element_bytes(t) * (world if op == "all_gather" else 1) for n, t, op in zip(numel, types, ops)],
+        dtype=float,
+    )
+    return {
+        "ts": ann["ts"].to_numpy(),
+        "dur": ann["dur"].to_numpy(),
+        "op": ops,
+        "bytes": nbytes,
+        "dtype": types,
+        "group_size": world,
+        "group": "default",
+        "group_ranks": None,
+    }
 
 
 def comm_frame(host: pd.DataFrame, kernels: pd.DataFrame, info: dict[str, Any], rank: int) -> pd.DataFrame:

@@ -32,9 +32,9 @@ def _split(data: bytes) -> tuple[bytes, Iterator[bytes]] | None:
     start = data.find(b"[", key) + 1 if key >= 0 else 0
     first = data.find(b"{", start) if start else -1
     nl = data.rfind(b"\n", start, first) if first > 0 else -1
-    if nl < 0 or data[nl + 1:first].strip():
+    if nl < 0 or data[nl + 1 : first].strip():
         return None
-    indent = data[nl + 1:first]
+    indent = data[nl + 1 : first]
     close = data.rfind(b"\n" + indent + b"}")
     after = close + len(indent) + 2
     if close < first or data[after:].lstrip()[:1] != b"]":
@@ -50,7 +50,7 @@ def _split(data: bytes) -> tuple[bytes, Iterator[bytes]] | None:
             yield b"[" + data[pos:stop] + b"]"
             pos = stop if cut < 0 else cut + len(sep) - 1
 
-    return data[:start] + b"]" + data[end + 1:], chunks()
+    return data[:start] + b"]" + data[end + 1 :], chunks()
 
 
 def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
@@ -63,8 +63,13 @@ def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
             cat = e.get("cat")
             if not isinstance(cat, str):
                 continue
-            kind = "gpu" if cat in GPU_CATS else "runtime" if cat in RUNTIME_CATS else (
-                "host" if cat in HOST_CATS else None)
+            kind = (
+                "gpu"
+                if cat in GPU_CATS
+                else "runtime"
+                if cat in RUNTIME_CATS
+                else ("host" if cat in HOST_CATS else None)
+            )
             if kind is not None:
                 rows[kind].append(e)
     out: dict[str, Any] = {}
@@ -75,8 +80,15 @@ def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
         keep = ts_ok & dur_ok & (dur_ns >= 0)
         # object columns even when empty: a trace with no host ops at all (older Kineto, an
         # inference capture) must not give float name columns the string matching fails on
-        df = pd.DataFrame({"name": pd.Series(name, dtype=object), "cat": pd.Series(cat, dtype=object),
-                           "ts": ts_ns, "dur": dur_ns, "tid": pd.Series(tid, dtype=object)})
+        df = pd.DataFrame(
+            {
+                "name": pd.Series(name, dtype=object),
+                "cat": pd.Series(cat, dtype=object),
+                "ts": ts_ns,
+                "dur": dur_ns,
+                "tid": pd.Series(tid, dtype=object),
+            }
+        )
         args = [e.get("args") or {} for e in evs]
         if kind != "host":
             df["correlation"] = _ints([a.get("correlation", -1) for a in args])
@@ -105,8 +117,9 @@ def _fields(evs: list[dict[str, Any]]) -> tuple[Any, ...]:
     try:
         cols = tuple(zip(*map(_GET, evs)))
     except KeyError:
-        cols = tuple(zip(*((e.get("name", ""), e.get("cat"), e.get("ts"), e.get("dur", 0), e.get("tid"))
-                           for e in evs)))
+        cols = tuple(
+            zip(*((e.get("name", ""), e.get("cat"), e.get("ts"), e.get("dur", 0), e.get("tid")) for e in evs))
+        )
     return cols if cols else ((), (), (), (), ())
 
 
@@ -133,8 +146,9 @@ def _ints(vals: list[Any]) -> np.ndarray:
     try:
         return np.array(vals, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.array([v if type(v) is int and -(1 << 63) <= v < 1 << 63 else -1 for v in vals],
-                        dtype=np.int64)
+        return np.array(
+            [v if type(v) is int and -(1 << 63) <= v < 1 << 63 else -1 for v in vals], dtype=np.int64
+        )
 
 
 def _parse_chunks(data: bytes) -> tuple[dict[str, Any], list[dict[str, pd.DataFrame]]] | None:
@@ -161,11 +175,15 @@ def read_events(path: str) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
             raise ImportProblem("not a PyTorch profiler trace (no traceEvents list)")
         parsed = doc, [_frames(doc.pop("traceEvents"))]
     doc, parts = parsed
-    frames = {k: pd.concat([p[k] for p in parts], ignore_index=True) if len(parts) > 1 else parts[0][k]
-              for k in ("gpu", "runtime", "host")}
+    frames = {
+        k: pd.concat([p[k] for p in parts], ignore_index=True) if len(parts) > 1 else parts[0][k]
+        for k in ("gpu", "runtime", "host")
+    }
     n_bad = sum(p[BAD][0] for p in parts)
     if n_bad:
         first = next(p[BAD][1] for p in parts if p[BAD][0])
-        doc[BAD] = (f"skipped {n_bad} events whose ts or dur is not a time (negative, non-finite, "
-                    f"out of range; first: {first})")
+        doc[BAD] = (
+            f"skipped {n_bad} events whose ts or dur is not a time (negative, non-finite, "
+            f"out of range; first: {first})"
+        )
     return doc, frames

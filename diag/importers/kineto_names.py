@@ -36,10 +36,12 @@ def classify_kernels(names: pd.Series, cats: pd.Series) -> pd.Series:
     return pd.Series(out, index=names.index, dtype="category")
 
 
-_SIZE_WORDS = ((8, ("double", "float64", "long", "int64", "complex<float>")),
-               (1, ("char", "int8", "uint8", "byte", "bool", "float8")),
-               (2, ("half", "bfloat16", "float16", "short", "int16")),
-               (4, ("float", "int", "uint32")))
+_SIZE_WORDS = (
+    (8, ("double", "float64", "long", "int64", "complex<float>")),
+    (1, ("char", "int8", "uint8", "byte", "bool", "float8")),
+    (2, ("half", "bfloat16", "float16", "short", "int16")),
+    (4, ("float", "int", "uint32")),
+)
 
 
 def element_bytes(dtype: object) -> int:

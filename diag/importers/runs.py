@@ -37,8 +37,12 @@ class RunSig:
     job_id: str | None = None
 
     def describe(self) -> str:
-        bits = [self.job_id or "", f"world {self.world}" if self.world else "", _when(self.start_ns),
-                f"ranks {','.join(map(str, sorted(self.ranks)))}" if self.ranks else ""]
+        bits = [
+            self.job_id or "",
+            f"world {self.world}" if self.world else "",
+            _when(self.start_ns),
+            f"ranks {','.join(map(str, sorted(self.ranks)))}" if self.ranks else "",
+        ]
         return ", ".join(b for b in bits if b)
 
 
@@ -81,16 +85,25 @@ def _world(headers: list[dict[str, Any]]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def of_frames(path: str, kind: str, headers: dict[int, dict[str, Any]],
-              frames: dict[str, pd.DataFrame]) -> RunSig:
+def of_frames(
+    path: str, kind: str, headers: dict[int, dict[str, Any]], frames: dict[str, pd.DataFrame]
+) -> RunSig:
     start, end = _span(frames)
     argvs = {_argv(h.get("argv")) for h in headers.values()} - {None}
     starts = [h["start_ts"] for h in headers.values() if isinstance(h.get("start_ts"), int)]
     if starts:
         start = min(starts + ([start] if start is not None else []))
     jobs = {h.get("job_id") for h in headers.values()} - {None}
-    return RunSig(path, kind, frozenset(headers), _world(list(headers.values())), start, end,
-                  argvs.pop() if len(argvs) == 1 else None, jobs.pop() if len(jobs) == 1 else None)
+    return RunSig(
+        path,
+        kind,
+        frozenset(headers),
+        _world(list(headers.values())),
+        start,
+        end,
+        argvs.pop() if len(argvs) == 1 else None,
+        jobs.pop() if len(jobs) == 1 else None,
+    )
 
 
 def same_run(a: RunSig, b: RunSig) -> bool:
@@ -126,14 +139,25 @@ class MixedRuns(DiagError):
     """Inputs from different runs: refused (exit 2) unless the command asked for one report each."""
 
     def __init__(self, runs: list[list[RunSig]], logs: list[str] | None = None) -> None:
-        parts = [f"[{' '.join(s.path for s in r)}] ({r[0].describe() if len(r) == 1 else _merged(r)})"
-                 for r in runs]
-        super().__init__(f"inputs come from {len(runs)} different runs (or capture windows), not merged: "
-                         + "; ".join(parts) + " (analyze one at a time, or pass --each-run)")
+        parts = [
+            f"[{' '.join(s.path for s in r)}] ({r[0].describe() if len(r) == 1 else _merged(r)})"
+            for r in runs
+        ]
+        super().__init__(
+            f"inputs come from {len(runs)} different runs (or capture windows), not merged: "
+            + "; ".join(parts)
+            + " (analyze one at a time, or pass --each-run)"
+        )
         # paths per run; logs (no identity of their own) are analyzed on their own under --each-run
         self.runs = [[s.path for s in r] for r in runs] + ([logs] if logs else [])
 
 
 def _merged(run: list[RunSig]) -> str:
-    return RunSig("", run[0].kind, frozenset().union(*(s.ranks for s in run)), run[0].world,
-                  min((s.start_ns for s in run if s.start_ns is not None), default=None), None).describe()
+    return RunSig(
+        "",
+        run[0].kind,
+        frozenset().union(*(s.ranks for s in run)),
+        run[0].world,
+        min((s.start_ns for s in run if s.start_ns is not None), default=None),
+        None,
+    ).describe()

@@ -23,8 +23,10 @@ __all__ = ["AUTO_ORDER", "METHODS", "InjectFailed", "inject"]
 
 METHODS = ("remote_exec", "ptrace", "pyinjector", "hypno", "gdb")
 AUTO_ORDER = ("remote_exec", "ptrace")  # no malloc in the stopped thread
-MALLOC_RISK = ("makes the ptrace-stopped thread call malloc (dlopen/strdup), which deadlocks the "
-               "rank if it was stopped inside malloc; the automatic order uses only remote_exec and ptrace")
+MALLOC_RISK = (
+    "makes the ptrace-stopped thread call malloc (dlopen/strdup), which deadlocks the "
+    "rank if it was stopped inside malloc; the automatic order uses only remote_exec and ptrace"
+)
 
 
 def _injector(method: str) -> Callable[[Target, str], str | None]:
@@ -33,8 +35,11 @@ def _injector(method: str) -> Callable[[Target, str], str | None]:
     elif method in ("ptrace", "pyinjector", "hypno"):
         from diag.inject import ptrace
 
-        fn = {"ptrace": ptrace.inject_raw, "pyinjector": ptrace.inject_pyinjector,
-              "hypno": ptrace.inject_hypno}[method]
+        fn = {
+            "ptrace": ptrace.inject_raw,
+            "pyinjector": ptrace.inject_pyinjector,
+            "hypno": ptrace.inject_hypno,
+        }[method]
     elif method == "gdb":
         from diag.inject.gdb import inject as fn
     else:
@@ -42,8 +47,9 @@ def _injector(method: str) -> Callable[[Target, str], str | None]:
     return fn
 
 
-def inject(target: Target, code: str, method: str | None = None,
-           tried: list[str] | None = None) -> tuple[str, float, str | None]:
+def inject(
+    target: Target, code: str, method: str | None = None, tried: list[str] | None = None
+) -> tuple[str, float, str | None]:
     """Hand `code` to the target; returns (method used, seconds, warning). Each method that failed
     before is appended to `tried` as "method: why"; all of them are named when none worked."""
     tried = [] if tried is None else tried
@@ -57,6 +63,12 @@ def inject(target: Target, code: str, method: str | None = None,
         if name not in AUTO_ORDER:
             warning = "; ".join(w for w in (f"--method {name} {MALLOC_RISK}", warning) if w)
         return name, time.perf_counter() - t0, warning
-    hint = "" if method else (" (pyinjector, hypno and gdb, which can deadlock a rank stopped in malloc, "
-                              "run only when named with --method)")
+    hint = (
+        ""
+        if method
+        else (
+            " (pyinjector, hypno and gdb, which can deadlock a rank stopped in malloc, "
+            "run only when named with --method)"
+        )
+    )
     raise DiagError(f"could not inject into pid {target.pid}: " + "; ".join(tried) + hint, FAILURE)

@@ -33,8 +33,9 @@ class Queued(DiagError):
     """The payload waits in the target for its main thread; its files must stay until it runs."""
 
 
-def attach_one(pid: int, rank: int | None, options: dict[str, Any], method: str | None,
-               need_torch: bool) -> Attached:
+def attach_one(
+    pid: int, rank: int | None, options: dict[str, Any], method: str | None, need_torch: bool
+) -> Attached:
     target = checks.inspect(pid, need_torch=need_torch)
     mismatch = checks.runtime_dir_mismatch(pid)
     if mismatch is not None:
@@ -114,14 +115,20 @@ def _wait_ready(pid: int, err_file: str, opts_file: str) -> None:
             raise DiagError(f"pid {pid}: the agent failed to start: {msg}", FAILURE)
         time.sleep(0.01)
     if not os.path.exists(opts_file):
-        raise DiagError(f"pid {pid}: the payload ran but the agent's control socket did not appear "
-                        f"within {READY_TIMEOUT_S:.0f} s (still importing? see `diag status {pid}`)",
-                        FAILURE)
+        raise DiagError(
+            f"pid {pid}: the payload ran but the agent's control socket did not appear "
+            f"within {READY_TIMEOUT_S:.0f} s (still importing? see `diag status {pid}`)",
+            FAILURE,
+        )
     why = checks.not_attachable(pid)  # stopped or gone meanwhile: say that, not "no Python code"
     if why is not None:
-        raise Queued(f"{why} (the agent will start if it resumes within "
-                     f"{payload.QUEUED_LIFE_S / 60:.0f} min)", FAILURE)
-    raise Queued(f"pid {pid}: the target's main thread has not run Python code for "
-                 f"{READY_TIMEOUT_S:.0f} s; the agent will start if it does within "
-                 f"{payload.QUEUED_LIFE_S / 60:.0f} min (the payload waits as a pending call, then "
-                 f"expires; see `diag status {pid}`)", FAILURE)
+        raise Queued(
+            f"{why} (the agent will start if it resumes within {payload.QUEUED_LIFE_S / 60:.0f} min)", FAILURE
+        )
+    raise Queued(
+        f"pid {pid}: the target's main thread has not run Python code for "
+        f"{READY_TIMEOUT_S:.0f} s; the agent will start if it does within "
+        f"{payload.QUEUED_LIFE_S / 60:.0f} min (the payload waits as a pending call, then "
+        f"expires; see `diag status {pid}`)",
+        FAILURE,
+    )

@@ -35,8 +35,7 @@ def inspect(pid: int, need_torch: bool = True) -> Target:
     except FileNotFoundError:
         raise DiagError(f"no such process: {pid}", FAILURE) from None
     if st.st_uid != os.getuid():
-        raise DiagError(f"pid {pid} belongs to another user (uid {st.st_uid}); attach as that user",
-                        FAILURE)
+        raise DiagError(f"pid {pid} belongs to another user (uid {st.st_uid}); attach as that user", FAILURE)
     why = not_attachable(pid)
     if why is not None:
         raise DiagError(why, FAILURE)
@@ -50,12 +49,16 @@ def inspect(pid: int, need_torch: bool = True) -> Target:
     if version is None:
         raise DiagError(f"pid {pid} is not a Python process ({exe})", FAILURE)
     if version < MIN_PYTHON:
-        raise DiagError(f"pid {pid} runs Python {version[0]}.{version[1]}; diag needs "
-                        f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer", FAILURE)
+        raise DiagError(
+            f"pid {pid} runs Python {version[0]}.{version[1]}; diag needs "
+            f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer",
+            FAILURE,
+        )
     has_torch = "/torch/lib/libtorch" in maps or "/torch/_C" in maps
     if need_torch and not has_torch:
-        raise DiagError(f"pid {pid} has not imported torch (attach once the job has started, or "
-                        "pass --no-torch)", FAILURE)
+        raise DiagError(
+            f"pid {pid} has not imported torch (attach once the job has started, or pass --no-torch)", FAILURE
+        )
     return Target(pid, exe, version, has_torch)
 
 
@@ -66,8 +69,13 @@ def python_version(exe: str, maps: str) -> tuple[int, int] | None:
         return int(m.group(1)), int(m.group(2))
     if not os.path.basename(exe).startswith("python"):
         return None
-    out = subprocess.run([exe, "-I", "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
-                         capture_output=True, text=True, timeout=10, check=False).stdout
+    out = subprocess.run(
+        [exe, "-I", "-S", "-c", "import sys;print('python%d.%d'%sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    ).stdout
     m = _VERSION.search(out)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
@@ -83,11 +91,15 @@ def not_attachable(pid: int) -> str | None:
         return f"pid {pid} has exited ({state}; its parent has not reaped it yet)"
     tracer = fields.get("TracerPid", "0")
     if tracer not in ("0", ""):
-        return (f"pid {pid} is already traced by pid {tracer} ({_name(tracer)}): a debugger or strace; "
-                "only one tracer at a time, detach it first")
+        return (
+            f"pid {pid} is already traced by pid {tracer} ({_name(tracer)}): a debugger or strace; "
+            "only one tracer at a time, detach it first"
+        )
     if state[:1] in ("T", "t"):
-        return (f"pid {pid} is stopped ({state}): its Python code cannot run; resume it with "
-                f"`kill -CONT {pid}`, then attach")
+        return (
+            f"pid {pid} is stopped ({state}): its Python code cannot run; resume it with "
+            f"`kill -CONT {pid}`, then attach"
+        )
     return None
 
 
@@ -107,8 +119,10 @@ def runtime_dir_mismatch(pid: int) -> str | None:
     if theirs == ours:
         return None
     fix = f"XDG_RUNTIME_DIR={raw.decode(errors='replace')}" if raw else "XDG_RUNTIME_DIR unset"
-    return (f"pid {pid} keeps diag's sockets in {theirs}, this shell in {ours}: run diag with "
-            f"{fix}, as the job has it")
+    return (
+        f"pid {pid} keeps diag's sockets in {theirs}, this shell in {ours}: run diag with "
+        f"{fix}, as the job has it"
+    )
 
 
 def _name(pid: str) -> str:
@@ -130,8 +144,10 @@ def ptrace_hint(scope_file: str = PTRACE_SCOPE, status_file: str = "/proc/self/s
     if scope == 3:
         return "kernel.yama.ptrace_scope=3 forbids ptrace until reboot: use `diag run` instead"
     if scope >= 1 and not cap:
-        return (f"kernel.yama.ptrace_scope={scope}: run `sudo sysctl kernel.yama.ptrace_scope=0`, "
-                "or grant CAP_SYS_PTRACE, or use `diag run`")
+        return (
+            f"kernel.yama.ptrace_scope={scope}: run `sudo sysctl kernel.yama.ptrace_scope=0`, "
+            "or grant CAP_SYS_PTRACE, or use `diag run`"
+        )
     if not cap:
         return "no CAP_SYS_PTRACE (containers: --cap-add SYS_PTRACE), or use `diag run`"
     return "ptrace was refused (seccomp or a security module?); `diag run` needs no ptrace"

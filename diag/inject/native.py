@@ -43,8 +43,13 @@ def _compile(path: str) -> None:
         raise NoCompiler("no C compiler (cc, gcc or clang) on PATH")
     tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # ranks attached in parallel race here
     try:
-        proc = subprocess.run([cc, *FLAGS, "-o", tmp, SOURCE], capture_output=True, text=True,
-                              timeout=COMPILE_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            [cc, *FLAGS, "-o", tmp, SOURCE],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NoCompiler(f"{cc} failed: {e}") from None
     if proc.returncode != 0:
@@ -60,7 +65,7 @@ def patched(lib: bytes, magic: bytes, code: bytes, max_size: int) -> bytes:
         raise ValueError("placeholder not found in the injection library")
     if len(code) >= max_size:
         raise ValueError(f"payload of {len(code)} bytes exceeds the library's {max_size - 1}")
-    return lib[:start] + code + b"\0" + lib[start + len(code) + 1:]
+    return lib[:start] + code + b"\0" + lib[start + len(code) + 1 :]
 
 
 def pending_with(code: bytes) -> bytes:
@@ -78,5 +83,5 @@ def hypno_with(code: bytes) -> bytes:
         lib = f.read()
     magic = lib.find(HYPNO_MAGIC)
     end = lib.find(b"\0", magic + len(HYPNO_MAGIC))
-    max_size = int(lib[magic + len(HYPNO_MAGIC):end])
-    return patched(lib, lib[magic - 1:magic + len(HYPNO_MAGIC)], code, max_size + 1)
+    max_size = int(lib[magic + len(HYPNO_MAGIC) : end])
+    return patched(lib, lib[magic - 1 : magic + len(HYPNO_MAGIC)], code, max_size + 1)

@@ -38,9 +38,11 @@ def code(options_file: str) -> str:
     for s in (ROOT, options_file):
         if any(c in s for c in "'\"\\\n"):
             raise ValueError(f"path {s!r} contains quotes or backslashes")
-    return (f"try:__import__('sys').path.count('{ROOT}') or __import__('sys').path.append('{ROOT}');"
-            f"__import__('diag.inject.payload',None,None,['boot']).boot('{options_file}')\n"
-            "except BaseException:pass\n")
+    return (
+        f"try:__import__('sys').path.count('{ROOT}') or __import__('sys').path.append('{ROOT}');"
+        f"__import__('diag.inject.payload',None,None,['boot']).boot('{options_file}')\n"
+        "except BaseException:pass\n"
+    )
 
 
 def boot(options_file: str) -> None:

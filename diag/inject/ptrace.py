@@ -26,8 +26,10 @@ from diag.inject.failure import InjectFailed
 TIMEOUT_S = 20.0
 GRACE_S = 3.0
 RAW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raw.py")
-GIL_RISK = ("takes the GIL from the ptrace-stopped thread, which can deadlock the rank if it was "
-            "stopped inside the interpreter's GIL handoff")
+GIL_RISK = (
+    "takes the GIL from the ptrace-stopped thread, which can deadlock the rank if it was "
+    "stopped inside the interpreter's GIL handoff"
+)
 RUNNER = """import sys
 sys.path.append(sys.argv[3])
 import pyinjector
@@ -105,8 +107,9 @@ def _child(cmd: list[str], what: str, pid: int) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-        raise InjectFailed(f"{what} did not return within {TIMEOUT_S:.0f} s (stopped it); "
-                           f"{describe_state(pid)}") from None
+        raise InjectFailed(
+            f"{what} did not return within {TIMEOUT_S:.0f} s (stopped it); {describe_state(pid)}"
+        ) from None
     if proc.returncode < 0:  # killed by a signal (not ours): the target's state is what matters
         raise InjectFailed(f"{what} was killed by signal {-proc.returncode}; {describe_state(pid)}")
     if proc.returncode != 0:

@@ -45,8 +45,10 @@ BAD_SS_FLAGS = 3  # an invalid sigaltstack mode: rt_sigreturn then leaves the th
 FRAME_SIZE = 8 + 304 + 128  # pretcode, ucontext, siginfo
 RED_ZONE = 128 + 256  # the ABI's red zone, and some slack
 DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}  # until registers are back
-FIELDS = ("r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss "
-          "fs_base gs_base ds es fs gs").split()
+FIELDS = (
+    "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss "
+    "fs_base gs_base ds es fs gs"
+).split()
 TIMEOUT_S = 10.0
 SPIN_S = 0.002
 
@@ -113,8 +115,12 @@ def _address_in(pid: int, here: int) -> int:
 
 
 class _SigAction(ctypes.Structure):  # glibc's struct sigaction (x86-64)
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ubyte * 128), ("flags", ctypes.c_int),
-                ("restorer", ctypes.c_void_p)]
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ubyte * 128),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
 
 
 def _ignore(_signum: int, _frame: object) -> None:
@@ -175,7 +181,7 @@ class _Seized:
         buf = ctypes.create_string_buffer(XSTATE_MAX)
         iov = _Iovec(ctypes.cast(buf, ctypes.c_void_p), XSTATE_MAX)
         _ptrace(PTRACE_GETREGSET, self.pid, NT_X86_XSTATE, ctypes.byref(iov))
-        return buf.raw[:iov.len]
+        return buf.raw[: iov.len]
 
     def call(self, saved: Regs, xstate: bytes, fn: int, args: list[int], result_of: int | None) -> int:
         """fn(*args) in the stopped thread, which then returns through rt_sigreturn to `saved`.
@@ -244,8 +250,15 @@ def signal_frame(saved: Regs, xstate: bytes, trampoline: int, blocked: int) -> t
     the FPU state (64-byte aligned, with the signal-frame software bytes and closing magic)."""
     regs = resumed(saved)
     fp = bytearray(xstate)
-    struct.pack_into("<IIQI", fp, FX_SW_OFFSET, XSTATE_MAGIC1, len(fp) + 4,
-                     struct.unpack_from("<Q", xstate, FX_SW_OFFSET)[0], len(fp))  # ptrace's word: XCR0
+    struct.pack_into(
+        "<IIQI",
+        fp,
+        FX_SW_OFFSET,
+        XSTATE_MAGIC1,
+        len(fp) + 4,
+        struct.unpack_from("<Q", xstate, FX_SW_OFFSET)[0],
+        len(fp),
+    )  # ptrace's word: XCR0
     fp += struct.pack("<I", XSTATE_MAGIC2)
     fp_at = (saved.rsp - RED_ZONE - len(fp)) & ~63
     frame_at = ((fp_at - FRAME_SIZE) & ~15) - 8
@@ -262,8 +275,9 @@ def inject(pid: int, payload: bytes) -> None:
     if platform.machine() != "x86_64":
         raise OSError(f"raw injection supports x86_64 only, not {platform.machine()}")
     py = ctypes.pythonapi
-    add, run, mmap = (target_address(pid, f) for f in (py.Py_AddPendingCall,
-                                                      py.PyRun_SimpleString, libc.mmap))
+    add, run, mmap = (
+        target_address(pid, f) for f in (py.Py_AddPendingCall, py.PyRun_SimpleString, libc.mmap)
+    )
     trampoline = _address_in(pid, restorer())
     size = (len(payload) + 1 + 4095) & ~4095
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED)
@@ -303,8 +317,9 @@ def _check_restored(target: _Seized, want: Regs, xstate: bytes) -> None:
         _ptrace(PTRACE_SETREGSET, target.pid, NT_X86_XSTATE, ctypes.byref(iov))
         differ.append("fpu")
     if differ:
-        print(f"warning: rt_sigreturn did not restore {', '.join(differ)} (restored by hand)",
-              file=sys.stderr)
+        print(
+            f"warning: rt_sigreturn did not restore {', '.join(differ)} (restored by hand)", file=sys.stderr
+        )
 
 
 def main(argv: list[str]) -> int:

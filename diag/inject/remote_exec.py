@@ -22,8 +22,9 @@ def inject(target: Target, code: str) -> str | None:
         raise InjectFailed(f"target runs Python {target.version[0]}.{target.version[1]} (needs 3.14+)")
     script = protocol.write_private(f"inject-{target.pid}-{os.urandom(8).hex()}.py", code.encode())
     call = f"import sys; sys.remote_exec({target.pid}, {script!r})"
-    proc = subprocess.run([target.exe, "-I", "-S", "-c", call], capture_output=True, text=True, timeout=30,
-                          check=False)
+    proc = subprocess.run(
+        [target.exe, "-I", "-S", "-c", call], capture_output=True, text=True, timeout=30, check=False
+    )
     if proc.returncode != 0:
         os.unlink(script)
         err = (proc.stderr.strip().splitlines() or ["failed"])[-1]

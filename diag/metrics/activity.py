@@ -31,20 +31,30 @@ def gpu_activity(kernels: pd.DataFrame, cut: int | None) -> pd.DataFrame:
     k = kernels
     if cut is not None:  # as HTA: only kernels a host op launched before the last step began
         k = k[(k["launch_ts"] >= 0) & (k["launch_ts"] < cut)]
-    return pd.DataFrame({"ts": k["ts"].to_numpy(), "end": (k["ts"] + k["dur"]).to_numpy(),
-                         "kind": k["kind"].astype(str).to_numpy()})
+    return pd.DataFrame(
+        {
+            "ts": k["ts"].to_numpy(),
+            "end": (k["ts"] + k["dur"]).to_numpy(),
+            "kind": k["kind"].astype(str).to_numpy(),
+        }
+    )
 
 
 def cpu_activity(ops: pd.DataFrame, comms: pd.DataFrame, cut: int | None) -> pd.DataFrame:
     prof = ops[ops["name"].astype(str).str.startswith("ProfilerStep")]
     main = prof["tid"].iloc[0] if len(prof) else None
     names = ops["name"].astype(str)
-    comp = ops[(ops["tid"] == main) & (ops["cat"].astype(str) == "cpu_op")
-               & ~names.str.startswith(_NOT_COMPUTE)]
-    parts = [pd.DataFrame({"ts": comp["ts"].to_numpy(), "end": (comp["ts"] + comp["dur"]).to_numpy(),
-                           "kind": COMPUTE}),
-             pd.DataFrame({"ts": comms["ts"].to_numpy(), "end": (comms["ts"] + comms["dur"]).to_numpy(),
-                           "kind": COMM})]
+    comp = ops[
+        (ops["tid"] == main) & (ops["cat"].astype(str) == "cpu_op") & ~names.str.startswith(_NOT_COMPUTE)
+    ]
+    parts = [
+        pd.DataFrame(
+            {"ts": comp["ts"].to_numpy(), "end": (comp["ts"] + comp["dur"]).to_numpy(), "kind": COMPUTE}
+        ),
+        pd.DataFrame(
+            {"ts": comms["ts"].to_numpy(), "end": (comms["ts"] + comms["dur"]).to_numpy(), "kind": COMM}
+        ),
+    ]
     df = pd.concat(parts, ignore_index=True)
     return df[df["ts"] < cut] if cut is not None else df
 

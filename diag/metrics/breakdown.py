@@ -46,10 +46,17 @@ def temporal_breakdown(trace: Trace) -> pd.DataFrame:
         span = int(every[1][-1] - every[0][0])
         idle = span - intervals.total(*every)
         compute = intervals.total(*_union(act[act["kind"] == COMPUTE]))
-        rows.append({"rank": rank, "source": source, "total_ns": span, "idle_ns": idle,
-                     "compute_ns": compute, "non_compute_ns": span - compute - idle})
-    df = pd.DataFrame(rows, columns=["rank", "source", "total_ns", "idle_ns", "compute_ns",
-                                     "non_compute_ns"])
+        rows.append(
+            {
+                "rank": rank,
+                "source": source,
+                "total_ns": span,
+                "idle_ns": idle,
+                "compute_ns": compute,
+                "non_compute_ns": span - compute - idle,
+            }
+        )
+    df = pd.DataFrame(rows, columns=["rank", "source", "total_ns", "idle_ns", "compute_ns", "non_compute_ns"])
     for col in ("idle", "compute", "non_compute"):
         df[f"{col}_pct"] = (100 * df[f"{col}_ns"] / df["total_ns"].where(df["total_ns"] > 0)).round(2)
     return df
@@ -64,8 +71,7 @@ def comm_overlap(trace: Trace) -> pd.DataFrame:
         if len(comm[0]) == 0:
             continue
         hidden = intervals.overlap(comm, _union(act[act["kind"] == COMPUTE]))
-        rows.append({"rank": rank, "source": source, "comm_ns": intervals.total(*comm),
-                     "overlap_ns": hidden})
+        rows.append({"rank": rank, "source": source, "comm_ns": intervals.total(*comm), "overlap_ns": hidden})
     df = pd.DataFrame(rows, columns=["rank", "source", "comm_ns", "overlap_ns"])
     df["overlap_pct"] = (100 * df["overlap_ns"] / df["comm_ns"].where(df["comm_ns"] > 0)).round(2)
     return df
@@ -77,23 +83,34 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
     c = trace.comms
     if c.empty:
-        return pd.DataFrame(columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes",
-                                     "algbw", "busbw"])
+        return pd.DataFrame(
+            columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
+        )
     c = c.assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
     sized = c["bytes"].notna()
-    c = c.assign(op=c["op"].astype(str), bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]),
-                 sized_ns=c["dur"].where(sized, 0))
+    c = c.assign(
+        op=c["op"].astype(str),
+        bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]),
+        sized_ns=c["dur"].where(sized, 0),
+    )
     g = c.groupby(["rank", "op"], observed=True)
-    df = g.agg(calls=("dur", "size"), time_ns=("dur", "sum"), sized=("bytes", "count"),
-               group_size=("group_size", "max"), sized_ns=("sized_ns", "sum")).reset_index()
+    df = g.agg(
+        calls=("dur", "size"),
+        time_ns=("dur", "sum"),
+        sized=("bytes", "count"),
+        group_size=("group_size", "max"),
+        sized_ns=("sized_ns", "sum"),
+    ).reset_index()
     df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()  # NaN: no call's size is known
     df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
     df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
     # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
-    df["algbw"] = [schema.bus_bandwidth(b, t) if b == b else np.nan
-                   for b, t in zip(df["bytes"], df["sized_ns"])]
-    df["busbw"] = [schema.bus_bandwidth(b, t) if b == b else np.nan
-                   for b, t in zip(df["bus_bytes"], df["sized_ns"])]
+    df["algbw"] = [
+        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bytes"], df["sized_ns"])
+    ]
+    df["busbw"] = [
+        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bus_bytes"], df["sized_ns"])
+    ]
     return df.drop(columns=["bus_bytes", "sized", "sized_ns"])
 
 
@@ -103,8 +120,11 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     if c.empty:
         return pd.DataFrame(columns=["op", "bytes", "busbw", "calls"])
     c = c[c["bytes"] > 0].assign(op=lambda d: d["op"].astype(str))
-    return (c.groupby(["op", "bytes"], observed=True)
-            .agg(busbw=("busbw", "median"), calls=("busbw", "size")).reset_index())
+    return (
+        c.groupby(["op", "bytes"], observed=True)
+        .agg(busbw=("busbw", "median"), calls=("busbw", "size"))
+        .reset_index()
+    )
 
 
 def stragglers(trace: Trace) -> pd.DataFrame:
@@ -132,6 +152,7 @@ def step_times(trace: Trace) -> pd.DataFrame:
     log = trace.frame("log_step")
     if "iter_ms" in log.columns and log["iter_ms"].notna().any():
         ok = log.dropna(subset=["iter_ms"])
-        return pd.DataFrame({"rank": ok["rank"], "step": ok["step"],
-                             "dur_ns": (ok["iter_ms"] * 1e6).round().astype("int64")})
+        return pd.DataFrame(
+            {"rank": ok["rank"], "step": ok["step"], "dur_ns": (ok["iter_ms"] * 1e6).round().astype("int64")}
+        )
     return pd.DataFrame(columns=["rank", "step", "dur_ns"])

@@ -31,8 +31,9 @@ def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) 
     if len(a[0]) == 0 or len(b[0]) == 0:
         return 0
     times = np.concatenate([a[0], a[1], b[0], b[1]])
-    delta = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), 2 * np.ones(len(b[0])),
-                            -2 * np.ones(len(b[1]))])
+    delta = np.concatenate(
+        [np.ones(len(a[0])), -np.ones(len(a[1])), 2 * np.ones(len(b[0])), -2 * np.ones(len(b[1]))]
+    )
     order = np.lexsort((delta, times))  # ends before starts at equal times
     times, running = times[order], np.cumsum(delta[order])
     both = running[:-1] == 3
@@ -50,6 +51,9 @@ def union_by_group(df: pd.DataFrame, keys: list[str], ts: str = "ts", dur: str =
     reach = g["_end"].cummax()
     prev = reach.groupby([d[k] for k in keys], sort=False, observed=True).shift()
     block = (prev.isna() | (d[ts] > prev)).cumsum()
-    merged = d.assign(_block=block).groupby("_block", sort=False).agg(
-        **{k: (k, "first") for k in keys}, _ts=(ts, "min"), _end=("_end", "max"))
+    merged = (
+        d.assign(_block=block)
+        .groupby("_block", sort=False)
+        .agg(**{k: (k, "first") for k in keys}, _ts=(ts, "min"), _end=("_end", "max"))
+    )
     return (merged["_end"] - merged["_ts"]).groupby([merged[k] for k in keys], observed=True).sum()

@@ -38,6 +38,3 @@ def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -
     out["steps"] = steps
     out = out.assign(_t=out["fwd_ms"] + out["bwd_ms"]).sort_values("_t", ascending=False).head(top)
     return out.drop(columns="_t").rename_axis("module").reset_index()[COLUMNS]
-
-
-

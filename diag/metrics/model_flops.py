@@ -27,9 +27,19 @@ from typing import Any
 
 FORMULAS = ("megatron-deepspeed", "megatron-lm")
 REQUIRED = ("num_layers", "hidden_size", "seq_length", "padded_vocab_size")
-ALIASES = {"layers": "num_layers", "hidden": "hidden_size", "seq": "seq_length", "vocab": "padded_vocab_size",
-           "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "ffn": "ffn_hidden_size",
-           "batch": "global_batch_size", "swiglu": "swiglu", "topk": "topk", "formula": "formula"}
+ALIASES = {
+    "layers": "num_layers",
+    "hidden": "hidden_size",
+    "seq": "seq_length",
+    "vocab": "padded_vocab_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "ffn": "ffn_hidden_size",
+    "batch": "global_batch_size",
+    "swiglu": "swiglu",
+    "topk": "topk",
+    "formula": "formula",
+}
 
 
 def _int(m: dict[str, Any], key: str, default: int) -> int:
@@ -52,8 +62,15 @@ def _shape(m: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
     heads = _int(m, "num_attention_heads", 1)
     groups = _int(m, "num_query_groups", heads) if _true(m, "group_query_attention") else heads
     kv = _int(m, "num_key_value_heads", groups)
-    return (_int(m, "num_layers", 0), h, _int(m, "seq_length", 0), _int(m, "padded_vocab_size", 0),
-            heads, kv, _int(m, "ffn_hidden_size", 4 * h))
+    return (
+        _int(m, "num_layers", 0),
+        h,
+        _int(m, "seq_length", 0),
+        _int(m, "padded_vocab_size", 0),
+        heads,
+        kv,
+        _int(m, "ffn_hidden_size", 4 * h),
+    )
 
 
 def batch_size(m: dict[str, Any]) -> int:
@@ -134,8 +151,10 @@ def from_options(text: str) -> dict[str, Any]:
             out[key] = v.lower() == "true" if key == "swiglu" else _num(v)
     missing = [k for k in REQUIRED if k not in out]
     if missing:
-        raise ValueError(f"--model: missing {', '.join(missing)} (e.g. layers=24,hidden=1024,seq=2048,"
-                         "vocab=50304,batch=512)")
+        raise ValueError(
+            f"--model: missing {', '.join(missing)} (e.g. layers=24,hidden=1024,seq=2048,"
+            "vocab=50304,batch=512)"
+        )
     return out
 
 

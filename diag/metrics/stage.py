@@ -100,8 +100,9 @@ class Metrics:
         """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
         comm_s."""
         c = self._selected(mask)
-        return steps.join_steps(self.steady_steps, c.groupby(["rank", "step"], observed=True)["dur_s"].sum(),
-                                "comm_s")
+        return steps.join_steps(
+            self.steady_steps, c.groupby(["rank", "step"], observed=True)["dur_s"].sum(), "comm_s"
+        )
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""

@@ -20,8 +20,18 @@ import pandas as pd
 
 from diag.metrics import intervals
 
-COLUMNS = ["rank", "basis", "steps", "total_ns", "compute_ns", "comm_ns", "other_ns", "compute_pct",
-           "comm_pct", "other_pct"]
+COLUMNS = [
+    "rank",
+    "basis",
+    "steps",
+    "total_ns",
+    "compute_ns",
+    "comm_ns",
+    "other_ns",
+    "compute_pct",
+    "comm_pct",
+    "other_pct",
+]
 
 
 def _inside(df: pd.DataFrame, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,9 +66,18 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
     def pct(v: int | None) -> float | None:
         return None if v is None or not total else round(100 * v / total, 2)
 
-    return {"rank": rank, "basis": basis, "steps": len(use), "total_ns": total,
-            "compute_ns": compute if known else None, "comm_ns": comm, "other_ns": other,
-            "compute_pct": pct(compute if known else None), "comm_pct": pct(comm), "other_pct": pct(other)}
+    return {
+        "rank": rank,
+        "basis": basis,
+        "steps": len(use),
+        "total_ns": total,
+        "compute_ns": compute if known else None,
+        "comm_ns": comm,
+        "other_ns": other,
+        "compute_pct": pct(compute if known else None),
+        "comm_pct": pct(comm),
+        "other_pct": pct(other),
+    }
 
 
 def step_split(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +85,13 @@ def step_split(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataF
     if steady_steps.empty:
         return pd.DataFrame(columns=COLUMNS)
     blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
-    rows = [_rank(int(rank), st, blocking[blocking["rank"] == rank],
-                  layers[layers["rank"] == rank] if len(layers) else layers)
-            for rank, st in steady_steps.groupby("rank")]
+    rows = [
+        _rank(
+            int(rank),
+            st,
+            blocking[blocking["rank"] == rank],
+            layers[layers["rank"] == rank] if len(layers) else layers,
+        )
+        for rank, st in steady_steps.groupby("rank")
+    ]
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -56,6 +56,12 @@ def union_by_step(c: pd.DataFrame) -> pd.Series:
     ts = pd.to_numeric(c["ts"]).astype("int64")
     # offsets from the first op: epoch nanoseconds are past float64's exact integers (union_by_group
     # compares against a shifted, hence float, running end)
-    rows = pd.DataFrame({"rank": c["rank"], "step": c["step"], "ts": ts - ts.min(),
-                         "dur": pd.to_numeric(c["dur"]).fillna(0).astype("int64")})
+    rows = pd.DataFrame(
+        {
+            "rank": c["rank"],
+            "step": c["step"],
+            "ts": ts - ts.min(),
+            "dur": pd.to_numeric(c["dur"]).fillna(0).astype("int64"),
+        }
+    )
     return intervals.union_by_group(rows, ["rank", "step"]) / NS

@@ -21,10 +21,27 @@ import pandas as pd
 
 from diag.metrics.steps import NS, steady
 
-STEP_COLUMNS = ["rank", "step", "dur_ns", "sampled", "flops", "tflops", "mfu", "samples_per_s",
-                "tokens_per_s"]
-RANK_COLUMNS = ["rank", "steps", "flops_per_step", "step_ms", "tflops", "mfu", "samples_per_s",
-                "tokens_per_s"]
+STEP_COLUMNS = [
+    "rank",
+    "step",
+    "dur_ns",
+    "sampled",
+    "flops",
+    "tflops",
+    "mfu",
+    "samples_per_s",
+    "tokens_per_s",
+]
+RANK_COLUMNS = [
+    "rank",
+    "steps",
+    "flops_per_step",
+    "step_ms",
+    "tflops",
+    "mfu",
+    "samples_per_s",
+    "tokens_per_s",
+]
 
 
 def step_flops(layers: pd.DataFrame) -> pd.DataFrame:
@@ -48,8 +65,9 @@ def step_flops(layers: pd.DataFrame) -> pd.DataFrame:
     return out.rename("flops").reset_index()
 
 
-def per_step(steps: pd.DataFrame, layers: pd.DataFrame, peak_tflops: float | None,
-             seq_length: int | None) -> pd.DataFrame:
+def per_step(
+    steps: pd.DataFrame, layers: pd.DataFrame, peak_tflops: float | None, seq_length: int | None
+) -> pd.DataFrame:
     """One row per (rank, step) with a duration (`steps` is `Metrics.steps`)."""
     if steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
@@ -63,8 +81,9 @@ def per_step(steps: pd.DataFrame, layers: pd.DataFrame, peak_tflops: float | Non
     # duration, such as the first one seen, still tells the FLOPs of the steps after it)
     every = pd.concat([st[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
     every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
-    every["held"] = pd.to_numeric(every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()),
-                                  errors="coerce")
+    every["held"] = pd.to_numeric(
+        every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()), errors="coerce"
+    )
     st = st.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
     st = st.rename(columns={"held": "flops"})
     sec = st["dur"].astype(float) / NS
@@ -86,10 +105,18 @@ def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
     for rank, df in rows.groupby("rank"):
         df = steady(df.assign(dur_s=df["dur_ns"] / NS))
         quiet = df[~df["sampled"]] if (~df["sampled"]).any() else df
-        out.append({"rank": rank, "steps": len(quiet), "flops_per_step": quiet["flops"].median(),
-                    "step_ms": quiet["dur_ns"].median() / 1e6, "tflops": quiet["tflops"].median(),
-                    "mfu": quiet["mfu"].median(), "samples_per_s": quiet["samples_per_s"].median(),
-                    "tokens_per_s": quiet["tokens_per_s"].median()})
+        out.append(
+            {
+                "rank": rank,
+                "steps": len(quiet),
+                "flops_per_step": quiet["flops"].median(),
+                "step_ms": quiet["dur_ns"].median() / 1e6,
+                "tflops": quiet["tflops"].median(),
+                "mfu": quiet["mfu"].median(),
+                "samples_per_s": quiet["samples_per_s"].median(),
+                "tokens_per_s": quiet["tokens_per_s"].median(),
+            }
+        )
     return pd.DataFrame(out, columns=RANK_COLUMNS)
 
 

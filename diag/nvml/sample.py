@@ -12,11 +12,21 @@ from typing import Any
 from diag.nvml.seam import NA, Nvml, value
 
 # reason bit -> name, resolved against the binding (the "Throttle" names became "ClocksEvent")
-_REASONS = ("GpuIdle", "ApplicationsClocksSetting", "SwPowerCap", "HwSlowdown", "SyncBoost",
-            "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown", "DisplayClockSetting")
+_REASONS = (
+    "GpuIdle",
+    "ApplicationsClocksSetting",
+    "SwPowerCap",
+    "HwSlowdown",
+    "SyncBoost",
+    "SwThermalSlowdown",
+    "HwThermalSlowdown",
+    "HwPowerBrakeSlowdown",
+    "DisplayClockSetting",
+)
 # reasons that mean the GPU is being held back (the UI marks them)
-SERIOUS = frozenset({"HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown",
-                     "SwPowerCap"})
+SERIOUS = frozenset(
+    {"HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown", "SwPowerCap"}
+)
 
 
 def throttle_names(nv: Nvml, mask: Any) -> Any:
@@ -50,8 +60,11 @@ class GpuReader:
             mask = nv.query("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         tx, rx = self._nvlink()
         rec = {
-            "k": "gpu", "ts": time.time_ns(), "index": self.index,
-            "util": getattr(util, "gpu", NA), "mem_used": getattr(mem, "used", NA),
+            "k": "gpu",
+            "ts": time.time_ns(),
+            "index": self.index,
+            "util": getattr(util, "gpu", NA),
+            "mem_used": getattr(mem, "used", NA),
             "mem_total": getattr(mem, "total", NA),
             "power_w": power / 1000 if power is not NA else NA,
             "power_limit_w": limit / 1000 if limit is not NA else NA,
@@ -61,10 +74,14 @@ class GpuReader:
             "throttle": throttle_names(nv, mask),
             "pcie_tx": self._pcie("NVML_PCIE_UTIL_TX_BYTES"),
             "pcie_rx": self._pcie("NVML_PCIE_UTIL_RX_BYTES"),
-            "nvlink_tx": tx, "nvlink_rx": rx,
-            "ecc_errors": nv.query("nvmlDeviceGetTotalEccErrors", h,
-                                   nv.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
-                                   nv.const("NVML_VOLATILE_ECC")),
+            "nvlink_tx": tx,
+            "nvlink_rx": rx,
+            "ecc_errors": nv.query(
+                "nvmlDeviceGetTotalEccErrors",
+                h,
+                nv.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+                nv.const("NVML_VOLATILE_ECC"),
+            ),
             "xid": list(xids or []),
         }
         return {k: value(v) for k, v in rec.items()}
@@ -75,8 +92,10 @@ class GpuReader:
 
     def _nvlink(self) -> tuple[Any, Any]:
         """Rates from the cumulative NVLink throughput counters (KiB); NA on the first sample."""
-        ids = [self.nv.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"),
-               self.nv.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")]
+        ids = [
+            self.nv.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"),
+            self.nv.const("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"),
+        ]
         if NA in ids:
             return NA, NA
         vals = self.nv.query("nvmlDeviceGetFieldValues", self.handle, ids)
@@ -106,7 +125,8 @@ class XidWatch:
         """{gpu index: [xid, ...]} seen since the last call."""
         out: dict[int, list[int]] = {}
         wait = getattr(self.nv.mod, "nvmlEventSetWait_v2", None) or getattr(
-            self.nv.mod, "nvmlEventSetWait", None)
+            self.nv.mod, "nvmlEventSetWait", None
+        )
         if self.events is NA or wait is None:
             return out
         for _ in range(64):  # bounded: an Xid storm must not stall sampling

@@ -28,8 +28,13 @@ INTERVAL_S = 1.0
 class Sidecar:
     """A daemon thread writing one sample per GPU every `interval` seconds."""
 
-    def __init__(self, trace_dir: str, interval: float = INTERVAL_S,
-                 module: ModuleType | None = None, host: str | None = None) -> None:
+    def __init__(
+        self,
+        trace_dir: str,
+        interval: float = INTERVAL_S,
+        module: ModuleType | None = None,
+        host: str | None = None,
+    ) -> None:
         self.trace_dir, self.interval = trace_dir, interval
         self.host = host or socket.gethostname()
         self.nv = Nvml(module if module is not None else load_module())
@@ -58,10 +63,17 @@ class Sidecar:
         return True
 
     def header(self) -> dict[str, Any]:
-        return {"k": "header", "schema": SCHEMA_VERSION, "sidecar": "nvml", "rank": None,
-                "host": self.host, "pid": os.getpid(), "start_ts": time.time_ns(),
-                "driver": value(self.nv.query("nvmlSystemGetDriverVersion")),
-                "gpus": [r.name for r in self.readers]}
+        return {
+            "k": "header",
+            "schema": SCHEMA_VERSION,
+            "sidecar": "nvml",
+            "rank": None,
+            "host": self.host,
+            "pid": os.getpid(),
+            "start_ts": time.time_ns(),
+            "driver": value(self.nv.query("nvmlSystemGetDriverVersion")),
+            "gpus": [r.name for r in self.readers],
+        }
 
     def sample_once(self) -> list[dict[str, Any]]:
         xids = self._xids.drain() if self._xids else {}
@@ -102,8 +114,7 @@ def selfcheck(trace_dir: str | None = None, module: ModuleType | None = None) ->
         print(f"no NVIDIA GPU ({car.error})")
         return 1
     try:
-        print(f"driver {car.header()['driver']}, {len(car.readers)} GPU(s): "
-              f"{[r.name for r in car.readers]}")
+        print(f"driver {car.header()['driver']}, {len(car.readers)} GPU(s): {[r.name for r in car.readers]}")
         car.sample_once()
         time.sleep(0.5)
         for rec in car.sample_once():

@@ -20,13 +20,29 @@ def _by(rows: list[dict[str, Any]], key: str, x: str, y: str, scale: float = 1.0
 def _bars(m: dict[str, Any]) -> tuple[dict[str, dict[str, float]], str]:
     """Kineto's timeline breakdown, else a diag trace's split of a step (ms per step)."""
     if m["breakdown"]:
-        return ({f"rank {r['rank']}": {"compute": r["compute_ns"] / 1e6,
-                                       "non-compute": r["non_compute_ns"] / 1e6, "idle": r["idle_ns"] / 1e6}
-                 for r in m["breakdown"]}, "ms")
-    return ({f"rank {r['rank']}": {"compute": (r["compute_ns"] or 0) / 1e6 / r["steps"],
-                                   "exposed comm": r["comm_ns"] / 1e6 / r["steps"],
-                                   "other": r["other_ns"] / 1e6 / r["steps"]}
-             for r in m.get("step_split") or [] if r["steps"]}, "ms per step")
+        return (
+            {
+                f"rank {r['rank']}": {
+                    "compute": r["compute_ns"] / 1e6,
+                    "non-compute": r["non_compute_ns"] / 1e6,
+                    "idle": r["idle_ns"] / 1e6,
+                }
+                for r in m["breakdown"]
+            },
+            "ms",
+        )
+    return (
+        {
+            f"rank {r['rank']}": {
+                "compute": (r["compute_ns"] or 0) / 1e6 / r["steps"],
+                "exposed comm": r["comm_ns"] / 1e6 / r["steps"],
+                "other": r["other_ns"] / 1e6 / r["steps"],
+            }
+            for r in m.get("step_split") or []
+            if r["steps"]
+        },
+        "ms per step",
+    )
 
 
 def _memory(doc: dict[str, Any]) -> plots.Series:
@@ -48,19 +64,41 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
     per_step = (doc.get("throughput") or {}).get("per_step") or []
     big = max((r["tflops"] or 0 for r in per_step), default=0) >= 1
     return {
-        "Step time": plots.lines(_by(m["step_times"], "rank", "step", "dur_ns", 1e-6), "Step time",
-                                 "step", "ms", integer_x=True, marks=overflow_steps, mark_label="overflow"),
+        "Step time": plots.lines(
+            _by(m["step_times"], "rank", "step", "dur_ns", 1e-6),
+            "Step time",
+            "step",
+            "ms",
+            integer_x=True,
+            marks=overflow_steps,
+            mark_label="overflow",
+        ),
         "Time breakdown per rank": plots.stacked_bars(bars, "Time breakdown per rank", unit),
         "Throughput per step": plots.lines(
-            _by(per_step, "rank", "step", "tflops", 1.0 if big else 1e3), "Throughput per step", "step",
-            "TFLOP/s per GPU" if big else "GFLOP/s per GPU", integer_x=True, marks=overflow_steps,
-            mark_label="overflow"),
+            _by(per_step, "rank", "step", "tflops", 1.0 if big else 1e3),
+            "Throughput per step",
+            "step",
+            "TFLOP/s per GPU" if big else "GFLOP/s per GPU",
+            integer_x=True,
+            marks=overflow_steps,
+            mark_label="overflow",
+        ),
         "Memory over time": plots.lines(_memory(doc), "Memory over time", "step", "MiB", integer_x=True),
         "Collective bus bandwidth vs message size": plots.lines(
             _by(m["bandwidth_by_size"], "op", "bytes", "busbw"),
-            "Collective bus bandwidth vs message size", "message size (log scale)", "busbw GB/s",
-            logx=True, dots=True),
-        "Loss scale": plots.lines({"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"]]},
-                                  "Loss scale over steps", "step", "loss scale", integer_x=True,
-                                  marks=overflow_steps, mark_label="overflow"),
+            "Collective bus bandwidth vs message size",
+            "message size (log scale)",
+            "busbw GB/s",
+            logx=True,
+            dots=True,
+        ),
+        "Loss scale": plots.lines(
+            {"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"]]},
+            "Loss scale over steps",
+            "step",
+            "loss scale",
+            integer_x=True,
+            marks=overflow_steps,
+            mark_label="overflow",
+        ),
     }

@@ -26,17 +26,22 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
 def _finding(f: dict[str, Any]) -> str:
     items = "".join(f"<li>{escape(line)}</li>" for line in finding_lines(f))
     for fix in f.get("fixes") or []:
-        code = "".join(f"<div>{escape(label)}:</div><pre>{escape(text)}</pre>"
-                       for label, text, _ in fix_blocks(fix))
+        code = "".join(
+            f"<div>{escape(label)}:</div><pre>{escape(text)}</pre>" for label, text, _ in fix_blocks(fix)
+        )
         items += f"<li>fix: {escape(fix['summary'])}{code}</li>"
-    return (f'<div class="f {escape(f["severity"])}"><h3>[{escape(f["severity"])}] '
-            f'{escape(prose(f["title"]))} <small>{escape(f["rule"])}</small></h3><ul>{items}</ul></div>')
+    return (
+        f'<div class="f {escape(f["severity"])}"><h3>[{escape(f["severity"])}] '
+        f"{escape(prose(f['title']))} <small>{escape(f['rule'])}</small></h3><ul>{items}</ul></div>"
+    )
 
 
 def render(doc: dict[str, Any]) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>diag analysis</title>"
-             f"<style>{_CSS}</style></head><body><h1>diag analysis</h1>"
-             f"<p>{escape(summary_line(doc))}</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>diag analysis</title>"
+        f"<style>{_CSS}</style></head><body><h1>diag analysis</h1>"
+        f"<p>{escape(summary_line(doc))}</p>"
+    ]
     mfu = throughput_lines(doc)
     if mfu:
         items = "".join(f"<li>{escape(x)}</li>" for x in mfu)
@@ -46,9 +51,12 @@ def render(doc: dict[str, Any]) -> str:
     parts.append('<h2>Plots</h2><div class="plots">' + "".join(figures(doc).values()) + "</div>")
     parts += [_table(*t) for t in tables(doc)]
     problems = [p["message"] for p in doc["problems"]] + [
-        f"rule {k} failed: {v}" for k, v in doc["rule_failures"].items()]
+        f"rule {k} failed: {v}" for k, v in doc["rule_failures"].items()
+    ]
     if problems:
         parts.append("<h2>Problems</h2><ul>" + "".join(f"<li>{escape(p)}</li>" for p in problems) + "</ul>")
-    parts.append(f"<p><small>schema {escape(doc['schema'])} v{doc['version']} · diag "
-                 f"{escape(doc['diag_version'])} · inputs: {escape(', '.join(doc['sources']))}</small></p>")
+    parts.append(
+        f"<p><small>schema {escape(doc['schema'])} v{doc['version']} · diag "
+        f"{escape(doc['diag_version'])} · inputs: {escape(', '.join(doc['sources']))}</small></p>"
+    )
     return "".join(parts) + "</body></html>\n"

@@ -43,8 +43,9 @@ _GBS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?) GB/s")
 def prose(text: str) -> str:
     """A rule's title or detail with its bandwidths in the unit that reads ("2.61e-05 GB/s" ->
     "26.1 KB/s"); everything else as the rule wrote it."""
-    return _GBS.sub(lambda m: significant(float(m.group(1)) * 1e9, ("B/s", "KB/s", "MB/s", "GB/s", "TB/s")),
-                    text)
+    return _GBS.sub(
+        lambda m: significant(float(m.group(1)) * 1e9, ("B/s", "KB/s", "MB/s", "GB/s", "TB/s")), text
+    )
 
 
 def evidence_line(evidence: dict[str, Any]) -> str:

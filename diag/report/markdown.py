@@ -30,8 +30,7 @@ def render(doc: dict[str, Any]) -> str:
                 out += ["  ```", ""]
         out.append("")
     for title, header, rows in tables(doc):
-        out += [f"## {title}", "", "| " + " | ".join(header) + " |",
-                "|" + "---|" * len(header)]
+        out += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
         out.append("")
     if doc["problems"] or doc["rule_failures"]:
@@ -39,6 +38,9 @@ def render(doc: dict[str, Any]) -> str:
         out += [f"- {_cell(p['message'])}" for p in doc["problems"]]
         out += [f"- rule `{k}` failed: {_cell(v)}" for k, v in doc["rule_failures"].items()]
         out.append("")
-    out.append(f"_schema {doc['schema']} v{doc['version']}, diag {doc['diag_version']}; inputs: "
-               + ", ".join(f"`{s}`" for s in doc["sources"]) + "_")
+    out.append(
+        f"_schema {doc['schema']} v{doc['version']}, diag {doc['diag_version']}; inputs: "
+        + ", ".join(f"`{s}`" for s in doc["sources"])
+        + "_"
+    )
     return "\n".join(out) + "\n"

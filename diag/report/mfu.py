@@ -15,11 +15,13 @@ if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
-COUNTED = ("measured: FLOPs counted from the shapes of the matmul/attention ops each rank ran inside "
-           "its outermost module records on sampled steps (forward, backward and recomputation; that "
-           "rank's share under TP/PP), held between samples; TFLOP/s = FLOPs / step time, median over "
-           "steady steps that were not sampled. model: Megatron's analytic FLOPs of one iteration / "
-           "(iteration time x world size), recomputation counted only as that formula does.")
+COUNTED = (
+    "measured: FLOPs counted from the shapes of the matmul/attention ops each rank ran inside "
+    "its outermost module records on sampled steps (forward, backward and recomputation; that "
+    "rank's share under TP/PP), held between samples; TFLOP/s = FLOPs / step time, median over "
+    "steady steps that were not sampled. model: Megatron's analytic FLOPs of one iteration / "
+    "(iteration time x world size), recomputation counted only as that formula does."
+)
 
 
 def _device(trace: Trace, layout: dict[str, Any]) -> str | None:
@@ -32,8 +34,12 @@ def _device(trace: Trace, layout: dict[str, Any]) -> str | None:
 def _peak(trace: Trace, layout: dict[str, Any], override: float | None) -> tuple[dict[str, Any] | None, str]:
     device, dtype = _device(trace, layout), layout.get("dtype")
     if override:
-        return {"device": device or "?", "dtype": peaks.matmul_dtype(dtype) or dtype, "tflops": override,
-                "source": "--peak-tflops"}, ""
+        return {
+            "device": device or "?",
+            "dtype": peaks.matmul_dtype(dtype) or dtype,
+            "tflops": override,
+            "source": "--peak-tflops",
+        }, ""
     found = peaks.lookup(device, dtype)
     return (asdict(found), "") if found else (None, peaks.unknown_reason(device, dtype))
 
@@ -46,16 +52,24 @@ def _batch(shape: dict[str, Any], layout: dict[str, Any], steps: pd.DataFrame) -
     return int(samples.median()) if len(samples) else None
 
 
-def _model_view(trace: Trace, shape: dict[str, Any], layout: dict[str, Any], step_s: float | None,
-                peak: float | None) -> dict[str, Any] | None:
+def _model_view(
+    trace: Trace, shape: dict[str, Any], layout: dict[str, Any], step_s: float | None, peak: float | None
+) -> dict[str, Any] | None:
     batch = _batch(shape, layout, trace.steps)
     got = model_flops.iteration_flops(shape, batch) if batch else None
     if got is None:
         return None
     flops, formula = got
     world = int(shape.get("world_size") or layout.get("world_size") or len(trace.ranks) or 1)
-    out: dict[str, Any] = {"formula": formula, "flops_per_iteration": flops, "batch": batch,
-                           "world_size": world, "step_s": step_s, "tflops_per_gpu": None, "mfu": None}
+    out: dict[str, Any] = {
+        "formula": formula,
+        "flops_per_iteration": flops,
+        "batch": batch,
+        "world_size": world,
+        "step_s": step_s,
+        "tflops_per_gpu": None,
+        "mfu": None,
+    }
     if step_s:
         out["tflops_per_gpu"] = flops / (step_s * world) / 1e12
         out["mfu"] = out["tflops_per_gpu"] / peak if peak else None
@@ -66,8 +80,9 @@ def _model_view(trace: Trace, shape: dict[str, Any], layout: dict[str, Any], ste
     return out
 
 
-def section(trace: Trace, metrics: Metrics, peak_tflops: float | None = None,
-            model: dict[str, Any] | None = None) -> dict[str, Any]:
+def section(
+    trace: Trace, metrics: Metrics, peak_tflops: float | None = None, model: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The `throughput` part of the report document."""
     layout = trace.layout()
     peak, why = _peak(trace, layout, peak_tflops)
@@ -78,14 +93,20 @@ def section(trace: Trace, metrics: Metrics, peak_tflops: float | None = None,
     ranks = throughput.per_rank(rows)
     known = ranks.dropna(subset=["tflops"])
     log = trace.frame("log_step")
-    printed = (pd.to_numeric(log["tflops"], errors="coerce").dropna() if "tflops" in log.columns
-               else pd.Series(dtype=float))
+    printed = (
+        pd.to_numeric(log["tflops"], errors="coerce").dropna()
+        if "tflops" in log.columns
+        else pd.Series(dtype=float)
+    )
     return {
         "counted": COUNTED,
-        "peak": peak, "peak_note": why,
-        "measured": {"tflops_per_gpu": known["tflops"].mean() if len(known) else None,
-                     "mfu": known["mfu"].mean() if len(known) and value else None,
-                     "flops_per_step": known["flops_per_step"].sum() if len(known) else None},
+        "peak": peak,
+        "peak_note": why,
+        "measured": {
+            "tflops_per_gpu": known["tflops"].mean() if len(known) else None,
+            "mfu": known["mfu"].mean() if len(known) and value else None,
+            "flops_per_step": known["flops_per_step"].sum() if len(known) else None,
+        },
         "model": _model_view(trace, shape, layout, throughput.job_step_s(rows), value),
         "log_tflops_median": printed.median() if len(printed) else None,
         "per_rank": ranks.astype(object).to_dict("records"),

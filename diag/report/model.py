@@ -46,8 +46,12 @@ def _steps_summary(st: pd.DataFrame) -> dict[str, Any]:
     if st.empty:
         return {"count": 0}
     ms = st["dur_ns"].astype(float) / 1e6
-    return {"count": int(st["step"].nunique()), "median_ms": ms.median(), "p90_ms": ms.quantile(0.9),
-            "max_ms": ms.max()}
+    return {
+        "count": int(st["step"].nunique()),
+        "median_ms": ms.median(),
+        "p90_ms": ms.quantile(0.9),
+        "max_ms": ms.max(),
+    }
 
 
 def _loss_scale(trace: Trace) -> pd.DataFrame:
@@ -59,8 +63,12 @@ def _loss_scale(trace: Trace) -> pd.DataFrame:
         ov = ov.dropna(subset=["scale_after"]).sort_values("step")
         first = ov.iloc[:1].assign(step=ov["step"].iloc[0] - 1, scale_after=ov["scale_before"].iloc[0])
         both = pd.concat([first.dropna(subset=["scale_after"]), ov])
-        return (both.groupby("step")["scale_after"].min().reset_index()
-                .rename(columns={"scale_after": "loss_scale"}))
+        return (
+            both.groupby("step")["scale_after"]
+            .min()
+            .reset_index()
+            .rename(columns={"scale_after": "loss_scale"})
+        )
     return pd.DataFrame(columns=["step", "loss_scale"])
 
 
@@ -87,9 +95,15 @@ def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any, str | No
     return printed, None, ("log" if printed is not None else None)
 
 
-def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
-          metrics: Metrics | None = None, *, peak_tflops: float | None = None,
-          model: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    trace: Trace,
+    findings: list[Finding],
+    failures: dict[str, str],
+    metrics: Metrics | None = None,
+    *,
+    peak_tflops: float | None = None,
+    model: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The report document for one analysis: the trace's `metrics` (the ones the rules read; made
     here when not given) and the findings. `peak_tflops` overrides the device table's peak, `model`
     (Megatron argument names) the model shape the trace or log recorded."""
@@ -98,30 +112,42 @@ def build(trace: Trace, findings: list[Finding], failures: dict[str, str],
     log = trace.frame("log_step")
     tp = mfu.section(trace, metrics, peak_tflops, model)
     tflops, util, which = _headline(tp, log)
-    return plain({
-        "schema": SCHEMA, "version": VERSION, "diag_version": __version__,
-        "sources": list(trace.sources), "ranks": trace.ranks, "layout": trace.layout(),
-        "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
-        "summary": {"steps": _steps_summary(steps),
-                    "tflops_median": tflops, "tflops_source": which, "mfu": util,
-                    "overflows": _overflows(trace),
-                    "findings": len(findings)},
-        "metrics": {
-            "breakdown": rows(metrics.breakdown),
-            "step_split": rows(metrics.step_split),
-            "overlap": rows(metrics.overlap),
-            "collectives": rows(metrics.collectives),
-            "bandwidth_by_size": rows(metrics.bandwidth_by_size),
-            "stragglers": rows(_stragglers(metrics, findings)),
-            "step_times": rows(steps),
-            "loss_scale": rows(_loss_scale(trace)),
-            "steps_joined": rows(trace.frame("step_join")),  # trace + log by iteration (importers/join.py)
-        },
-        "throughput": tp,
-        "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),
-        "steps": trace_doc.steps(tp["per_step"], trace),
-        "memory": trace_doc.memory(trace),
-        "overflows": trace_doc.overflows(trace),
-        "findings": [f.to_dict() for f in findings],
-        "rule_failures": dict(failures),
-    })
+    return plain(
+        {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "diag_version": __version__,
+            "sources": list(trace.sources),
+            "ranks": trace.ranks,
+            "layout": trace.layout(),
+            "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
+            "summary": {
+                "steps": _steps_summary(steps),
+                "tflops_median": tflops,
+                "tflops_source": which,
+                "mfu": util,
+                "overflows": _overflows(trace),
+                "findings": len(findings),
+            },
+            "metrics": {
+                "breakdown": rows(metrics.breakdown),
+                "step_split": rows(metrics.step_split),
+                "overlap": rows(metrics.overlap),
+                "collectives": rows(metrics.collectives),
+                "bandwidth_by_size": rows(metrics.bandwidth_by_size),
+                "stragglers": rows(_stragglers(metrics, findings)),
+                "step_times": rows(steps),
+                "loss_scale": rows(_loss_scale(trace)),
+                "steps_joined": rows(
+                    trace.frame("step_join")
+                ),  # trace + log by iteration (importers/join.py)
+            },
+            "throughput": tp,
+            "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),
+            "steps": trace_doc.steps(tp["per_step"], trace),
+            "memory": trace_doc.memory(trace),
+            "overflows": trace_doc.overflows(trace),
+            "findings": [f.to_dict() for f in findings],
+            "rule_failures": dict(failures),
+        }
+    )

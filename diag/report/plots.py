@@ -33,12 +33,14 @@ def _fmt(v: float) -> str:
 
 
 def _frame(title: str, xlabel: str, ylabel: str, body: list[str]) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
-            f'role="img" aria-label="{escape(title)}"><rect width="{W}" height="{H}" fill="white"/>'
-            f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14">{escape(title)}</text>'
-            f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">{escape(xlabel)}</text>'
-            f'<text x="14" y="{(H - B + T) / 2}" font-size="11" transform="rotate(-90 14 {(H - B + T) / 2})" '
-            f'text-anchor="middle">{escape(ylabel)}</text>{"".join(body)}</svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
+        f'role="img" aria-label="{escape(title)}"><rect width="{W}" height="{H}" fill="white"/>'
+        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14">{escape(title)}</text>'
+        f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">{escape(xlabel)}</text>'
+        f'<text x="14" y="{(H - B + T) / 2}" font-size="11" transform="rotate(-90 14 {(H - B + T) / 2})" '
+        f'text-anchor="middle">{escape(ylabel)}</text>{"".join(body)}</svg>'
+    )
 
 
 def _xticks(xlo: float, xhi: float, integer: bool) -> list[float]:
@@ -50,18 +52,22 @@ def _xticks(xlo: float, xhi: float, integer: bool) -> list[float]:
 
 
 def _axes(xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x: bool = False) -> list[str]:
-    out = [f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="#333"/>',
-           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="#333"/>']
+    out = [
+        f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="#333"/>',
+        f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="#333"/>',
+    ]
     sx = _scale(xlo, xhi, L, W - R)
     for i in range(5):
         yv, y = ylo + (yhi - ylo) * i / 4, H - B - (H - B - T) * i / 4
         out.append(f'<text x="{L - 4}" y="{y + 4}" font-size="10" text-anchor="end">{_fmt(yv)}</text>')
     ticks = _xticks(xlo, xhi, integer_x)
     for i, xv in enumerate(ticks):
-        label = f"{xv:.0f}" if integer_x else binary_bytes(10 ** xv) if logx else _fmt(xv)
+        label = f"{xv:.0f}" if integer_x else binary_bytes(10**xv) if logx else _fmt(xv)
         anchor = "start" if i == 0 and len(ticks) > 1 else "end" if i == len(ticks) - 1 and i else "middle"
-        out.append(f'<text x="{sx(xv):.1f}" y="{H - B + 14}" font-size="10" '
-                   f'text-anchor="{anchor}">{escape(label)}</text>')
+        out.append(
+            f'<text x="{sx(xv):.1f}" y="{H - B + 14}" font-size="10" '
+            f'text-anchor="{anchor}">{escape(label)}</text>'
+        )
     return out
 
 
@@ -70,42 +76,63 @@ def _legend(names: list[str]) -> list[str]:
     out, x = [], float(L)
     for i, name in enumerate(names):
         color = PALETTE[i % len(PALETTE)]
-        out.append(f'<rect x="{x:.0f}" y="{T - 16}" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{x + 14:.0f}" y="{T - 7}" font-size="10">{escape(name)}</text>')
+        out.append(
+            f'<rect x="{x:.0f}" y="{T - 16}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{x + 14:.0f}" y="{T - 7}" font-size="10">{escape(name)}</text>'
+        )
         x += 24 + 6.2 * len(name)
     return out
 
 
-def lines(series: Series, title: str, xlabel: str, ylabel: str, *, logx: bool = False,
-          dots: bool = False, integer_x: bool = False, marks: list[float] | None = None,
-          mark_label: str = "") -> str:
+def lines(
+    series: Series,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    *,
+    logx: bool = False,
+    dots: bool = False,
+    integer_x: bool = False,
+    marks: list[float] | None = None,
+    mark_label: str = "",
+) -> str:
     """A line (or dot) chart; an empty `series` gives a chart that says "no data". `marks`: x values
     drawn as dashed vertical lines (overflow steps), named `mark_label` in the legend."""
-    pts = {k: [(math.log10(x) if logx else x, y) for x, y in v if not logx or x > 0]
-           for k, v in series.items()}
+    pts = {
+        k: [(math.log10(x) if logx else x, y) for x, y in v if not logx or x > 0] for k, v in series.items()
+    }
     allp = [p for v in pts.values() for p in v]
     if not allp:
-        return _frame(title, xlabel, ylabel, [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">'
-                                              'no data</text>'])
+        return _frame(
+            title, xlabel, ylabel, [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no data</text>']
+        )
     xlo, xhi = min(p[0] for p in allp), max(p[0] for p in allp)
     ylo, yhi = min(0.0, min(p[1] for p in allp)), max(p[1] for p in allp)
     sx, sy = _scale(xlo, xhi, L, W - R), _scale(ylo, yhi, H - B, T)
     body = _axes(xlo, xhi, ylo, yhi, logx, integer_x)
     shown = [m for m in marks or [] if xlo <= m <= xhi]
-    body += [f'<line x1="{sx(m):.1f}" y1="{T}" x2="{sx(m):.1f}" y2="{H - B}" stroke="#c00" '
-             f'stroke-dasharray="3,3"><title>{escape(mark_label)} {m:g}</title></line>' for m in shown]
+    body += [
+        f'<line x1="{sx(m):.1f}" y1="{T}" x2="{sx(m):.1f}" y2="{H - B}" stroke="#c00" '
+        f'stroke-dasharray="3,3"><title>{escape(mark_label)} {m:g}</title></line>'
+        for m in shown
+    ]
     for i, v in enumerate(pts.values()):
         color = PALETTE[i % len(PALETTE)]
         xy = [(sx(x), sy(y)) for x, y in sorted(v)]
         if dots or len(xy) == 1:
             body += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in xy]
         else:
-            body.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="'
-                        + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy) + '"/>')
+            body.append(
+                f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="'
+                + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+                + '"/>'
+            )
     body += _legend(list(pts))
     if shown and mark_label:
-        body.append(f'<text x="{W - R}" y="{T - 7}" font-size="10" fill="#c00" text-anchor="end">'
-                    f'- - {escape(mark_label)}</text>')
+        body.append(
+            f'<text x="{W - R}" y="{T - 7}" font-size="10" fill="#c00" text-anchor="end">'
+            f"- - {escape(mark_label)}</text>"
+        )
     return _frame(title, xlabel, ylabel, body)
 
 
@@ -118,17 +145,24 @@ def stacked_bars(bars: dict[str, dict[str, float]], title: str, ylabel: str) -> 
     sy = _scale(0, top, H - B, T)
     width = (W - L - R) / len(bars)
     body = _axes(0, 1, 0, top, False)[:2]
-    body += [f'<text x="{L - 4}" y="{sy(top * i / 4) + 4}" font-size="10" text-anchor="end">'
-             f'{_fmt(top * i / 4)}</text>' for i in range(5)]
+    body += [
+        f'<text x="{L - 4}" y="{sy(top * i / 4) + 4}" font-size="10" text-anchor="end">'
+        f"{_fmt(top * i / 4)}</text>"
+        for i in range(5)
+    ]
     for i, (label, v) in enumerate(bars.items()):
         x, base = L + i * width + width * 0.15, 0.0
         for j, part in enumerate(parts):
             val = v.get(part, 0.0)
-            body.append(f'<rect x="{x:.1f}" y="{sy(base + val):.1f}" width="{width * 0.7:.1f}" '
-                        f'height="{sy(base) - sy(base + val):.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
-                        f'<title>{escape(label)} {escape(part)}: {_fmt(val)}</title></rect>')
+            body.append(
+                f'<rect x="{x:.1f}" y="{sy(base + val):.1f}" width="{width * 0.7:.1f}" '
+                f'height="{sy(base) - sy(base + val):.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
+                f"<title>{escape(label)} {escape(part)}: {_fmt(val)}</title></rect>"
+            )
             base += val
-        body.append(f'<text x="{x + width * 0.35:.1f}" y="{H - B + 14}" font-size="10" '
-                    f'text-anchor="middle">{escape(label)}</text>')
+        body.append(
+            f'<text x="{x + width * 0.35:.1f}" y="{H - B + 14}" font-size="10" '
+            f'text-anchor="middle">{escape(label)}</text>'
+        )
     body += _legend(parts)
     return _frame(title, "", ylabel, body)

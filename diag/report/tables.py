@@ -20,15 +20,32 @@ def _num(v: Any, fmt: str = ".2f") -> str:
 
 def throughput_table(doc: dict[str, Any]) -> list[Table]:
     tp = doc.get("throughput") or {}
-    rows = [r for r in tp.get("per_rank") or [] if r.get("flops_per_step") is not None
-            or r.get("samples_per_s") is not None]
+    rows = [
+        r
+        for r in tp.get("per_rank") or []
+        if r.get("flops_per_step") is not None or r.get("samples_per_s") is not None
+    ]
     if not rows:
         return []
-    return [("Throughput per rank (steady steps without FLOP counting, medians)",
-             ["rank", "steps", "FLOPs/step", "step ms", "FLOP/s", "MFU", "samples/s", "tokens/s"],
-             [[str(r["rank"]), str(r["steps"]), flop_count(r["flops_per_step"]), _num(r["step_ms"]),
-               flop_rate(r["tflops"]), percent(r["mfu"]), _rate(r["samples_per_s"], "samples"),
-               _rate(r["tokens_per_s"], "tokens")] for r in rows])]
+    return [
+        (
+            "Throughput per rank (steady steps without FLOP counting, medians)",
+            ["rank", "steps", "FLOPs/step", "step ms", "FLOP/s", "MFU", "samples/s", "tokens/s"],
+            [
+                [
+                    str(r["rank"]),
+                    str(r["steps"]),
+                    flop_count(r["flops_per_step"]),
+                    _num(r["step_ms"]),
+                    flop_rate(r["tflops"]),
+                    percent(r["mfu"]),
+                    _rate(r["samples_per_s"], "samples"),
+                    _rate(r["tokens_per_s"], "tokens"),
+                ]
+                for r in rows
+            ],
+        )
+    ]
 
 
 def _gbs(v: Any) -> str:
@@ -49,24 +66,30 @@ def throughput_lines(doc: dict[str, Any]) -> list[str]:
         util = f"MFU {percent(meas['mfu'])}" if meas.get("mfu") is not None else "MFU unknown"
         out.append(f"measured: {flop_rate(meas['tflops_per_gpu'])} per GPU (mean over ranks), {util}")
     if model:
-        line = (f"model ({model['formula']} formula, batch {model['batch']}, world {model['world_size']}): "
-                f"{flop_count(model['flops_per_iteration'])} per iteration")
+        line = (
+            f"model ({model['formula']} formula, batch {model['batch']}, world {model['world_size']}): "
+            f"{flop_count(model['flops_per_iteration'])} per iteration"
+        )
         if model.get("tflops_per_gpu") is not None:
-            line += (f", {flop_rate(model['tflops_per_gpu'])} per GPU at {model['step_s'] * 1e3:.1f} ms per "
-                     "iteration")
+            line += (
+                f", {flop_rate(model['tflops_per_gpu'])} per GPU at {model['step_s'] * 1e3:.1f} ms per "
+                "iteration"
+            )
             if model.get("mfu") is not None:
                 line += f", MFU {percent(model['mfu'])}"
         if model.get("tflops_on_log_times") is not None:
             line += f"; on the log's own iteration times {flop_rate(model['tflops_on_log_times'])}"
         out.append(line)
     if tp.get("log_tflops_median") is not None:
-        out.append(f"the job's log prints {tp['log_tflops_median']:.2f} TFLOP/s per GPU (median of its "
-                   "TFLOPs lines)")
+        out.append(
+            f"the job's log prints {tp['log_tflops_median']:.2f} TFLOP/s per GPU (median of its TFLOPs lines)"
+        )
     if not out:
         return []
     if peak:
-        out.append(f"peak: {peak['tflops']:g} TFLOP/s dense {peak['dtype']} on {peak['device']} "
-                   f"({peak['source']})")
+        out.append(
+            f"peak: {peak['tflops']:g} TFLOP/s dense {peak['dtype']} on {peak['device']} ({peak['source']})"
+        )
     elif tp.get("peak_note"):
         out.append(f"peak: {tp['peak_note']}")
     out.append(f"counted: {tp['counted']}")
@@ -77,23 +100,69 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     m = doc["metrics"]
     out: list[Table] = [*throughput_table(doc), *trace_tables(doc)]
     if m["breakdown"]:
-        out.append(("Temporal breakdown", ["rank", "source", "span ms", "compute %", "non-compute %",
-                                           "idle %"],
-                    [[str(r["rank"]), r["source"], _ms(r["total_ns"]), _num(r["compute_pct"]),
-                      _num(r["non_compute_pct"]), _num(r["idle_pct"])] for r in m["breakdown"]]))
+        out.append(
+            (
+                "Temporal breakdown",
+                ["rank", "source", "span ms", "compute %", "non-compute %", "idle %"],
+                [
+                    [
+                        str(r["rank"]),
+                        r["source"],
+                        _ms(r["total_ns"]),
+                        _num(r["compute_pct"]),
+                        _num(r["non_compute_pct"]),
+                        _num(r["idle_pct"]),
+                    ]
+                    for r in m["breakdown"]
+                ],
+            )
+        )
     if m["overlap"]:
-        out.append(("Communication/computation overlap", ["rank", "comm ms", "overlapped ms", "overlap %"],
-                    [[str(r["rank"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _num(r["overlap_pct"])]
-                     for r in m["overlap"]]))
+        out.append(
+            (
+                "Communication/computation overlap",
+                ["rank", "comm ms", "overlapped ms", "overlap %"],
+                [
+                    [str(r["rank"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _num(r["overlap_pct"])]
+                    for r in m["overlap"]
+                ],
+            )
+        )
     if m["collectives"]:
-        out.append(("Collectives", ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
-                    [[str(r["rank"]), r["op"], str(r["calls"]), _ms(r["time_ns"]), _bytes(r["mean_bytes"]),
-                      _gbs(r["algbw"]), _gbs(r["busbw"])] for r in m["collectives"]]))
+        out.append(
+            (
+                "Collectives",
+                ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
+                [
+                    [
+                        str(r["rank"]),
+                        r["op"],
+                        str(r["calls"]),
+                        _ms(r["time_ns"]),
+                        _bytes(r["mean_bytes"]),
+                        _gbs(r["algbw"]),
+                        _gbs(r["busbw"]),
+                    ]
+                    for r in m["collectives"]
+                ],
+            )
+        )
     if m["stragglers"]:
-        out.append(("Stragglers", ["rank", "last to arrive (share of collectives)", "median step ms",
-                                   "straggler"],
-                    [[str(r["rank"]), _num(r["last_arrival_frac"], ".1%"), _ms(r["median_step_ns"]),
-                      "yes" if r["straggler"] else "no"] for r in m["stragglers"]]))
+        out.append(
+            (
+                "Stragglers",
+                ["rank", "last to arrive (share of collectives)", "median step ms", "straggler"],
+                [
+                    [
+                        str(r["rank"]),
+                        _num(r["last_arrival_frac"], ".1%"),
+                        _ms(r["median_step_ns"]),
+                        "yes" if r["straggler"] else "no",
+                    ]
+                    for r in m["stragglers"]
+                ],
+            )
+        )
     return out
 
 
@@ -118,8 +187,10 @@ def summary_line(doc: dict[str, Any]) -> str:
     if st.get("count"):
         bits.append(f"{st['count']} steps, median {st['median_ms']:.1f} ms, p90 {st['p90_ms']:.1f} ms")
     if s.get("tflops_median") is not None:
-        bits.append(f"{flop_rate(s['tflops_median'])} per GPU"
-                    + (f", MFU {percent(s['mfu'])}" if s.get("mfu") is not None else ""))
+        bits.append(
+            f"{flop_rate(s['tflops_median'])} per GPU"
+            + (f", MFU {percent(s['mfu'])}" if s.get("mfu") is not None else "")
+        )
     if s.get("overflows"):
         bits.append(f"{s['overflows']} overflow(s)")
     bits.append(f"{s['findings']} finding(s)")

@@ -20,8 +20,11 @@ def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> Non
         for line in throughput_lines(doc):
             console.print(f"  {line}", highlight=False, markup=False)
     for f in doc["findings"]:
-        console.print(f"[{_STYLE.get(f['severity'], '')}]{f['severity'].upper()}[/] {prose(f['title'])} "
-                      f"[dim]({f['rule']})[/dim]", highlight=False)
+        console.print(
+            f"[{_STYLE.get(f['severity'], '')}]{f['severity'].upper()}[/] {prose(f['title'])} "
+            f"[dim]({f['rule']})[/dim]",
+            highlight=False,
+        )
         if not quiet:
             for line in finding_lines(f):
                 console.print(f"    {line}", highlight=False, markup=False)

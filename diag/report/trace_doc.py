@@ -29,10 +29,19 @@ def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
     out = []
     for step, g in df.groupby("step"):
         slow = g.loc[g["dur_ns"].idxmax()]
-        out.append({"step": int(step), "ranks": len(g), "max_ms": slow["dur_ns"] / 1e6,
-                    "min_ms": g["dur_ns"].min() / 1e6, "slowest_rank": int(slow["rank"]),
-                    "applied": bool(applied.get(step, True)), "sampled": bool(g["sampled"].any()),
-                    "tflops": g["tflops"].mean(), "samples_per_s": g["samples_per_s"].mean()})
+        out.append(
+            {
+                "step": int(step),
+                "ranks": len(g),
+                "max_ms": slow["dur_ns"] / 1e6,
+                "min_ms": g["dur_ns"].min() / 1e6,
+                "slowest_rank": int(slow["rank"]),
+                "applied": bool(applied.get(step, True)),
+                "sampled": bool(g["sampled"].any()),
+                "tflops": g["tflops"].mean(),
+                "samples_per_s": g["samples_per_s"].mean(),
+            }
+        )
     return out
 
 
@@ -44,15 +53,24 @@ def memory(trace: Trace) -> dict[str, list[dict[str, Any]]]:
         return {"peaks": [], "timeline": []}
     peaks = []
     for rank, df in mem.groupby("rank"):
-        num = {c: pd.to_numeric(df[c], errors="coerce") for c in ("allocated", "reserved", "peak", "rss",
-                                                                  "capacity")}
+        num = {
+            c: pd.to_numeric(df[c], errors="coerce")
+            for c in ("allocated", "reserved", "peak", "rss", "capacity")
+        }
         peak = num["peak"].max() if num["peak"].notna().any() else num["allocated"].max()
         cap = num["capacity"].max()
         device = str(df["device"].dropna().iloc[-1]) if df["device"].notna().any() else "?"
-        peaks.append({"rank": int(rank), "device": device, "peak_allocated": peak,
-                      "peak_reserved": num["reserved"].max(), "capacity": cap,
-                      "peak_rss": num["rss"].max(),
-                      "peak_share": (peak / cap if device != "cpu" and cap and peak == peak else None)})
+        peaks.append(
+            {
+                "rank": int(rank),
+                "device": device,
+                "peak_allocated": peak,
+                "peak_reserved": num["reserved"].max(),
+                "capacity": cap,
+                "peak_rss": num["rss"].max(),
+                "peak_share": (peak / cap if device != "cpu" and cap and peak == peak else None),
+            }
+        )
     cols = ["rank", "step", "ts", "allocated", "reserved", "rss"]
     timeline = mem[[c for c in cols if c in mem.columns]].astype(object).to_dict("records")
     return {"peaks": peaks, "timeline": timeline}

@@ -24,10 +24,23 @@ def split_table(doc: dict[str, Any]) -> list[Table]:
     if not rows:
         return []
     basis = ", ".join(sorted({r["basis"] for r in rows}))
-    return [(f"Step time per rank: compute / exposed communication / other ({basis})",
-             ["rank", "steps", "step ms (mean)", "compute %", "exposed comm %", "other %"],
-             [[str(r["rank"]), str(r["steps"]), _ms(r["total_ns"] / 1e6 / max(r["steps"], 1)),
-               _pct(r["compute_pct"]), _pct(r["comm_pct"]), _pct(r["other_pct"])] for r in rows])]
+    return [
+        (
+            f"Step time per rank: compute / exposed communication / other ({basis})",
+            ["rank", "steps", "step ms (mean)", "compute %", "exposed comm %", "other %"],
+            [
+                [
+                    str(r["rank"]),
+                    str(r["steps"]),
+                    _ms(r["total_ns"] / 1e6 / max(r["steps"], 1)),
+                    _pct(r["compute_pct"]),
+                    _pct(r["comm_pct"]),
+                    _pct(r["other_pct"]),
+                ]
+                for r in rows
+            ],
+        )
+    ]
 
 
 def layers_table(doc: dict[str, Any]) -> list[Table]:
@@ -36,9 +49,18 @@ def layers_table(doc: dict[str, Any]) -> list[Table]:
         return []
     with_mem = any(r.get("mem_delta") is not None for r in rows)
     head = ["module", "fwd ms", "bwd ms", "FLOPs", "FLOP/s", "MFU"] + (["fwd mem delta"] if with_mem else [])
-    body = [[r["module"], _ms(r["fwd_ms"]), _ms(r["bwd_ms"]), flop_count(r["flops"]) if r["flops"] else "-",
-             flop_rate(r["tflops"]), percent(r["mfu"])]
-            + ([binary_bytes(r["mem_delta"])] if with_mem else []) for r in rows]
+    body = [
+        [
+            r["module"],
+            _ms(r["fwd_ms"]),
+            _ms(r["bwd_ms"]),
+            flop_count(r["flops"]) if r["flops"] else "-",
+            flop_rate(r["tflops"]),
+            percent(r["mfu"]),
+        ]
+        + ([binary_bytes(r["mem_delta"])] if with_mem else [])
+        for r in rows
+    ]
     devices = {r["device"] for r in (doc.get("memory") or {}).get("peaks") or []}
     note = "; memory deltas: none on CPU (no device allocator)" if not with_mem and devices == {"cpu"} else ""
     title = f"Top layers by time (leaf modules, lowest rank, mean of {rows[0]['steps']} sampled steps{note})"
@@ -51,35 +73,71 @@ def steps_table(doc: dict[str, Any]) -> list[Table]:
         return []
     title = "Steps"
     if len(rows) > MAX_STEP_ROWS:
-        rows = sorted(sorted(rows, key=lambda r: -r["max_ms"])[:MAX_STEP_ROWS // 2], key=lambda r: r["step"])
+        rows = sorted(sorted(rows, key=lambda r: -r["max_ms"])[: MAX_STEP_ROWS // 2], key=lambda r: r["step"])
         title = f"Steps (the {len(rows)} slowest of {len(doc['steps'])})"
-    return [(title, ["step", "slowest ms", "fastest ms", "slowest rank", "applied", "FLOP/s per GPU",
-                     "samples/s"],
-             [[str(r["step"]), _ms(r["max_ms"]), _ms(r["min_ms"]), str(r["slowest_rank"]),
-               "yes" if r["applied"] else "skipped",
-               flop_rate(r["tflops"]) + (" (sampled)" if r["sampled"] else ""),
-               "-" if r["samples_per_s"] is None else rate(r["samples_per_s"], "samples")] for r in rows])]
+    return [
+        (
+            title,
+            ["step", "slowest ms", "fastest ms", "slowest rank", "applied", "FLOP/s per GPU", "samples/s"],
+            [
+                [
+                    str(r["step"]),
+                    _ms(r["max_ms"]),
+                    _ms(r["min_ms"]),
+                    str(r["slowest_rank"]),
+                    "yes" if r["applied"] else "skipped",
+                    flop_rate(r["tflops"]) + (" (sampled)" if r["sampled"] else ""),
+                    "-" if r["samples_per_s"] is None else rate(r["samples_per_s"], "samples"),
+                ]
+                for r in rows
+            ],
+        )
+    ]
 
 
 def memory_table(doc: dict[str, Any]) -> list[Table]:
     rows = (doc.get("memory") or {}).get("peaks") or []
     if not rows:
         return []
-    return [("Memory per rank", ["rank", "device", "peak allocated", "peak reserved", "capacity",
-                                 "peak / capacity", "peak RSS"],
-             [[str(r["rank"]), r["device"], binary_bytes(r["peak_allocated"]),
-               binary_bytes(r["peak_reserved"]), binary_bytes(r["capacity"]), percent(r["peak_share"]),
-               binary_bytes(r["peak_rss"])]
-              for r in rows])]
+    return [
+        (
+            "Memory per rank",
+            ["rank", "device", "peak allocated", "peak reserved", "capacity", "peak / capacity", "peak RSS"],
+            [
+                [
+                    str(r["rank"]),
+                    r["device"],
+                    binary_bytes(r["peak_allocated"]),
+                    binary_bytes(r["peak_reserved"]),
+                    binary_bytes(r["capacity"]),
+                    percent(r["peak_share"]),
+                    binary_bytes(r["peak_rss"]),
+                ]
+                for r in rows
+            ],
+        )
+    ]
 
 
 def overflow_table(doc: dict[str, Any]) -> list[Table]:
     rows = doc.get("overflows") or []
     if not rows:
         return []
-    return [("fp16 overflows (steps skipped)", ["rank", "step", "loss scale", "source"],
-             [[str(r["rank"]), str(r["step"]), f"{_g(r.get('scale_before'))} -> {_g(r.get('scale_after'))}",
-               str(r.get("source") or "-")] for r in rows])]
+    return [
+        (
+            "fp16 overflows (steps skipped)",
+            ["rank", "step", "loss scale", "source"],
+            [
+                [
+                    str(r["rank"]),
+                    str(r["step"]),
+                    f"{_g(r.get('scale_before'))} -> {_g(r.get('scale_after'))}",
+                    str(r.get("source") or "-"),
+                ]
+                for r in rows
+            ],
+        )
+    ]
 
 
 def _g(v: Any) -> str:
@@ -87,5 +145,10 @@ def _g(v: Any) -> str:
 
 
 def trace_tables(doc: dict[str, Any]) -> list[Table]:
-    return [*split_table(doc), *layers_table(doc), *steps_table(doc), *memory_table(doc),
-            *overflow_table(doc)]
+    return [
+        *split_table(doc),
+        *layers_table(doc),
+        *steps_table(doc),
+        *memory_table(doc),
+        *overflow_table(doc),
+    ]

@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from diag.stacks.dump import Frame, RankStack
 
 # files whose public functions are collectives; innermost match wins (c10d under deepspeed.comm)
-COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "deepspeed/comm/comm.py",
-                    "deepspeed/comm/torch.py")
+COLLECTIVE_FILES = (
+    "torch/distributed/distributed_c10d.py",
+    "deepspeed/comm/comm.py",
+    "deepspeed/comm/torch.py",
+)
 WRAPPERS = {"wrapper", "inner", "log_wrapper", "_fn"}
 
 
@@ -41,8 +44,7 @@ def odd_ones_out(groups: list[Group]) -> list[RankStack]:
 def collective_of(frames: list[Frame]) -> str | None:
     """The collective a stack is inside (e.g. `all_reduce`), from the innermost library frame."""
     for fr in frames:
-        if fr.file.endswith(COLLECTIVE_FILES) and not fr.name.startswith("_") \
-                and fr.name not in WRAPPERS:
+        if fr.file.endswith(COLLECTIVE_FILES) and not fr.name.startswith("_") and fr.name not in WRAPPERS:
             return fr.name
     return None
 

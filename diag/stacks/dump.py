@@ -99,8 +99,11 @@ def _frames(thread: dict[str, Any]) -> list[Frame]:
     """The thread's frames without diag's own (its comms and overflow wrappers, its `Work.wait`):
     they are not where the job is, and would hide which collective it waits in."""
     own = own_roots()
-    return [Frame(f.get("name", "?"), f.get("filename", "?"), int(f.get("line") or 0))
-            for f in thread.get("frames", []) if not str(f.get("filename", "")).startswith(own)]
+    return [
+        Frame(f.get("name", "?"), f.get("filename", "?"), int(f.get("line") or 0))
+        for f in thread.get("frames", [])
+        if not str(f.get("filename", "")).startswith(own)
+    ]
 
 
 def own_roots() -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from diag.stacks.dump import RankStack
 @dataclass
 class Progress:
     """What a rank's trace says about its collectives so far (None: no trace for this rank)."""
+
     completed: int
     last_op: str | None
     last_step: int | None
@@ -31,9 +32,14 @@ def progress(trace_file: str) -> Progress:
 def describe(st: RankStack, prog: Progress | None) -> str:
     coll = collective_of(st.frames)
     where = user_frame(st.frames)
-    done = "" if prog is None else (
-        f"; {prog.completed} collectives completed since diag started" +
-        (f", last {prog.last_op} at step {prog.last_step}" if prog.last_op else ""))
+    done = (
+        ""
+        if prog is None
+        else (
+            f"; {prog.completed} collectives completed since diag started"
+            + (f", last {prog.last_op} at step {prog.last_step}" if prog.last_op else "")
+        )
+    )
     if coll:
         nth = f" (its collective #{prog.completed + 1} since diag started)" if prog is not None else ""
         return f"{st.label}: waiting in {coll}{nth}{done}"
@@ -50,11 +56,17 @@ def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
     ops = sorted({op for st in waiting if (op := inside[st.pid])})
     if len(ops) > 1:
         return "ranks are in different collectives: " + "; ".join(
-            f"{st.label} in {inside[st.pid]}" for st in waiting)
+            f"{st.label} in {inside[st.pid]}" for st in waiting
+        )
     if not absent:
-        return None if _same_count(waiting, progs) else "all ranks in " + ops[0] + \
-            " but at different collective counts: " + ", ".join(
-                f"{st.label} #{progs[st.pid].completed + 1}" for st in waiting if st.pid in progs)
+        return (
+            None
+            if _same_count(waiting, progs)
+            else "all ranks in "
+            + ops[0]
+            + " but at different collective counts: "
+            + ", ".join(f"{st.label} #{progs[st.pid].completed + 1}" for st in waiting if st.pid in progs)
+        )
     stuck = ", ".join(st.label for st in waiting)
     never = "; ".join(f"{st.label} (in {_where(st)})" for st in absent)
     nth = ""
@@ -63,8 +75,9 @@ def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
     return f"{stuck} stuck in {ops[0]}{nth}; never arrived: {never}"
 
 
-def moving(before: tuple[list[RankStack], dict[int, Progress]],
-           after: tuple[list[RankStack], dict[int, Progress]]) -> list[str]:
+def moving(
+    before: tuple[list[RankStack], dict[int, Progress]], after: tuple[list[RankStack], dict[int, Progress]]
+) -> list[str]:
     """Ranks that made progress between two samples (more collectives completed, or other functions
     on the stack; a line number alone is a rank polling in place): a rank seen once between two
     collectives, or counts read a moment apart, prove no hang."""

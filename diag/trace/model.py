@@ -15,8 +15,21 @@ if TYPE_CHECKING:  # imported where a frame is built: following live files needs
     import pandas as pd
 
 # Columns whose values repeat a lot: stored as pandas categoricals (interned strings).
-CATEGORICAL = ("module", "phase", "op", "dtype", "group", "device", "source", "collector", "where",
-               "exc", "key", "name", "cat")
+CATEGORICAL = (
+    "module",
+    "phase",
+    "op",
+    "dtype",
+    "group",
+    "device",
+    "source",
+    "collector",
+    "where",
+    "exc",
+    "key",
+    "name",
+    "cat",
+)
 
 
 @dataclass
@@ -94,8 +107,23 @@ class Trace:
 
     def layout(self) -> dict[str, Any]:
         """The job's layout as the headers agree on it (from the lowest rank that knows)."""
-        keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
-                "global_batch", "grad_accum", "ds_config", "host", "device_name", "model")
+        keys = (
+            "world_size",
+            "tp",
+            "pp",
+            "dp",
+            "cp",
+            "ep",
+            "zero_stage",
+            "dtype",
+            "micro_batch",
+            "global_batch",
+            "grad_accum",
+            "ds_config",
+            "host",
+            "device_name",
+            "model",
+        )
         out: dict[str, Any] = {}
         groups: dict[str, Any] = {}  # every rank's process groups by name (role, size, ranks)
         for rank in self.ranks:

@@ -82,16 +82,23 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
         with safeio.open_regular(path) as f:
             for i, (line, ended) in enumerate(safeio.iter_lines(f, max_line), start=1):
                 if line is None:
-                    problems.add(f"skipped a line longer than {max_line:,} bytes "
-                                 "(DIAG_MAX_LINE_BYTES raises the limit)", i)
+                    problems.add(
+                        f"skipped a line longer than {max_line:,} bytes "
+                        "(DIAG_MAX_LINE_BYTES raises the limit)",
+                        i,
+                    )
                     continue
                 if not line.strip():
                     continue
                 obj, why = parse_line(line)
                 if obj is None:
                     if why == "not valid JSON" and not ended:
-                        problems.add(f"truncated after {len(events)} events (last line incomplete: "
-                                     "the process was killed mid-write)", i, truncated=True)
+                        problems.add(
+                            f"truncated after {len(events)} events (last line incomplete: "
+                            "the process was killed mid-write)",
+                            i,
+                            truncated=True,
+                        )
                     else:
                         problems.add(f"skipped a line that is {why}", i)
                     continue
@@ -100,8 +107,11 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
                 else:
                     events.append(obj)
     except (safeio.InputError, OSError) as e:
-        return None, [], [LoadProblem(path, str(e) if isinstance(e, safeio.InputError)
-                                      else (e.strerror or str(e)))]
+        return (
+            None,
+            [],
+            [LoadProblem(path, str(e) if isinstance(e, safeio.InputError) else (e.strerror or str(e)))],
+        )
     if header is None:
         problems.add("no header line: not a diag trace file")
     elif not all(_is_int(header.get(f)) for f in ("rank", "pid", "schema")):
@@ -138,8 +148,7 @@ class _Problems:
 
     def done(self) -> list[LoadProblem]:
         if self.more:
-            self.items.append(LoadProblem(self.path, f"skipped {self.more} more bad lines",
-                                          self.first_more))
+            self.items.append(LoadProblem(self.path, f"skipped {self.more} more bad lines", self.first_more))
         return self.items
 
 
@@ -185,8 +194,14 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
             continue
         rank = header.get("rank")
         if rank is None:  # started before the process group: the rank came later, as meta
-            rank = next((ev.get("value") for ev in events if ev.get("k") == schema.META
-                         and ev.get("key") == "rank" and _is_int(ev.get("value"))), None)
+            rank = next(
+                (
+                    ev.get("value")
+                    for ev in events
+                    if ev.get("k") == schema.META and ev.get("key") == "rank" and _is_int(ev.get("value"))
+                ),
+                None,
+            )
         if rank is None:
             rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
         merged = trace.headers.setdefault(rank, dict(header))
@@ -208,8 +223,9 @@ def _is_int(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def build_frames(by_kind: dict[str, list[dict[str, Any]]], problems: list[LoadProblem] | None = None,
-                 path: str = "") -> dict[str, pd.DataFrame]:
+def build_frames(
+    by_kind: dict[str, list[dict[str, Any]]], problems: list[LoadProblem] | None = None, path: str = ""
+) -> dict[str, pd.DataFrame]:
     """Records (each with its "rank") grouped by kind -> one frame per kind; also used by the TUI
     to build a `Trace` from what it has tailed so far. Given `problems`, a kind whose records have
     fields of the wrong type (a corrupt file) is skipped and reported there instead of raising."""
@@ -222,6 +238,7 @@ def build_frames(by_kind: dict[str, list[dict[str, Any]]], problems: list[LoadPr
         except (TypeError, ValueError) as e:
             if problems is None:
                 raise
-            problems.append(LoadProblem(path, f"{kind} records skipped: a field has the wrong type "
-                                        f"({type(e).__name__})"))
+            problems.append(
+                LoadProblem(path, f"{kind} records skipped: a field has the wrong type ({type(e).__name__})")
+            )
     return out

@@ -23,8 +23,13 @@ MAX_LINE_BYTES = 64 << 20
 MAX_INPUT_BYTES = 2 << 30
 GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class InputError(ValueError):

@@ -14,8 +14,24 @@ from typing import Any
 
 INT64 = 1 << 63
 # fields every reader computes with: a number or null, never a string, list or bool
-NUMERIC = ("ts", "dur", "step", "bytes", "group_size", "flops", "mem_delta", "allocated", "reserved",
-           "peak", "capacity", "rss", "samples", "tokens", "count", "lines")
+NUMERIC = (
+    "ts",
+    "dur",
+    "step",
+    "bytes",
+    "group_size",
+    "flops",
+    "mem_delta",
+    "allocated",
+    "reserved",
+    "peak",
+    "capacity",
+    "rss",
+    "samples",
+    "tokens",
+    "count",
+    "lines",
+)
 _NUMERIC = frozenset(NUMERIC)
 MAX_DEPTH = 64  # diag writes flat records (stats nest 2 deep); deeper is not a diag record
 

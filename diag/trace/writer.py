@@ -31,8 +31,7 @@ def open_private(path: str) -> tuple[int, str]:
     exists (an earlier attach to the same rank) the next free `name.N.jsonl` is used, so each file
     has exactly one header and nothing is appended to a file someone else may have planted."""
     stem, ext = os.path.splitext(path)
-    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
-             | getattr(os, "O_NOFOLLOW", 0))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     n = 0
     while True:
         candidate = path if n == 0 else f"{stem}.{n}{ext}"
@@ -53,9 +52,12 @@ def _dumps(obj: dict[str, Any]) -> str:
         clean = {k: None if _non_finite(v) else _finite(v) for k, v in obj.items()}
         return json.dumps(clean, separators=(",", ":"), default=str, allow_nan=False)
     except (ValueError, RecursionError):  # a cycle: keep the scalars, the rest as short text
-        flat = {k: v if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float)
-                                                                         and math.isfinite(v))
-                else str(v)[:200] for k, v in obj.items()}
+        flat = {
+            k: v
+            if v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v))
+            else str(v)[:200]
+            for k, v in obj.items()
+        }
         return json.dumps(flat, separators=(",", ":"), default=str, allow_nan=False)
 
 
@@ -162,10 +164,17 @@ class TraceFileWriter:
         lines, first, last = self._pending
         if not lines:
             return None
-        return json.dumps({"k": LOST, "ts": time.time_ns(), "lines": lines,
-                           "first_step": first if first >= 0 else None,
-                           "last_step": last if last >= 0 else None,
-                           "error": self.last_error}, separators=(",", ":"))
+        return json.dumps(
+            {
+                "k": LOST,
+                "ts": time.time_ns(),
+                "lines": lines,
+                "first_step": first if first >= 0 else None,
+                "last_step": last if last >= 0 else None,
+                "error": self.last_error,
+            },
+            separators=(",", ":"),
+        )
 
     def close(self) -> None:
         if self._fd >= 0:

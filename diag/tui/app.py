@@ -35,18 +35,30 @@ class TopApp(App[None]):
     SyncTable { height: 1fr; }
     """
     BINDINGS = [
-        Binding("q", "quit", "quit"), Binding("question_mark", "help", "help"),
-        Binding("p,space", "pause", "pause"), Binding("s", "sort", "sort"),
-        Binding("r", "reverse", "reverse", show=False), Binding("n", "next_panel", "next panel"),
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("p,space", "pause", "pause"),
+        Binding("s", "sort", "sort"),
+        Binding("r", "reverse", "reverse", show=False),
+        Binding("n", "next_panel", "next panel"),
         *(Binding(str(i + 1), f"panel('{p}')", p, show=False) for i, p in enumerate(PANELS)),
     ]
 
-    def __init__(self, source: Any, *, interval: float = 1.0, analyze: Analyze | None = run_analyzers,
-                 analyze_every: float = 10.0, notes: tuple[str, ...] = (), sidecar: Any = None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        *,
+        interval: float = 1.0,
+        analyze: Analyze | None = run_analyzers,
+        analyze_every: float = 10.0,
+        notes: tuple[str, ...] = (),
+        sidecar: Any = None,
+    ) -> None:
         super().__init__()
         self.source, self.notes, self.sidecar = source, list(notes), sidecar
-        self.pump = Pump(source, self.post_message, interval=interval, analyze=analyze,
-                         analyze_every=analyze_every)
+        self.pump = Pump(
+            source, self.post_message, interval=interval, analyze=analyze, analyze_every=analyze_every
+        )
         self.model, self.lock = self.pump.model, self.pump.lock
         self.paused = False
         self.sort_index, self.sort_reverse = 0, False
@@ -100,11 +112,13 @@ class TopApp(App[None]):
         name = list(rows.RANK_SORTS)[self.sort_index]
         by_key = {str(r.rank): r for r in self.view.rank_rows}
         table = self.query_one("#ranks-table", SyncTable)
-        changed = table.sync(rows.rank_rows(self.view), order=lambda k: rows.RANK_SORTS[name](
-            by_key[k]), reverse=self.sort_reverse)
+        changed = table.sync(
+            rows.rank_rows(self.view),
+            order=lambda k: rows.RANK_SORTS[name](by_key[k]),
+            reverse=self.sort_reverse,
+        )
         if force and not changed:
-            table.sort(key=lambda row: rows.RANK_SORTS[name](by_key[str(row[0])]),
-                       reverse=self.sort_reverse)
+            table.sort(key=lambda row: rows.RANK_SORTS[name](by_key[str(row[0])]), reverse=self.sort_reverse)
         self._set_status()
 
     def on_findings_updated(self, msg: FindingsUpdated) -> None:
@@ -120,15 +134,21 @@ class TopApp(App[None]):
 
     def _gpu_note(self) -> str:
         notes = [n for n in self.notes if "GPU" in n]
-        return notes[0] if notes else ("no GPU samples in this trace (the sidecar: "
-                                       "python -m diag.nvml <trace-dir>)")
+        return (
+            notes[0]
+            if notes
+            else ("no GPU samples in this trace (the sidecar: python -m diag.nvml <trace-dir>)")
+        )
 
     def _status(self) -> str:
         sort = list(rows.RANK_SORTS)[self.sort_index]
         state = self.view.state if self.view is not None else "live"
-        parts = ["PAUSED" if self.paused else (state if self.source.live else "replay"),
-                 f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}", *self.notes,
-                 *(self.view.refused if self.view is not None else ())]
+        parts = [
+            "PAUSED" if self.paused else (state if self.source.live else "replay"),
+            f"sort: {sort}{' (reversed)' if self.sort_reverse else ''}",
+            *self.notes,
+            *(self.view.refused if self.view is not None else ()),
+        ]
         return " | ".join(parts)
 
     def _set_status(self) -> None:

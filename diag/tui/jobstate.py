@@ -22,8 +22,11 @@ class JobState:
         self.host = socket.gethostname()
 
     def check(self, headers: dict[int, dict[str, Any]]) -> str:
-        local = {int(h["pid"]) for h in headers.values()
-                 if isinstance(h.get("pid"), int) and h.get("host") == self.host and not h.get("sidecar")}
+        local = {
+            int(h["pid"])
+            for h in headers.values()
+            if isinstance(h.get("pid"), int) and h.get("host") == self.host and not h.get("sidecar")
+        }
         if not local:
             return "live"
         alive = {p for p in local if os.path.exists(f"/proc/{p}")}

@@ -187,9 +187,13 @@ class JobModel:
         if row is None:
             if len(self.overflow_steps) >= OVERFLOW_STEPS_KEPT:
                 del self.overflow_steps[min(self.overflow_steps)]
-            row = self.overflow_steps[step] = {"step": step, "ranks": [], "source": ev.get("source"),
-                                               "scale_before": ev.get("scale_before"),
-                                               "scale_after": ev.get("scale_after")}
+            row = self.overflow_steps[step] = {
+                "step": step,
+                "ranks": [],
+                "source": ev.get("source"),
+                "scale_before": ev.get("scale_before"),
+                "scale_after": ev.get("scale_after"),
+            }
         row["ranks"].append(rank)
 
     def _on_stats(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
@@ -219,8 +223,11 @@ def trace_of(headers: dict[int, dict[str, Any]], by_kind: dict[str, list[dict[st
 
 
 _HANDLERS = {
-    schema.STEP: JobModel._on_step, schema.COMM: JobModel._on_comm,
-    schema.LAYER: JobModel._on_layer, schema.MEMORY: JobModel._on_memory,
-    schema.OVERFLOW: JobModel._on_overflow, schema.STATS: JobModel._on_stats,
+    schema.STEP: JobModel._on_step,
+    schema.COMM: JobModel._on_comm,
+    schema.LAYER: JobModel._on_layer,
+    schema.MEMORY: JobModel._on_memory,
+    schema.OVERFLOW: JobModel._on_overflow,
+    schema.STATS: JobModel._on_stats,
     schema.META: JobModel._on_meta,
 }

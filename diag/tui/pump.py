@@ -38,8 +38,15 @@ class FindingsUpdated(Message):
 
 
 class Pump:
-    def __init__(self, source: Any, post: Callable[[Message], Any], *, interval: float,
-                 analyze: Analyze | None, analyze_every: float) -> None:
+    def __init__(
+        self,
+        source: Any,
+        post: Callable[[Message], Any],
+        *,
+        interval: float,
+        analyze: Analyze | None,
+        analyze_every: float,
+    ) -> None:
         self.source, self.post, self.interval = source, post, interval
         self.analyze, self.analyze_every = analyze, analyze_every
         self.model = JobModel()

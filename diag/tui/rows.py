@@ -10,14 +10,33 @@ from typing import Any
 from diag.tui import fmt
 from diag.tui.view import JobView, RankRow
 
-RANK_COLUMNS = ("rank", "host", "step", "step ms", "mean ms", "comm", "memory peak / capacity",
-                "last collective", "health")
-COMM_COLUMNS = ("group / op", "size", "count", "bytes", "mean bytes", "latency ms", "last ms",
-                "busbw GB/s")
+RANK_COLUMNS = (
+    "rank",
+    "host",
+    "step",
+    "step ms",
+    "mean ms",
+    "comm",
+    "memory peak / capacity",
+    "last collective",
+    "health",
+)
+COMM_COLUMNS = ("group / op", "size", "count", "bytes", "mean bytes", "latency ms", "last ms", "busbw GB/s")
 LAYER_COLUMNS = ("module", "ms/step", "fwd ms", "bwd ms", "GFLOP/step", "TFLOP/s")
 OVERFLOW_COLUMNS = ("step", "overflow on ranks", "scale before", "scale after", "source")
-GPU_COLUMNS = ("gpu", "util", "memory", "power / limit W", "SM / mem MHz", "temp C", "throttle",
-               "PCIe tx / rx", "NVLink tx / rx", "ECC", "Xid")
+GPU_COLUMNS = (
+    "gpu",
+    "util",
+    "memory",
+    "power / limit W",
+    "SM / mem MHz",
+    "temp C",
+    "throttle",
+    "PCIe tx / rx",
+    "NVLink tx / rx",
+    "ECC",
+    "Xid",
+)
 
 # sort keys of the ranks table, cycled with `s`
 RANK_SORTS: dict[str, Any] = {
@@ -30,8 +49,17 @@ RANK_SORTS: dict[str, Any] = {
 
 
 def rank_cells(r: RankRow) -> tuple[str, ...]:
-    return (str(r.rank), r.host, fmt.num(r.step), fmt.ms(r.step_ms), fmt.ms(r.mean_ms),
-            fmt.pct(r.comm_share), fmt.mem(r.mem_peak, r.mem_capacity), r.last_comm, r.health)
+    return (
+        str(r.rank),
+        r.host,
+        fmt.num(r.step),
+        fmt.ms(r.step_ms),
+        fmt.ms(r.mean_ms),
+        fmt.pct(r.comm_share),
+        fmt.mem(r.mem_peak, r.mem_capacity),
+        r.last_comm,
+        r.health,
+    )
 
 
 def rank_rows(v: JobView) -> dict[str, tuple[str, ...]]:
@@ -42,24 +70,44 @@ def comm_rows(v: JobView) -> dict[str, tuple[str, ...]]:
     out = {}
     for c in v.comm_rows:
         key = f"{c.group} / {c.op}"
-        out[key] = (key, str(c.group_size), str(c.count), fmt.nbytes(c.bytes),
-                    fmt.nbytes(c.bytes / c.count if c.count else None), fmt.ms(c.mean_latency / 1e6, 3),
-                    fmt.ms(c.last_dur / 1e6, 3), fmt.num(c.busbw, 3))
+        out[key] = (
+            key,
+            str(c.group_size),
+            str(c.count),
+            fmt.nbytes(c.bytes),
+            fmt.nbytes(c.bytes / c.count if c.count else None),
+            fmt.ms(c.mean_latency / 1e6, 3),
+            fmt.ms(c.last_dur / 1e6, 3),
+            fmt.num(c.busbw, 3),
+        )
     return out
 
 
 def layer_rows(v: JobView) -> dict[str, tuple[str, ...]]:
-    return {r.module: (r.module, fmt.ms(r.ms_per_step, 2), fmt.ms(r.fwd_ms, 2), fmt.ms(r.bwd_ms, 2),
-                       fmt.num(r.gflops_per_step, 3), fmt.num(r.tflops_s, 3))
-            for r in v.layer_rows}
+    return {
+        r.module: (
+            r.module,
+            fmt.ms(r.ms_per_step, 2),
+            fmt.ms(r.fwd_ms, 2),
+            fmt.ms(r.bwd_ms, 2),
+            fmt.num(r.gflops_per_step, 3),
+            fmt.num(r.tflops_s, 3),
+        )
+        for r in v.layer_rows
+    }
 
 
 def overflow_rows(v: JobView) -> dict[str, tuple[str, ...]]:
     out = {}
     for r in v.overflow_rows:
         ranks = ",".join(str(x) for x in sorted(set(r["ranks"]))) or "-"
-        out[str(r["step"])] = (str(r["step"]), ranks, fmt.num(r["scale_before"], 0),
-                               fmt.num(r["scale_after"], 0), str(r["source"] or "-"))
+        out[str(r["step"])] = (
+            str(r["step"]),
+            ranks,
+            fmt.num(r["scale_before"], 0),
+            fmt.num(r["scale_after"], 0),
+            str(r["source"] or "-"),
+        )
     return out
 
 
@@ -71,22 +119,26 @@ def gpu_rows(v: JobView) -> dict[str, tuple[str, ...]]:
     out = {}
     for g in v.gpu_rows:
         key = f"{g.get('host', '?')}:{g.get('index')}"
-        out[key] = (key, fmt.pct(g["util"] / 100 if g.get("util") is not None else None),
-                    fmt.mem(g.get("mem_used"), g.get("mem_total")),
-                    _pair(g.get("power_w"), g.get("power_limit_w"), lambda x: fmt.num(x, 0)),
-                    _pair(g.get("sm_clock"), g.get("mem_clock")), fmt.num(g.get("temp_c")),
-                    ",".join(g.get("throttle") or []) or "-",
-                    _pair(g.get("pcie_tx"), g.get("pcie_rx"), fmt.rate),
-                    _pair(g.get("nvlink_tx"), g.get("nvlink_rx"), fmt.rate),
-                    fmt.num(g.get("ecc_errors")), ",".join(str(x) for x in g.get("xid") or []) or "-")
+        out[key] = (
+            key,
+            fmt.pct(g["util"] / 100 if g.get("util") is not None else None),
+            fmt.mem(g.get("mem_used"), g.get("mem_total")),
+            _pair(g.get("power_w"), g.get("power_limit_w"), lambda x: fmt.num(x, 0)),
+            _pair(g.get("sm_clock"), g.get("mem_clock")),
+            fmt.num(g.get("temp_c")),
+            ",".join(g.get("throttle") or []) or "-",
+            _pair(g.get("pcie_tx"), g.get("pcie_rx"), fmt.rate),
+            _pair(g.get("nvlink_tx"), g.get("nvlink_rx"), fmt.rate),
+            fmt.num(g.get("ecc_errors")),
+            ",".join(str(x) for x in g.get("xid") or []) or "-",
+        )
     return out
 
 
 def summary_text(v: JobView, source: str) -> str:
     lay = v.layout
     parts = [f"{v.ranks} ranks on {v.hosts} host(s)"]
-    par = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep")
-                   if lay.get(k) is not None)
+    par = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if lay.get(k) is not None)
     if par:
         parts.append(par)
     if lay.get("zero_stage") is not None:
@@ -97,9 +149,11 @@ def summary_text(v: JobView, source: str) -> str:
         source = f"{v.state.upper()}: {source.removeprefix('live ')}"
     line1 = f"{source} | " + ", ".join(parts)
     sps = f"{1e3 / v.mean_ms:.2f}" if v.mean_ms else "-"
-    line2 = (f"step {fmt.num(v.last_step)}: {fmt.ms(v.last_ms)} ms (mean {fmt.ms(v.mean_ms)} ms, "
-             f"{sps} steps/s, {fmt.num(v.samples_per_s)} samples/s) | loss scale "
-             f"{fmt.num(v.loss_scale, 0)}, skipped {v.skipped_steps} | {v.events} events")
+    line2 = (
+        f"step {fmt.num(v.last_step)}: {fmt.ms(v.last_ms)} ms (mean {fmt.ms(v.mean_ms)} ms, "
+        f"{sps} steps/s, {fmt.num(v.samples_per_s)} samples/s) | loss scale "
+        f"{fmt.num(v.loss_scale, 0)}, skipped {v.skipped_steps} | {v.events} events"
+    )
     return f"{line1}\n{line2}\n{spark_scale(v)}"
 
 
@@ -108,5 +162,7 @@ def spark_scale(v: JobView) -> str:
     s = v.step_series
     if not s:
         return "step time: no steps yet"
-    return (f"step time, last {len(s)} step(s) (sparkline below, bar height from {fmt.ms(min(s))} to "
-            f"{fmt.ms(max(s))} ms)")
+    return (
+        f"step time, last {len(s)} step(s) (sparkline below, bar height from {fmt.ms(min(s))} to "
+        f"{fmt.ms(max(s))} ms)"
+    )

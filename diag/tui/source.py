@@ -44,8 +44,13 @@ class ReplaySource:
 
     live = False
 
-    def __init__(self, trace_dir: str, speed: float = 1.0, label: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        trace_dir: str,
+        speed: float = 1.0,
+        label: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         trace_files(trace_dir)  # a clear DiagError for a missing / empty directory
         self.trace_dir, self.speed, self.label, self.clock = trace_dir, speed, label, clock
         self.paused = False
@@ -74,8 +79,7 @@ class ReplaySource:
             self._elapsed += now - self._last
         self._last = now
         out, self._headers = self._headers, []
-        limit = (self.first_ts + self._elapsed * self.speed * 1e9 if self.speed > 0
-                 else float("inf"))
+        limit = self.first_ts + self._elapsed * self.speed * 1e9 if self.speed > 0 else float("inf")
         by_path: dict[str, Chunk] = {}
         while self._pos < len(self._queue) and self._queue[self._pos][0] <= limit:
             _, path, ev = self._queue[self._pos]
@@ -119,8 +123,11 @@ def trace_dir_of_pid(pid: int) -> str:
     for d, need_pid in _candidate_dirs(pid):
         if (not need_pid and os.path.isdir(d)) or _has_pid(d, pid):
             return d
-    raise DiagError(f"pid {pid} is not attached: run `diag attach {pid}` first "
-                    "(no control socket and no trace file of that pid)", FAILURE)
+    raise DiagError(
+        f"pid {pid} is not attached: run `diag attach {pid}` first "
+        "(no control socket and no trace file of that pid)",
+        FAILURE,
+    )
 
 
 def _candidate_dirs(pid: int) -> list[tuple[str, bool]]:

@@ -76,9 +76,14 @@ class JobView:
 
 
 def build_view(m: JobModel) -> JobView:
-    v = JobView(ranks=len(m.headers), hosts=len({h.get("host") for h in m.headers.values()}),
-                layout=_layout(m), loss_scale=m.loss_scale, skipped_steps=m.skipped_steps,
-                events=m.events)
+    v = JobView(
+        ranks=len(m.headers),
+        hosts=len({h.get("host") for h in m.headers.values()}),
+        layout=_layout(m),
+        loss_scale=m.loss_scale,
+        skipped_steps=m.skipped_steps,
+        events=m.events,
+    )
     steps = sorted(m.step_max)
     v.step_series = [m.step_max[s] / 1e6 for s in steps[-SPARK:]]
     if steps:
@@ -127,15 +132,25 @@ def rank_rows(m: JobModel) -> list[RankRow]:
         last = st.last_step
         recent = [d for _, d in list(st.steps)[-MEAN_OVER:]]
         lc = st.last_comm
-        rows.append(RankRow(
-            rank, st.host, last[0] if last else None, last[1] / 1e6 if last else None,
-            sum(recent) / len(recent) / 1e6 if recent else None, st.comm_share(), st.mem_peak,
-            st.mem_capacity, f"{lc[0]} [{lc[1]}]" if lc else "", health(m, st, median)))
+        rows.append(
+            RankRow(
+                rank,
+                st.host,
+                last[0] if last else None,
+                last[1] / 1e6 if last else None,
+                sum(recent) / len(recent) / 1e6 if recent else None,
+                st.comm_share(),
+                st.mem_peak,
+                st.mem_capacity,
+                f"{lc[0]} [{lc[1]}]" if lc else "",
+                health(m, st, median),
+            )
+        )
     return rows
 
 
 def health(m: JobModel, st: RankState, median: float) -> str:
-    """"ok", or the problems of a rank: stale, straggler (the straggler rule's verdict, as the
+    """ "ok", or the problems of a rank: stale, straggler (the straggler rule's verdict, as the
     Findings tab shows it; or its last step this much slower than the median), overflows, dropped
     events, errors."""
     out = [] if m.state == "live" else [m.state]  # the job ended or the agent detached
@@ -162,18 +177,27 @@ def layer_rows(m: JobModel) -> list[LayerRow]:
 def leaf_layer_rows(m: JobModel) -> list[LayerRow]:
     """Every leaf layer of the module tree (a model's FLOPs are the sum of its leaves'), by time."""
     names = sorted(m.layers)
-    leaves = [n for i, n in enumerate(names)
-              if not (i + 1 < len(names) and names[i + 1].startswith(n + "."))
-              and not _is_root(n)]
+    leaves = [
+        n
+        for i, n in enumerate(names)
+        if not (i + 1 < len(names) and names[i + 1].startswith(n + ".")) and not _is_root(n)
+    ]
     n_steps = max(1, len(m.layer_rank_steps))
     rows = []
     for name in leaves:
         s = m.layers[name]
         total = s.fwd + s.bwd
-        rows.append(LayerRow(name, total / n_steps / 1e6, s.fwd / n_steps / 1e6,
-                             s.bwd / n_steps / 1e6, s.flops / n_steps / 1e9,
-                             s.flops / total / 1e3 if total else None,
-                             any(p in name.lower() for p in PINNED)))
+        rows.append(
+            LayerRow(
+                name,
+                total / n_steps / 1e6,
+                s.fwd / n_steps / 1e6,
+                s.bwd / n_steps / 1e6,
+                s.flops / n_steps / 1e9,
+                s.flops / total / 1e3 if total else None,
+                any(p in name.lower() for p in PINNED),
+            )
+        )
     rows.sort(key=lambda r: (-r.ms_per_step, r.module))
     return rows
 
@@ -190,8 +214,16 @@ def overflow_rows(m: JobModel) -> list[dict[str, Any]]:
     by_step: dict[int, dict[str, Any]] = {}
     for ev in m.overflow:
         step = int(ev.get("step") or 0)
-        row = by_step.setdefault(step, {"step": step, "ranks": [], "scale_before": None,
-                                        "scale_after": None, "source": ev.get("source")})
+        row = by_step.setdefault(
+            step,
+            {
+                "step": step,
+                "ranks": [],
+                "scale_before": None,
+                "scale_after": None,
+                "source": ev.get("source"),
+            },
+        )
         if ev.get("overflow"):
             row["ranks"].append(ev["rank"])
         row["scale_before"] = row["scale_before"] or ev.get("scale_before")

@@ -28,8 +28,9 @@ def run_ranks(tmp_path: Any, fn: Callable[..., Any], *args: Any) -> list[Any]:
 
     _warm_imports()
 
-    ctx = mp.start_processes(_rank_main, (str(tmp_path), fn, args), nprocs=WORLD, join=False,
-                             start_method="fork")
+    ctx = mp.start_processes(
+        _rank_main, (str(tmp_path), fn, args), nprocs=WORLD, join=False, start_method="fork"
+    )
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:
@@ -58,11 +59,18 @@ def _warm_imports() -> None:
 def _rank_main(rank: int, root: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1",
+    )
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(root, "store"), WORLD),
-                            rank=rank, world_size=WORLD)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(os.path.join(root, "store"), WORLD), rank=rank, world_size=WORLD
+    )
     import deepspeed.comm.torch  # noqa: F401 - loads the module patched below
     from deepspeed.accelerator import get_accelerator
 
@@ -79,22 +87,30 @@ def _rank_main(rank: int, root: str, fn: Callable[..., Any], args: tuple[Any, ..
 
 def ds_config(stage: int = 0, dtype: str = "fp32", gas: int = 1, **extra: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": gas,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
-        "zero_optimization": {"stage": stage}, "steps_per_print": 10**6,
+        "zero_optimization": {"stage": stage},
+        "steps_per_print": 10**6,
     }
     if dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1,
-                       "loss_scale_window": 1000}
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1, "loss_scale_window": 1000}
     elif dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     cfg.update(extra)
     return cfg
 
 
-def train(rank: int, cfg: dict[str, Any], steps: int, trace: str | None = None,
-          attach_at: int | None = None, inf_grad: tuple[int, int] | None = None,
-          inf_loss: tuple[int, int] | None = None, **agent_opts: Any) -> dict[str, Any]:
+def train(
+    rank: int,
+    cfg: dict[str, Any],
+    steps: int,
+    trace: str | None = None,
+    attach_at: int | None = None,
+    inf_grad: tuple[int, int] | None = None,
+    inf_loss: tuple[int, int] | None = None,
+    **agent_opts: Any,
+) -> dict[str, Any]:
     """Train `steps` optimizer steps; start the agent before the engine (attach_at None) or from a
     thread once engine.global_steps == attach_at. inf_*: (rank, step) to poison on that rank."""
     import deepspeed
@@ -128,7 +144,10 @@ def train(rank: int, cfg: dict[str, Any], steps: int, trace: str | None = None,
         if engine.global_steps != step:
             out["applied"].append(engine.was_step_applied())
             out["scales"].append(engine._get_optimizer_loss_scale() if engine.fp16_enabled() else None)
-    out.update(global_steps=engine.global_steps, skipped_steps=engine.skipped_steps,
-               status=agent.current().status() if agent.current() else None)
+    out.update(
+        global_steps=engine.global_steps,
+        skipped_steps=engine.skipped_steps,
+        status=agent.current().status() if agent.current() else None,
+    )
     agent.stop()
     return out

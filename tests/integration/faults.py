@@ -63,25 +63,66 @@ LONG = ("--steps", "4000", "--step-sleep", "0.05")  # runs until the fault is pl
 
 CELLS: tuple[Cell, ...] = (
     Cell("DDP", "healthy", DDP, DDP_ARGS),
-    Cell("DDP", "straggler", DDP, (*DDP_ARGS, *SLOW), expect="straggler", rank=1, known_gap=(
-        "DDP's bucket all-reduces are async (the Reducer waits for them in C++), and the blocked-time "
-        "metric the straggler rule reads (diag.metrics.comms.blocking_per_step) counts blocking ops "
-        "only: rank 0's 80 ms waits are invisible, so no rank shows waiting time")),
-    Cell("DDP", "hang", DDP, LONG, expect="hang_desync", rank=1, inject="stop", known_gap=(
-        "the waiting rank waits for the bucket all-reduce inside Tensor.backward (DDP's Reducer, from "
-        "C++), so `diag stacks` sees no collective frame: 'rank 0: not in a collective', no verdict")),
-    Cell("DDP", "rank dies", DDP, LONG, expect="hang_desync", rank=1, inject="kill", known_gap=(
-        "no rule names a dead rank from a trace: hang_desync needs 60 s of silence or diverged "
-        "collectives; it fires only when the dead rank's unflushed last 0.2 s leave it >= 2 steps "
-        "behind (by chance: not strict)"), strict=False),
-    Cell("ZeRO-2", "healthy", GPT, ZERO2, known_gap=(
-        "a false straggler warning on rank 0 in 2 of 5 runs at a load average of 10-16 on the shared "
-        "2-core machine (10 steps; the rule's thresholds were set on a quieter machine): not strict"),
-        strict=False),
+    Cell(
+        "DDP",
+        "straggler",
+        DDP,
+        (*DDP_ARGS, *SLOW),
+        expect="straggler",
+        rank=1,
+        known_gap=(
+            "DDP's bucket all-reduces are async (the Reducer waits for them in C++), and the blocked-time "
+            "metric the straggler rule reads (diag.metrics.comms.blocking_per_step) counts blocking ops "
+            "only: rank 0's 80 ms waits are invisible, so no rank shows waiting time"
+        ),
+    ),
+    Cell(
+        "DDP",
+        "hang",
+        DDP,
+        LONG,
+        expect="hang_desync",
+        rank=1,
+        inject="stop",
+        known_gap=(
+            "the waiting rank waits for the bucket all-reduce inside Tensor.backward (DDP's Reducer, from "
+            "C++), so `diag stacks` sees no collective frame: 'rank 0: not in a collective', no verdict"
+        ),
+    ),
+    Cell(
+        "DDP",
+        "rank dies",
+        DDP,
+        LONG,
+        expect="hang_desync",
+        rank=1,
+        inject="kill",
+        known_gap=(
+            "no rule names a dead rank from a trace: hang_desync needs 60 s of silence or diverged "
+            "collectives; it fires only when the dead rank's unflushed last 0.2 s leave it >= 2 steps "
+            "behind (by chance: not strict)"
+        ),
+        strict=False,
+    ),
+    Cell(
+        "ZeRO-2",
+        "healthy",
+        GPT,
+        ZERO2,
+        known_gap=(
+            "a false straggler warning on rank 0 in 2 of 5 runs at a load average of 10-16 on the shared "
+            "2-core machine (10 steps; the rule's thresholds were set on a quieter machine): not strict"
+        ),
+        strict=False,
+    ),
     Cell("ZeRO-2", "straggler", GPT, (*ZERO2, *SLOW), expect="straggler", rank=1),
-    Cell("ZeRO-2 fp16", "overflow storm", GPT,
-         ("--zero", "2", "--dtype", "fp16", "--steps", "14", "--overflow-at", "3,4,5,6,7,8,9,10"),
-         expect="overflow_storm"),
+    Cell(
+        "ZeRO-2 fp16",
+        "overflow storm",
+        GPT,
+        ("--zero", "2", "--dtype", "fp16", "--steps", "14", "--overflow-at", "3,4,5,6,7,8,9,10"),
+        expect="overflow_storm",
+    ),
     Cell("ZeRO-3", "healthy", GPT, ("--zero", "3", "--steps", "8")),
     Cell("megatron-core TP=2", "healthy", MEGATRON, TP_ARGS),
     Cell("megatron-core TP=2", "straggler", MEGATRON, (*TP_ARGS, *SLOW), expect="straggler", rank=1),
@@ -113,8 +154,9 @@ class Outcome:
         return self.cell.inject != "stop" or f"never arrived: rank {self.cell.rank}" in (self.live or "")
 
     def false_alarms(self) -> list[str]:
-        return sorted({f"{f.rule} ({f.severity}, ranks {f.ranks})" for f in self.findings
-                       if f.rule != self.cell.expect})
+        return sorted(
+            {f"{f.rule} ({f.severity}, ranks {f.ranks})" for f in self.findings if f.rule != self.cell.expect}
+        )
 
     def correct(self) -> bool:
         if self.cell.expect is None:
@@ -128,14 +170,21 @@ class Outcome:
         expected = f"{c.expect or 'nothing'}" + (f" naming rank {c.rank}" if c.rank is not None else "")
         if c.inject == "stop":
             expected = f"`diag stacks`: rank {c.rank} never arrived (post-mortem {c.expect} allowed)"
-        return {"job": c.job, "fault": c.fault, "expected": expected,
-                "post_mortem": ", ".join(sorted({x.rule for x in self.findings})) or "nothing",
-                "severity": f.severity if f is not None else None,
-                "named_ranks": f.ranks if f is not None else None,
-                "live_asked": c.inject == "stop", "live": self.live,
-                "live_s": None if self.live_s is None else round(self.live_s, 1),
-                "false_alarms": self.false_alarms(), "correct": self.correct(),
-                "known_gap": self.cell.known_gap, "note": self.note}
+        return {
+            "job": c.job,
+            "fault": c.fault,
+            "expected": expected,
+            "post_mortem": ", ".join(sorted({x.rule for x in self.findings})) or "nothing",
+            "severity": f.severity if f is not None else None,
+            "named_ranks": f.ranks if f is not None else None,
+            "live_asked": c.inject == "stop",
+            "live": self.live,
+            "live_s": None if self.live_s is None else round(self.live_s, 1),
+            "false_alarms": self.false_alarms(),
+            "correct": self.correct(),
+            "known_gap": self.cell.known_gap,
+            "note": self.note,
+        }
 
 
 def alarms(trace_dir: str) -> list[Finding]:
@@ -168,8 +217,19 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
     os.makedirs(folder, exist_ok=True)
     trace = os.path.join(folder, "trace")
     env = {"XDG_RUNTIME_DIR": folder}
-    job = launch.popen(cell.module, [*cell.args, "--log-iterations", "--diag", "--trace-dir", trace,
-                                     "--out", os.path.join(folder, "result.json")], env=env)
+    job = launch.popen(
+        cell.module,
+        [
+            *cell.args,
+            "--log-iterations",
+            "--diag",
+            "--trace-dir",
+            trace,
+            "--out",
+            os.path.join(folder, "result.json"),
+        ],
+        env=env,
+    )
     seen: list[int] = []
     lines: list[str] = []
     threading.Thread(target=_follow, args=(job, seen, lines), daemon=True).start()
@@ -187,12 +247,20 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
         os.kill(pids[cell.rank], signal.SIGSTOP if cell.inject == "stop" else signal.SIGKILL)
         if cell.inject == "stop":
             time.sleep(STACKS_AFTER)
-            res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
-                                 capture_output=True, text=True, cwd=launch.ROOT, timeout=90,
-                                 env=launch.job_env(env))
+            res = subprocess.run(
+                [sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
+                capture_output=True,
+                text=True,
+                cwd=launch.ROOT,
+                timeout=90,
+                env=launch.job_env(env),
+            )
             out.live_s = time.monotonic() - t0
-            out.live = (json.loads(res.stdout).get("verdict") if res.returncode == 0
-                        else f"exit {res.returncode}: {res.stderr.strip()[-300:]}")
+            out.live = (
+                json.loads(res.stdout).get("verdict")
+                if res.returncode == 0
+                else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
+            )
         else:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 job.wait(timeout=120)  # the peers fail in their next collective; torchrun ends
@@ -208,17 +276,22 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
 
 def render(rows: list[dict[str, Any]]) -> str:
     """The matrix as a markdown table."""
-    head = ("| job | fault | expected | post-mortem (`diag analyze`) | live (`diag stacks`) | "
-            "false alarms | correct |\n|---|---|---|---|---|---|---|\n")
+    head = (
+        "| job | fault | expected | post-mortem (`diag analyze`) | live (`diag stacks`) | "
+        "false alarms | correct |\n|---|---|---|---|---|---|---|\n"
+    )
     body = []
     for r in rows:
-        live = ("—" if not r["live_asked"] else
-                f"{r['live'] or 'no verdict'} ({r['live_s']} s after the fault)")
+        live = (
+            "—" if not r["live_asked"] else f"{r['live'] or 'no verdict'} ({r['live_s']} s after the fault)"
+        )
         post = r["post_mortem"]
         if r["severity"]:
             post += f" ({r['severity']}, ranks {r['named_ranks']})"
         gap = f": {r['known_gap']}" if r["known_gap"] else ""
         ok = ("yes" + (f", by chance{gap}" if gap else "")) if r["correct"] else "**no**" + gap
-        body.append(f"| {r['job']} | {r['fault']} | {r['expected']} | {post} | {live} | "
-                    f"{', '.join(r['false_alarms']) or 'none'} | {ok} |")
+        body.append(
+            f"| {r['job']} | {r['fault']} | {r['expected']} | {post} | {live} | "
+            f"{', '.join(r['false_alarms']) or 'none'} | {ok} |"
+        )
     return head + "\n".join(body) + "\n"

@@ -44,10 +44,9 @@ class Runs:
         self.root = root
         self._done: dict[tuple[Any, ...], Job] = {}
         self._failed: dict[tuple[Any, ...], Exception] = {}  # a failed run fails its tests once each,
-        self._attempts = 0                                     # not by rerunning for every test
+        self._attempts = 0  # not by rerunning for every test
 
-    def get(self, module: str, args: list[str], diag: bool = True,
-            env: dict[str, str] | None = None) -> Job:
+    def get(self, module: str, args: list[str], diag: bool = True, env: dict[str, str] | None = None) -> Job:
         key = (module, tuple(args), diag, tuple(sorted((env or {}).items())))
         if key in self._failed:
             raise self._failed[key]
@@ -60,8 +59,7 @@ class Runs:
                 raise
         return self._done[key]
 
-    def _run(self, module: str, args: list[str], diag: bool, env: dict[str, str] | None,
-             n: int) -> Job:
+    def _run(self, module: str, args: list[str], diag: bool, env: dict[str, str] | None, n: int) -> Job:
         folder = os.path.join(self.root, f"run{n}")
         os.makedirs(folder)
         out = os.path.join(folder, "result.json")

@@ -86,7 +86,8 @@ def test_collective_bytes_match_comms_logger(pair: tuple[Job, Job]) -> None:
         _, nbytes = truth.agent_comms(on.trace.comms, r)
         expected = truth.ds_bytes(on.rank(r), on.result["world_size"])
         assert {k: v for k, v in nbytes.items() if k != "barrier"} == {
-            k: v for k, v in expected.items() if k != "barrier"}
+            k: v for k, v in expected.items() if k != "barrier"
+        }
 
 
 def test_all_gather_bytes_match_profiler_shapes(pair: tuple[Job, Job]) -> None:
@@ -118,8 +119,12 @@ def test_linear_flops_are_exact(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     m = on.result["model"]
     tokens, h, v = m["batch"] * m["seq"], m["hidden"], m["vocab"]
-    shapes = {"blocks.0.attn.qkv": (h, 3 * h), "blocks.1.mlp.fc1": (h, 4 * h),
-              "blocks.1.mlp.fc2": (4 * h, h), "head": (h, v)}
+    shapes = {
+        "blocks.0.attn.qkv": (h, 3 * h),
+        "blocks.1.mlp.fc1": (h, 4 * h),
+        "blocks.1.mlp.fc2": (4 * h, h),
+        "head": (h, v),
+    }
     layers = on.trace.layers
     for r in range(2):
         for name, (k, n) in shapes.items():

@@ -52,9 +52,11 @@ def test_tensor_parallel_linear_flops_are_exact(pair: tuple[Job, Job]) -> None:
     on, _ = pair
     m = on.result["model"]
     tokens, h = m["batch"] * m["seq"], m["hidden"]
-    shapes = {"decoder.layers.0.self_attention.linear_qkv": (h, 3 * h // TP),
-              "decoder.layers.1.mlp.linear_fc1": (h, 4 * h // TP),
-              "decoder.layers.1.mlp.linear_fc2": (4 * h // TP, h)}
+    shapes = {
+        "decoder.layers.0.self_attention.linear_qkv": (h, 3 * h // TP),
+        "decoder.layers.1.mlp.linear_fc1": (h, 4 * h // TP),
+        "decoder.layers.1.mlp.linear_fc2": (4 * h // TP, h),
+    }
     for r in range(2):
         for name, (k, n) in shapes.items():
             fwd = truth.layer_rows(on.trace.layers, r, name, "fwd")
@@ -74,7 +76,8 @@ def test_throughput_counts_each_ranks_tensor_parallel_share(pair: tuple[Job, Job
     fwd = (layers * (24 * b * s * h * h + 4 * b * s * s * h) + 2 * b * s * h * v) // TP
     rows = report.build(on.trace, [], {})["throughput"]["per_step"]
     assert sorted((r["rank"], r["step"]) for r in rows if r["flops"] == 3 * fwd) == [
-        (r, st) for r in range(2) for st in range(1, STEPS)]  # step 0 has no duration
+        (r, st) for r in range(2) for st in range(1, STEPS)
+    ]  # step 0 has no duration
 
 
 def test_healthy_agent_reports_no_errors(pair: tuple[Job, Job]) -> None:

@@ -65,8 +65,7 @@ def _wait_for_steps(path: str, n: int, proc: subprocess.Popen[str], timeout: flo
 
 def test_sigkill_leaves_a_loadable_trace(tmp_path: Path) -> None:
     trace_dir = str(tmp_path / "trace")
-    proc = launch.popen(GPT, ["--steps", "1000", "--step-sleep", "0.05", "--diag",
-                              "--trace-dir", trace_dir])
+    proc = launch.popen(GPT, ["--steps", "1000", "--step-sleep", "0.05", "--diag", "--trace-dir", trace_dir])
     try:
         header = _wait_for_steps(os.path.join(trace_dir, "rank-00001.jsonl"), 3, proc, 120)
         os.kill(header["pid"], signal.SIGKILL)

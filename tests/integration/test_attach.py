@@ -22,7 +22,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-TARGET = r'''
+TARGET = r"""
 import atexit, json, os, signal, sys, threading, time
 import torch, torch.distributed as dist
 import torch.nn.modules.module as M
@@ -60,12 +60,18 @@ while True:
     loss.backward(); opt.step(); opt.zero_grad()
     dist.all_reduce(t)
     time.sleep(0.02)
-'''
+"""
 
 
 def diag(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "diag", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +82,12 @@ def target(tmp_path_factory):
 
     script = tmp_path / "target.py"
     script.write_text(TARGET)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "fp.json"), str(free_port())],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "fp.json"), str(free_port())],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     yield proc, tmp_path
     proc.kill()
@@ -167,9 +177,13 @@ def test_errors_are_one_line_and_nonzero(target, tmp_path):
             res = diag("attach", pid)
             assert res.returncode != 0
             assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
-        no_gdb = subprocess.run([sys.executable, "-m", "diag", "attach", str(proc.pid), "--method", "gdb"],
-                                capture_output=True, text=True, cwd=ROOT,
-                                env={**os.environ, "PATH": os.path.dirname(sys.executable)})
+        no_gdb = subprocess.run(
+            [sys.executable, "-m", "diag", "attach", str(proc.pid), "--method", "gdb"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PATH": os.path.dirname(sys.executable)},
+        )
         assert no_gdb.returncode != 0 and "gdb: gdb not found on PATH" in no_gdb.stderr
     finally:
         sleeper.kill()
@@ -196,10 +210,13 @@ def _socket_dir() -> str:
 
 
 def test_run_preloads_the_agent_in_a_plain_python_command(tmp_path):
-    script = "import torch; m = torch.nn.Linear(2, 2); o = torch.optim.SGD(m.parameters(), lr=0.1)\n" \
-             "for _ in range(3): m(torch.ones(1, 2)).sum().backward(); o.step()\n"
-    res = diag("run", "--what", "steps", "--trace-dir", str(tmp_path / "t"), "--",
-               sys.executable, "-c", script)
+    script = (
+        "import torch; m = torch.nn.Linear(2, 2); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3): m(torch.ones(1, 2)).sum().backward(); o.step()\n"
+    )
+    res = diag(
+        "run", "--what", "steps", "--trace-dir", str(tmp_path / "t"), "--", sys.executable, "-c", script
+    )
     assert res.returncode == 0, res.stderr
     (name,) = os.listdir(tmp_path / "t")
     kinds = [e["k"] for e in events(tmp_path / "t")]

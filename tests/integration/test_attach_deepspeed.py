@@ -64,9 +64,14 @@ def test_attach_to_launcher_traces_both_ranks_and_keeps_losses(runs, tmp_path):
             assert job.poll() is None, "the job exited before training"
             assert time.monotonic() < deadline, "the job never started training"
             time.sleep(0.3)
-        res = subprocess.run([sys.executable, "-m", "diag", "attach", str(job.pid), "-v",
-                              "--trace-dir", trace], capture_output=True, text=True, cwd=ROOT,
-                             env=diag_env, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "diag", "attach", str(job.pid), "-v", "--trace-dir", trace],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=diag_env,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         assert "(rank 0) via" in res.stdout and "(rank 1) via" in res.stdout, res.stdout
         attached = time.monotonic()
@@ -74,8 +79,14 @@ def test_attach_to_launcher_traces_both_ranks_and_keeps_losses(runs, tmp_path):
             assert time.monotonic() - attached < 2.0, f"events only from ranks {ranks_with_events(trace)}"
             time.sleep(0.05)
         assert sorted(os.listdir(trace)) == ["rank-00000.jsonl", "rank-00001.jsonl"]  # one agent each
-        det = subprocess.run([sys.executable, "-m", "diag", "detach", str(job.pid)],
-                             capture_output=True, text=True, cwd=ROOT, env=diag_env, timeout=60)
+        det = subprocess.run(
+            [sys.executable, "-m", "diag", "detach", str(job.pid)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=diag_env,
+            timeout=60,
+        )
         assert det.returncode == 0 and det.stdout.count("detached from") == 2, det.stderr
         assert job.wait(timeout=180) == 0
     finally:

@@ -53,8 +53,19 @@ def venv(tmp_path_factory) -> dict[str, str]:
         shutil.copytree(os.path.join(ROOT, name), src / name, ignore=ignore)
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
-    built = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                 "-q", "-w", str(tmp / "dist"), str(src))
+    built = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-q",
+        "-w",
+        str(tmp / "dist"),
+        str(src),
+    )
     if built.returncode != 0 and "setuptools" in built.stderr:
         pytest.skip(reason=f"cannot build a wheel offline here: {built.stderr.strip()[-300:]}")
     assert built.returncode == 0, built.stderr
@@ -62,22 +73,38 @@ def venv(tmp_path_factory) -> dict[str, str]:
     made = _run(sys.executable, "-m", "venv", "--without-pip", str(tmp / "venv"))
     assert made.returncode == 0, made.stderr
     python = str(tmp / "venv" / "bin" / "python")
-    purelib = _run(python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                   env=_clean_env()).stdout.strip()
-    installed = _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
-                     "--no-index", "-q", str(wheel), env=_clean_env())  # PYTHONPATH would satisfy it
+    purelib = _run(
+        python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", env=_clean_env()
+    ).stdout.strip()
+    installed = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-deps",
+        "--no-index",
+        "-q",
+        str(wheel),
+        env=_clean_env(),
+    )  # PYTHONPATH would satisfy it
     assert installed.returncode == 0, installed.stderr
     outer = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     with open(os.path.join(purelib, "zz_outer_site.pth"), "w") as f:  # torch, psutil, ...: not diag
         f.write("\n".join(outer) + "\n")
-    return {"python": python, "diag": str(tmp / "venv" / "bin" / "diag"), "purelib": purelib,
-            "tmp": str(tmp)}
+    return {"python": python, "diag": str(tmp / "venv" / "bin" / "diag"), "purelib": purelib, "tmp": str(tmp)}
 
 
 def test_diag_resolves_into_the_venv_not_the_checkout(venv, tmp_path):
-    where = _run(venv["python"], "-c", "import diag, diag.collectors, diag.inject.raw as r; "
-                 "print(diag.__file__); print(diag.collectors.__file__); print(r.__file__)",
-                 cwd=str(tmp_path), env=_clean_env())
+    where = _run(
+        venv["python"],
+        "-c",
+        "import diag, diag.collectors, diag.inject.raw as r; "
+        "print(diag.__file__); print(diag.collectors.__file__); print(r.__file__)",
+        cwd=str(tmp_path),
+        env=_clean_env(),
+    )
     assert where.returncode == 0, where.stderr
     for line in where.stdout.split():
         assert line.startswith(venv["purelib"] + os.sep), where.stdout
@@ -98,13 +125,24 @@ def test_attach_from_an_installed_diag_in_another_directory(venv, tmp_path):
     xdg.mkdir(mode=0o700)
     env = _clean_env(XDG_RUNTIME_DIR=str(xdg))
     (work / "train.py").write_text(TARGET)
-    proc = subprocess.Popen([venv["python"], "train.py"], cwd=str(work), env=env, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [venv["python"], "train.py"], cwd=str(work), env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         trace = str(tmp_path / "trace")
-        res = _run(venv["diag"], "attach", str(proc.pid), "-v", "--what", "steps", "--trace-dir", trace,
-                   cwd=str(work), env=env)
+        res = _run(
+            venv["diag"],
+            "attach",
+            str(proc.pid),
+            "-v",
+            "--what",
+            "steps",
+            "--trace-dir",
+            trace,
+            cwd=str(work),
+            env=env,
+        )
         assert res.returncode == 0, res.stderr
         assert f"attached to pid {proc.pid} via ptrace" in res.stdout, res.stdout
         if sys.version_info < (3, 14):  # -v says why the first method did not run

@@ -20,8 +20,7 @@ ARGS = ["--zero", "3", "--steps", "2", "--truth", "--comms-logger", "--what", "c
 
 def _run(folder: str, env: dict[str, str] | None = None) -> tuple[dict, diag.Trace]:
     out, trace = os.path.join(folder, "result.json"), os.path.join(folder, "trace")
-    launch.run("tests.workloads.gpt_ds", [*ARGS, "--diag", "--trace-dir", trace, "--out", out],
-               env=env)
+    launch.run("tests.workloads.gpt_ds", [*ARGS, "--diag", "--trace-dir", trace, "--out", out], env=env)
     with open(out) as f:
         return json.load(f), diag.load(trace)
 

@@ -43,13 +43,34 @@ def test_attached_steps_carry_the_programs_iteration(tmp_path):
         while not printed or max(printed) < 30:  # well into training: the attach is mid-run
             assert job.poll() is None and time.monotonic() < deadline, "the job never trained"
             time.sleep(0.1)
-        res = subprocess.run([sys.executable, "-m", "diag", "attach", str(job.pid), "--what", "steps,comms",
-                              "--trace-dir", trace], capture_output=True, text=True, cwd=ROOT,
-                             env=diag_env, timeout=60)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "diag",
+                "attach",
+                str(job.pid),
+                "--what",
+                "steps,comms",
+                "--trace-dir",
+                trace,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=diag_env,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         time.sleep(1.5)
-        det = subprocess.run([sys.executable, "-m", "diag", "detach", str(job.pid)],
-                             capture_output=True, text=True, cwd=ROOT, env=diag_env, timeout=60)
+        det = subprocess.run(
+            [sys.executable, "-m", "diag", "detach", str(job.pid)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=diag_env,
+            timeout=60,
+        )
         assert det.returncode == 0, det.stderr
         assert job.wait(timeout=180) == 0
     finally:

@@ -25,11 +25,23 @@ HANG_AT = 5
 def test_stacks_names_the_stuck_rank_and_collective(tmp_path):
     trace = tmp_path / "trace"
     env = launch.job_env({"XDG_RUNTIME_DIR": str(tmp_path)})  # sockets of the killed job stay here
-    cmd = [sys.executable, "-m", "diag", "run", "--trace-dir", str(trace), "--what", "comms", "--",
-           *launch.torchrun_cmd("tests.workloads.hang", ["--out", str(tmp_path), "--hang-at",
-                                                         str(HANG_AT), "--max-wait", "90"])]
-    job = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "diag",
+        "run",
+        "--trace-dir",
+        str(trace),
+        "--what",
+        "comms",
+        "--",
+        *launch.torchrun_cmd(
+            "tests.workloads.hang", ["--out", str(tmp_path), "--hang-at", str(HANG_AT), "--max-wait", "90"]
+        ),
+    ]
+    job = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 120
         while not all((tmp_path / f"rank-{r}.state").exists() for r in (0, 1)):
@@ -38,8 +50,14 @@ def test_stacks_names_the_stuck_rank_and_collective(tmp_path):
         time.sleep(0.5)  # rank 0 enters all_reduce right after writing its marker
         names = sorted(os.listdir(trace))
         assert names == ["rank-00000.jsonl", "rank-00001.jsonl"], "the launcher must not be traced"
-        res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+        res = subprocess.run(
+            [sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            env=env,
+        )
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         assert out["verdict"].startswith("rank 0 stuck in all_reduce"), out
@@ -61,9 +79,26 @@ def test_detach_with_a_collective_in_flight_is_no_hang(tmp_path):
     from diag import load, schema
 
     trace = tmp_path / "trace"
-    launch.run("tests.workloads.gpt_ds", [
-        "--steps", "6", "--diag", "--trace-dir", str(trace), "--what", "steps,comms",
-        "--slow-rank", "1", "--slow-ms", "600", "--detach-at", "2", "--detach-delay", "0.3"])
+    launch.run(
+        "tests.workloads.gpt_ds",
+        [
+            "--steps",
+            "6",
+            "--diag",
+            "--trace-dir",
+            str(trace),
+            "--what",
+            "steps,comms",
+            "--slow-rank",
+            "1",
+            "--slow-ms",
+            "600",
+            "--detach-at",
+            "2",
+            "--detach-delay",
+            "0.3",
+        ],
+    )
     tr = load(str(trace))
     assert tr.errors.empty, tr.errors.to_dict("records")
     unfinished = {r: h.get(schema.META_UNFINISHED_AT_DETACH) for r, h in tr.headers.items()}
@@ -78,20 +113,39 @@ def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
     "rank 1 stuck in all_reduce; never arrived: rank 0", and showed diag's own frames."""
     trace = tmp_path / "trace"
     env = launch.job_env({"XDG_RUNTIME_DIR": str(tmp_path)})
-    cmd = [sys.executable, "-m", "diag", "run", "--trace-dir", str(trace), "--", *launch.torchrun_cmd(
-        "tests.workloads.megatron_tp", ["--steps", "20000", "--out", str(tmp_path / "out.json")])]
-    job = subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "diag",
+        "run",
+        "--trace-dir",
+        str(trace),
+        "--",
+        *launch.torchrun_cmd(
+            "tests.workloads.megatron_tp", ["--steps", "20000", "--out", str(tmp_path / "out.json")]
+        ),
+    ]
+    job = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 240  # start-up is slow on a busy 2-core machine
-        while len(list(trace.glob("rank-*.jsonl"))) < 2 or min(
-                f.stat().st_size for f in trace.glob("rank-*.jsonl")) < 10_000:
+        while (
+            len(list(trace.glob("rank-*.jsonl"))) < 2
+            or min(f.stat().st_size for f in trace.glob("rank-*.jsonl")) < 10_000
+        ):
             assert job.poll() is None and time.monotonic() < deadline, "the job never got going"
             time.sleep(0.5)
         ranks = [pid for pid, _ in ranks_under(job.pid)]  # torchrun starts each in its own session
-        res = subprocess.run([sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=90, env=env)
+        res = subprocess.run(
+            [sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=90,
+            env=env,
+        )
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         assert out["verdict"] is None and out["moving"], out

@@ -21,14 +21,18 @@ def _job(rank: int, root: str) -> dict[str, Any]:
     return {
         # stage 0: an inf in rank 1's (already all-reduced) gradient makes only rank 1 skip
         "z0": train(rank, z0, STEPS, f"{root}/z0", inf_grad=(1, 2), what=WHAT),
-        "z0_faults": train(rank, z0, STEPS, f"{root}/z0_faults", inf_grad=(1, 2), what=WHAT,
-                           faults=FAULTS),
+        "z0_faults": train(rank, z0, STEPS, f"{root}/z0_faults", inf_grad=(1, 2), what=WHAT, faults=FAULTS),
         "z0_bare": train(rank, z0, STEPS, None, inf_grad=(1, 2)),
         # stage 2: an inf in rank 0's loss; ZeRO agrees on overflow across ranks: both skip
-        "z2": train(rank, ds_config(stage=2, dtype="fp16"), STEPS, f"{root}/z2", inf_loss=(0, 3),
-                    what=WHAT),
-        "bf16": train(rank, ds_config(stage=1, dtype="bf16", gradient_clipping=1.0), 4,
-                      f"{root}/bf16", inf_loss=(0, 3), what=WHAT),
+        "z2": train(rank, ds_config(stage=2, dtype="fp16"), STEPS, f"{root}/z2", inf_loss=(0, 3), what=WHAT),
+        "bf16": train(
+            rank,
+            ds_config(stage=1, dtype="bf16", gradient_clipping=1.0),
+            4,
+            f"{root}/bf16",
+            inf_loss=(0, 3),
+            what=WHAT,
+        ),
     }
 
 

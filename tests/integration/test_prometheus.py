@@ -29,8 +29,10 @@ pytest.importorskip("prometheus_client", reason="prometheus-client is the promet
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus binary is absent "
-                       "(apt-get install -y prometheus; .ci/run installs it)"),
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="Debian's prometheus binary is absent (apt-get install -y prometheus; .ci/run installs it)",
+    ),
 ]
 JOB = "ds-fp16"
 STEPS = 50
@@ -69,10 +71,14 @@ def start_prometheus(tmp, target: str, port: int) -> subprocess.Popen:
         "scrape_configs:\n"
         "  - job_name: diag\n"
         "    honor_labels: true\n"  # keep the exporter's `job` label (the training job's name)
-        f"    static_configs: [{{targets: ['{target}']}}]\n")
+        f"    static_configs: [{{targets: ['{target}']}}]\n"
+    )
     with open(tmp / "prometheus.log", "w") as log:  # the child keeps its own descriptor
-        args = [f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}"]
+        args = [
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
         return subprocess.Popen([PROMETHEUS, *args], stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -95,8 +101,11 @@ def dashboard_check(port: int) -> list[str]:
     returns the queries that returned no data."""
     empty = []
     for _title, expr in dashboard_queries():
-        expr = (expr.replace("$__rate_interval", "10s").replace("$peak_flops", "1e12")
-                .replace('=~"$job"', f'=~"{JOB}"'))
+        expr = (
+            expr.replace("$__rate_interval", "10s")
+            .replace("$peak_flops", "1e12")
+            .replace('=~"$job"', f'=~"{JOB}"')
+        )
         if not query(port, expr):
             empty.append(expr)
     return empty
@@ -108,9 +117,22 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
     job = exporter = server = sidecar = None
     t0 = time.monotonic()
     try:
-        job = launch.popen("tests.workloads.gpt_ds", [
-            "--diag", "--trace-dir", str(trace_dir), "--dtype", "fp16", "--overflow-at", "5,9",
-            "--steps", str(STEPS), "--step-sleep", "0.2"])
+        job = launch.popen(
+            "tests.workloads.gpt_ds",
+            [
+                "--diag",
+                "--trace-dir",
+                str(trace_dir),
+                "--dtype",
+                "fp16",
+                "--overflow-at",
+                "5,9",
+                "--steps",
+                str(STEPS),
+                "--step-sleep",
+                "0.2",
+            ],
+        )
         wait_until("the trace directory", trace_dir.is_dir, 120, job)
         from diag.nvml.sidecar import Sidecar  # GPU health: NVML faked at the hardware seam
 
@@ -118,10 +140,28 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
         assert sidecar.start()
         with open(tmp_path / "exporter.log", "w") as log:
             exporter = subprocess.Popen(
-                [sys.executable, "-m", "diag", "export", "--prometheus", f"127.0.0.1:{exp_port}",
-                 str(trace_dir), "--job", JOB, "--interval", "0.5", "--analyze-every", "2",
-                 "--duration", "300"],
-                env=launch.job_env(), cwd=launch.ROOT, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "diag",
+                    "export",
+                    "--prometheus",
+                    f"127.0.0.1:{exp_port}",
+                    str(trace_dir),
+                    "--job",
+                    JOB,
+                    "--interval",
+                    "0.5",
+                    "--analyze-every",
+                    "2",
+                    "--duration",
+                    "300",
+                ],
+                env=launch.job_env(),
+                cwd=launch.ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         server = start_prometheus(tmp_path, f"127.0.0.1:{exp_port}", prom_port)
         up = 'up{job="diag"} == 1'  # the server's own series of the scrape job
         wait_until("the scrape target up", lambda: bool(query(prom_port, up)), 60, server, exporter)
@@ -131,19 +171,30 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
         def steps() -> dict[tuple[str, ...], float]:
             return values(prom_port, f'diag_last_step{{job="{JOB}"}}', "rank", "host")
 
-        wait_until("both ranks past step 12", lambda: len(steps()) == 2 and min(steps().values()) >= 12,
-                   180, job, server, exporter)
+        wait_until(
+            "both ranks past step 12",
+            lambda: len(steps()) == 2 and min(steps().values()) >= 12,
+            180,
+            job,
+            server,
+            exporter,
+        )
         assert job.poll() is None, "the job ended before the server saw it train"
         mid = steps()
         wait_until("a later scrape", lambda: min(steps().values()) > min(mid.values()), 60, server, exporter)
         t_live = time.monotonic()
 
         q = f'{{job="{JOB}"}}'
-        step_s = values(prom_port, f"rate(diag_step_seconds_total{q}[5s]) / rate(diag_steps_total{q}[5s])",
-                        "rank")
+        step_s = values(
+            prom_port, f"rate(diag_step_seconds_total{q}[5s]) / rate(diag_steps_total{q}[5s])", "rank"
+        )
         assert set(step_s) == {("0",), ("1",)} and all(0.2 <= v < 5 for v in step_s.values()), step_s
-        busbw = values(prom_port, f'diag_collective_busbw_bytes_per_second{{job="{JOB}",op="all_reduce"}}',
-                       "rank", "group")
+        busbw = values(
+            prom_port,
+            f'diag_collective_busbw_bytes_per_second{{job="{JOB}",op="all_reduce"}}',
+            "rank",
+            "group",
+        )
         assert len(busbw) >= 2 and all(v > 0 for v in busbw.values()), busbw
         exposed = values(prom_port, f"diag_exposed_comm_ratio{q}", "rank")
         assert len(exposed) == 2 and all(0 <= v <= 1 for v in exposed.values())
@@ -160,8 +211,13 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
         trace = diag.load(str(trace_dir))
         done = trace.steps.dropna(subset=["dur"]).groupby("rank").size()
         want = {(str(r),): float(n) for r, n in done.items()}
-        wait_until("the final step counts", lambda: values(prom_port, f"diag_steps_total{q}", "rank") == want,
-                   60, server, exporter)
+        wait_until(
+            "the final step counts",
+            lambda: values(prom_port, f"diag_steps_total{q}", "rank") == want,
+            60,
+            server,
+            exporter,
+        )
         comms = trace.comms.assign(op=trace.comms["op"].astype(str)).groupby("op", observed=True).size()
         got = values(prom_port, f"sum by (op) (diag_collectives_total{q})", "op")
         assert got == {(op,): float(n) for op, n in comms.items()}
@@ -170,15 +226,22 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
         assert n_over >= 2 and values(prom_port, f"sum(diag_overflows_total{q})")[()] == n_over
         skipped = values(prom_port, f"diag_skipped_steps_total{q}")[()]
         assert skipped == ov["skipped_steps"].max() >= 2
-        wait_until("the rules' findings", lambda: bool(query(prom_port, f"diag_live_findings{q}")), 60,
-                   server, exporter)
+        wait_until(
+            "the rules' findings",
+            lambda: bool(query(prom_port, f"diag_live_findings{q}")),
+            60,
+            server,
+            exporter,
+        )
         live = values(prom_port, f"diag_live_findings{q}")[()]
         assert live == sum(values(prom_port, f"diag_findings{q}", "rule", "severity").values())
         empty = dashboard_check(prom_port)
         assert len(empty) == 1 and "diag_tokens_total" in empty[0], empty  # the job reports no tokens
-        print(f"\nprometheus test: target up {t_up - t0:.1f}s after launch, live asserts at "
-              f"{t_live - t0:.1f}s, mean step {max(step_s.values()):.3f}s, busbw {busbw}, exposed {exposed}, "
-              f"overflows {n_over}, skipped {skipped}, findings {live}, total {time.monotonic() - t0:.1f}s")
+        print(
+            f"\nprometheus test: target up {t_up - t0:.1f}s after launch, live asserts at "
+            f"{t_live - t0:.1f}s, mean step {max(step_s.values()):.3f}s, busbw {busbw}, exposed {exposed}, "
+            f"overflows {n_over}, skipped {skipped}, findings {live}, total {time.monotonic() - t0:.1f}s"
+        )
     finally:
         if sidecar is not None:
             sidecar.stop()

@@ -35,17 +35,33 @@ LAUNCH = {  # how the job's own launcher sets PYTHONPATH before it starts python
 def test_run_keeps_the_jobs_sitecustomize_and_starts_the_agent(venv, tmp_path, launch):  # noqa: F811
     job = tmp_path / "job"
     job.mkdir()
-    for name, text in {"sitecustomize.py": SITE, "jobshim.py": SHIM, "train.py": TRAIN,
-                       "launch.sh": LAUNCH[launch]}.items():
+    for name, text in {
+        "sitecustomize.py": SITE,
+        "jobshim.py": SHIM,
+        "train.py": TRAIN,
+        "launch.sh": LAUNCH[launch],
+    }.items():
         (job / name).write_text(text)
     xdg = tmp_path / "xdg"
     xdg.mkdir(mode=0o700)
     bin_dir = os.path.dirname(venv["python"])
-    env = _clean_env(XDG_RUNTIME_DIR=str(xdg), PYTHONPATH=str(job),
-                     PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    env = _clean_env(
+        XDG_RUNTIME_DIR=str(xdg), PYTHONPATH=str(job), PATH=bin_dir + os.pathsep + os.environ.get("PATH", "")
+    )
     trace = tmp_path / "trace"
-    res = _run(venv["diag"], "run", "--what", "steps", "--trace-dir", str(trace), "--", "bash", "launch.sh",
-               cwd=str(job), env=env)
+    res = _run(
+        venv["diag"],
+        "run",
+        "--what",
+        "steps",
+        "--trace-dir",
+        str(trace),
+        "--",
+        "bash",
+        "launch.sh",
+        cwd=str(job),
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert "trained" in res.stdout and "diag:" not in res.stderr, res.stderr
     assert trace.is_dir(), f"no trace: the agent never started ({launch})"
@@ -60,6 +76,7 @@ def test_the_hook_is_installed_beside_diag(venv):  # noqa: F811
     with open(os.path.join(venv["purelib"], "diag-run.pth")) as f:
         assert "diag.inject.site.hook" in f.read()
     probe = "import sys; print([type(f).__name__ for f in sys.meta_path])"
-    quiet = subprocess.run([venv["python"], "-c", probe],
-                           capture_output=True, text=True, env=_clean_env(), timeout=60)
+    quiet = subprocess.run(
+        [venv["python"], "-c", probe], capture_output=True, text=True, env=_clean_env(), timeout=60
+    )
     assert "_Finder" not in quiet.stdout, "armed without DIAG_RUN"

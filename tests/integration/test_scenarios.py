@@ -92,11 +92,14 @@ def test_input_stall_measures_the_sleep():
     assert f.recoverable_s == pytest.approx(0.060, abs=0.015)  # the loop sleeps 60 ms per step
 
 
-@pytest.mark.parametrize("name,fires,quiet", [
-    ("fp16_overflow", {"overflow_storm"}, {"straggler"}),
-    ("zero3", set(), {"zero3_slow_link", "straggler"}),  # one host: no slow link to blame
-    ("megatron_tp2", set(), {"tp_cross_node"}),  # the TP group stays inside the host
-])
+@pytest.mark.parametrize(
+    "name,fires,quiet",
+    [
+        ("fp16_overflow", {"overflow_storm"}, {"straggler"}),
+        ("zero3", set(), {"zero3_slow_link", "straggler"}),  # one host: no slow link to blame
+        ("megatron_tp2", set(), {"tp_cross_node"}),  # the TP group stays inside the host
+    ],
+)
 def test_base_scenarios_agree_with_their_readmes(name, fires, quiet):
     if not os.path.isdir(os.path.join(TRACES, name)):
         pytest.skip(reason=f"sample_traces/{name} not generated (python -m sample_traces.generate {name})")

@@ -13,8 +13,7 @@ from tests.integration.ds_harness import WORLD, ds_config, run_ranks, train
 
 
 def _attach_midrun(rank: int, trace: str) -> dict[str, Any]:
-    return train(rank, ds_config(stage=1, gas=2), 8, trace=trace, attach_at=3,
-                 what=("steps", "memory"))
+    return train(rank, ds_config(stage=1, gas=2), 8, trace=trace, attach_at=3, what=("steps", "memory"))
 
 
 @pytest.mark.slow

@@ -9,18 +9,33 @@ import pandas as pd
 
 # torch.profiler's c10d dispatcher op -> diag's canonical op name
 PROFILER_OPS = {
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-    "_allgather_base_": "all_gather", "allgather_": "all_gather",
-    "allgather_into_tensor_coalesced_": "all_gather", "allgather_coalesced_": "all_gather",
-    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
-    "barrier": "barrier", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "send": "send", "recv_": "recv",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "allgather_coalesced_": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "broadcast_": "broadcast",
+    "barrier": "barrier",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "send": "send",
+    "recv_": "recv",
 }
 # DeepSpeed comms logger's record name -> canonical op name
-DS_OPS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-          "all_to_all_single": "all_to_all", "allgather_fn": "all_gather",
-          "reduce_scatter_fn": "reduce_scatter"}
+DS_OPS = {
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "allgather_fn": "all_gather",
+    "reduce_scatter_fn": "reduce_scatter",
+}
 
 
 def profiler_counts(rank_result: dict[str, Any]) -> dict[str, int]:
@@ -65,8 +80,11 @@ def agent_comms(comms: pd.DataFrame, rank: int) -> tuple[dict[str, int], dict[st
 def layer_rows(layers: pd.DataFrame, rank: int, suffix: str, phase: str) -> pd.DataFrame:
     """One module's records on one rank (matched by the end of its qualified name)."""
     mods = layers["module"].astype(str)
-    sel = (layers["rank"] == rank) & (layers["phase"].astype(str) == phase) & (
-        (mods == suffix) | mods.str.endswith("." + suffix))
+    sel = (
+        (layers["rank"] == rank)
+        & (layers["phase"].astype(str) == phase)
+        & ((mods == suffix) | mods.str.endswith("." + suffix))
+    )
     return layers[sel]
 
 

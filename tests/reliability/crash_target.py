@@ -26,8 +26,22 @@ def _flood(a: agent.Agent) -> None:
     while True:
         for _ in range(200):
             i += 1
-            emit((schema.COMM, a.step, "all_reduce", 4096 + i, "float32", "pg0", 2, None, now(), 1000,
-                  "blocks.0.mlp", False))
+            emit(
+                (
+                    schema.COMM,
+                    a.step,
+                    "all_reduce",
+                    4096 + i,
+                    "float32",
+                    "pg0",
+                    2,
+                    None,
+                    now(),
+                    1000,
+                    "blocks.0.mlp",
+                    False,
+                )
+            )
         threading.Event().wait(0.01)
 
 

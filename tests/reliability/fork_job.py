@@ -42,21 +42,30 @@ class Items(torch.utils.data.Dataset):
         for n in range(1000):  # what a hook left in place would do
             self.ag.emit((schema.STEP, n, self.ag.now(), 1, 1, None, True))
         mine = fds()
-        return {"pid": os.getpid(), "ring": len(self.ag.ring), "current": agent.current() is not None,
-                "undo": len(self.ag.undo.labels()),
-                "inherited": sorted(t for fd, t in self.diag_fds.items() if mine.get(fd) == t)}
+        return {
+            "pid": os.getpid(),
+            "ring": len(self.ag.ring),
+            "current": agent.current() is not None,
+            "undo": len(self.ag.undo.labels()),
+            "inherited": sorted(t for fd, t in self.diag_fds.items() if mine.get(fd) == t),
+        }
 
 
 def with_loader(trace_dir: str) -> dict:
     before = fds()
     ag = agent.start(trace_dir, what=("steps", "layers", "memory"), layers_every=1, control=True)
     diag_fds = {fd: t for fd, t in fds().items() if before.get(fd) != t}
-    loader = torch.utils.data.DataLoader(Items(ag, diag_fds), batch_size=None, num_workers=2,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        Items(ag, diag_fds), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
     workers = list(loader)
     status = request(os.getpid(), "status")
-    parent = {"socket": os.path.exists(protocol.socket_path(os.getpid())), "status_pid": status["pid"],
-              "undo": len(ag.undo.labels()), "diag_fds": sorted(diag_fds.values())}
+    parent = {
+        "socket": os.path.exists(protocol.socket_path(os.getpid())),
+        "status_pid": status["pid"],
+        "undo": len(ag.undo.labels()),
+        "diag_fds": sorted(diag_fds.values()),
+    }
     for n in range(3):
         ag.emit((schema.STEP, n, ag.now(), 1, 1, None, True))
     agent.stop()
@@ -79,8 +88,12 @@ def with_follow(trace_dir: str) -> dict:
     ag.emit((schema.STEP, 1, ag.now(), 1, 1, None, True))
     alive = os.path.exists(protocol.socket_path(os.getpid()))
     agent.stop()
-    return {"child_exit": os.waitstatus_to_exitcode(code), "socket": alive, "child": pid,
-            "files": sorted(os.listdir(trace_dir))}
+    return {
+        "child_exit": os.waitstatus_to_exitcode(code),
+        "socket": alive,
+        "child": pid,
+        "files": sorted(os.listdir(trace_dir)),
+    }
 
 
 if __name__ == "__main__":

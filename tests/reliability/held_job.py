@@ -76,27 +76,40 @@ def fingerprint(model: torch.nn.Module) -> dict[str, Any]:
     """Everything an agent could leak, read from inside this process."""
     import torch.nn.modules.module as M
 
-    spaces: dict[str, Any] = {"Module": torch.nn.Module, "Optimizer": torch.optim.Optimizer,
-                              "dist": dist, "c10d": dist.distributed_c10d,
-                              "ProcessGroup": torch._C._distributed_c10d.ProcessGroup}
+    spaces: dict[str, Any] = {
+        "Module": torch.nn.Module,
+        "Optimizer": torch.optim.Optimizer,
+        "dist": dist,
+        "c10d": dist.distributed_c10d,
+        "ProcessGroup": torch._C._distributed_c10d.ProcessGroup,
+    }
     for name in ("deepspeed.runtime.engine", "deepspeed.comm.comm", "deepspeed.comm.torch"):
         if name in sys.modules:
             spaces[name] = sys.modules[name]
     engine_cls = getattr(sys.modules.get("deepspeed.runtime.engine"), "DeepSpeedEngine", None)
     if engine_cls is not None:
         spaces["DeepSpeedEngine"] = engine_cls
-    wrapped = sorted(f"{ns}.{k}" for ns, obj in spaces.items() for k, v in vars(obj).items()
-                     if callable(v) and _ours(v))
+    wrapped = sorted(
+        f"{ns}.{k}" for ns, obj in spaces.items() for k, v in vars(obj).items() if callable(v) and _ours(v)
+    )
     agent = sys.modules.get("diag.agent")
     return {
         "threads": sorted(t.name for t in threading.enumerate()),
         "fds": len(os.listdir("/proc/self/fd")),
-        "global_hooks": {n: [getattr(h, "__qualname__", repr(h)) for h in getattr(M, n).values()]
-                         for n in dir(M) if n.startswith("_global_") and n.endswith("hooks")},
-        "module_hooks": sum(len(v) for m in model.modules() for n, v in vars(m).items()
-                            if n.endswith("hooks") and hasattr(v, "__len__")),
+        "global_hooks": {
+            n: [getattr(h, "__qualname__", repr(h)) for h in getattr(M, n).values()]
+            for n in dir(M)
+            if n.startswith("_global_") and n.endswith("hooks")
+        },
+        "module_hooks": sum(
+            len(v)
+            for m in model.modules()
+            for n, v in vars(m).items()
+            if n.endswith("hooks") and hasattr(v, "__len__")
+        ),
         "wrapped": wrapped,
-        "profile": repr(sys.getprofile()), "trace": repr(sys.gettrace()),
+        "profile": repr(sys.getprofile()),
+        "trace": repr(sys.gettrace()),
         "agent_running": bool(agent is not None and agent.current() is not None),
     }
 

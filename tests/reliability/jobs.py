@@ -17,8 +17,22 @@ from tests.workloads import launch
 MODULE = "tests.reliability.held_job"
 # ZeRO-2, fp16 with a real overflow at step 2: steps, layers, comms, memory and overflow all fire.
 # A small model: the job's cost is DeepSpeed's and the agent's, not the matmuls'.
-ARGS = ["--zero", "2", "--dtype", "fp16", "--overflow-at", "2", "--hidden", "32", "--layers", "1",
-        "--seq", "16", "--vocab", "128"]
+ARGS = [
+    "--zero",
+    "2",
+    "--dtype",
+    "fp16",
+    "--overflow-at",
+    "2",
+    "--hidden",
+    "32",
+    "--layers",
+    "1",
+    "--seq",
+    "16",
+    "--vocab",
+    "128",
+]
 MAX_STEPS = 300  # the untouched run's length; every held run's losses are a prefix of it
 ATTACH_TIMEOUT_S = 60
 
@@ -39,10 +53,17 @@ def run_fixed(folder: str, args: list[str], env: dict[str, str] | None = None) -
     return read_json(out)
 
 
-def diag_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120
-             ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=launch.job_env(env))
+def diag_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "diag", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=launch.job_env(env),
+    )
 
 
 @dataclass
@@ -95,8 +116,10 @@ class Held:
                 done = [f.result(timeout=ATTACH_TIMEOUT_S) for f in futures]
             except TimeoutError:
                 self.kill()  # the tracee's death releases the injector
-                raise AttachHung(f"attach did not return in {ATTACH_TIMEOUT_S} s: the ptrace "
-                                 "injection deadlocked the rank it stopped") from None
+                raise AttachHung(
+                    f"attach did not return in {ATTACH_TIMEOUT_S} s: the ptrace "
+                    "injection deadlocked the rank it stopped"
+                ) from None
         assert [d.reused for d in done] == [False, False]
 
     def detach(self) -> None:
@@ -135,14 +158,25 @@ class Held:
             self.proc.wait()
 
 
-def start(folder: str, args: list[str] = (), env: dict[str, str] | None = None,  # type: ignore[assignment]
-          step_sleep: float = 0.1) -> Held:
+def start(
+    folder: str,
+    args: list[str] = (),
+    env: dict[str, str] | None = None,  # type: ignore[assignment]
+    step_sleep: float = 0.1,
+) -> Held:
     """Start the held job: it trains up to MAX_STEPS, stopping early once `finish()` releases it."""
     os.makedirs(folder, exist_ok=True)
-    own = ["--release", os.path.join(folder, "release"), "--progress", os.path.join(folder, "progress"),
-           "--out", os.path.join(folder, "result.json")]
-    proc = launch.popen(MODULE, [*ARGS, "--steps", str(MAX_STEPS), "--step-sleep", str(step_sleep),
-                                 *own, *args], env=env)
+    own = [
+        "--release",
+        os.path.join(folder, "release"),
+        "--progress",
+        os.path.join(folder, "progress"),
+        "--out",
+        os.path.join(folder, "result.json"),
+    ]
+    proc = launch.popen(
+        MODULE, [*ARGS, "--steps", str(MAX_STEPS), "--step-sleep", str(step_sleep), *own, *args], env=env
+    )
     return Held(proc, folder, dict(env or {}))
 
 

@@ -30,10 +30,22 @@ def test_fifty_attach_detach_cycles(tmp_path, baseline, runtime_env) -> None:
         first = held.wait_steps(1)
         held.ranks()
         try:
-            cyc = subprocess.run([sys.executable, "-m", "tests.reliability.cycler", str(held.proc.pid),
-                                  trace, str(CYCLES), str(SEED)], capture_output=True, text=True,
-                                 env=launch.job_env(runtime_env), cwd=launch.ROOT,
-                                 timeout=CYCLES_TIMEOUT_S)
+            cyc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.reliability.cycler",
+                    str(held.proc.pid),
+                    trace,
+                    str(CYCLES),
+                    str(SEED),
+                ],
+                capture_output=True,
+                text=True,
+                env=launch.job_env(runtime_env),
+                cwd=launch.ROOT,
+                timeout=CYCLES_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:  # the old GIL-taking injector hung here after 3-39 attaches
             done = len(glob.glob(os.path.join(trace, "rank-*.jsonl")))
             pytest.fail(f"an attach hung after {done} injections (a rank deadlocked?)")
@@ -46,8 +58,10 @@ def test_fifty_attach_detach_cycles(tmp_path, baseline, runtime_env) -> None:
     finally:
         held.kill()
     lat = summary["latencies"]
-    print(f"\n{CYCLES} cycles over {len(result['losses'])} steps via {summary['methods']}; attach "
-          f"both ranks: median {statistics.median(lat):.3f} s, max {max(lat):.3f} s")
+    print(
+        f"\n{CYCLES} cycles over {len(result['losses'])} steps via {summary['methods']}; attach "
+        f"both ranks: median {statistics.median(lat):.3f} s, max {max(lat):.3f} s"
+    )
     jobs.assert_same_training(result, baseline)
     jobs.assert_clean(result, baseline)
     files = glob.glob(os.path.join(trace, "rank-*.jsonl"))

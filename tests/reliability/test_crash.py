@@ -35,7 +35,7 @@ def check_trace(trace_dir: str) -> tuple[int, int]:
         with open(path, "rb") as f:
             raw = f.read()
         complete = raw[: raw.rfind(b"\n") + 1].splitlines()
-        tail = raw[raw.rfind(b"\n") + 1:]
+        tail = raw[raw.rfind(b"\n") + 1 :]
         if tail.endswith(b"}"):  # cut just before its newline: the record itself is whole
             complete, raw = [*complete, tail], raw + b"\n"
         header, events, problems = read_file(path)
@@ -54,9 +54,14 @@ def check_trace(trace_dir: str) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def fork_server() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.reliability.crash_target"], text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=launch.job_env(),
-                            cwd=launch.ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.crash_target"],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=launch.job_env(),
+        cwd=launch.ROOT,
+    )
     yield proc
     assert proc.stdin is not None
     proc.stdin.close()
@@ -85,8 +90,10 @@ def test_sigkill_under_load_twenty_seeded_trials(tmp_path, fork_server) -> None:
         n, cut = check_trace(trace_dir)
         events.append(n)
         cuts += cut
-    print(f"\n{TRIALS} SIGKILLs: {min(events)}-{max(events)} events kept per trace, "
-          f"{cuts} traces cut mid-line (reported as truncated)")
+    print(
+        f"\n{TRIALS} SIGKILLs: {min(events)}-{max(events)} events kept per trace, "
+        f"{cuts} traces cut mid-line (reported as truncated)"
+    )
     assert max(events) > 1000  # the kills landed under load, not only at start-up
 
 
@@ -126,8 +133,11 @@ def test_sigkill_of_a_real_rank(tmp_path, trial) -> None:
     rng = random.Random(SEED * 100 + trial)
     victim, at_step = rng.choice([0, 1]), rng.randint(2, 6)
     trace = str(tmp_path / "trace")
-    held = jobs.start(str(tmp_path / "job"), ["--diag", "--trace-dir", trace, "--layers-every", "1"],
-                      step_sleep=rng.uniform(0.0, 0.1))
+    held = jobs.start(
+        str(tmp_path / "job"),
+        ["--diag", "--trace-dir", trace, "--layers-every", "1"],
+        step_sleep=rng.uniform(0.0, 0.1),
+    )
     try:
         held.wait_steps(at_step)
         _wait_flushed_step(os.path.join(trace, f"rank-{victim:05d}.jsonl"))

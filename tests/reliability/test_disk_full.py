@@ -24,8 +24,14 @@ def _fill(mnt: str) -> str:
 
 
 def _step(i: int) -> dict:
-    return {"k": schema.STEP, "step": i, "ts": 1_700_000_000_000_000_000 + i, "dur": 1000, "samples": 8,
-            "pad": "x" * 200}
+    return {
+        "k": schema.STEP,
+        "step": i,
+        "ts": 1_700_000_000_000_000_000 + i,
+        "dur": 1000,
+        "samples": 8,
+        "pad": "x" * 200,
+    }
 
 
 def _assert_whole_lines(path: str) -> list[dict]:
@@ -59,17 +65,24 @@ def test_writer_never_tears_a_line_and_records_the_loss(tiny_tmpfs, capsys) -> N
     lost = [x for x in lines if x["k"] == schema.LOST]
     assert len(lost) == 1
     assert (lost[0]["lines"], lost[0]["first_step"], lost[0]["last_step"], lost[0]["error"]) == (
-        n_lost, first_lost, step - 1, "ENOSPC")
+        n_lost,
+        first_lost,
+        step - 1,
+        "ENOSPC",
+    )
     assert lines[-1]["step"] == step  # resumed after the loss
     assert [x["step"] for x in lines if x["k"] == schema.STEP] == [*range(first_lost), step]
     tr = diag.load(trace)
     assert [str(p) for p in tr.problems] == [
-        f"{w.path}: {n_lost} lines lost while writing the trace (ENOSPC), steps {first_lost}-{step - 1}"]
+        f"{w.path}: {n_lost} lines lost while writing the trace (ENOSPC), steps {first_lost}-{step - 1}"
+    ]
     assert not tr.truncated
     assert cli_main(["analyze", "-q", trace]) == 2
     err = capsys.readouterr().err
-    assert err == f"diag analyze: error: {w.path}: {n_lost} lines lost while writing the trace (ENOSPC), " \
-                  f"steps {first_lost}-{step - 1}\n"
+    assert (
+        err == f"diag analyze: error: {w.path}: {n_lost} lines lost while writing the trace (ENOSPC), "
+        f"steps {first_lost}-{step - 1}\n"
+    )
 
 
 def test_agent_writer_thread_resumes_after_a_full_disk(tiny_tmpfs) -> None:

@@ -15,9 +15,14 @@ from tests.workloads import launch
 
 
 def run_job(mode: str, trace_dir: str, env: dict[str, str]) -> dict:
-    res = subprocess.run([sys.executable, "-m", "tests.reliability.fork_job", mode, trace_dir],
-                         capture_output=True, text=True, timeout=180, cwd=launch.ROOT,
-                         env=launch.job_env(env))
+    res = subprocess.run(
+        [sys.executable, "-m", "tests.reliability.fork_job", mode, trace_dir],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=launch.ROOT,
+        env=launch.job_env(env),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -22,8 +22,10 @@ import pytest
 
 from diag.inject import checks, ptrace
 
-pytestmark = [pytest.mark.skipif(platform.machine() != "x86_64", reason="raw.py is x86_64 only"),
-              pytest.mark.skipif(checks.status_fields(os.getpid()) is None, reason="needs /proc")]
+pytestmark = [
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="raw.py is x86_64 only"),
+    pytest.mark.skipif(checks.status_fields(os.getpid()) is None, reason="needs /proc"),
+]
 
 TARGET = r"""
 import math, select, sys
@@ -44,8 +46,9 @@ while True:  # the main thread mostly sits in select(): the interrupted-syscall 
 
 @pytest.fixture
 def target():
-    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd="/")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TARGET], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/"
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     yield proc
     proc.kill()
@@ -109,11 +112,26 @@ def test_sigkill_as_soon_as_the_injector_is_the_tracer(target, tmp_path):
 def test_sigkill_at_any_moment_of_the_injection(target, tmp_path):
     """Each call in the target returns through rt_sigreturn over a frame of its own registers:
     the injector may die mid-call (this used to leave the target to return to address 0)."""
-    for delay in (0.0001, 0.0002, 0.0003, 0.0005, 0.0008, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008,
-                  0.012, 0.02):
+    for delay in (
+        0.0001,
+        0.0002,
+        0.0003,
+        0.0005,
+        0.0008,
+        0.001,
+        0.0015,
+        0.002,
+        0.003,
+        0.005,
+        0.008,
+        0.012,
+        0.02,
+    ):
+
         def act(child: subprocess.Popen, delay: float = delay) -> None:
             time.sleep(delay)
             child.kill()
+
         _hits(target, tmp_path, 1, act)
 
 
@@ -122,7 +140,9 @@ def test_terminating_signals_at_any_moment_wait_for_the_registers(target, tmp_pa
     """A Ctrl-C of `diag attach`, or its timeout's SIGTERM, at any delay: the injection finishes or
     is undone first, the target keeps running."""
     for delay in (0.0, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008):
+
         def act(child: subprocess.Popen, delay: float = delay) -> None:
             time.sleep(delay)
             child.send_signal(sig)
+
         _hits(target, tmp_path, 1, act)

@@ -29,17 +29,20 @@ time.sleep(120)
 """
 
 
-def _python(code: str, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
-            ) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([*prefix, sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                            text=True, env=env)
+def _python(
+    code: str, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
 
 def _diag(*args: str, env: dict[str, str], **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "diag", *args], text=True, cwd=ROOT, env=env,
-                          timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", *args], text=True, cwd=ROOT, env=env, timeout=120, **kw
+    )
 
 
 def _state(pid: int, want: str) -> None:
@@ -78,8 +81,11 @@ def test_a_stopped_target_is_named_as_stopped():
 def test_a_target_under_strace_names_its_tracer():
     proc = _python(SLEEPER, prefix=("strace", "-f", "-o", os.devnull))
     try:
-        (py,) = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                 and (checks.status_fields(int(p)) or {}).get("PPid") == str(proc.pid)]
+        (py,) = [
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit() and (checks.status_fields(int(p)) or {}).get("PPid") == str(proc.pid)
+        ]
         with pytest.raises(DiagError, match=f"pid {py} is already traced by pid {proc.pid} \\(strace\\)"):
             checks.inspect(py, need_torch=False)
     finally:
@@ -103,8 +109,9 @@ def test_status_into_a_closed_pipe_is_quiet(tmp_path):
     r, w = os.pipe()
     os.close(r)  # the reader (`head`) is gone before diag writes
     try:
-        res = _diag("status", env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, stdout=w,
-                    stderr=subprocess.PIPE)
+        res = _diag(
+            "status", env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, stdout=w, stderr=subprocess.PIPE
+        )
     finally:
         os.close(w)
     assert res.returncode == 0 and res.stderr == "", res.stderr

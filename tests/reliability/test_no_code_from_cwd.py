@@ -20,9 +20,15 @@ PLANT = "import os\nopen({marker!r}, 'a').write({name!r} + ' ran as uid %d\\n' %
 TARGET = "import sys, time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.005)\n"
 PAYLOAD = "open({out!r}, 'w').write('injected')\n"
 # (file, module it shadows)
-PLANTED = (("diag/__init__.py", "diag"), ("diag/inject/__init__.py", "diag.inject"),
-           ("diag/inject/raw.py", "diag.inject.raw"), ("pyinjector.py", "pyinjector"),
-           ("ctypes.py", "ctypes"), ("platform.py", "platform"), ("sitecustomize.py", "sitecustomize"))
+PLANTED = (
+    ("diag/__init__.py", "diag"),
+    ("diag/inject/__init__.py", "diag.inject"),
+    ("diag/inject/raw.py", "diag.inject.raw"),
+    ("pyinjector.py", "pyinjector"),
+    ("ctypes.py", "ctypes"),
+    ("platform.py", "platform"),
+    ("sitecustomize.py", "sitecustomize"),
+)
 
 
 @pytest.fixture
@@ -47,8 +53,9 @@ def planted(tmp_path, monkeypatch):
 @pytest.fixture
 def target():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the job is not under test
-    proc = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True, cwd="/",
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True, cwd="/", env=env
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     yield Target(proc.pid, sys.executable, sys.version_info[:2], False)
     proc.kill()
@@ -116,6 +123,10 @@ def test_helpers_are_isolated(planted):
     """The command line itself: -I (no cwd, no PYTHON* variables, no user site) and -S."""
     cmd = helper.script_command(ptrace.RAW, "1")
     assert cmd[1:3] == ["-I", "-S"] and os.path.isabs(cmd[3])
-    probe = subprocess.run([sys.executable, *helper.ISOLATED, "-c", "import sys; print(sys.path)"],
-                           capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [sys.executable, *helper.ISOLATED, "-c", "import sys; print(sys.path)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert os.getcwd() not in probe.stdout and "''" not in probe.stdout

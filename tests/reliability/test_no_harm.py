@@ -86,5 +86,6 @@ def test_slow_hooks_and_a_full_disk(tmp_path, baseline, runtime_env, tiny_tmpfs)
     tr = load(trace)  # what fitted is readable; at most a cut last line per file
     assert set(tr.ranks) == {0, 1}
     # at most a cut last line per file, and the writer's own record of what the full disk cost
-    assert all(p.truncated or "lost while writing the trace (ENOSPC)" in p.message
-               for p in tr.problems), [str(p) for p in tr.problems]
+    assert all(p.truncated or "lost while writing the trace (ENOSPC)" in p.message for p in tr.problems), [
+        str(p) for p in tr.problems
+    ]

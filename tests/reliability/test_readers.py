@@ -34,15 +34,27 @@ def _limit_memory() -> None:
 
 
 def diag_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=launch.ROOT, env=launch.job_env(env),
-                          preexec_fn=_limit_memory)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=launch.ROOT,
+        env=launch.job_env(env),
+        preexec_fn=_limit_memory,
+    )
 
 
 def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=launch.ROOT, env=launch.job_env(env),
-                          preexec_fn=_limit_memory)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=launch.ROOT,
+        env=launch.job_env(env),
+        preexec_fn=_limit_memory,
+    )
 
 
 def errors(res: subprocess.CompletedProcess[str], command: str = "analyze") -> list[str]:
@@ -117,8 +129,10 @@ def test_gzip_bomb_stops_at_the_input_limit(tmp_path) -> None:
     res = diag_cli("analyze", "-q", bomb, SAMPLE, env={"DIAG_MAX_INPUT_BYTES": str(limit)})
     assert res.returncode == 2
     (line,) = errors(res)
-    assert line == (f"diag analyze: error: {bomb}: decompresses to more than the {limit:,} byte input "
-                    "limit: refused (DIAG_MAX_INPUT_BYTES raises it)")
+    assert line == (
+        f"diag analyze: error: {bomb}: decompresses to more than the {limit:,} byte input "
+        "limit: refused (DIAG_MAX_INPUT_BYTES raises it)"
+    )
     assert "1 rank(s)" in res.stdout  # the sample is still analyzed
     # the log importer reads through the same bounded path
     log = str(tmp_path / "train.log")
@@ -164,8 +178,11 @@ def test_endless_line_is_skipped_in_bounded_memory(tmp_path, monkeypatch) -> Non
 
 
 HOSTILE_LINES = [
-    ("nested", b'{"k":"step","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-     "a record that is nested too deeply"),
+    (
+        "nested",
+        b'{"k":"step","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "a record that is nested too deeply",
+    ),
     ("nan", b'{"k":"step","step":99,"ts":NaN,"dur":5}', "a record that holds NaN"),
     ("inf", b'{"k":"step","step":99,"ts":1,"dur":Infinity}', "a record that holds Infinity"),
     ("-inf", b'{"k":"comm","step":1,"ts":1,"dur":1,"bytes":-Infinity}', "a record that holds -Infinity"),
@@ -194,8 +211,9 @@ def test_hostile_values_one_line_each_rest_analyzed(tmp_path) -> None:
     lines = errors(res)
     assert len(lines) == len(HOSTILE_LINES)
     for i, ((_, _, why), got) in enumerate(zip(HOSTILE_LINES, lines)):
-        assert got.startswith(f"diag analyze: error: {d}/rank-00000.jsonl:{first + i}: skipped a line "
-                              "that is "), got
+        assert got.startswith(
+            f"diag analyze: error: {d}/rank-00000.jsonl:{first + i}: skipped a line that is "
+        ), got
         assert why in got, got
     clean = json.loads(diag_cli("analyze", "--json", SAMPLE).stdout)
     assert json.loads(res.stdout)["summary"] == clean["summary"]
@@ -219,21 +237,34 @@ def _kineto(path: str, extra: list[dict]) -> None:
         json.dump({"distributedInfo": {"rank": 0}, "traceEvents": events}, f, indent=1)
 
 
-@pytest.mark.parametrize("bad", [
-    [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#7", "ts": 10**30, "dur": 5, "tid": 1}],
-    [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#8", "ts": 2000, "dur": -(10**20), "tid": 1}],
-    [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1010, "dur": -5, "tid": 1},
-     {"ph": "X", "cat": "kernel", "name": "k", "ts": 1e300, "dur": 1, "tid": 7,
-      "args": {"correlation": 10**30, "stream": 7}}],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#7", "ts": 10**30, "dur": 5, "tid": 1}],
+        [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#8", "ts": 2000, "dur": -(10**20), "tid": 1}],
+        [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1010, "dur": -5, "tid": 1},
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "k",
+                "ts": 1e300,
+                "dur": 1,
+                "tid": 7,
+                "args": {"correlation": 10**30, "stream": 7},
+            },
+        ],
+    ],
+)
 def test_kineto_huge_and_negative_times(tmp_path, bad: list[dict]) -> None:
     path = str(tmp_path / "rank0.json")
     _kineto(path, bad)
     res = diag_cli("analyze", "--json", path)
     assert res.returncode == 2
     (line,) = errors(res)
-    assert line.startswith(f"diag analyze: error: {path}: skipped {len(bad)} events whose ts or dur "
-                           "is not a time"), line
+    assert line.startswith(
+        f"diag analyze: error: {path}: skipped {len(bad)} events whose ts or dur is not a time"
+    ), line
     tr = load_inputs([path])
     assert len(tr.steps) == 5 and (tr.steps["dur"] == 90_000).all()
     assert (tr.frame("cpu_op")["dur"] >= 0).all()
@@ -245,10 +276,20 @@ def test_writer_writes_strict_json_the_reader_accepts(tmp_path) -> None:
     from diag.trace.writer import TraceFileWriter
 
     w = TraceFileWriter(str(tmp_path), "rank-00000.jsonl")
-    w.write_objects([{"k": "header", "schema": 1, "rank": 0, "pid": 1},
-                     {"k": "overflow", "step": 1, "ts": 5, "overflow": True, "scale_before": float("inf"),
-                      "scale_after": 1.0},
-                     {"k": "meta", "ts": 6, "key": "ds_config", "value": {"clip": float("nan")}}])
+    w.write_objects(
+        [
+            {"k": "header", "schema": 1, "rank": 0, "pid": 1},
+            {
+                "k": "overflow",
+                "step": 1,
+                "ts": 5,
+                "overflow": True,
+                "scale_before": float("inf"),
+                "scale_after": 1.0,
+            },
+            {"k": "meta", "ts": 6, "key": "ds_config", "value": {"clip": float("nan")}},
+        ]
+    )
     w.close()
     tr = diag.load(str(tmp_path))
     assert not tr.problems
@@ -265,6 +306,7 @@ def test_nothing_readable_still_one_line_per_bad_input(tmp_path) -> None:
     assert [x.split(": ", 3)[2:] for x in errors(res)] == [
         ["/dev/null", "a character device, not a regular file: refused"],
         [f"{d}/rank-00001.jsonl", "a FIFO, not a regular file: refused"],
-        [f"{d}/rank-00002.jsonl", "a character device, not a regular file: refused"]]
+        [f"{d}/rank-00002.jsonl", "a character device, not a regular file: refused"],
+    ]
     res = diag_cli("export", "--perfetto", str(tmp_path / "out.json"), str(d))
     assert res.returncode == 2 and len(errors(res, "export")) == 2

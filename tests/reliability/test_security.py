@@ -56,8 +56,9 @@ def other_user() -> Iterator[str]:
     if os.getuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
         pytest.skip(reason="needs root with useradd/runuser to create a second user")
     name = f"diagt{uuid.uuid4().hex[:8]}"
-    res = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/bin/sh", name], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(reason=f"cannot create a user here: {res.stderr.strip()}")
     try:
@@ -67,8 +68,12 @@ def other_user() -> Iterator[str]:
 
 
 def _as(user: str, path: str) -> str:
-    res = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-S", "-c", CONNECT, path],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        ["runuser", "-u", user, "--", "/usr/bin/python3", "-S", "-c", CONNECT, path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
@@ -109,16 +114,35 @@ def _raw(path: str, data: bytes, shut: bool = True) -> bytes:
         return out
 
 
-@pytest.mark.parametrize("data", [
-    b'{"cmd":"exec","code":"open(\'PWNED\',\'w\')"}\n',
-    b'{"cmd":"__import__(\'os\').system(\'touch PWNED\')"}\n',
-    b'{"cmd":"set-sampling","layers_every":"open(\'PWNED\',\'w\')"}\n',
-    b'\x80\x04\x95cos\nsystem\n(S\'touch PWNED\'\ntR.\n',  # a pickle
-    b"not json\n", b"[1,2,3]\n", b"\xff\xfe\n", b"", b'{"cmd": "status"',
-    b"x" * (protocol.MAX_LINE + 10),
-    b'{"cmd":"status","pad":"' + b"y" * (protocol.MAX_LINE * 4) + b'"}\n',
-], ids=["exec", "import-in-cmd", "code-in-arg", "pickle", "not-json", "array", "bad-utf8", "empty",
-        "unterminated", "oversized-line", "oversized-json"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"cmd":"exec","code":"open(\'PWNED\',\'w\')"}\n',
+        b"{\"cmd\":\"__import__('os').system('touch PWNED')\"}\n",
+        b'{"cmd":"set-sampling","layers_every":"open(\'PWNED\',\'w\')"}\n',
+        b"\x80\x04\x95cos\nsystem\n(S'touch PWNED'\ntR.\n",  # a pickle
+        b"not json\n",
+        b"[1,2,3]\n",
+        b"\xff\xfe\n",
+        b"",
+        b'{"cmd": "status"',
+        b"x" * (protocol.MAX_LINE + 10),
+        b'{"cmd":"status","pad":"' + b"y" * (protocol.MAX_LINE * 4) + b'"}\n',
+    ],
+    ids=[
+        "exec",
+        "import-in-cmd",
+        "code-in-arg",
+        "pickle",
+        "not-json",
+        "array",
+        "bad-utf8",
+        "empty",
+        "unterminated",
+        "oversized-line",
+        "oversized-json",
+    ],
+)
 def test_protocol_runs_no_code_and_refuses_bad_messages(served, tmp_path, monkeypatch, data) -> None:
     a, path = served
     monkeypatch.chdir(tmp_path)

@@ -43,10 +43,23 @@ STATUS = "import sys\nsys.path.insert(0, {root!r})\nfrom diag.cli import main\ns
 def _interpreter(user: str) -> str | None:
     """The first Python >= 3.11 that `user` can run with diag importable from this checkout."""
     for python in CANDIDATES:
-        probe = subprocess.run([RUNUSER, "-u", user, "--", python, "-I", "-c",
-                                f"import sys; sys.path.insert(0, {ROOT!r}); import diag.inject.raw; "
-                                "assert sys.version_info >= (3, 11)"],
-                               capture_output=True, text=True, timeout=60, cwd="/")
+        probe = subprocess.run(
+            [
+                RUNUSER,
+                "-u",
+                user,
+                "--",
+                python,
+                "-I",
+                "-c",
+                f"import sys; sys.path.insert(0, {ROOT!r}); import diag.inject.raw; "
+                "assert sys.version_info >= (3, 11)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         if probe.returncode == 0:
             return python
     return None
@@ -56,8 +69,10 @@ def _interpreter(user: str) -> str | None:
 def user(other_user: str) -> tuple[str, str]:  # noqa: F811
     python = _interpreter(other_user)
     if python is None:
-        pytest.skip(reason=f"no Python >= 3.11 that user {other_user} can read with diag importable "
-                           f"(tried {', '.join(CANDIDATES)})")
+        pytest.skip(
+            reason=f"no Python >= 3.11 that user {other_user} can read with diag importable "
+            f"(tried {', '.join(CANDIDATES)})"
+        )
     return other_user, python
 
 
@@ -90,24 +105,42 @@ def test_planted_working_directory_runs_nothing_across_users(user, shared, case)
     work = os.path.join(shared, "work")
     marker = os.path.join(shared, "PWNED")
     files = {os.path.join(work, rel): PLANT.format(marker=marker, name=mod) for rel, mod in PLANTED}
-    plant = ("import os, sys\nfor path, text in eval(sys.argv[1]).items():\n"
-             "    os.makedirs(os.path.dirname(path), exist_ok=True)\n    open(path, 'w').write(text)\n"
-             f"os.chmod({work!r}, 0o777)\n")
+    plant = (
+        "import os, sys\nfor path, text in eval(sys.argv[1]).items():\n"
+        "    os.makedirs(os.path.dirname(path), exist_ok=True)\n    open(path, 'w').write(text)\n"
+        f"os.chmod({work!r}, 0o777)\n"
+    )
     made = _as(attacker, [python, "-I", "-c", plant, repr(files)], cwd="/")
     assert made.returncode == 0, made.stderr
     owner = 0 if attacker is None else pwd.getpwnam(attacker).pw_uid
     assert os.stat(os.path.join(work, "pyinjector.py")).st_uid == owner
     xdg = _private(os.path.join(shared, "xdg"), victim)
     env = {"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": xdg, "PYTHONPATH": work}  # -I must ignore it
-    target = subprocess.Popen(([] if victim is None else [RUNUSER, "-u", victim, "--"]) +
-                              [python, "-I", "-c", TARGET], stdout=subprocess.PIPE, text=True, cwd="/",
-                              env={"PATH": "/usr/bin:/bin"})
+    target = subprocess.Popen(
+        ([] if victim is None else [RUNUSER, "-u", victim, "--"]) + [python, "-I", "-c", TARGET],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert target.stdout is not None
     pid = int(target.stdout.readline())  # the interpreter's own pid (runuser stays as its parent)
     try:
         out = os.path.join(shared, "out")
-        res = _as(victim, [python, "-I", "-c", ATTACH.format(root=ROOT), str(pid), os.path.realpath(python),
-                           PAYLOAD.format(out=out)], cwd=work, env=env)
+        res = _as(
+            victim,
+            [
+                python,
+                "-I",
+                "-c",
+                ATTACH.format(root=ROOT),
+                str(pid),
+                os.path.realpath(python),
+                PAYLOAD.format(out=out),
+            ],
+            cwd=work,
+            env=env,
+        )
         assert not os.path.exists(marker), open(marker).read()
         if "not permitted" in res.stdout + res.stderr:
             pytest.skip(reason=f"ptrace not permitted here: {res.stderr.strip()}")
@@ -127,9 +160,12 @@ def test_a_private_directory_made_by_the_other_user_is_one_line(user, shared, ca
     mkdir = f"import os; os.mkdir({os.path.join(shared, 'diag')!r}, 0o755)"
     made = _as(attacker, [python, "-I", "-c", mkdir])
     assert made.returncode == 0, made.stderr
-    res = _as(victim, [python, "-I", "-c", STATUS.format(root=ROOT)], cwd="/",
-              env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": shared})
+    res = _as(
+        victim,
+        [python, "-I", "-c", STATUS.format(root=ROOT)],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "XDG_RUNTIME_DIR": shared},
+    )
     assert res.returncode == 1, res
     assert "not a private directory" in res.stderr and "another user may have created it" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
-

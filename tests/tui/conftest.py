@@ -13,8 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-RECORD_ARGS = ["--diag", "--steps", "8", "--layers-every", "2", "--dtype", "fp16",
-               "--overflow-at", "3"]
+RECORD_ARGS = ["--diag", "--steps", "8", "--layers-every", "2", "--dtype", "fp16", "--overflow-at", "3"]
 
 
 def _has_trace(path: str) -> bool:

@@ -68,9 +68,16 @@ async def test_replay_panels_show_the_trace_and_keys_work(real_trace):
 @sync
 async def test_findings_panel_shows_fixes_and_survives_failures(real_trace):
     def fake(trace):
-        return [Finding(rule="loss-scale", severity="warning", title="loss scale collapsing",
-                        detail="halved twice", ranks=[0],
-                        fixes=[Fix("use bf16", ds_config={"bf16": {"enabled": True}})])], {}
+        return [
+            Finding(
+                rule="loss-scale",
+                severity="warning",
+                title="loss scale collapsing",
+                detail="halved twice",
+                ranks=[0],
+                fixes=[Fix("use bf16", ds_config={"bf16": {"enabled": True}})],
+            )
+        ], {}
 
     app = TopApp(ReplaySource(real_trace, speed=0), analyze=fake, interval=0.05)
     async with app.run_test(size=(150, 40)) as pilot:
@@ -106,17 +113,21 @@ async def test_real_analyzers_run_on_live_data(real_trace):
 async def test_live_two_rank_deepspeed_job(tmp_path):
     from tests.workloads import launch
 
-    job = launch.popen("tests.workloads.gpt_ds", ["--diag", "--trace-dir", str(tmp_path),
-                                                  "--steps", "40", "--step-sleep", "0.25"])
+    job = launch.popen(
+        "tests.workloads.gpt_ds",
+        ["--diag", "--trace-dir", str(tmp_path), "--steps", "40", "--step-sleep", "0.25"],
+    )
     try:
         app = TopApp(LiveSource(str(tmp_path)), analyze=None, interval=0.2)
         async with app.run_test(size=(150, 40)) as pilot:
+
             def step_of(rank: int) -> int:
                 rows = {r.rank: r for r in (app.view.rank_rows if app.view else [])}
                 return rows[rank].step if rank in rows and rows[rank].step is not None else -1
 
-            await wait_for(pilot, lambda: job.poll() is not None or min(step_of(0), step_of(1)) >= 2,
-                           tries=1200)
+            await wait_for(
+                pilot, lambda: job.poll() is not None or min(step_of(0), step_of(1)) >= 2, tries=1200
+            )
             assert job.poll() is None, job.stdout.read() if job.stdout else ""
             seen = step_of(0)
             await wait_for(pilot, lambda: step_of(0) >= seen + 2, tries=400)  # it follows the job

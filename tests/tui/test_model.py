@@ -50,8 +50,14 @@ def test_collectives_layers_overflow_match_pandas(real_trace):
     c = tr.comms
     factor = [schema.bus_factor(str(o), int(n or 0)) for o, n in zip(c["op"], c["group_size"])]
     c = c.assign(bus=c["bytes"] * factor)
-    expect = {(str(g), str(o)): (len(d), d["bytes"].sum(), d["bus"].sum() / d["dur"].sum())
-              for (g, o), d in c.groupby(["group", "op"], observed=True)} if len(c) else {}
+    expect = (
+        {
+            (str(g), str(o)): (len(d), d["bytes"].sum(), d["bus"].sum() / d["dur"].sum())
+            for (g, o), d in c.groupby(["group", "op"], observed=True)
+        }
+        if len(c)
+        else {}
+    )
     got = {(r.group, r.op): (r.count, r.bytes, r.busbw) for r in v.comm_rows}
     assert got.keys() == expect.keys()
     for k, (n, b, bw) in expect.items():
@@ -126,8 +132,11 @@ def test_pid_resolution(tmp_path):
     code = "import time; time.sleep(30)"
     env = {**os.environ, "DIAG_TRACE_DIR": str(tmp_path)}
     with_dir = subprocess.Popen([sys.executable, "-c", code], env=env)
-    without = subprocess.Popen([sys.executable, "-c", code], cwd=str(tmp_path),
-                               env={k: v for k, v in os.environ.items() if k != "DIAG_TRACE_DIR"})
+    without = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=str(tmp_path),
+        env={k: v for k, v in os.environ.items() if k != "DIAG_TRACE_DIR"},
+    )
     try:
         assert trace_dir_of_pid(with_dir.pid) == str(tmp_path)
         with pytest.raises(DiagError, match="is not attached"):
@@ -174,8 +183,19 @@ def test_overflow_tab_keeps_every_overflowed_step_on_a_long_run():
     skipped = sorted(int(s) for s in diag.load(trace).overflow.query("overflow == True")["step"].unique())
     for step in range(12, 12 + 150):  # a long healthy tail: two loss-scale records per step
         for rank in (0, 1):
-            m.add(rank, {"k": schema.OVERFLOW, "step": step, "ts": 0, "overflow": False, "scale_before": 8.0,
-                         "scale_after": 8.0, "skipped_steps": 5, "source": "deepspeed_fp16"})
+            m.add(
+                rank,
+                {
+                    "k": schema.OVERFLOW,
+                    "step": step,
+                    "ts": 0,
+                    "overflow": False,
+                    "scale_before": 8.0,
+                    "scale_after": 8.0,
+                    "skipped_steps": 5,
+                    "source": "deepspeed_fp16",
+                },
+            )
     v = build_view(m)
     assert {r.health for r in v.rank_rows} == {"overflow 5"}
     assert v.overflow_steps == len(skipped) == 5
@@ -190,14 +210,21 @@ def test_ranks_tab_names_the_straggler_the_findings_tab_names():
 
     posted = []
     trace = os.path.join(os.path.dirname(__file__), "..", "..", "sample_traces", "straggler")
-    pump = Pump(ReplaySource(trace, speed=0), posted.append, interval=0.01, analyze=run_analyzers,
-                analyze_every=0)
+    pump = Pump(
+        ReplaySource(trace, speed=0), posted.append, interval=0.01, analyze=run_analyzers, analyze_every=0
+    )
     pump.poll_once()
     before = [m.view for m in posted if isinstance(m, ViewUpdated)][-1]
     assert "straggler" not in {r.health for r in before.rank_rows}  # step times alone do not show it
     pump.maybe_analyze()
-    named = {r for m in posted if isinstance(m, FindingsUpdated) for f in m.findings if f.rule == "straggler"
-             for r in f.ranks}
+    named = {
+        r
+        for m in posted
+        if isinstance(m, FindingsUpdated)
+        for f in m.findings
+        if f.rule == "straggler"
+        for r in f.ranks
+    }
     pump.poll_once()
     after = {r.rank: r.health for r in [m.view for m in posted if isinstance(m, ViewUpdated)][-1].rank_rows}
     assert named == {1} and after[1].startswith("straggler") and "straggler" not in after[0]
@@ -217,10 +244,33 @@ def test_header_and_health_say_when_the_followed_job_ended(tmp_path):
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         with open(tmp_path / "rank-00000.jsonl", "w") as f:
-            f.write(json.dumps({"k": "header", "schema": 1, "rank": 0, "world_size": 1, "pid": job.pid,
-                                "host": _socket.gethostname()}) + "\n")
-            f.write(json.dumps({"k": schema.STEP, "step": 1, "ts": 1, "dur": 5_000_000, "samples": 8,
-                                "tokens": None, "applied": True}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "k": "header",
+                        "schema": 1,
+                        "rank": 0,
+                        "world_size": 1,
+                        "pid": job.pid,
+                        "host": _socket.gethostname(),
+                    }
+                )
+                + "\n"
+            )
+            f.write(
+                json.dumps(
+                    {
+                        "k": schema.STEP,
+                        "step": 1,
+                        "ts": 1,
+                        "dur": 5_000_000,
+                        "samples": 8,
+                        "tokens": None,
+                        "applied": True,
+                    }
+                )
+                + "\n"
+            )
         posted = []
         pump = Pump(LiveSource(str(tmp_path)), posted.append, interval=0.01, analyze=None, analyze_every=60)
         pump.poll_once()

@@ -16,10 +16,17 @@ SIZE = (150, 36)
 
 
 def _findings(trace):
-    return [Finding(rule="straggler", severity="warning", title="rank 5 is 1.6x slower than the median",
-                    detail="rank 5 took 160 ms per step, the median rank 100 ms", ranks=[5],
-                    recoverable_s=0.06, fixes=[Fix("check rank 5's host (node0) for throttling",
-                                                   env={"NCCL_DEBUG": "INFO"})])], {}
+    return [
+        Finding(
+            rule="straggler",
+            severity="warning",
+            title="rank 5 is 1.6x slower than the median",
+            detail="rank 5 took 160 ms per step, the median rank 100 ms",
+            ranks=[5],
+            recoverable_s=0.06,
+            fixes=[Fix("check rank 5's host (node0) for throttling", env={"NCCL_DEBUG": "INFO"})],
+        )
+    ], {}
 
 
 @pytest.fixture
@@ -28,19 +35,21 @@ def app(tmp_path) -> TopApp:
     for step in range(12):
         job.write_step(step)
     job.close()
-    return TopApp(ReplaySource(str(tmp_path), speed=0, label="sample"), analyze=_findings,
-                  interval=0.05)
+    return TopApp(ReplaySource(str(tmp_path), speed=0, label="sample"), analyze=_findings, interval=0.05)
 
 
 def _ready(app: TopApp):
     async def run_before(pilot) -> None:
         await wait_for(pilot, lambda: app.refreshes > 0 and app.pump.analyses > 0)
         await pilot.pause()
+
     return run_before
 
 
-@pytest.mark.parametrize("keys", [[], ["2"], ["3"], ["4"], ["6"], ["s"], ["enter"], ["question_mark"]],
-                         ids=["ranks", "collectives", "layers", "overflow", "findings", "sorted",
-                              "rank-drill-in", "help"])
+@pytest.mark.parametrize(
+    "keys",
+    [[], ["2"], ["3"], ["4"], ["6"], ["s"], ["enter"], ["question_mark"]],
+    ids=["ranks", "collectives", "layers", "overflow", "findings", "sorted", "rank-drill-in", "help"],
+)
 def test_screens(snap_compare, app, keys):
     assert snap_compare(app, press=keys, terminal_size=SIZE, run_before=_ready(app))

@@ -96,8 +96,10 @@ def p2p(rank: int, t: torch.Tensor) -> None:
     elif rank == 1:
         dist.recv(t, 0)
         dist.irecv(t, 0).wait()
-    ops = [dist.P2POp(dist.isend, t, (rank + 1) % WORLD),
-           dist.P2POp(dist.irecv, torch.zeros(4), (rank - 1) % WORLD)]
+    ops = [
+        dist.P2POp(dist.isend, t, (rank + 1) % WORLD),
+        dist.P2POp(dist.irecv, torch.zeros(4), (rank - 1) % WORLD),
+    ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
 

@@ -35,17 +35,40 @@ class Job:
     def add(self, rank: int, kind: str, **fields: Any) -> None:
         rec = {"k": kind, **{f: schema.DEFAULTS.get(f) for f in schema.FIELDS[kind]}, **fields}
         if kind == schema.COMM:
-            rec["algbw"], rec["busbw"] = schema.bandwidths(rec["op"], rec["bytes"] or 0, rec["dur"] or 0,
-                                                           rec["group_size"] or 0)
+            rec["algbw"], rec["busbw"] = schema.bandwidths(
+                rec["op"], rec["bytes"] or 0, rec["dur"] or 0, rec["group_size"] or 0
+            )
         self.events.setdefault(rank, []).append(rec)
 
-    def comm(self, rank: int, step: int, op: str = "all_reduce", nbytes: int = 1 << 20, at_ms: float = 50,
-             dur_ms: float = 5, module: str | None = "blocks.0", group_ranks: list[int] | None = None,
-             async_op: bool = False, group: str = "world") -> None:
+    def comm(
+        self,
+        rank: int,
+        step: int,
+        op: str = "all_reduce",
+        nbytes: int = 1 << 20,
+        at_ms: float = 50,
+        dur_ms: float = 5,
+        module: str | None = "blocks.0",
+        group_ranks: list[int] | None = None,
+        async_op: bool = False,
+        group: str = "world",
+    ) -> None:
         ranks = group_ranks or list(range(self.ranks))
-        self.add(rank, schema.COMM, step=step, op=op, bytes=nbytes, dtype="float32", group=group,
-                 group_size=len(ranks), group_ranks=ranks, ts=self.start(rank, step) + int(at_ms * MS),
-                 dur=int(dur_ms * MS), module=module, async_op=async_op)
+        self.add(
+            rank,
+            schema.COMM,
+            step=step,
+            op=op,
+            bytes=nbytes,
+            dtype="float32",
+            group=group,
+            group_size=len(ranks),
+            group_ranks=ranks,
+            ts=self.start(rank, step) + int(at_ms * MS),
+            dur=int(dur_ms * MS),
+            module=module,
+            async_op=async_op,
+        )
 
     def each_step(self, fn: Any) -> None:
         for r in range(self.ranks):
@@ -56,11 +79,28 @@ class Job:
         os.makedirs(path, exist_ok=True)
         for r in range(self.ranks):
             host = self.hosts[r] if self.hosts else "node0"
-            header = {"k": "header", "schema": 1, "rank": r, "world_size": self.ranks, "host": host,
-                      "pid": 1000 + r, **self.header}
+            header = {
+                "k": "header",
+                "schema": 1,
+                "rank": r,
+                "world_size": self.ranks,
+                "host": host,
+                "pid": 1000 + r,
+                **self.header,
+            }
             dur = (step_ms or {}).get(r, self.step_ms)
-            steps = [{"k": "step", "step": s, "ts": self.start(r, s), "dur": int(dur * MS), "samples": 8,
-                      "tokens": None, "applied": True} for s in range(self.steps)]
+            steps = [
+                {
+                    "k": "step",
+                    "step": s,
+                    "ts": self.start(r, s),
+                    "dur": int(dur * MS),
+                    "samples": 8,
+                    "tokens": None,
+                    "applied": True,
+                }
+                for s in range(self.steps)
+            ]
             with open(os.path.join(path, f"rank-{r:05d}.jsonl"), "w") as f:
                 for obj in [header, *steps, *self.events.get(r, [])]:
                     f.write(json.dumps(obj) + "\n")

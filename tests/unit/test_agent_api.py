@@ -28,7 +28,8 @@ def test_installing_every_collector_adds_no_attribute_to_the_agent(tmp_path) -> 
 def test_the_runtime_agent_has_every_member_of_the_protocol(tmp_path) -> None:
     ag = Agent(AgentOptions(trace_dir=str(tmp_path)))
     members = set(AgentAPI.__annotations__) | {
-        n for n, v in vars(AgentAPI).items() if callable(v) and not n.startswith("_")}
+        n for n, v in vars(AgentAPI).items() if callable(v) and not n.startswith("_")
+    }
     assert {"emit", "guard", "state", "step_listeners", "options"} <= members
     assert [m for m in sorted(members) if not hasattr(ag, m)] == []
 
@@ -44,8 +45,11 @@ def _agent_attributes_used_by_collectors() -> set[str]:
                 continue
             base = node.value
             if (isinstance(base, ast.Name) and base.id == "agent") or (
-                    isinstance(base, ast.Attribute) and base.attr == "agent"
-                    and isinstance(base.value, ast.Name) and base.value.id == "self"):
+                isinstance(base, ast.Attribute)
+                and base.attr == "agent"
+                and isinstance(base.value, ast.Name)
+                and base.value.id == "self"
+            ):
                 used.add(node.attr)
     return used
 

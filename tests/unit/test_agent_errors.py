@@ -14,10 +14,14 @@ def test_a_colon_in_where_is_kept_whole(tmp_path) -> None:
     ag.record_error("comms", "allreduce", ValueError("a: b"))
     agent.stop()
     tr = diag.load(str(tmp_path))
-    rows = {(r["collector"], r["where"], r["exc"]): (r["message"], r["count"])
-            for r in tr.errors.astype({"collector": str, "where": str, "exc": str}).to_dict("records")}
-    assert rows == {("agent", "format:comm", "KeyError"): ("KeyError: 'ts'", 2),
-                    ("comms", "allreduce", "ValueError"): ("ValueError: a: b", 1)}
+    rows = {
+        (r["collector"], r["where"], r["exc"]): (r["message"], r["count"])
+        for r in tr.errors.astype({"collector": str, "where": str, "exc": str}).to_dict("records")
+    }
+    assert rows == {
+        ("agent", "format:comm", "KeyError"): ("KeyError: 'ts'", 2),
+        ("comms", "allreduce", "ValueError"): ("ValueError: a: b", 1),
+    }
     assert tr.stats.iloc[-1]["errors"] == {"agent": 2, "comms": 1}
 
 

@@ -47,12 +47,14 @@ def test_ten_million_events_with_stalled_writer_stay_under_cap(tmp_path):
 @pytest.fixture
 def tiny_tmpfs():
     mnt = tempfile.mkdtemp(prefix="diag-enospc-")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt], capture_output=True, text=True
+    )
     if res.returncode != 0:
         os.rmdir(mnt)
-        pytest.skip(reason="cannot mount a small tmpfs here (needs root / CAP_SYS_ADMIN): "
-                    f"{res.stderr.strip()}")
+        pytest.skip(
+            reason=f"cannot mount a small tmpfs here (needs root / CAP_SYS_ADMIN): {res.stderr.strip()}"
+        )
     yield mnt
     subprocess.run(["umount", mnt], check=False)
     os.rmdir(mnt)

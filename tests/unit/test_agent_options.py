@@ -20,18 +20,24 @@ def test_a_typo_is_refused_naming_the_nearest_option(tmp_path) -> None:
     assert agent.current() is None
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"flops_every": 0}, "flops_every must be >= 1, got 0"),
-    ({"layers_every": -1}, "layers_every must be >= 0, got -1"),
-    ({"ring_capacity": "10"}, "ring_capacity must be an integer, got '10'"),
-    ({"attribute_every": True}, "attribute_every must be an integer, got True"),
-    ({"self_time": "yes"}, "self_time must be true or false, got 'yes'"),
-    ({"faults": {"comms": 1}}, "faults must map collector names to actions"),
-    ({"what": 5}, "what must be collector names, got 5"),
-    ({"what": ["steps", 5]}, "what must name collectors as strings, got 5"),
-    ({"what": "steps,layres"}, "unknown collector(s) layres; choose from steps, layers, comms, memory, "
-                               "overflow; did you mean layers?"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"flops_every": 0}, "flops_every must be >= 1, got 0"),
+        ({"layers_every": -1}, "layers_every must be >= 0, got -1"),
+        ({"ring_capacity": "10"}, "ring_capacity must be an integer, got '10'"),
+        ({"attribute_every": True}, "attribute_every must be an integer, got True"),
+        ({"self_time": "yes"}, "self_time must be true or false, got 'yes'"),
+        ({"faults": {"comms": 1}}, "faults must map collector names to actions"),
+        ({"what": 5}, "what must be collector names, got 5"),
+        ({"what": ["steps", 5]}, "what must name collectors as strings, got 5"),
+        (
+            {"what": "steps,layres"},
+            "unknown collector(s) layres; choose from steps, layers, comms, memory, "
+            "overflow; did you mean layers?",
+        ),
+    ],
+)
 def test_bad_values_are_refused(kw, message) -> None:
     with pytest.raises(OptionError) as err:
         AgentOptions.from_mapping(kw)
@@ -48,8 +54,9 @@ def test_defaults_and_the_layers_rule() -> None:
 def test_start_takes_its_options_through_the_dataclass(tmp_path) -> None:
     ag = agent.start(str(tmp_path), what="steps", flops_every=2)
     try:
-        assert ag.options == AgentOptions(trace_dir=str(tmp_path), what=("steps",), layers_every=0,
-                                          flops_every=2)
+        assert ag.options == AgentOptions(
+            trace_dir=str(tmp_path), what=("steps",), layers_every=0, flops_every=2
+        )
         assert ag.layers_every == 0 and ag.trace_dir == str(tmp_path)
     finally:
         agent.stop()
@@ -70,11 +77,14 @@ def test_cli_help_states_the_dataclass_defaults() -> None:
     assert f"(default: {','.join(DEFAULTS.what)})" in helps["--what"]
 
 
-@pytest.mark.parametrize("argv", [
-    [],
-    ["--what", "comms,memory"],
-    ["--what", "steps", "--layers-every", "3", "--flops-every", "2", "--self-time"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--what", "comms,memory"],
+        ["--what", "steps", "--layers-every", "3", "--flops-every", "2", "--self-time"],
+    ],
+)
 def test_run_environment_round_trips(argv, tmp_path) -> None:
     args = _parser().parse_args(["--trace-dir", str(tmp_path), *argv, "--", "python", "train.py"])
     sent = agent_options.build(args)
@@ -84,9 +94,18 @@ def test_run_environment_round_trips(argv, tmp_path) -> None:
 
 
 def test_every_option_round_trips() -> None:
-    opts = AgentOptions(trace_dir="/x", what=("steps", "comms"), layers_every=9, attribute_every=0,
-                        flops_every=3, ring_capacity=5, self_time=True, memory_reset_peak=True,
-                        faults={"comms": "raise"}, control=True)
+    opts = AgentOptions(
+        trace_dir="/x",
+        what=("steps", "comms"),
+        layers_every=9,
+        attribute_every=0,
+        flops_every=3,
+        ring_capacity=5,
+        self_time=True,
+        memory_reset_peak=True,
+        faults={"comms": "raise"},
+        control=True,
+    )
     assert AgentOptions.from_json(opts.to_json()) == opts
 
 

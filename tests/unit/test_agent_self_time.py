@@ -66,17 +66,32 @@ def test_a_raising_timed_hook_is_counted_and_timed(tmp_path) -> None:
 def test_run_passes_the_shared_options_to_the_ranks(tmp_path) -> None:
     parser = __import__("argparse").ArgumentParser()
     run_cmd.add_arguments(parser)
-    args = parser.parse_args(["--trace-dir", str(tmp_path), "--flops-every", "2", "--self-time",
-                              "--layers-every", "10", "--", "python", "train.py"])
+    args = parser.parse_args(
+        [
+            "--trace-dir",
+            str(tmp_path),
+            "--flops-every",
+            "2",
+            "--self-time",
+            "--layers-every",
+            "10",
+            "--",
+            "python",
+            "train.py",
+        ]
+    )
     opts = json.loads(run_cmd.environment(args, {})["DIAG_RUN"])
     assert opts["flops_every"] == 2 and opts["self_time"] is True and opts["layers_every"] == 10
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["run", "--flops-every", "0", "--", "true"], "--flops-every must be >= 1, got 0"),
-    (["attach", "1", "--layers-every", "-1"], "--layers-every must be >= 0, got -1"),
-    (["run", "--what", "steps,nonsense", "--", "true"], "unknown collector(s) nonsense"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--flops-every", "0", "--", "true"], "--flops-every must be >= 1, got 0"),
+        (["attach", "1", "--layers-every", "-1"], "--layers-every must be >= 0, got -1"),
+        (["run", "--what", "steps,nonsense", "--", "true"], "unknown collector(s) nonsense"),
+    ],
+)
 def test_bad_options_are_one_line_errors(argv, message, capsys) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -17,8 +17,9 @@ from tests.unit.kineto_samples import CPU_RANKS, GPT_DS, ROOT
 
 def _diag(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "diag", "analyze", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def _truncated_gzip(path):
@@ -55,12 +56,16 @@ def test_malformed_file_is_one_line_and_other_ranks_analyzed(tmp_path, name):
 def test_empty_directory_and_event_fields_missing(tmp_path):
     (tmp_path / "empty").mkdir()
     sparse = tmp_path / "sparse.json"  # events without ts/dur/args: imported, not a crash
-    sparse.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"},
-                                                  {"ph": "X", "cat": "kernel"}]}))
+    sparse.write_text(
+        json.dumps(
+            {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"}, {"ph": "X", "cat": "kernel"}]}
+        )
+    )
     r = _diag(str(tmp_path / "empty"), str(sparse), CPU_RANKS[1], "-q")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == [f"diag analyze: error: {tmp_path / 'empty'}: empty directory: "
-                                             "no traces or logs in it"]
+    assert r.stderr.strip().splitlines() == [
+        f"diag analyze: error: {tmp_path / 'empty'}: empty directory: no traces or logs in it"
+    ]
     assert "2 rank(s)" in r.stdout
 
 
@@ -94,12 +99,27 @@ def test_diag_trace_dir_with_its_log(tmp_path, capsys):
     t0 = ag.now()
     for step in range(3):
         ag.emit((schema.STEP, step, t0 + step * 10_000_000, 9_000_000, 8, None, True))
-        ag.emit((schema.COMM, step, "all_reduce", 8 << 20, "float32", "dp", 2, [0, 1],
-                 t0 + step * 10_000_000 + 1_000_000, 4_000_000, None, False))
+        ag.emit(
+            (
+                schema.COMM,
+                step,
+                "all_reduce",
+                8 << 20,
+                "float32",
+                "dp",
+                2,
+                [0, 1],
+                t0 + step * 10_000_000 + 1_000_000,
+                4_000_000,
+                None,
+                False,
+            )
+        )
     agent.stop()
     log = tmp_path / "train.log"
-    log.write_text("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, "
-                   "reducing to 512\n")
+    log.write_text(
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, reducing to 512\n"
+    )
     assert main(["analyze", str(tmp_path / "t"), str(log), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["steps"]["count"] == 3 and doc["summary"]["overflows"] == 1

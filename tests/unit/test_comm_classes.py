@@ -18,11 +18,13 @@ from diag.vocab import COMM_PATTERN_ENV, COMPUTE, UNKNOWN_OP, host_comm_op, kern
 from tests.unit.kineto_samples import ROOT
 from tests.unit.kineto_synth import Kineto
 
-DEEPEP = ["void deep_ep::internode::dispatch<false, 8, true, 8>(int4*, float*, long*)",
-          "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 2>(int4*)",
-          "void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int)",
-          "void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int)",
-          "void deep_ep::internode_ll::dispatch<3, 7168>(void*, float*)"]
+DEEPEP = [
+    "void deep_ep::internode::dispatch<false, 8, true, 8>(int4*, float*, long*)",
+    "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 2>(int4*)",
+    "void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int)",
+    "void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int)",
+    "void deep_ep::internode_ll::dispatch<3, 7168>(void*, float*)",
+]
 
 
 def _deepseek_like(path, extra_kernel: str | None = None) -> str:
@@ -31,10 +33,25 @@ def _deepseek_like(path, extra_kernel: str | None = None) -> str:
     k = Kineto(rank=0, world=64)
     k.step(1, 0, 1000)
     k.step(2, 1000, 1000)
-    k.host("record_param_comms", 10, 20, {"Collective name": "allreduce", "In msg nelems": 1024,
-                                          "Out msg nelems": 1024, "dtype": "Float", "Group size": 64})
-    k.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
-             40, 20, launch=15, stream=20)
+    k.host(
+        "record_param_comms",
+        10,
+        20,
+        {
+            "Collective name": "allreduce",
+            "In msg nelems": 1024,
+            "Out msg nelems": 1024,
+            "dtype": "Float",
+            "Group size": 64,
+        },
+    )
+    k.kernel(
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+        40,
+        20,
+        launch=15,
+        stream=20,
+    )
     for i, name in enumerate(DEEPEP + ([extra_kernel] if extra_kernel else [])):
         t = 100 + 150 * i
         k.kernel(name, t, 100, launch=t - 30, stream=21)
@@ -50,8 +67,14 @@ def test_deepep_kernels_are_all_to_all_communication(name):
 
 
 def test_not_communication_and_nccl_names():
-    names = ["sm90_xmma_gemm_bf16", "void dispatch_kernel<float>()", "internode_copy", "ncclx_helper",
-             "ncclDevKernel_Generic(ncclDevComm*)", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"]
+    names = [
+        "sm90_xmma_gemm_bf16",
+        "void dispatch_kernel<float>()",
+        "internode_copy",
+        "ncclx_helper",
+        "ncclDevKernel_Generic(ncclDevComm*)",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t",
+    ]
     kinds = list(classify_kernels(pd.Series(names), pd.Series(["kernel"] * len(names))))
     assert kinds == [COMPUTE, COMPUTE, COMPUTE, COMPUTE, "comm", "comm"]
     assert kernel_op(names[4]) == UNKNOWN_OP and kernel_op(names[5]) == "send_recv"
@@ -79,8 +102,13 @@ def _torchrec(path, with_rpc_name: bool) -> str:
         k.host("nccl:all_to_all", t0 + 105, 50, {"Input Dims": [[4096]]}, cat="user_annotation")
         rpc = {"Collective name": "all_to_allv"} if with_rpc_name else {}
         k.host("record_param_comms", t0 + 110, 40, rpc)
-        k.kernel("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", t0 + 200, 100,
-                 launch=t0 + 120, stream=30)
+        k.kernel(
+            "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
+            t0 + 200,
+            100,
+            launch=t0 + 120,
+            stream=30,
+        )
         k.host("c10d::allreduce_", t0 + 400, 20)
         k.host("record_param_comms", t0 + 402, 15, {"Collective name": "allreduce"})
         k.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 450, 100, launch=t0 + 405, stream=30)
@@ -96,8 +124,9 @@ def test_torchrec_all_to_all_is_not_send_recv(tmp_path, with_rpc_name):
 def _analyze(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     e = {k: v for k, v in os.environ.items() if k != COMM_PATTERN_ENV}
     e.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, **(env or {})})
-    return subprocess.run([sys.executable, "-m", "diag", "analyze", *args], capture_output=True,
-                          text=True, env=e, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", *args], capture_output=True, text=True, env=e, timeout=120
+    )
 
 
 def test_deepep_overlap_and_unknown_sizes_in_the_report(tmp_path):
@@ -140,8 +169,10 @@ def test_tiny_collectives_silent_without_sizes(tmp_path):
     r = _analyze(k.write(tmp_path / "t.json"), "--json")
     doc = json.loads(r.stdout)
     assert [f["rule"] for f in doc["findings"] if f["rule"] == "tiny_collectives"] == []
-    assert all(math.isnan(x) if isinstance(x, float) else x is None
-               for x in [c["busbw"] for c in doc["metrics"]["collectives"]])
+    assert all(
+        math.isnan(x) if isinstance(x, float) else x is None
+        for x in [c["busbw"] for c in doc["metrics"]["collectives"]]
+    )
 
 
 def test_zero3_slow_link_silent_when_sizes_unknown(tmp_path):
@@ -150,6 +181,10 @@ def test_zero3_slow_link_silent_when_sizes_unknown(tmp_path):
     from tests.unit.synth_trace import Job, fired
 
     job = Job(header={"zero_stage": 3, "dtype": "fp16"}, hosts=["a", "b"])
-    job.each_step(lambda r, s: [job.comm(r, s, op="all_gather_into_tensor", nbytes=None, at_ms=10 * i,
-                                         dur_ms=15) for i in range(4)])
+    job.each_step(
+        lambda r, s: [
+            job.comm(r, s, op="all_gather_into_tensor", nbytes=None, at_ms=10 * i, dur_ms=15)
+            for i in range(4)
+        ]
+    )
     assert fired(job.write(str(tmp_path)), "zero3_slow_link") == []

@@ -20,8 +20,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[diag.Trace, dict[int,
     trace, results = root / "trace", root / "results"
     results.mkdir()
     init = f"file://{root / 'store'}"
-    mp.start_processes(w.run, args=(init, str(trace), str(results)), nprocs=w.WORLD,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        w.run, args=(init, str(trace), str(results)), nprocs=w.WORLD, start_method="spawn", join=True
+    )
     out = {}
     for r in range(w.WORLD):
         out[r] = ast.literal_eval((results / f"{r}.txt").read_text())
@@ -31,9 +32,16 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[diag.Trace, dict[int,
 
 def _rows(trace: diag.Trace, rank: int) -> list[tuple]:
     c = trace.comms[trace.comms["rank"] == rank]
-    return [(str(op), int(b), None if dt is None or dt != dt else str(dt),
-             tuple(gr), aop if aop is None or aop != aop else bool(aop))
-            for op, b, dt, gr, aop in zip(c["op"], c["bytes"], c["dtype"], c["group_ranks"], c["async_op"])]
+    return [
+        (
+            str(op),
+            int(b),
+            None if dt is None or dt != dt else str(dt),
+            tuple(gr),
+            aop if aop is None or aop != aop else bool(aop),
+        )
+        for op, b, dt, gr, aop in zip(c["op"], c["bytes"], c["dtype"], c["group_ranks"], c["async_op"])
+    ]
 
 
 def test_every_op_recorded_once_with_bytes_dtype_group(job) -> None:
@@ -53,9 +61,13 @@ def test_group_size_and_name(job) -> None:
 def test_busbw_uses_group_size_factor(job) -> None:
     trace, _ = job
     c = trace.comms[trace.comms["dur"] > 0]
-    for op, ranks, factor in [("all_reduce", w.W, 4 / 3), ("all_reduce", w.S, 1.0),
-                              ("all_gather", w.W, 2 / 3), ("reduce_scatter", w.W, 2 / 3),
-                              ("broadcast", w.W, 1.0)]:
+    for op, ranks, factor in [
+        ("all_reduce", w.W, 4 / 3),
+        ("all_reduce", w.S, 1.0),
+        ("all_gather", w.W, 2 / 3),
+        ("reduce_scatter", w.W, 2 / 3),
+        ("broadcast", w.W, 1.0),
+    ]:
         sel = c[(c["op"] == op) & (c["group_ranks"].map(tuple) == ranks)]
         assert len(sel) > 0
         assert (sel["busbw"] / sel["algbw"]).round(9).eq(round(factor, 9)).all()

@@ -72,7 +72,9 @@ def test_cuda_path_records_events_and_waits_for_them(group, tmp_path) -> None:
     agent.stop()
     recs = _comm_lines(path)
     assert [(r["op"], r["bytes"], r["async_op"]) for r in recs] == [
-        ("all_reduce", 32, False), ("all_reduce", 32, True)]
+        ("all_reduce", 32, False),
+        ("all_reduce", 32, True),
+    ]
     assert [r["dur"] for r in recs] == [1_500_000] * 2  # start/end events 1.5 ms apart (fake clock)
     assert torch.equal(t, torch.ones(8))
 
@@ -84,8 +86,10 @@ def test_faults_leave_collectives_working_and_are_counted(group, tmp_path) -> No
         dist.all_reduce(t)
     work = dist.all_gather_into_tensor(torch.zeros(4), t, async_op=True)
     work.wait()
-    assert ag.errors == {("comms", "allreduce", "InjectedFault"): 5,
-                         ("comms", "all_gather_single", "InjectedFault"): 1}
+    assert ag.errors == {
+        ("comms", "allreduce", "InjectedFault"): 5,
+        ("comms", "all_gather_single", "InjectedFault"): 1,
+    }
     path = ag.status()["trace_file"]
     agent.stop()
     assert torch.equal(t, torch.full((4,), 3.0))
@@ -133,8 +137,13 @@ def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path
     path = ag.status()["trace_file"]
     agent.stop()
     recs = _comm_lines(path)
-    assert [(r["step"], r["module"]) for r in recs] == [(9, "sync"), (17, "sync"), (20, "sync"),
-                                                       (21, None), (30, "sync")]
+    assert [(r["step"], r["module"]) for r in recs] == [
+        (9, "sync"),
+        (17, "sync"),
+        (20, "sync"),
+        (21, None),
+        (30, "sync"),
+    ]
     with open(path) as f:
         meta = [r for r in map(json.loads, f) if r["k"] == schema.META]
     assert [m["value"] for m in meta if m.get("key") == "attribute_every"] == [10]
@@ -201,7 +210,9 @@ def test_ops_in_flight_at_detach_are_unfinished_not_errors(group, tmp_path) -> N
     assert [r for r in recs if r["k"] == schema.ERROR] == []
     assert [r["value"] for r in recs if r.get("key") == schema.META_UNFINISHED_AT_DETACH] == [1]
     assert [(r["op"], r["dur"] is None) for r in recs if r["k"] == schema.COMM] == [
-        ("all_reduce", False), ("recv", True)]
+        ("all_reduce", False),
+        ("recv", True),
+    ]
 
 
 def test_collectives_from_cpp_recorded_once_and_dispatcher_restored(group, tmp_path) -> None:

@@ -16,9 +16,15 @@ from diag.diff import align, model, split, waterfall
 from tests.unit.kineto_samples import ROOT
 
 SAMPLES = os.path.join(ROOT, "sample_traces")
-PAIRS = [("healthy", "straggler"), ("healthy", "zero3"), ("healthy", "overflow_storm"),
-         ("healthy", "input_stall"), ("healthy", "megatron_tp2"), ("zero3", "embedding_heavy"),
-         ("embedding_heavy", "embedding_moved")]
+PAIRS = [
+    ("healthy", "straggler"),
+    ("healthy", "zero3"),
+    ("healthy", "overflow_storm"),
+    ("healthy", "input_stall"),
+    ("healthy", "megatron_tp2"),
+    ("zero3", "embedding_heavy"),
+    ("embedding_heavy", "embedding_moved"),
+]
 
 
 @functools.cache
@@ -89,7 +95,8 @@ def test_zero3_shows_the_parameter_gathers():
     assert coll["all_gather:zero-gather"]["baseline_calls"] is None
     assert coll["all_gather:zero-gather"]["candidate_calls"] > 30  # layer-by-layer gathers
     assert {"key": "zero_stage", "baseline": 2, "candidate": 3} in [
-        {k: c[k] for k in ("key", "baseline", "candidate")} for c in d["config"]]
+        {k: c[k] for k in ("key", "baseline", "candidate")} for c in d["config"]
+    ]
 
 
 def test_moving_the_embedding_out_of_zero3_removes_its_gathers():

@@ -19,8 +19,9 @@ HEALTHY, ZERO3 = os.path.join(S, "healthy"), os.path.join(S, "zero3")
 
 def _diag(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "diag", "diff", *args], capture_output=True,
-                          text=True, env=env, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", "diff", *args], capture_output=True, text=True, env=env, timeout=180
+    )
 
 
 def test_terminal_json_markdown_html(tmp_path):
@@ -39,10 +40,13 @@ def test_terminal_json_markdown_html(tmp_path):
 
 def _log(path, ms: list[float], skipped: list[int]) -> str:
     """Megatron's iteration line format (as tests/unit/test_logs.py quotes it from a real run)."""
-    lines = [f" [2025-10-06 03:27:{i:02d}] iteration {i + 1:7d}/ 20 | consumed samples: {512 * (i + 1)} | "
-             f"elapsed time per iteration (ms): {t} | learning rate: 1.5E-06 | global batch size: 512 | "
-             f"lm loss: 9.7E+00 | loss scale: 65536.0 | number of skipped iterations: {s:3d} | "
-             "number of nan iterations:   0 |" for i, (t, s) in enumerate(zip(ms, skipped))]
+    lines = [
+        f" [2025-10-06 03:27:{i:02d}] iteration {i + 1:7d}/ 20 | consumed samples: {512 * (i + 1)} | "
+        f"elapsed time per iteration (ms): {t} | learning rate: 1.5E-06 | global batch size: 512 | "
+        f"lm loss: 9.7E+00 | loss scale: 65536.0 | number of skipped iterations: {s:3d} | "
+        "number of nan iterations:   0 |"
+        for i, (t, s) in enumerate(zip(ms, skipped))
+    ]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -80,8 +84,10 @@ BAD = {
     "binary": (lambda t: [HEALTHY, *_bad_bin(t)], "binary file"),
     "half": (_half, "invalid JSON"),
     "two diag runs": (lambda t: [HEALTHY, "--vs", ZERO3, HEALTHY], "mixed runs are refused"),
-    "two traces of one rank": (lambda t: [CPU_RANKS[0], GPU_RANKS[0], "--vs", HEALTHY],
-                               "different runs"),  # a rank twice: two captures, never merged
+    "two traces of one rank": (
+        lambda t: [CPU_RANKS[0], GPU_RANKS[0], "--vs", HEALTHY],
+        "different runs",
+    ),  # a rank twice: two captures, never merged
     "nothing timed": (lambda t: [HEALTHY, os.path.join(S, "fp16_overflow", "job.log")], "no timed steps"),
     "three paths": (lambda t: [HEALTHY, ZERO3, HEALTHY], "expected BASELINE CANDIDATE"),
 }

@@ -31,15 +31,25 @@ def pair(tmp_path_factory):
         d = tmp_path_factory.mktemp("side")
         shutil.copy(p, d)
         dirs.append(str(d))
-    ours = kineto.ops_diff(load_inputs([dirs[0]]), load_inputs([dirs[1]]), ranks=([0], [1]),
-                           steps=(STEPS, STEPS))
+    ours = kineto.ops_diff(
+        load_inputs([dirs[0]]), load_inputs([dirs[1]]), ranks=([0], [1]), steps=(STEPS, STEPS)
+    )
     old = os.environ.get("HTA_DISABLE_NS_ROUNDING")
     os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
     logging.disable(logging.WARNING)
     try:
-        theirs = {dev: hta.TraceDiff.compare_traces(
-            dirs[0], dirs[1], control_rank=0, test_rank=1, control_iteration=STEPS, test_iteration=STEPS,
-            device_type=getattr(hta.DeviceType, dev.upper())) for dev in (kineto.CPU, kineto.GPU)}
+        theirs = {
+            dev: hta.TraceDiff.compare_traces(
+                dirs[0],
+                dirs[1],
+                control_rank=0,
+                test_rank=1,
+                control_iteration=STEPS,
+                test_iteration=STEPS,
+                device_type=getattr(hta.DeviceType, dev.upper()),
+            )
+            for dev in (kineto.CPU, kineto.GPU)
+        }
     finally:
         logging.disable(logging.NOTSET)
         if old is None:

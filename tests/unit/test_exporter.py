@@ -72,8 +72,9 @@ def test_collectives_by_group_and_op_match_the_trace(fp16) -> None:
     trace, m = fp16
     c = trace.comms
     c = c.assign(group=c["group"].astype(str), op=c["op"].astype(str))
-    want = c.groupby(["rank", "group", "op"], observed=True).agg(n=("dur", "size"), dur=("dur", "sum"),
-                                                                 nbytes=("bytes", "sum"))
+    want = c.groupby(["rank", "group", "op"], observed=True).agg(
+        n=("dur", "size"), dur=("dur", "sum"), nbytes=("bytes", "sum")
+    )
     got_n = by(m["diag_collectives_total"], "rank", "group", "op")
     assert len(got_n) == len(want) > 0
     for (rank, group, op), row in want.iterrows():
@@ -150,8 +151,9 @@ def sample_after_the_thread(car) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "diag", "export", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", "export", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 @pytest.mark.parametrize("listen", ["9400", "host:port", ":99999"])

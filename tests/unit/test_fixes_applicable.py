@@ -21,18 +21,52 @@ from diag import schema
 from tests.unit.synth_trace import MS, Job, fired
 
 ROOT = Path(__file__).resolve().parents[2]
-MDS_ARGV = ["pretrain_gpt.py", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
-            "--num-layers", "2", "--micro-batch-size", "4", "--deepspeed", "--deepspeed_config", "ds.json"]
-MLM_ARGV = ["pretrain_gpt.py", "--pipeline-model-parallel-size", "2", "--num-layers", "8",
-            "--micro-batch-size", "4", "--use-distributed-optimizer"]
-DS_CFG = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-          "zero_optimization": {"stage": 1}, "fp16": {"enabled": True, "initial_scale_power": 8}}
+MDS_ARGV = [
+    "pretrain_gpt.py",
+    "--tensor-model-parallel-size",
+    "1",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-layers",
+    "2",
+    "--micro-batch-size",
+    "4",
+    "--deepspeed",
+    "--deepspeed_config",
+    "ds.json",
+]
+MLM_ARGV = [
+    "pretrain_gpt.py",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--num-layers",
+    "8",
+    "--micro-batch-size",
+    "4",
+    "--use-distributed-optimizer",
+]
+DS_CFG = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+    "zero_optimization": {"stage": 1},
+    "fp16": {"enabled": True, "initial_scale_power": 8},
+}
 HEADERS = {
-    "megatron-deepspeed": {"argv": MDS_ARGV, "zero_stage": 1, "dtype": "fp16", "ds_config": DS_CFG,
-                           "deepspeed": "0.15.0"},
+    "megatron-deepspeed": {
+        "argv": MDS_ARGV,
+        "zero_stage": 1,
+        "dtype": "fp16",
+        "ds_config": DS_CFG,
+        "deepspeed": "0.15.0",
+    },
     "megatron-lm": {"argv": MLM_ARGV, "dtype": "fp16", "megatron": "0.12.0"},
-    "deepspeed": {"argv": ["train.py"], "zero_stage": 1, "dtype": "fp16", "ds_config": DS_CFG,
-                  "deepspeed": "0.19.8"},
+    "deepspeed": {
+        "argv": ["train.py"],
+        "zero_stage": 1,
+        "dtype": "fp16",
+        "ds_config": DS_CFG,
+        "deepspeed": "0.19.8",
+    },
     "unknown": {"argv": ["train.py"]},
 }
 
@@ -49,22 +83,44 @@ def _planted(header: dict[str, Any]) -> list[Job]:
     jobs.append(Job(gap_ms=40, header=copy.deepcopy(header)))
     over = Job(steps=12, header=copy.deepcopy(header))
     for r in range(over.ranks):
-        scale = 2.0 ** 16
+        scale = 2.0**16
         for s in range(12):
             hit = s in (0, 4, 6, 8, 10)
             before, scale = scale, scale / 2 if hit else scale
-            over.add(r, schema.OVERFLOW, step=s, ts=over.start(r, s) + 90 * MS, overflow=hit,
-                     scale_before=before, scale_after=scale, skipped_steps=0, source="update_scale")
+            over.add(
+                r,
+                schema.OVERFLOW,
+                step=s,
+                ts=over.start(r, s) + 90 * MS,
+                overflow=hit,
+                scale_before=before,
+                scale_after=scale,
+                skipped_steps=0,
+                source="update_scale",
+            )
     jobs.append(over)
     mem = Job(header=copy.deepcopy(header))
-    mem.each_step(lambda r, s: mem.add(r, schema.MEMORY, step=s, ts=mem.start(r, s) + 99 * MS,
-                                       device="cuda:0", allocated=int(75e9), reserved=int(78e9),
-                                       peak=int(77e9), capacity=80e9, rss=1, module=None))
+    mem.each_step(
+        lambda r, s: mem.add(
+            r,
+            schema.MEMORY,
+            step=s,
+            ts=mem.start(r, s) + 99 * MS,
+            device="cuda:0",
+            allocated=int(75e9),
+            reserved=int(78e9),
+            peak=int(77e9),
+            capacity=80e9,
+            rss=1,
+            module=None,
+        )
+    )
     jobs.append(mem)
     accum = (header.get("ds_config") or {}).get("gradient_accumulation_steps", 1)
     pipe = Job(header={**copy.deepcopy(header), "pp": 2, "gradient_accumulation_steps": accum})
-    pipe.each_step(lambda r, s: pipe.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50,
-                                          group_ranks=[0, 1]))
+    pipe.each_step(
+        lambda r, s: pipe.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50, group_ranks=[0, 1])
+    )
     jobs.append(pipe)
     return jobs
 
@@ -122,9 +178,12 @@ def test_every_fix_exists_in_the_jobs_framework(tmp_path, name):
 def test_no_fix_repeats_the_current_setting(tmp_path):
     """The job runs initial_scale_power 8, 4 microbatches over 2 stages, overlap_comm on, default
     buckets: no fix may propose any of these values again (issue 11)."""
-    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
-           "zero_optimization": {"stage": 1, "overlap_comm": True},
-           "fp16": {"enabled": True, "initial_scale_power": 8}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 4,
+        "zero_optimization": {"stage": 1, "overlap_comm": True},
+        "fp16": {"enabled": True, "initial_scale_power": 8},
+    }
     header = {"zero_stage": 1, "dtype": "fp16", "ds_config": cfg, "deepspeed": "0.19.8"}
     for i, job in enumerate(_planted(header)):
         findings, _ = run_all(job.write(str(tmp_path / str(i))))
@@ -147,8 +206,12 @@ def test_suggested_literal_flags_exist_somewhere():
         if path.name in ("knob_table.py", "framework.py"):  # the table; detection signs
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and node.value.startswith("--") and " " not in node.value:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("--")
+                and " " not in node.value
+            ):
                 flags.add(node.value)
     assert flags and flags <= every, sorted(flags - every)
 
@@ -159,8 +222,12 @@ def test_knob_table_records_its_source():
         assert len(src["commit"]) == 40 and src["repo"].count("/") == 1
         assert len(knob_table.ARGS[name]) > 200
     # the flags issue 11 found suggested to Megatron-DeepSpeed jobs are Megatron-LM's only
-    for flag in ("--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size",
-                 "--decoder-first-pipeline-num-layers"):
+    for flag in (
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--ddp-bucket-size",
+        "--decoder-first-pipeline-num-layers",
+    ):
         assert flag in knob_table.ARGS["megatron-lm"] and flag not in knob_table.ARGS["megatron-deepspeed"]
 
 
@@ -218,8 +285,9 @@ def test_torchrec_gets_no_deepspeed_overlap_comm(tmp_path):
 def test_megatron_deepspeed_pipeline_bubble_names_no_megatron_lm_flags(tmp_path):
     header = {**HEADERS["megatron-deepspeed"], "pp": 2, "gradient_accumulation_steps": 1}
     job = Job(header=header)
-    job.each_step(lambda r, s: job.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50,
-                                        group_ranks=[0, 1]))
+    job.each_step(
+        lambda r, s: job.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50, group_ranks=[0, 1])
+    )
     (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
     assert all(x.megatron_args == [] for x in f.fixes)
     assert [x.ds_config for x in f.fixes] == [{"gradient_accumulation_steps": 4}]
@@ -227,16 +295,27 @@ def test_megatron_deepspeed_pipeline_bubble_names_no_megatron_lm_flags(tmp_path)
 
 def test_pipeline_bubble_fixes_skip_what_the_job_has(tmp_path):
     """4 microbatches over 2 stages already meet 4(p-1); one layer per stage cannot be interleaved."""
-    argv = ["pretrain_gpt.py", "--pipeline-model-parallel-size", "2", "--num-layers", "2",
-            "--micro-batch-size", "1"]
+    argv = [
+        "pretrain_gpt.py",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ]
     job = Job(header={"argv": argv, "pp": 2, "dp": 1, "num_microbatches": 4})
-    job.each_step(lambda r, s: job.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50,
-                                        group_ranks=[0, 1]))
+    job.each_step(
+        lambda r, s: job.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50, group_ranks=[0, 1])
+    )
     (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
     assert f.fixes == []
     silent = Job(header={"argv": argv, "pp": 2})  # microbatches unknown: the premise is not measured
-    silent.each_step(lambda r, s: silent.comm(r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50,
-                                              group_ranks=[0, 1]))
+    silent.each_step(
+        lambda r, s: silent.comm(
+            r, s, op="send" if r == 0 else "recv", at_ms=20, dur_ms=50, group_ranks=[0, 1]
+        )
+    )
     assert fired(silent.write(str(tmp_path / "m")), "pipeline_bubble") == []
 
 
@@ -257,8 +336,12 @@ def test_tiny_collectives_silent_without_sizes(tmp_path):
 
 def test_tiny_collectives_no_bucket_advice_at_default_buckets_or_dp1(tmp_path):
     small_buckets = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 1e6}}
-    for n, header in enumerate(({"zero_stage": 1, "ds_config": {"zero_optimization": {"stage": 1}}},
-                                {"zero_stage": 1, "dp": 1, "ds_config": small_buckets})):
+    for n, header in enumerate(
+        (
+            {"zero_stage": 1, "ds_config": {"zero_optimization": {"stage": 1}}},
+            {"zero_stage": 1, "dp": 1, "ds_config": small_buckets},
+        )
+    ):
         job = Job(header=header)
         for r in range(job.ranks):
             for s in range(job.steps):
@@ -266,8 +349,9 @@ def test_tiny_collectives_no_bucket_advice_at_default_buckets_or_dp1(tmp_path):
                     job.comm(r, s, nbytes=4096, at_ms=10 + i, dur_ms=0.5)
         (f,) = fired(job.write(str(tmp_path / str(n))), "tiny_collectives")
         assert f.fixes == []
-    small = Job(header={"zero_stage": 1, "ds_config": {"zero_optimization": {"stage": 1,
-                                                                             "reduce_bucket_size": 1e6}}})
+    small = Job(
+        header={"zero_stage": 1, "ds_config": {"zero_optimization": {"stage": 1, "reduce_bucket_size": 1e6}}}
+    )
     small.each_step(lambda r, s: [small.comm(r, s, nbytes=4096, at_ms=10 + i, dur_ms=0.5) for i in range(40)])
     (f,) = fired(small.write(str(tmp_path / "small")), "tiny_collectives")
     assert f.fixes[0].ds_config == {"zero_optimization": {"reduce_bucket_size": 4_000_000}}
@@ -276,8 +360,11 @@ def test_tiny_collectives_no_bucket_advice_at_default_buckets_or_dp1(tmp_path):
 def test_hpz_size_is_ranks_per_node(tmp_path):
     def gathers(job: Job) -> Job:
         job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
-        job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", module="wte", at_ms=5,
-                                             dur_ms=30, nbytes=64 << 20))
+        job.each_step(
+            lambda r, s: job.comm(
+                r, s, op="all_gather_into_tensor", module="wte", at_ms=5, dur_ms=30, nbytes=64 << 20
+            )
+        )
         return job
 
     z3 = {"zero_stage": 3, "ds_config": {"zero_optimization": {"stage": 3}}}

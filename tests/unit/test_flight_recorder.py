@@ -49,8 +49,13 @@ def test_rank_behind_and_the_collective_the_others_wait_in(folder):
     assert f.severity == "critical" and f.ranks == [2]
     assert ev["behind"] == {2: 3} and ev["last_seq"] == {0: 4, 1: 4, 2: 3}
     w = ev["waiting_in"]
-    assert (w["seq"], w["op"], w["input_sizes"], w["dtypes"], w["ranks"]) == (4, "all_reduce", [[1024]],
-                                                                              ["Float"], [0, 1])
+    assert (w["seq"], w["op"], w["input_sizes"], w["dtypes"], w["ranks"]) == (
+        4,
+        "all_reduce",
+        [[1024]],
+        ["Float"],
+        [0, 1],
+    )
     # the job's own line, from the pickle's stack frames (torch's JSON form carries none)
     assert w["called_at"].endswith("make_dumps.py:39 work") if folder == "behind" else w["called_at"] == ""
     assert "mismatch" not in ev and ev["members"] == [0, 1, 2] and ev["missing_dumps"] == []
@@ -61,8 +66,16 @@ def test_collective_type_mismatch(folder):
     (f,) = _desync(os.path.join(FR, folder))
     mm = f.evidence["mismatch"]
     assert (mm["seq"], mm["state"]) == (4, "COLLECTIVE_TYPE_MISMATCH") and f.ranks == [1]
-    assert mm["differ"] == [{"ranks": [1], "op": "broadcast", "in_sizes": "[[1024]]", "out_sizes": "[[1024]]",
-                             "in_dtypes": '["Float"]', "out_dtypes": '["Float"]'}]
+    assert mm["differ"] == [
+        {
+            "ranks": [1],
+            "op": "broadcast",
+            "in_sizes": "[[1024]]",
+            "out_sizes": "[[1024]]",
+            "in_dtypes": '["Float"]',
+            "out_dtypes": '["Float"]',
+        }
+    ]
     assert mm["majority"]["ranks"] == [0, 2] and mm["majority"]["op"] == "all_reduce"
 
 
@@ -97,8 +110,14 @@ def test_a_pickle_with_code_is_refused_and_never_run(tmp_path):
     with pytest.raises(ImportProblem, match=r"refused (posix|os)\.system"):
         load(str(path))
     env = {**os.environ, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "diag", "analyze", str(path)], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2 and not (tmp_path / "PWNED").exists()
     assert r.stderr.strip().count("\n") == 0 and "Flight Recorder" in r.stderr and "Traceback" not in r.stderr
 
@@ -108,7 +127,8 @@ def test_two_dumps_of_one_rank(tmp_path):
     shutil.copy(os.path.join(FR, "json", "healthy", "nccl_trace_rank_0.json"), tmp_path)
     trace = load_inputs([str(tmp_path)])
     assert [str(p) for p in trace.problems] == [
-        f"{tmp_path / 'nccl_trace_rank_0.json'}: a second Flight Recorder dump for rank 0 (skipped)"]
+        f"{tmp_path / 'nccl_trace_rank_0.json'}: a second Flight Recorder dump for rank 0 (skipped)"
+    ]
 
 
 def test_dumps_written_now_by_this_torch(tmp_path):
@@ -119,8 +139,12 @@ def test_dumps_written_now_by_this_torch(tmp_path):
     if not hasattr(c10d, "_dump_fr_trace"):
         pytest.skip(f"torch {torch.__version__} has no _dump_fr_trace")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    subprocess.run([sys.executable, os.path.join(FR, "make_dumps.py"), str(tmp_path), "behind"], env=env,
-                   check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [sys.executable, os.path.join(FR, "make_dumps.py"), str(tmp_path), "behind"],
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     (f,) = _desync(str(tmp_path / "behind"))
     assert f.evidence["behind"] == {2: 3} and f.evidence["waiting_in"]["seq"] == 4
-

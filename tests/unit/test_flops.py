@@ -102,15 +102,21 @@ def test_cpu_flash_attention_counted_forward_and_backward() -> None:
 
 def test_attention_formulas_layouts_and_gqa() -> None:
     # (b, h, s, d) ops; grouped-query attention counts the query's heads
-    assert flops_attention.sdpa_forward((2, 8, 16, 4), (2, 2, 32, 4), (2, 2, 32, 6)) == \
-        2 * 2 * 8 * 16 * 32 * (4 + 6)
-    assert flops_attention.sdpa_backward((2, 8, 16, 6), (2, 8, 16, 4), (2, 2, 32, 4), (2, 2, 32, 6)) \
-        == 2 * 2 * 8 * 16 * 32 * (3 * 4 + 2 * 6)
+    assert flops_attention.sdpa_forward(
+        (2, 8, 16, 4), (2, 2, 32, 4), (2, 2, 32, 6)
+    ) == 2 * 2 * 8 * 16 * 32 * (4 + 6)
+    assert flops_attention.sdpa_backward(
+        (2, 8, 16, 6), (2, 8, 16, 4), (2, 2, 32, 4), (2, 2, 32, 6)
+    ) == 2 * 2 * 8 * 16 * 32 * (3 * 4 + 2 * 6)
     # flash kernels take (b, s, h, d); varlen (tokens, h, d) is bounded by max_k
-    assert flops_attention.flash_forward((2, 16, 8, 4), (2, 32, 8, 4), (2, 32, 8, 4), None, None,
-                                         16, 32) == 2 * 2 * 8 * 16 * 32 * 8
-    assert flops_attention.flash_forward((10, 8, 4), (10, 8, 4), (10, 8, 4), None, None, 6, 6) == \
-        2 * 8 * 10 * 6 * 8
+    assert (
+        flops_attention.flash_forward((2, 16, 8, 4), (2, 32, 8, 4), (2, 32, 8, 4), None, None, 16, 32)
+        == 2 * 2 * 8 * 16 * 32 * 8
+    )
+    assert (
+        flops_attention.flash_forward((10, 8, 4), (10, 8, 4), (10, 8, 4), None, None, 6, 6)
+        == 2 * 8 * 10 * 6 * 8
+    )
 
 
 def test_embedding_is_listed_with_zero_flops() -> None:

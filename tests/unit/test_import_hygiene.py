@@ -44,8 +44,9 @@ def test_in_job_modules_import_nothing_heavy() -> None:
         "print(','.join(bad))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120, cwd=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=str(ROOT)
+    )
     assert out.returncode == 0, out.stderr
     loaded = set(filter(None, out.stdout.strip().split(",")))
     # what `import torch` loads by itself (numpy, pynvml when installed) is the job's, not ours

@@ -148,8 +148,12 @@ def test_expired_or_orphaned_payload_files_are_swept(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     base = protocol.runtime_dir()
-    names = {"young": f"attach-{os.getpid()}-aa.json", "old": f"inject-{os.getpid()}-bb.py",
-             "orphan": f"attach-{dead.pid}-cc.json", "other": f"{os.getpid()}.sock.x"}
+    names = {
+        "young": f"attach-{os.getpid()}-aa.json",
+        "old": f"inject-{os.getpid()}-bb.py",
+        "orphan": f"attach-{dead.pid}-cc.json",
+        "other": f"{os.getpid()}.sock.x",
+    }
     for n in names.values():
         open(os.path.join(base, n), "w").close()
     old = time.time() - payload.QUEUED_LIFE_S - 5

@@ -45,12 +45,15 @@ def test_library_is_built_once_per_source_and_private():
 
 
 def test_constructor_queues_the_payload_for_the_main_thread(tmp_path):
-    code = b"import builtins, threading\n" \
-           b"builtins.diag_test_ran.append(threading.current_thread() is threading.main_thread())\n"
+    code = (
+        b"import builtins, threading\n"
+        b"builtins.diag_test_ran.append(threading.current_thread() is threading.main_thread())\n"
+    )
     lib = tmp_path / "lib.so"
     lib.write_bytes(native.pending_with(code))
-    out = subprocess.run([sys.executable, "-c", CHILD, str(lib)], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(lib)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert out.split("\n")[0] == "[True] 1", out  # ran once, on the main thread, no thread started
 
 

@@ -25,8 +25,10 @@ print('ready', flush=True)
 while True:
     junk = [bytearray(4000) for _ in range(50)]  # > 512 bytes: real malloc/free
 """
-PAYLOAD = ("import threading\nopen({out!r},'a').write('m' if threading.current_thread() is "
-           "threading.main_thread() else 'x')\n")
+PAYLOAD = (
+    "import threading\nopen({out!r},'a').write('m' if threading.current_thread() is "
+    "threading.main_thread() else 'x')\n"
+)
 
 
 def test_twenty_injections_each_run_once_on_the_main_thread(tmp_path, capfd):
@@ -84,12 +86,19 @@ def test_injector_started_with_sigint_ignored_finds_the_restorer():
     it found it."""
     import signal
 
-    probe = ("import signal, ctypes; from diag.inject import raw\n"
-             "assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN\n"
-             "a = raw.restorer()\n"
-             "assert ctypes.string_at(a, len(raw.RESTORE_RT)) == raw.RESTORE_RT\n"
-             "assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL\n"
-             "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    probe = (
+        "import signal, ctypes; from diag.inject import raw\n"
+        "assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN\n"
+        "a = raw.restorer()\n"
+        "assert ctypes.string_at(a, len(raw.RESTORE_RT)) == raw.RESTORE_RT\n"
+        "assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

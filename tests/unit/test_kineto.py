@@ -27,7 +27,8 @@ def test_gloo_trace_rank_steps_and_collectives():
     gloo = [e for e in raw if e.get("name", "").startswith("gloo:")]
     comms = frames["comm"]
     assert collections.Counter(comms["op"].astype(str)) == collections.Counter(
-        canonical_op(e["name"]) for e in gloo)
+        canonical_op(e["name"]) for e in gloo
+    )
     assert len(gloo) == sum(e.get("name", "").startswith("c10d::") for e in raw)  # each op ran once
     first_ag = next(e for e in gloo if e["name"] == "gloo:all_gather")
     row = comms[comms["op"] == "all_gather"].iloc[0]
@@ -43,8 +44,11 @@ def test_fp16_sizes_and_rank_from_distributed_info(tmp_path):
     rank, _, frames = import_file(str(renamed))
     assert rank == 1  # from distributedInfo, not the file name
     sizes = {"c10::Half": 2, "unsigned char": 1}  # fp16 gradients and DeepSpeed's overflow flag
-    want = sorted(prod(e["args"]["Input Dims"][0]) * sizes[e["args"]["Input type"][0]]
-                  for e in raw_events(src) if e.get("name") == "gloo:all_reduce")
+    want = sorted(
+        prod(e["args"]["Input Dims"][0]) * sizes[e["args"]["Input type"][0]]
+        for e in raw_events(src)
+        if e.get("name") == "gloo:all_reduce"
+    )
     assert sorted(frames["comm"]["bytes"]) == want
 
 
@@ -57,25 +61,41 @@ def test_gpu_trace_nccl_kernels_and_param_comms(path, prefix):
     assert len(comm) and comm["name"].astype(str).str.startswith(prefix).all()
     rpc = [e for e in raw if e.get("name") == "record_param_comms"]
     assert len(frames["comm"]) == len(comm) == len(rpc)
-    assert list(frames["comm"]["op"].astype(str)) == [canonical_op(e["args"]["Collective name"])
-                                                      for e in sorted(rpc, key=lambda e: e["ts"])]
+    assert list(frames["comm"]["op"].astype(str)) == [
+        canonical_op(e["args"]["Collective name"]) for e in sorted(rpc, key=lambda e: e["ts"])
+    ]
     assert set(k.loc[k["name"].astype(str).str.startswith(("Memcpy", "Memset")), "kind"]) == {"memory"}
     assert (k.loc[k["launch_ts"] >= 0, "step"] >= 0).all()
 
 
 def test_kernel_classes_case_insensitive():
-    names = ["ncclKernel_AllReduce_RING_LL_Sum_float", "ncclDevKernel_AllGather_RING_LL",
-             "NCCLDEVKERNEL_ReduceScatter_Sum_bf16", "Memcpy DtoH (Device -> Pinned)", "Memset (Device)",
-             "dma_copy", "ampere_bf16_s16816gemm", "cudaStreamSync_x"]
+    names = [
+        "ncclKernel_AllReduce_RING_LL_Sum_float",
+        "ncclDevKernel_AllGather_RING_LL",
+        "NCCLDEVKERNEL_ReduceScatter_Sum_bf16",
+        "Memcpy DtoH (Device -> Pinned)",
+        "Memset (Device)",
+        "dma_copy",
+        "ampere_bf16_s16816gemm",
+        "cudaStreamSync_x",
+    ]
     got = classify_kernels(pd.Series(names), pd.Series(["kernel"] * len(names)))
     assert list(got) == ["comm", "comm", "comm", "memory", "memory", "memory", "compute", "other"]
 
 
-@pytest.mark.parametrize("name,op", [
-    ("c10d::_allgather_base_", "all_gather"), ("c10d::allreduce_", "all_reduce"),
-    ("gloo:reduce_scatter", "reduce_scatter"), ("all_gather_into_tensor", "all_gather"),
-    ("reduce_scatter_tensor_coalesced", "reduce_scatter"), ("ncclDevKernel_Broadcast_RING_LL", "broadcast"),
-    ("c10d::alltoall_base_", "all_to_all"), ("nccl:all_reduce", "all_reduce")])
+@pytest.mark.parametrize(
+    "name,op",
+    [
+        ("c10d::_allgather_base_", "all_gather"),
+        ("c10d::allreduce_", "all_reduce"),
+        ("gloo:reduce_scatter", "reduce_scatter"),
+        ("all_gather_into_tensor", "all_gather"),
+        ("reduce_scatter_tensor_coalesced", "reduce_scatter"),
+        ("ncclDevKernel_Broadcast_RING_LL", "broadcast"),
+        ("c10d::alltoall_base_", "all_to_all"),
+        ("nccl:all_reduce", "all_reduce"),
+    ],
+)
 def test_canonical_op_names(name, op):
     assert canonical_op(name) == op
 
@@ -92,8 +112,9 @@ def test_chunked_parse_equals_whole_parse(tmp_path, monkeypatch):
     assert kineto_events._split(compact.read_bytes()) is None
     _, _, whole = import_file(str(compact))
     for kind in ("step", "cpu_op", "comm", "kernel"):
-        pd.testing.assert_frame_equal(chunked[kind].reset_index(drop=True),
-                                      whole[kind].reset_index(drop=True))
+        pd.testing.assert_frame_equal(
+            chunked[kind].reset_index(drop=True), whole[kind].reset_index(drop=True)
+        )
     assert len(chunked["cpu_op"]) > 1000
 
 

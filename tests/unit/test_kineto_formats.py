@@ -27,16 +27,25 @@ def test_rocm_trace_with_rccl(tmp_path):
     k = Kineto(rank=0, world=8)
     k.step(1, 0.0, 500.5)
     k.step(2, 500.5, 500.25)
-    k.host("record_param_comms", 10.125, 5.5, {"Collective name": "allreduce", "In msg nelems": 256,
-                                               "Out msg nelems": 256, "dtype": "BFloat16"})
+    k.host(
+        "record_param_comms",
+        10.125,
+        5.5,
+        {"Collective name": "allreduce", "In msg nelems": 256, "Out msg nelems": 256, "dtype": "BFloat16"},
+    )
     k.kernel("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", 20.448, 30.72, launch=11.2)
     k.kernel("Cijk_Alik_Bljk_SB_MT64x16x32_MI16x16x1_SN", 60.961, 17.6, launch=12.9)
     for e in k.events:
         if e["cat"] == "cuda_runtime":
             e["name"] = "hipExtModuleLaunchKernel"
         if e["cat"] == "kernel":
-            e["args"] = {"External id": 13, "device": 2, "stream": 0, "kind": "Dispatch Kernel",
-                         "correlation": e["args"]["correlation"]}
+            e["args"] = {
+                "External id": 13,
+                "device": 2,
+                "stream": 0,
+                "kind": "Dispatch Kernel",
+                "correlation": e["args"]["correlation"],
+            }
     doc = k.doc()
     doc["deviceProperties"] = [{"id": 2, "name": "AMD Instinct MI250X", "totalGlobalMem": 68702699520}]
     path = tmp_path / "rocm.json"

@@ -9,8 +9,15 @@ from tests.unit.kineto_synth import Kineto
 from tests.unit.synth_trace import fired
 
 
-def _job(path, kernel_us: float, launch_us: float, queued: bool, steps: int = 4, per_step: int = 60,
-         step_gap_us: float = 0.0) -> str:
+def _job(
+    path,
+    kernel_us: float,
+    launch_us: float,
+    queued: bool,
+    steps: int = 4,
+    per_step: int = 60,
+    step_gap_us: float = 0.0,
+) -> str:
     """`per_step` kernels a step. Queued: the host runs ahead, every kernel waits for the previous
     one. Not queued: each kernel starts when its launch call returns."""
     k = Kineto(rank=0, world=1)
@@ -22,8 +29,9 @@ def _job(path, kernel_us: float, launch_us: float, queued: bool, steps: int = 4,
         for i in range(per_step):
             launch = start + i * (launch_us + 1) if queued else t
             ts = max(gpu_free, launch + launch_us + 1)
-            k.kernel(f"void small_kernel_{i % 7}<float>()", ts, kernel_us, launch=launch,
-                     launch_dur=launch_us)
+            k.kernel(
+                f"void small_kernel_{i % 7}<float>()", ts, kernel_us, launch=launch, launch_dur=launch_us
+            )
             gpu_free = ts + kernel_us
             t = launch + launch_us + 1 if not queued else max(t, gpu_free)
         t = max(t, gpu_free)

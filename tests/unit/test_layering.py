@@ -32,8 +32,14 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("lint-imports")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # this copy, not the checkout or an installed diag
-    return subprocess.run([*cmd, str(ROOT / "pyproject.toml"), "--no-cache"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*cmd, str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_layering_contracts_are_kept(tmp_path):
@@ -46,8 +52,7 @@ def test_a_report_importing_a_rule_breaks_a_contract(tmp_path):
     """The check can fail: the report layer reaching back into the analyzers is caught, through an
     intermediate module too."""
     tree = _installed_layout(tmp_path)
-    (tree / "diag" / "report" / "leak.py").write_text("from diag.units import ms\n"
-                                                      "import diag.tui.fmt\n")
+    (tree / "diag" / "report" / "leak.py").write_text("from diag.units import ms\nimport diag.tui.fmt\n")
     (tree / "diag" / "units_leak.py").write_text("from diag.analyzers import run_all\n")
     (tree / "diag" / "report" / "leak2.py").write_text("import diag.units_leak\n")
     out = _lint(tree)
@@ -61,11 +66,15 @@ def test_the_import_cycles_that_were_broken_stay_broken(tmp_path):
     injectors) and the control server importing `diag.agent` (which starts it) are each caught."""
     tree = _installed_layout(tmp_path)
     gdb = tree / "diag" / "inject" / "gdb.py"
-    gdb.write_text(gdb.read_text().replace("from diag.inject.failure import InjectFailed",
-                                           "from diag.inject import InjectFailed"))
+    gdb.write_text(
+        gdb.read_text().replace(
+            "from diag.inject.failure import InjectFailed", "from diag.inject import InjectFailed"
+        )
+    )
     server = tree / "diag" / "control" / "server.py"
-    server.write_text(server.read_text() + "\n\ndef _current():\n    from diag import agent\n\n"
-                                           "    return agent.current()\n")
+    server.write_text(
+        server.read_text() + "\n\ndef _current():\n    from diag import agent\n\n    return agent.current()\n"
+    )
     out = _lint(tree)
     assert out.returncode != 0
     assert "diag.inject.gdb -> diag.inject (l." in out.stdout, out.stdout

@@ -33,8 +33,7 @@ class Tiny(torch.nn.Module):
     def __init__(self, vocab: int = 32, d: int = 16) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d)
-        self.block = torch.nn.TransformerEncoderLayer(d, 2, dim_feedforward=32, dropout=0.0,
-                                                      batch_first=True)
+        self.block = torch.nn.TransformerEncoderLayer(d, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
         self.head = torch.nn.Linear(d, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -230,12 +229,17 @@ def megatron_tp1(tmp_path):
     from tests.workloads import shims
     from tests.workloads.megatron_tp import build_model
 
-    touched = ("current_device", "synchronize", "get_rng_state", "set_rng_state", "manual_seed",
-               "manual_seed_all")
+    touched = (
+        "current_device",
+        "synchronize",
+        "get_rng_state",
+        "set_rng_state",
+        "manual_seed",
+        "manual_seed_all",
+    )
     saved = {name: getattr(torch.cuda, name) for name in touched}
     shims.megatron_cpu()
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
-                                         world_size=1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     args = argparse.Namespace(tp=1, pp=1, seed=0, layers=1, hidden=32, heads=4, vocab=64, seq=16, batch=2)
     try:
         yield build_model(args), args
@@ -283,8 +287,9 @@ def test_windows_nest_after_an_attach_inside_a_forward(tmp_path) -> None:
     ended), the root was missing. An attach lands mid-forward: hooks start inside a module whose
     pre-hook never ran; its post-hook must not close (pop) another module's window."""
     trace = str(tmp_path / "trace")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8),
-                                                                           torch.nn.Linear(8, 8)))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     inner = model[1]
 

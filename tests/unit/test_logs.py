@@ -27,38 +27,57 @@ def _steps(res):
 
 def _layout(res):
     h = res.headers[min(res.headers)]
-    return {k: v for k, v in h.items()
-            if k not in ("rank", "source", "host", "log_families", "megatron_args", "ds_config", "model")}
+    return {
+        k: v
+        for k, v in h.items()
+        if k not in ("rank", "source", "host", "log_families", "megatron_args", "ds_config", "model")
+    }
 
 
 # -- the line model -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw,rank,host,text", [
-    ("[rank3]: RuntimeError: boom", 3, None, "RuntimeError: boom"),
-    ("[default5]: iteration 1/ 2 |", 5, None, "iteration 1/ 2 |"),
-    ("worker-1: [rank9]: Traceback (most recent call last):", 9, "worker-1",
-     "Traceback (most recent call last):"),
-    ("10.0.0.2: [2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 4] step=10, skipped=0", 4,
-     "10.0.0.2", "[2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 4] step=10, skipped=0"),
-    ("12: steps: 10 loss: 2.0", 12, None, "steps: 10 loss: 2.0"),
-    (" iteration   10/   20 | lm loss: 1.0 |", -1, None, " iteration   10/   20 | lm loss: 1.0 |"),
-])
+
+@pytest.mark.parametrize(
+    "raw,rank,host,text",
+    [
+        ("[rank3]: RuntimeError: boom", 3, None, "RuntimeError: boom"),
+        ("[default5]: iteration 1/ 2 |", 5, None, "iteration 1/ 2 |"),
+        (
+            "worker-1: [rank9]: Traceback (most recent call last):",
+            9,
+            "worker-1",
+            "Traceback (most recent call last):",
+        ),
+        (
+            "10.0.0.2: [2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 4] step=10, skipped=0",
+            4,
+            "10.0.0.2",
+            "[2024-01-01 00:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 4] step=10, skipped=0",
+        ),
+        ("12: steps: 10 loss: 2.0", 12, None, "steps: 10 loss: 2.0"),
+        (" iteration   10/   20 | lm loss: 1.0 |", -1, None, " iteration   10/   20 | lm loss: 1.0 |"),
+    ],
+)
 def test_line_prefixes(raw, rank, host, text):
     ln = Line(raw, 1)
     assert (ln.rank, ln.host, ln.text) == (rank, host, text)
 
 
-@pytest.mark.parametrize("raw,ns", [
-    ("[2024-03-08 16:30:43,778] [INFO] x", 1709915443_778_000_000),
-    (" [2025-10-06 03:27:07] iteration 1/ 2 |", 1759721227_000_000_000),
-    ("[NeMo I 2024-06-17 02:10:11 megatron_init:269] x", 1718590211_000_000_000),
-    ("no time here", None),
-])
+@pytest.mark.parametrize(
+    "raw,ns",
+    [
+        ("[2024-03-08 16:30:43,778] [INFO] x", 1709915443_778_000_000),
+        (" [2025-10-06 03:27:07] iteration 1/ 2 |", 1759721227_000_000_000),
+        ("[NeMo I 2024-06-17 02:10:11 megatron_init:269] x", 1718590211_000_000_000),
+        ("no time here", None),
+    ],
+)
 def test_line_timestamps(raw, ns):
     assert Line(raw, 1).ts == ns
 
 
 # -- DeepSpeed ------------------------------------------------------------------------------------
+
 
 def test_deepspeed_steps_times_throughput_layout_and_overflows():
     res = _load("ds_zero2_fp16.log")
@@ -69,8 +88,14 @@ def test_deepspeed_steps_times_throughput_layout_and_overflows():
     assert st.loc[20, "iter_ms"] == 1500.0 and st.loc[30, "iter_ms"] == 1550.0
     assert st.loc[20, "samples_per_sec"] == 43.10 and st.loc[30, "lr"] == 9.4e-06
     assert st.loc[30, "skipped_total"] == 4
-    assert _layout(res) == {"world_size": 4, "zero_stage": 2, "dtype": "fp16", "micro_batch": 4,
-                            "global_batch": 64, "grad_accum": 4}
+    assert _layout(res) == {
+        "world_size": 4,
+        "zero_stage": 2,
+        "dtype": "fp16",
+        "micro_batch": 4,
+        "global_batch": 64,
+        "grad_accum": 4,
+    }
     assert res.ranks == [0, 1, 2, 3] and res.headers[3]["host"] == "localhost"
     ov = res.frames["overflow"]
     # the hysteresis line keeps the scale; 3 in steps 1-10 and 1 in 11-20, as `skipped=` counts
@@ -100,10 +125,16 @@ def test_every_rank_prints_each_overflow_20_skipped_steps_count_20():
 
 
 def test_rank_prefixed_overflow_lines_count_once_per_step(tmp_path):
-    text = "".join(f"[rank{r}]: [deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss "
-                   f"scale: {s}, reducing to {s / 2}\n" for s in (1024.0, 512.0) for r in range(4))
-    text += ("[rank0]: [2024-01-01 00:00:10,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, "
-             "skipped=2, lr=[0.1]\n")
+    text = "".join(
+        f"[rank{r}]: [deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss "
+        f"scale: {s}, reducing to {s / 2}\n"
+        for s in (1024.0, 512.0)
+        for r in range(4)
+    )
+    text += (
+        "[rank0]: [2024-01-01 00:00:10,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, "
+        "skipped=2, lr=[0.1]\n"
+    )
     path = tmp_path / "x.log"
     path.write_text(text)
     ov = import_log(str(path)).frames["overflow"]
@@ -113,8 +144,10 @@ def test_rank_prefixed_overflow_lines_count_once_per_step(tmp_path):
 def test_skipped_counter_adds_the_overflows_no_line_printed(tmp_path):
     """Non-verbose optimizers print no overflow line: `skipped=K` alone gives the count."""
     path = tmp_path / "x.log"
-    path.write_text("[Rank 0] step=0, skipped=0, lr=[0.1], mom=[0.9]\n"
-                    "[Rank 0] step=10, skipped=10, lr=[0.1]\n[Rank 0] step=20, skipped=12, lr=[0.1]\n")
+    path.write_text(
+        "[Rank 0] step=0, skipped=0, lr=[0.1], mom=[0.9]\n"
+        "[Rank 0] step=10, skipped=10, lr=[0.1]\n[Rank 0] step=20, skipped=12, lr=[0.1]\n"
+    )
     ov = import_log(str(path)).frames["overflow"]
     assert list(ov["step"]) == [*range(1, 11), 11, 12] and set(ov["source"]) == {"log_counter"}
 
@@ -134,11 +167,18 @@ def test_real_deepspeed_log_overflows():
     assert res.ranks == [0, 1] and len(ov) == 2
     assert list(zip(ov["scale_before"], ov["scale_after"])) == [(256.0, 128.0), (128.0, 64.0)]
     assert ov["step"].is_monotonic_increasing and ov["step"].is_unique
-    assert _layout(res) == {"world_size": 2, "zero_stage": 1, "dtype": "fp16", "micro_batch": 4,
-                            "global_batch": 8, "grad_accum": 1}
+    assert _layout(res) == {
+        "world_size": 2,
+        "zero_stage": 1,
+        "dtype": "fp16",
+        "micro_batch": 4,
+        "global_batch": 8,
+        "grad_accum": 1,
+    }
 
 
 # -- Megatron family ------------------------------------------------------------------------------
+
 
 def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
     res = _load("megatron_deepspeed_tp2_pp2.log")
@@ -152,10 +192,23 @@ def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
     ov = res.frames["overflow"]
     assert list(ov["step"]) == [1, 2]  # = the iterations with `number of skipped iterations: 1`
     layout = _layout(res)
-    assert res.headers[0]["model"] == {"data_parallel_size": 1, "deepspeed": "True", "global_batch_size": 4,
-                                   "micro_batch_size": 1, "world_size": 4}  # what the TFLOPs formula reads
-    assert layout == {"world_size": 4, "tp": 2, "pp": 2, "dp": 1, "zero_stage": 1, "dtype": "fp16",
-                      "micro_batch": 1, "global_batch": 4}
+    assert res.headers[0]["model"] == {
+        "data_parallel_size": 1,
+        "deepspeed": "True",
+        "global_batch_size": 4,
+        "micro_batch_size": 1,
+        "world_size": 4,
+    }  # what the TFLOPs formula reads
+    assert layout == {
+        "world_size": 4,
+        "tp": 2,
+        "pp": 2,
+        "dp": 1,
+        "zero_stage": 1,
+        "dtype": "fp16",
+        "micro_batch": 1,
+        "global_batch": 4,
+    }
     mem = res.frames["memory"].iloc[0]
     assert (mem["rank"], mem["step"]) == (0, 1) and mem["peak"] == pytest.approx(60.43310546875 * MiB)
 
@@ -168,8 +221,16 @@ def test_megatron_lm_interval_counts_and_memory():
     ov = res.frames["overflow"]
     # 3 skipped in iterations 1-10 (log_interval 10), 1 in 21-30: 4, none printed individually
     assert len(ov) == 4 and ov["step"].between(1, 10).sum() == 3 and ov["step"].between(21, 30).sum() == 1
-    assert _layout(res) == {"world_size": 8, "tp": 2, "pp": 1, "dp": 4, "cp": 1, "dtype": "fp16",
-                            "micro_batch": 4, "global_batch": 512}
+    assert _layout(res) == {
+        "world_size": 8,
+        "tp": 2,
+        "pp": 1,
+        "dp": 4,
+        "cp": 1,
+        "dtype": "fp16",
+        "micro_batch": 4,
+        "global_batch": 512,
+    }
     assert res.ranks == list(range(8))
     mem = res.frames["memory"].iloc[0]
     assert mem["allocated"] == pytest.approx(9554.87939453125 * MiB)
@@ -186,6 +247,7 @@ def test_nemo_progress_bar():
 
 # -- HF Trainer -----------------------------------------------------------------------------------
 
+
 def test_hf_trainer_dicts_bar_and_summary():
     res = _load("hf_trainer_zero3_bf16.log")
     st = _steps(res)
@@ -197,8 +259,14 @@ def test_hf_trainer_dicts_bar_and_summary():
     assert st.loc[20, "grad_norm"] == 1.944 and st.loc[20, "eval_loss"] == 1.0812
     run = dict(zip(res.frames["log_run"]["key"], res.frames["log_run"]["value"]))
     assert run["train_runtime"] == 449.3 and run["train_samples_per_second"] == 2.849
-    assert _layout(res) == {"world_size": 8, "zero_stage": 3, "dtype": "bf16", "micro_batch": 4,
-                            "global_batch": 64, "grad_accum": 2}
+    assert _layout(res) == {
+        "world_size": 8,
+        "zero_stage": 3,
+        "dtype": "bf16",
+        "micro_batch": 4,
+        "global_batch": 64,
+        "grad_accum": 2,
+    }
 
 
 def test_hf_bar_without_dicts_gives_steps(tmp_path):
@@ -206,23 +274,28 @@ def test_hf_bar_without_dicts_gives_steps(tmp_path):
     no dict: its training bar is its only step record, and its `Total optimization steps` line has
     the logging prefix `[INFO|trainer.py:1149] <time> >>`."""
     path = tmp_path / "x.log"
-    path.write_text("[INFO|trainer.py:1149] 2021-05-25 06:30:55,948 >>   Total optimization steps = 4\n"
-                    "  0%|          | 0/4 [00:00<?, ?it/s]\r 25%|██▌       | 1/4 [03:45<11:15, 225.28s/it]\r"
-                    " 50%|█████     | 2/4 [07:15<07:21, 220.73s/it]\r100%|██████████| 4/4 [14:31<00:00, "
-                    "219.64s/it]\n")
+    path.write_text(
+        "[INFO|trainer.py:1149] 2021-05-25 06:30:55,948 >>   Total optimization steps = 4\n"
+        "  0%|          | 0/4 [00:00<?, ?it/s]\r 25%|██▌       | 1/4 [03:45<11:15, 225.28s/it]\r"
+        " 50%|█████     | 2/4 [07:15<07:21, 220.73s/it]\r100%|██████████| 4/4 [14:31<00:00, "
+        "219.64s/it]\n"
+    )
     st = _steps(import_log(str(path)))
     assert list(st.index) == [1, 2, 4] and list(st["iter_ms"]) == [225280.0, 220730.0, 219640.0]
 
 
 def test_hf_rate_in_iterations_per_second(tmp_path):
     path = tmp_path / "x.log"
-    path.write_text(" 5%|▌         | 10/200 [00:03<00:57,  3.20it/s]\r{'loss': 0.5, 'learning_rate': 1e-05, "
-                    "'epoch': 0.05}\n")
+    path.write_text(
+        " 5%|▌         | 10/200 [00:03<00:57,  3.20it/s]\r{'loss': 0.5, 'learning_rate': 1e-05, "
+        "'epoch': 0.05}\n"
+    )
     st = _steps(import_log(str(path)))
     assert st.loc[10, "iter_ms"] == pytest.approx(312.5)
 
 
 # -- failures -------------------------------------------------------------------------------------
+
 
 def _failure(res) -> JobFailed:
     (p,) = res.problems
@@ -242,8 +315,9 @@ def test_sixteen_ranks_raise_before_step_one():
 
 def test_oom_after_step_three_names_rank_sizes_and_megatron_fix():
     p = _failure(_load("oom_megatron_after_step3.log"))
-    assert p.message.startswith("job failed after step 3 (the last completed): CUDA out of memory on "
-                                "rank(s) 2")
+    assert p.message.startswith(
+        "job failed after step 3 (the last completed): CUDA out of memory on rank(s) 2"
+    )
     assert "tried to allocate 2.00 GiB on GPU 2 (1.05 GiB free of 79.15 GiB)" in p.message
     assert "--micro-batch-size" in p.message and "exit code 1" in p.message
 
@@ -271,17 +345,23 @@ def test_a_traceback_the_job_survived_is_not_a_crash():
 
 def test_launcher_exit_code_alone_is_a_failure(tmp_path):
     path = tmp_path / "x.log"
-    path.write_text("[Rank 0] step=10, skipped=0, lr=[0.1]\n[2024-01-01 00:00:00,000] [ERROR] "
-                    "[launch.py:321:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=3'] "
-                    "exits with return code = -9\n")
+    path.write_text(
+        "[Rank 0] step=10, skipped=0, lr=[0.1]\n[2024-01-01 00:00:00,000] [ERROR] "
+        "[launch.py:321:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=3'] "
+        "exits with return code = -9\n"
+    )
     p = _failure(import_log(str(path)))
-    assert p.message.startswith("job failed after step 10 (the last completed): process ended with exit "
-                                "code -9 (SIGKILL) on rank(s) 3")
+    assert p.message.startswith(
+        "job failed after step 10 (the last completed): process ended with exit "
+        "code -9 (SIGKILL) on rank(s) 3"
+    )
     assert "OOM killer" in p.message
 
 
-@pytest.mark.parametrize("content,reason", [(b"\x00\x01\x02binary" * 50, "binary"),
-                                            (b"hello\nworld\n", "no DeepSpeed/Megatron/HF")])
+@pytest.mark.parametrize(
+    "content,reason",
+    [(b"\x00\x01\x02binary" * 50, "binary"), (b"hello\nworld\n", "no DeepSpeed/Megatron/HF")],
+)
 def test_not_a_log(tmp_path, content, reason):
     path = tmp_path / "x.log"
     path.write_bytes(content)
@@ -292,8 +372,10 @@ def test_not_a_log(tmp_path, content, reason):
 def test_unprefixed_overflow_lines_a_few_ms_apart_are_one_step(tmp_path):
     """Without a rank prefix or optimizer iteration, lines repeating the scales within 100 ms are the
     ranks printing one step; the same scales a step later (at the minimum scale) are another step."""
-    line = ("[2024-03-08 16:33:21,{ms:03d}] [INFO] [stage3.py:2070:step] [deepspeed] fp16 dynamic loss "
-            "scale overflow! Skipping step. Attempted loss scale: 1.0, reducing to 1.0\n")
+    line = (
+        "[2024-03-08 16:33:21,{ms:03d}] [INFO] [stage3.py:2070:step] [deepspeed] fp16 dynamic loss "
+        "scale overflow! Skipping step. Attempted loss scale: 1.0, reducing to 1.0\n"
+    )
     path = tmp_path / "x.log"
     path.write_text("".join(line.format(ms=ms) for ms in (416, 416, 417, 417, 900, 901)))
     assert len(import_log(str(path)).frames["overflow"]) == 2
@@ -317,8 +399,12 @@ def test_failure_frame_for_rules():
     res = _load("nccl_timeout_desync.log")
     df = res.frames["log_failure"].sort_values(["kind", "rank"])
     assert list(zip(df["kind"], df["rank"], df["seq"].fillna(-1))) == [
-        ("exit", 0, -1), ("nccl_timeout", 0, 48211), ("nccl_timeout", 1, 48211), ("nccl_timeout", 2, 48210),
-        ("nccl_timeout", 3, 48211)]
+        ("exit", 0, -1),
+        ("nccl_timeout", 0, 48211),
+        ("nccl_timeout", 1, 48211),
+        ("nccl_timeout", 2, 48210),
+        ("nccl_timeout", 3, 48211),
+    ]
     assert set(df["step"]) == {120} and "log_failure" not in _load("caught_exception_then_trains.log").frames
 
 
@@ -327,8 +413,10 @@ def test_torchrun_report_of_killed_ranks():
     around the report is not the job's exception)."""
     res = _load("torchrun_sigkill.log")
     p = _failure(res)
-    assert p.message.startswith("job failed after step 100 (the last completed): process ended with exit "
-                                "code -9 (SIGKILL) on rank(s) 1, 3")
+    assert p.message.startswith(
+        "job failed after step 100 (the last completed): process ended with exit "
+        "code -9 (SIGKILL) on rank(s) 1, 3"
+    )
     assert "OOM killer" in p.message and res.headers[3]["host"] == "gpu-node-3"
     fails = res.frames["log_failure"]
     assert set(fails["kind"]) == {"exit"} and sorted(fails["rank"]) == [1, 3]  # the report's, not local_rank
@@ -345,10 +433,15 @@ def test_gzip_log_and_truncated_gzip(tmp_path):
         import_log(str(tmp_path / "cut.log.gz"))
 
 
-@pytest.mark.parametrize("first", ["{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.1}",
-                                   "[rank0]: Traceback (most recent call last):",
-                                   "[2024-01-01 00:00:00,000] [ERROR] [launch.py:321:sigkill_handler] "
-                                   "['python', '--local_rank=0'] exits with return code = 1"])
+@pytest.mark.parametrize(
+    "first",
+    [
+        "{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.1}",
+        "[rank0]: Traceback (most recent call last):",
+        "[2024-01-01 00:00:00,000] [ERROR] [launch.py:321:sigkill_handler] "
+        "['python', '--local_rank=0'] exits with return code = 1",
+    ],
+)
 def test_small_logs_are_detected_as_logs(tmp_path, first):
     from diag.importers import detect
 

@@ -16,8 +16,13 @@ FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "logs")
 
 def _analyze(*paths: str) -> tuple[int, dict, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "diag", "analyze", *paths, "--json"], capture_output=True,
-                       text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", *paths, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert "Traceback" not in r.stderr, r.stderr
     return r.returncode, json.loads(r.stdout), r.stderr
 
@@ -37,7 +42,13 @@ def test_megatron_deepspeed_log_reaches_the_report():
     assert doc["summary"]["steps"]["count"] == 6 and doc["summary"]["steps"]["max_ms"] == 1420.9
     assert doc["summary"]["overflows"] == 2 and doc["summary"]["tflops_median"] == 0.01
     assert {k: doc["layout"][k] for k in ("world_size", "tp", "pp", "dp", "zero_stage", "dtype")} == {
-        "world_size": 4, "tp": 2, "pp": 2, "dp": 1, "zero_stage": 1, "dtype": "fp16"}
+        "world_size": 4,
+        "tp": 2,
+        "pp": 2,
+        "dp": 1,
+        "zero_stage": 1,
+        "dtype": "fp16",
+    }
     assert doc["layout"]["micro_batch"] == 1 and doc["layout"]["global_batch"] == 4
     assert doc["ranks"] == [0, 1, 2, 3]
     assert [s["step"] for s in doc["metrics"]["step_times"]] == [1, 2, 3, 4, 5, 6]
@@ -50,8 +61,10 @@ def test_crashed_job_exits_1_with_the_statement():
     code, doc, err = _analyze(path)
     assert code == 1
     (line,) = err.splitlines()
-    assert line.startswith(f"diag analyze: error: {path}:9: job failed before step 1: RuntimeError on "
-                           "rank(s) 0-15 (first: rank 11, line 9)")
+    assert line.startswith(
+        f"diag analyze: error: {path}:9: job failed before step 1: RuntimeError on "
+        "rank(s) 0-15 (first: rank 11, line 9)"
+    )
     (problem,) = doc["problems"]
     assert problem["line"] == 9 and "job failed before step 1" in problem["message"]
     assert doc["ranks"] == list(range(16)) and doc["layout"]["world_size"] == 16
@@ -69,7 +82,8 @@ def test_node_logs_of_one_job_merge_by_rank(tmp_path):
     shutil.copy(os.path.join(FIX, "megatron_lm_fp16.log"), tmp_path / "node0.log")
     (tmp_path / "node1.log").write_text(
         "[Rank 4] (after 10 iterations) memory (MB) | allocated: 9000.0 | max allocated: 11000.0 | "
-        "reserved: 12000.0 | max reserved: 12000.0\n")
+        "reserved: 12000.0 | max reserved: 12000.0\n"
+    )
     code, doc, _ = _analyze(str(tmp_path))
     assert code == 0 and doc["ranks"] == list(range(8))
     assert doc["summary"]["steps"]["count"] == 3 and doc["summary"]["overflows"] == 4

@@ -68,8 +68,13 @@ def test_no_shift_without_a_clear_winner():
 def test_the_report_carries_the_joined_steps(tmp_path):
     shutil.copy(LOG, tmp_path / "job.log")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "diag", "analyze", JOIN, str(tmp_path / "job.log"), "--json"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", JOIN, str(tmp_path / "job.log"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     rows = doc["metrics"]["steps_joined"]

@@ -36,9 +36,16 @@ def _one(rule: str, name: str, path: str | None = None):
     return found[0]
 
 
-HEALTHY = ["caught_exception_then_trains.log", "ds_pipeline.log", "ds_zero2_fp16.log",
-           "hf_trainer_zero3_bf16.log", "megatron_deepspeed_tp2_pp2.log", "megatron_lm_fp16.log",
-           "nemo_llama_sft.log", "hf_noisy_finetune.log"]
+HEALTHY = [
+    "caught_exception_then_trains.log",
+    "ds_pipeline.log",
+    "ds_zero2_fp16.log",
+    "hf_trainer_zero3_bf16.log",
+    "megatron_deepspeed_tp2_pp2.log",
+    "megatron_lm_fp16.log",
+    "nemo_llama_sft.log",
+    "hf_noisy_finetune.log",
+]
 
 
 @pytest.mark.parametrize("name", HEALTHY)
@@ -54,6 +61,7 @@ def test_the_spike_and_the_drop_fixtures_are_healthy_in_their_other_figures():
 
 # -- loss ---------------------------------------------------------------------------------------
 
+
 def test_loss_spike_names_the_steps_the_baseline_and_recovery():
     f = _one("loss_spike", "megatron_loss_spike.log")
     assert f.steps == [310, 320] and f.severity == "warning"
@@ -67,8 +75,12 @@ def test_loss_spike_names_the_steps_the_baseline_and_recovery():
 def test_a_spike_the_run_never_recovers_from_is_critical(tmp_path):
     text = open(os.path.join(FIX, "megatron_loss_spike.log")).read().splitlines()
     # from iteration 310 on every loss is the spike's: the run diverged
-    out = [ln.replace(ln.split("lm loss: ")[1].split(" |")[0], "7.955849E+00")
-           if "lm loss: " in ln and int(ln.split("iteration")[1].split("/")[0]) >= 310 else ln for ln in text]
+    out = [
+        ln.replace(ln.split("lm loss: ")[1].split(" |")[0], "7.955849E+00")
+        if "lm loss: " in ln and int(ln.split("iteration")[1].split("/")[0]) >= 310
+        else ln
+        for ln in text
+    ]
     path = tmp_path / "diverged.log"
     path.write_text("\n".join(out) + "\n")
     f = _one("loss_spike", "", path=str(path))
@@ -86,8 +98,12 @@ def test_hf_prints_a_nan_loss_as_a_bare_nan_and_it_is_read():
 def test_megatron_nan_iteration_counter(tmp_path):
     text = open(os.path.join(FIX, "megatron_lm_fp16.log")).read()
     path = tmp_path / "nan.log"
-    path.write_text(text.replace("number of nan iterations:   0 |\n [2025-10-06 03:27:54]",
-                                 "number of nan iterations:   2 |\n [2025-10-06 03:27:54]"))
+    path.write_text(
+        text.replace(
+            "number of nan iterations:   0 |\n [2025-10-06 03:27:54]",
+            "number of nan iterations:   2 |\n [2025-10-06 03:27:54]",
+        )
+    )
     f = _one("nan_loss", "", path=str(path))
     assert f.steps == [20] and f.evidence["nan_iterations"] == 2 and f.evidence["nonfinite_steps"] == 0
 
@@ -98,6 +114,7 @@ def test_a_missing_loss_is_not_a_nan_loss():
 
 
 # -- throughput ---------------------------------------------------------------------------------
+
 
 def test_throughput_drop_from_timestamps():
     f = _one("throughput_drop", "ds_throughput_drop.log")
@@ -122,18 +139,25 @@ def test_too_few_records_are_not_judged():
 
 # -- the crash as a finding ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,kind,rank,iteration,line,codes", [
-    ("oom_megatron_after_step3.log", "oom", 2, 4, 19, {2: 1}),
-    ("torchrun_sigkill.log", "exit", 3, 101, 20, {3: -9, 1: -9}),
-    ("crash_16ranks_before_step1.log", "exception", 11, 1, 9, {r: 1 for r in range(16)}),
-    ("nccl_timeout_desync.log", "nccl_timeout", 0, 121, 2, {0: -6}),
-    ("hf_oom_sigkill.log", "oom", -1, 2, 12, {1: -9}),
-])
+
+@pytest.mark.parametrize(
+    "name,kind,rank,iteration,line,codes",
+    [
+        ("oom_megatron_after_step3.log", "oom", 2, 4, 19, {2: 1}),
+        ("torchrun_sigkill.log", "exit", 3, 101, 20, {3: -9, 1: -9}),
+        ("crash_16ranks_before_step1.log", "exception", 11, 1, 9, {r: 1 for r in range(16)}),
+        ("nccl_timeout_desync.log", "nccl_timeout", 0, 121, 2, {0: -6}),
+        ("hf_oom_sigkill.log", "oom", -1, 2, 12, {1: -9}),
+    ],
+)
 def test_job_crash_finding(name, kind, rank, iteration, line, codes):
     f = _one("job_crash", name)
     ev = f.evidence
-    assert f.severity == "critical" and (ev["kind"], ev["first_rank"], ev["failed_iteration"]) == (kind, rank,
-                                                                                                 iteration)
+    assert f.severity == "critical" and (ev["kind"], ev["first_rank"], ev["failed_iteration"]) == (
+        kind,
+        rank,
+        iteration,
+    )
     assert ev["line"] == line and ev["exit_codes"] == codes and ev["path"].endswith(name)
     raw = open(os.path.join(FIX, name)).read().splitlines()[line - 1]
     assert ev["log_line"] == raw[:300]
@@ -154,8 +178,13 @@ def test_a_survived_traceback_is_no_crash():
 
 def test_cli_reports_the_crash_finding_and_still_exits_1():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "diag", "analyze", os.path.join(FIX, "torchrun_sigkill.log"),
-                        "--json"], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", os.path.join(FIX, "torchrun_sigkill.log"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     (f,) = [f for f in json.loads(r.stdout)["findings"] if f["rule"] == "job_crash"]
     assert f["evidence"]["exit_codes"] == {"3": -9, "1": -9} and f["ranks"] == [1, 3]
@@ -167,7 +196,9 @@ def test_pipeline_layer_list_numbers_are_not_ranks(tmp_path):
     from diag.importers.logs import import_log
 
     path = tmp_path / "pp.log"
-    path.write_text("using world size: 4, data-parallel-size: 1, tensor-model-parallel size: 2, "
-                    "pipeline-model-parallel size: 2\nstage=0 layers=7\n     0: _to_float16\n"
-                    "     1: EmbeddingPipe\n    69: EmbeddingPipe\n    70: float16_to_fp32\n")
+    path.write_text(
+        "using world size: 4, data-parallel-size: 1, tensor-model-parallel size: 2, "
+        "pipeline-model-parallel size: 2\nstage=0 layers=7\n     0: _to_float16\n"
+        "     1: EmbeddingPipe\n    69: EmbeddingPipe\n    70: float16_to_fp32\n"
+    )
     assert import_log(str(path)).ranks == [0, 1, 2, 3]

@@ -44,8 +44,12 @@ class FakeAllocator:
     def memory_stats(self, device: int) -> dict[str, Any]:
         self._count("memory_stats")
         assert device == self.index
-        return {"allocated_bytes.all.current": self.allocated, "allocated_bytes.all.peak": self.peak,
-                "reserved_bytes.all.current": self.reserved, "num_alloc_retries": 0}
+        return {
+            "allocated_bytes.all.current": self.allocated,
+            "allocated_bytes.all.peak": self.peak,
+            "reserved_bytes.all.current": self.reserved,
+            "num_alloc_retries": 0,
+        }
 
     def total_memory(self, device: int) -> int:
         self._count("total_memory")

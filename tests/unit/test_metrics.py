@@ -50,9 +50,15 @@ def _kernel_trace(rows, steps=((0, 0, 100), (1, 100, 100))):
 
 
 def test_breakdown_and_overlap_definitions():
-    tr = _kernel_trace([(0, "gemm", "compute", 0, 10), (0, "gemm", "compute", 5, 10),
-                        (0, "ncclDevKernel_AllReduce", "comm", 12, 8), (0, "Memcpy", "memory", 30, 10),
-                        (0, "late", "compute", 150, 10)])  # launched in the last step: not counted
+    tr = _kernel_trace(
+        [
+            (0, "gemm", "compute", 0, 10),
+            (0, "gemm", "compute", 5, 10),
+            (0, "ncclDevKernel_AllReduce", "comm", 12, 8),
+            (0, "Memcpy", "memory", 30, 10),
+            (0, "late", "compute", 150, 10),
+        ]
+    )  # launched in the last step: not counted
     row = breakdown.temporal_breakdown(tr).iloc[0]
     assert (row["total_ns"], row["idle_ns"], row["compute_ns"], row["non_compute_ns"]) == (40, 10, 15, 15)
     assert row["idle_pct"] == 25.0
@@ -61,8 +67,20 @@ def test_breakdown_and_overlap_definitions():
 
 
 def _comm_trace(durs_by_rank):
-    rows = [{"rank": r, "step": 0, "op": "all_reduce", "bytes": 1 << 20, "group_size": 2, "ts": 100 * i,
-             "dur": d, "busbw": 0.0} for r, durs in durs_by_rank.items() for i, d in enumerate(durs)]
+    rows = [
+        {
+            "rank": r,
+            "step": 0,
+            "op": "all_reduce",
+            "bytes": 1 << 20,
+            "group_size": 2,
+            "ts": 100 * i,
+            "dur": d,
+            "busbw": 0.0,
+        }
+        for r, durs in durs_by_rank.items()
+        for i, d in enumerate(durs)
+    ]
     return Trace(headers={r: {} for r in durs_by_rank}, frames={schema.COMM: pd.DataFrame(rows)})
 
 
@@ -86,8 +104,9 @@ def test_union_by_group_is_exact_at_epoch_nanoseconds():
     from diag.metrics.intervals import union_by_group
 
     base = 1_796_000_000_000_000_000
-    df = pd.DataFrame({"rank": [0, 0, 1], "ts": [base, base + 1, base + 7],
-                       "dur": pd.array([10, 10, 3], dtype="Float64")})
+    df = pd.DataFrame(
+        {"rank": [0, 0, 1], "ts": [base, base + 1, base + 7], "dur": pd.array([10, 10, 3], dtype="Float64")}
+    )
     assert union_by_group(df, ["rank"]).to_dict() == {0: 11, 1: 3}
 
 
@@ -117,5 +136,10 @@ def test_one_stage_computes_each_figure_once(monkeypatch):
     assert calls.get("comm_overlap") == calls.get("temporal_breakdown") == 1  # read by exposed_comm
     doc = model.build(trace, findings, failures, m)
     assert not failures and doc["metrics"]["breakdown"]
-    assert calls == {"temporal_breakdown": 1, "comm_overlap": 1, "collective_stats": 1, "stragglers": 1,
-                     "step_times": 1}
+    assert calls == {
+        "temporal_breakdown": 1,
+        "comm_overlap": 1,
+        "collective_stats": 1,
+        "stragglers": 1,
+        "step_times": 1,
+    }

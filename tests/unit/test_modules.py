@@ -98,8 +98,7 @@ def test_forward_and_backward_attribution(agent) -> None:
 
     fwd = [stack for phase, stack in log if phase == "fwd"]
     bwd = [stack for phase, stack in log if phase == "bwd"]
-    assert fwd == [["Engine", "module", f"module.layers.{i}", f"module.layers.{i}.probe"]
-                   for i in (0, 1)]
+    assert fwd == [["Engine", "module", f"module.layers.{i}", f"module.layers.{i}.probe"] for i in (0, 1)]
     # backward runs layers in reverse, each attributed to its own module and its parents
     assert bwd == list(reversed(fwd))
     # a gradient hook (where ZeRO issues its reduce) runs inside the weight's module

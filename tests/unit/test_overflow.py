@@ -16,8 +16,14 @@ def test_megatron_dynamic_grad_scaler(tmp_path, monkeypatch):
     import megatron.core.optimizer.grad_scaler as gs
 
     monkeypatch.setattr(gs, "torch", NoCudaTorch())  # it puts its scale tensors on 'cuda'
-    scaler = gs.DynamicGradScaler(initial_scale=2.0**16, min_scale=1.0, growth_factor=2.0,
-                                  backoff_factor=0.5, growth_interval=3, hysteresis=2)
+    scaler = gs.DynamicGradScaler(
+        initial_scale=2.0**16,
+        min_scale=1.0,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=3,
+        hysteresis=2,
+    )
     ag = agent.start(str(tmp_path), what=("overflow",))
     found = [False, True, True, False, False, False]
     expected = []

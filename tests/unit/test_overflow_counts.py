@@ -19,19 +19,29 @@ def _trace_dir(path) -> str:
     for r in range(job.ranks):
         for s in range(12):
             hit = s in SKIPPED
-            job.add(r, schema.OVERFLOW, step=s, ts=job.start(r, s) + 90 * MS, overflow=hit,
-                    scale_before=1024.0, scale_after=512.0 if hit else 1024.0, skipped_steps=0,
-                    source="update_scale")
+            job.add(
+                r,
+                schema.OVERFLOW,
+                step=s,
+                ts=job.start(r, s) + 90 * MS,
+                overflow=hit,
+                scale_before=1024.0,
+                scale_after=512.0 if hit else 1024.0,
+                skipped_steps=0,
+                source="update_scale",
+            )
     job.write(str(path))
     return str(path)
 
 
 def _megatron_log(path, skipped: set[int], n: int = 12) -> str:
     """Megatron's per-iteration line (`number of skipped iterations` since the previous line)."""
-    lines = [f" iteration {i:8d}/ {n:8d} | consumed samples: {i * 8:12d} | elapsed time per iteration "
-             f"(ms): 150.2 | learning rate: 1.000E-04 | global batch size:     8 | loss scale: 1024.0 | "
-             f"number of skipped iterations: {int(i in skipped):3d} | number of nan iterations:   0 |"
-             for i in range(1, n + 1)]
+    lines = [
+        f" iteration {i:8d}/ {n:8d} | consumed samples: {i * 8:12d} | elapsed time per iteration "
+        f"(ms): 150.2 | learning rate: 1.000E-04 | global batch size:     8 | loss scale: 1024.0 | "
+        f"number of skipped iterations: {int(i in skipped):3d} | number of nan iterations:   0 |"
+        for i in range(1, n + 1)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 

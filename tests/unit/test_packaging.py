@@ -22,7 +22,7 @@ def _config() -> dict:
 def _source_dir(package: str, package_dir: dict[str, str]) -> str:
     for prefix in sorted(package_dir, key=len, reverse=True):
         if package == prefix or package.startswith(prefix + "."):
-            rest = package[len(prefix):].lstrip(".").split(".") if package != prefix else []
+            rest = package[len(prefix) :].lstrip(".").split(".") if package != prefix else []
             return os.path.join(ROOT, package_dir[prefix], *[p for p in rest if p])
     return os.path.join(ROOT, *package.split("."))
 

@@ -21,9 +21,17 @@ from tests.unit.kineto_samples import GPT_DS
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
-FINDING = Finding(rule="exposed_comm", severity="warning", title="comm <exposed> & slow", detail="d",
-                  ranks=[1], recoverable_s=0.004, fixes=[Fix("overlap it", ds_config={"zero_optimization": {
-                      "overlap_comm": True}}, env={"NCCL_ALGO": "Ring"})])
+FINDING = Finding(
+    rule="exposed_comm",
+    severity="warning",
+    title="comm <exposed> & slow",
+    detail="d",
+    ranks=[1],
+    recoverable_s=0.004,
+    fixes=[
+        Fix("overlap it", ds_config={"zero_optimization": {"overlap_comm": True}}, env={"NCCL_ALGO": "Ring"})
+    ],
+)
 
 
 def _doc():
@@ -34,8 +42,17 @@ def _doc():
 def test_json_document_is_plain_and_versioned():
     doc = json.loads(json_report.render(_doc()))
     assert (doc["schema"], doc["version"]) == (model.SCHEMA, model.VERSION)
-    assert set(doc["metrics"]) == {"breakdown", "overlap", "collectives", "bandwidth_by_size",
-                                   "stragglers", "step_times", "loss_scale", "step_split", "steps_joined"}
+    assert set(doc["metrics"]) == {
+        "breakdown",
+        "overlap",
+        "collectives",
+        "bandwidth_by_size",
+        "stragglers",
+        "step_times",
+        "loss_scale",
+        "step_split",
+        "steps_joined",
+    }
     assert doc["findings"][0]["fixes"][0]["env"] == {"NCCL_ALGO": "Ring"}
     assert all(r["source"] == "cpu" for r in doc["metrics"]["breakdown"])
 
@@ -70,21 +87,39 @@ def test_perfetto_export_of_agent_trace(tmp_path, capsys):
     t0 = ag.now()
     ag.emit((schema.STEP, 0, t0, 5_000_000, 8, None, True))
     ag.emit((schema.LAYER, 0, "model.layers.0.mlp", "forward", t0 + 100, 1_000_000, 10**9, None))
-    ag.emit((schema.COMM, 0, "all_reduce", 4 << 20, "float32", "dp", 2, [0, 1], t0 + 2_000_000,
-             1_000_000, "model.embed", False))
+    ag.emit(
+        (
+            schema.COMM,
+            0,
+            "all_reduce",
+            4 << 20,
+            "float32",
+            "dp",
+            2,
+            [0, 1],
+            t0 + 2_000_000,
+            1_000_000,
+            "model.embed",
+            False,
+        )
+    )
     agent.stop()
     out = tmp_path / "timeline.json"
     assert main(["export", "--perfetto", str(out), str(tmp_path / "t")]) == 0
     doc = json.loads(out.read_text())
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert sorted((e["tid"], e["name"]) for e in spans) == [
-        (1, "step 0"), (2, "model.layers.0.mlp forward"), (3, "all_reduce")]
+        (1, "step 0"),
+        (2, "model.layers.0.mlp forward"),
+        (3, "all_reduce"),
+    ]
     comm = next(e for e in spans if e["tid"] == 3)
     assert comm["dur"] == 1000.0 and comm["args"]["bytes"] == 4 << 20
     step = next(e for e in spans if e["tid"] == 1)
     assert comm["ts"] - step["ts"] == 2000.0 and step["ts"] == 0.0  # microseconds from the first event
-    assert diag.load(str(tmp_path / "t")).ranks == [r["pid"] for r in doc["traceEvents"]
-                                                    if r.get("name") == "process_sort_index"]
+    assert diag.load(str(tmp_path / "t")).ranks == [
+        r["pid"] for r in doc["traceEvents"] if r.get("name") == "process_sort_index"
+    ]
     assert "wrote 3 events" in capsys.readouterr().out
 
 
@@ -109,9 +144,18 @@ def test_units_binary_sizes_and_decimal_rates():
     from diag import units
 
     assert [units.binary_bytes(v) for v in (None, 512, 1536, 5 * 2**30, 3 * 2**40)] == [
-        "-", "512 B", "1.5 KiB", "5.0 GiB", "3.0 TiB"]
+        "-",
+        "512 B",
+        "1.5 KiB",
+        "5.0 GiB",
+        "3.0 TiB",
+    ]
     assert [units.decimal_rate(v) for v in (None, 999, 1500, 25e9)] == [
-        "-", "999 B/s", "1.5 KB/s", "25.0 GB/s"]
+        "-",
+        "999 B/s",
+        "1.5 KB/s",
+        "25.0 GB/s",
+    ]
 
 
 def test_diag_trace_report_has_every_signal_in_human_units(tmp_path, capsys):
@@ -121,8 +165,14 @@ def test_diag_trace_report_has_every_signal_in_human_units(tmp_path, capsys):
     md_path, html_path = tmp_path / "r.md", tmp_path / "r.html"
     assert main(["analyze", src, "--markdown", str(md_path), "--html", str(html_path), "-q"]) == 0
     md, page = md_path.read_text(), html_path.read_text()
-    for title in ("## Throughput and MFU", "## Step time per rank: compute / exposed communication / other",
-                  "## Top layers by time", "## Steps", "## Memory per rank", "## fp16 overflows"):
+    for title in (
+        "## Throughput and MFU",
+        "## Step time per rank: compute / exposed communication / other",
+        "## Top layers by time",
+        "## Steps",
+        "## Memory per rank",
+        "## fp16 overflows",
+    ):
         assert title in md
     assert "| 4 | " in md and "skipped" in md and "256 -> 128" in md  # the first overflow, as recorded
     assert not re.search(r"\d\.\d{6,}|\de-\d", md)  # no 17-digit floats, no exponents
@@ -140,10 +190,13 @@ def test_fix_blocks_evidence_units_and_merged_ds_config(tmp_path, capsys):
     assert human.evidence_value("compute_s", {0: 0.012340539500000004}) == "{0: 12.3 ms}"
     assert human.evidence_value("peak_bytes", 3 << 30) == "3.0 GiB"
     assert human.evidence_value("step_share", 0.5512) == "55.1%"
-    assert human.prose("gathers run at 2.61e-05 GB/s against a nominal 1.25 GB/s link") == \
-        "gathers run at 26.1 KB/s against a nominal 1.25 GB/s link"
-    blocks = human.fix_blocks({"ds_config": {"a": {"b": True}}, "megatron_args": ["--recompute-granularity",
-                                                                                 "selective"]})
+    assert (
+        human.prose("gathers run at 2.61e-05 GB/s against a nominal 1.25 GB/s link")
+        == "gathers run at 26.1 KB/s against a nominal 1.25 GB/s link"
+    )
+    blocks = human.fix_blocks(
+        {"ds_config": {"a": {"b": True}}, "megatron_args": ["--recompute-granularity", "selective"]}
+    )
     assert json.loads(blocks[0][1]) == {"a": {"b": True}}
     assert blocks[1][1] == "--recompute-granularity selective"  # one pasteable line
     out = tmp_path / "ds.json"

@@ -19,8 +19,10 @@ def registry(monkeypatch):
 def test_rule_fills_finding_rule(registry):
     @registry.rule("probe")
     def probe(trace, metrics):
-        return [Finding(severity="info", title="t", detail="d"),
-                Finding(rule="wrong", severity="info", title="t2", detail="d")]
+        return [
+            Finding(severity="info", title="t", detail="d"),
+            Finding(rule="wrong", severity="info", title="t2", detail="d"),
+        ]
 
     direct = probe(Trace())
     assert [f.rule for f in direct] == ["probe", "probe"]
@@ -36,7 +38,9 @@ def test_second_rule_of_a_name_is_refused(registry):
 
 
 def test_ranked_puts_critical_and_costly_first():
-    fs = [Finding(severity="warning", title="a", detail="", recoverable_s=0.1),
-          Finding(severity="critical", title="b", detail=""),
-          Finding(severity="warning", title="c", detail="", recoverable_s=0.5)]
+    fs = [
+        Finding(severity="warning", title="a", detail="", recoverable_s=0.1),
+        Finding(severity="critical", title="b", detail=""),
+        Finding(severity="warning", title="c", detail="", recoverable_s=0.5),
+    ]
     assert [f.title for f in ranked(fs)] == ["b", "c", "a"]

@@ -22,8 +22,11 @@ def test_healthy_job_is_silent(tmp_path):
 
 def test_embedding_comm_fires_on_embedding_gathers(tmp_path):
     job = healthy()
-    job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", module="wte", at_ms=5,
-                                         dur_ms=30, nbytes=64 << 20))
+    job.each_step(
+        lambda r, s: job.comm(
+            r, s, op="all_gather_into_tensor", module="wte", at_ms=5, dur_ms=30, nbytes=64 << 20
+        )
+    )
     (f,) = fired(job.write(str(tmp_path)), "embedding_comm")
     assert f.layers == ["wte"] and f.evidence["step_share"] == pytest.approx(0.30, abs=0.01)
     assert f.evidence["comm_share"] == pytest.approx(64 / (64 + 3 * 4), abs=0.01)  # by bytes
@@ -37,8 +40,17 @@ def test_embedding_comm_counts_only_attributed_steps(tmp_path):
     shares come from steps 4 only (0 is the warm-up step; over all steps the median would be 0)."""
     job = Job(header={"zero_stage": 0, "dtype": "fp32", "attribute_every": 4})
     job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
-    job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", at_ms=5, dur_ms=30,
-                                         nbytes=64 << 20, module="wte" if s % 4 == 0 else None))
+    job.each_step(
+        lambda r, s: job.comm(
+            r,
+            s,
+            op="all_gather_into_tensor",
+            at_ms=5,
+            dur_ms=30,
+            nbytes=64 << 20,
+            module="wte" if s % 4 == 0 else None,
+        )
+    )
     for r in range(job.ranks):
         for s in (0, 4):
             job.add(r, "meta", ts=job.start(r, s), key="attributed_step", value=s)
@@ -58,10 +70,16 @@ def test_embedding_comm_below_threshold_is_silent(tmp_path):
 
 
 def zero3_job(hosts: list[str], dur_ms: float) -> Job:
-    job = Job(header={"zero_stage": 3, "dtype": "fp16",
-                      "ds_config": {"zero_optimization": {"stage": 3}}}, hosts=hosts)
-    job.each_step(lambda r, s: [job.comm(r, s, op="all_gather_into_tensor", nbytes=8 << 20, at_ms=10 * i,
-                                         dur_ms=dur_ms) for i in range(4)])
+    job = Job(
+        header={"zero_stage": 3, "dtype": "fp16", "ds_config": {"zero_optimization": {"stage": 3}}},
+        hosts=hosts,
+    )
+    job.each_step(
+        lambda r, s: [
+            job.comm(r, s, op="all_gather_into_tensor", nbytes=8 << 20, at_ms=10 * i, dur_ms=dur_ms)
+            for i in range(4)
+        ]
+    )
     return job
 
 
@@ -88,9 +106,13 @@ def test_zero3_slow_link_silent_on_one_host_or_fast_link(tmp_path, hosts, dur_ms
 
 def test_exposed_comm_counts_nested_wrappers_once_and_skips_async(tmp_path):
     job = healthy()
-    job.each_step(lambda r, s: [job.comm(r, s, at_ms=10, dur_ms=40),  # outer wrapper
-                                job.comm(r, s, at_ms=12, dur_ms=30),  # the same op seen inside it
-                                job.comm(r, s, at_ms=55, dur_ms=30, async_op=True)])
+    job.each_step(
+        lambda r, s: [
+            job.comm(r, s, at_ms=10, dur_ms=40),  # outer wrapper
+            job.comm(r, s, at_ms=12, dur_ms=30),  # the same op seen inside it
+            job.comm(r, s, at_ms=55, dur_ms=30, async_op=True),
+        ]
+    )
     (f,) = fired(job.write(str(tmp_path)), "exposed_comm")
     assert f.evidence["exposed_share"][0] == pytest.approx(0.45, abs=0.01)  # 10-50 ms (holds 2 ops) + 60-65
     assert f.evidence["overlap_comm"] is False  # code default below stage 3
@@ -114,20 +136,30 @@ def test_tp_cross_node(tmp_path):
     assert f.evidence["groups"] == [[0, 1], [2, 3]] and f.ranks == [0, 1, 2, 3]
     # TP 2 already fits the 2 ranks per host: the fix is placement, not the same TP size again
     assert f.fixes[0].megatron_args == [] and "one node" in f.fixes[0].summary
-    wide = Job(ranks=4, header={"tp": 4, "argv": ["pretrain_gpt.py", "--tensor-model-parallel-size", "4"]},
-               hosts=["a", "a", "b", "b"])
+    wide = Job(
+        ranks=4,
+        header={"tp": 4, "argv": ["pretrain_gpt.py", "--tensor-model-parallel-size", "4"]},
+        hosts=["a", "a", "b", "b"],
+    )
     wide.each_step(lambda r, s: wide.comm(r, s, group_ranks=[0, 1, 2, 3], group="tp"))
     (f,) = fired(wide.write(str(tmp_path / "wide")), "tp_cross_node")
-    assert f.fixes[0].megatron_args == ["--tensor-model-parallel-size", "2",
-                                        "--pipeline-model-parallel-size", "2"]
+    assert f.fixes[0].megatron_args == [
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+    ]
     ok = Job(ranks=4, header={"tp": 2}, hosts=["a", "a", "b", "b"])
     assert fired(ok.write(str(tmp_path / "ok")), "tp_cross_node") == []
 
 
 def test_imported_collectives_without_step_are_attributed_by_time(tmp_path):
     job = healthy()
-    job.each_step(lambda r, s: job.comm(r, s, op="all_gather_into_tensor", module="wte", at_ms=5,
-                                         dur_ms=30, nbytes=64 << 20))
+    job.each_step(
+        lambda r, s: job.comm(
+            r, s, op="all_gather_into_tensor", module="wte", at_ms=5, dur_ms=30, nbytes=64 << 20
+        )
+    )
     trace = job.write(str(tmp_path))
     trace.frames["comm"] = trace.comms.assign(step=-1)  # as the Kineto importer writes them
     (f,) = fired(trace, "embedding_comm")

@@ -31,10 +31,18 @@ def thresholds(module: ModuleType) -> dict[str, float]:
     """A rule module's threshold constants: the UPPER_CASE numbers it assigns at module level (not
     what it imports)."""
     tree = ast.parse(Path(str(module.__file__)).read_text(encoding="utf-8"))
-    names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
-             if isinstance(t, ast.Name) and t.id.isupper()}
-    return {k: v for k, v in vars(module).items()
-            if k in names and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    names = {
+        t.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name) and t.id.isupper()
+    }
+    return {
+        k: v
+        for k, v in vars(module).items()
+        if k in names and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def spellings(name: str, value: float) -> list[str]:

@@ -8,8 +8,11 @@ from diag import schema
 from tests.unit.synth_trace import MS, Job, fired
 from tests.unit.test_rules_comm import healthy
 
-FP16 = {"zero_stage": 1, "dtype": "fp16", "ds_config": {"fp16": {"enabled": True, "initial_scale_power": 8,
-                                                                  "loss_scale_window": 1000}}}
+FP16 = {
+    "zero_stage": 1,
+    "dtype": "fp16",
+    "ds_config": {"fp16": {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1000}},
+}
 
 
 def overflow_job(overflow_steps: set[int], steps: int = 12) -> Job:
@@ -19,8 +22,17 @@ def overflow_job(overflow_steps: set[int], steps: int = 12) -> Job:
         for s in range(steps):
             hit = s in overflow_steps
             before, scale = scale, scale / 2 if hit else scale
-            job.add(r, schema.OVERFLOW, step=s, ts=job.start(r, s) + 90 * MS, overflow=hit,
-                    scale_before=before, scale_after=scale, skipped_steps=0, source="update_scale")
+            job.add(
+                r,
+                schema.OVERFLOW,
+                step=s,
+                ts=job.start(r, s) + 90 * MS,
+                overflow=hit,
+                scale_before=before,
+                scale_after=scale,
+                skipped_steps=0,
+                source="update_scale",
+            )
     return job
 
 
@@ -36,9 +48,13 @@ def test_overflow_storm_after_calibration(tmp_path):
     # the job already starts at 2^8: no lower start is offered (issue 11), the window and hysteresis are
     assert f.fixes[1].ds_config["fp16"] == {"loss_scale_window": 2000, "hysteresis": 4}
     high = overflow_job({0, 4, 6, 8})
-    high.header = {**FP16, "ds_config": {"fp16": {"enabled": True, "initial_scale_power": 16,
-                                                  "hysteresis": 4, "loss_scale_window": 2000},
-                                         "gradient_clipping": 1.0}}
+    high.header = {
+        **FP16,
+        "ds_config": {
+            "fp16": {"enabled": True, "initial_scale_power": 16, "hysteresis": 4, "loss_scale_window": 2000},
+            "gradient_clipping": 1.0,
+        },
+    }
     (f,) = fired(high.write(str(tmp_path / "high")), "overflow_storm")
     # clipping is already on: no clipping fix
     assert [x.ds_config for x in f.fixes][1:] == [{"fp16": {"initial_scale_power": 12}}]
@@ -51,9 +67,21 @@ def test_loss_scale_collapse_is_critical(tmp_path):
 
 def memory_job(alloc: float, reserved: float, cap: float | None, peak: float | None = None) -> Job:
     job = Job(header={"zero_stage": 1})
-    job.each_step(lambda r, s: job.add(r, schema.MEMORY, step=s, ts=job.start(r, s) + 99 * MS,
-                                       device="cuda:0", allocated=int(alloc), reserved=int(reserved),
-                                       peak=int(peak or alloc), capacity=cap, rss=1, module=None))
+    job.each_step(
+        lambda r, s: job.add(
+            r,
+            schema.MEMORY,
+            step=s,
+            ts=job.start(r, s) + 99 * MS,
+            device="cuda:0",
+            allocated=int(alloc),
+            reserved=int(reserved),
+            peak=int(peak or alloc),
+            capacity=cap,
+            rss=1,
+            module=None,
+        )
+    )
     return job
 
 
@@ -96,8 +124,17 @@ def test_idle_between_steps(tmp_path):
 
 def test_idle_lead_in_before_first_forward(tmp_path):
     def layer(job: Job, r: int, s: int, lead_ms: float) -> None:
-        job.add(r, schema.LAYER, step=s, module="module", phase="fwd", ts=job.start(r, s) + int(lead_ms * MS),
-                dur=20 * MS, flops=0, mem_delta=None)
+        job.add(
+            r,
+            schema.LAYER,
+            step=s,
+            module="module",
+            phase="fwd",
+            ts=job.start(r, s) + int(lead_ms * MS),
+            dur=20 * MS,
+            flops=0,
+            mem_delta=None,
+        )
 
     slow, fast = Job(gap_ms=0), Job(gap_ms=0)  # steps recorded boundary to boundary, as the collector does
     slow.each_step(lambda r, s: layer(slow, r, s, 25))
@@ -109,8 +146,7 @@ def test_idle_lead_in_before_first_forward(tmp_path):
 
 def test_pipeline_bubble_above_schedule(tmp_path):
     job = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 8})
-    job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=40 if r else 10,
-                                         group_ranks=[0, 1]))
+    job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=40 if r else 10, group_ranks=[0, 1]))
     (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
     assert f.evidence["bubble_ideal"] == pytest.approx(1 / 8)
     assert f.evidence["bubble_measured"] == pytest.approx(40 / 60) and f.ranks == [1]

@@ -21,8 +21,18 @@ OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1 << 30), st.integers(-5, 10**9),
-                          st.one_of(st.none(), st.integers(0, 64))), min_size=1, max_size=15))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(OPS),
+            st.integers(0, 1 << 30),
+            st.integers(-5, 10**9),
+            st.one_of(st.none(), st.integers(0, 64)),
+        ),
+        min_size=1,
+        max_size=15,
+    )
+)
 def test_busbw_equals_schema_bandwidths_per_row(rows):
     ops, nbytes, durs, sizes = (pd.Series(col, dtype=object) for col in zip(*rows))
     got = bandwidth.busbw(ops, nbytes, durs, sizes)
@@ -31,8 +41,11 @@ def test_busbw_equals_schema_bandwidths_per_row(rows):
 
 
 # (rank, step, offset ns, dur ns): epoch-scale starts, gaps of 1 ns, zero-length and nested ops
-spans = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 60), st.integers(0, 15)),
-                 min_size=1, max_size=25)
+spans = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 60), st.integers(0, 15)),
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=50, deadline=None)
@@ -53,8 +66,10 @@ def test_union_by_step_keeps_nanosecond_gaps_at_epoch_scale():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9)), min_size=1, max_size=20, unique=True),
-       st.integers(0, 2))
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9)), min_size=1, max_size=20, unique=True),
+    st.integers(0, 2),
+)
 def test_steady_drops_each_ranks_first_steps(pairs, skip):
     df = pd.DataFrame(pairs, columns=["rank", "step"]).assign(dur_s=1.0)
     got = steps.steady(df, skip)
@@ -97,9 +112,16 @@ def test_by_rank_gives_plain_numbers():
     assert evidence.by_rank(pd.Series(dtype=float)) == {}
 
 
-SPELLINGS = {**{name: spec.op for name, spec in METHODS.items()}, "isend": "send", "irecv": "recv",
-             "batch_isend_irecv": "send_recv", "recvAnySource": "recv", "all_reduce_coalesced": "all_reduce",
-             "c10d::allreduce_": "all_reduce", "broadcast_object_list": "broadcast"}
+SPELLINGS = {
+    **{name: spec.op for name, spec in METHODS.items()},
+    "isend": "send",
+    "irecv": "recv",
+    "batch_isend_irecv": "send_recv",
+    "recvAnySource": "recv",
+    "all_reduce_coalesced": "all_reduce",
+    "c10d::allreduce_": "all_reduce",
+    "broadcast_object_list": "broadcast",
+}
 
 
 @pytest.mark.parametrize("name,op", sorted(SPELLINGS.items()))
@@ -114,9 +136,15 @@ def test_setting_fills_code_defaults_for_absent_and_null_keys():
     """Rules read settings without fallbacks of their own: a key the config leaves null is absent."""
     from diag.trace.model import Trace
 
-    tr = Trace(headers={0: {"zero_stage": 2, "ds_config": {"fp16": {"initial_scale_power": None,
-                                                                    "loss_scale_window": 500}},
-                            "zero_config": {"reduce_bucket_size": None, "allgather_bucket_size": 2e8}}})
+    tr = Trace(
+        headers={
+            0: {
+                "zero_stage": 2,
+                "ds_config": {"fp16": {"initial_scale_power": None, "loss_scale_window": 500}},
+                "zero_config": {"reduce_bucket_size": None, "allgather_bucket_size": 2e8},
+            }
+        }
+    )
     assert config.setting(tr, "initial_scale_power") == config.DS_DEFAULTS["initial_scale_power"]
     assert config.setting(tr, "loss_scale_window") == 500
     assert config.setting(tr, "reduce_bucket_size") == config.DS_DEFAULTS["reduce_bucket_size"]
@@ -134,10 +162,17 @@ def test_bus_factor_knows_every_spelling_of_an_op():
 
 def test_total_busbw_is_bus_bytes_over_total_time():
     """A set of calls: summed bytes x factor over summed time, not a mean of per-call figures."""
-    c = pd.DataFrame({"op": ["all_reduce", "all_reduce"], "bytes": [4, 1 << 20], "dur": [1000, 1 << 20],
-                      "group_size": [2, 2]})
+    c = pd.DataFrame(
+        {
+            "op": ["all_reduce", "all_reduce"],
+            "bytes": [4, 1 << 20],
+            "dur": [1000, 1 << 20],
+            "group_size": [2, 2],
+        }
+    )
     want = (4 + (1 << 20)) * 1.0 / (1000 + (1 << 20))
     assert bandwidth.total_busbw(c) == pytest.approx(want)
-    assert bandwidth.total_busbw(c) != pytest.approx(bandwidth.busbw(c["op"], c["bytes"], c["dur"],
-                                                                      c["group_size"]).mean())
+    assert bandwidth.total_busbw(c) != pytest.approx(
+        bandwidth.busbw(c["op"], c["bytes"], c["dur"], c["group_size"]).mean()
+    )
     assert bandwidth.total_busbw(c.iloc[:0]) == 0.0

@@ -19,8 +19,9 @@ from tests.unit.synth_trace import Job
 
 def _diag(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "diag", "analyze", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def _rank(path, rank: int, world: int, t0: float) -> str:
@@ -30,8 +31,12 @@ def _rank(path, rank: int, world: int, t0: float) -> str:
         base = s * 100_000
         k.step(s, base, 100_000)
         k.kernel("volta_sgemm_128x64_nn", base + 100, 60_000, launch=base + 50)
-        k.host("record_param_comms", base + 60_100, 50, {"Collective name": "allreduce",
-                                                         "In msg nelems": 1 << 20, "dtype": "Float"})
+        k.host(
+            "record_param_comms",
+            base + 60_100,
+            50,
+            {"Collective name": "allreduce", "In msg nelems": 1 << 20, "dtype": "Float"},
+        )
         k.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", base + 61_000, 30_000, launch=base + 60_120)
     os.makedirs(os.path.dirname(str(path)), exist_ok=True)
     return k.write(path)
@@ -82,6 +87,7 @@ def test_ranks_of_one_run_in_sub_folders_are_joined(tmp_path):
 def test_diag_traces_of_two_runs(tmp_path):
     """Two diag trace dirs: same world, different argv and start (a rerun), are not merged; two
     nodes' dirs of one job (same argv up to --local_rank) are."""
+
     def job(path, argv: list[str], start_ns: int, ranks: range) -> str:
         j = Job(ranks=len(ranks))
         j.header = {**j.header, "argv": argv, "start_ts": start_ns}

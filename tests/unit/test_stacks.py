@@ -13,18 +13,27 @@ TRAIN = "/job/train.py"
 
 
 def thread(*frames: tuple[str, str, int], name: str = "MainThread") -> dict:
-    return {"thread_name": name, "thread_id": 1, "frames": [
-        {"name": n, "filename": f, "line": ln} for n, f, ln in frames]}
+    return {
+        "thread_name": name,
+        "thread_id": 1,
+        "frames": [{"name": n, "filename": f, "line": ln} for n, f, ln in frames],
+    }
 
 
-IN_ALL_REDUCE = [("all_reduce", C10D, 3252), ("wrapper", LOGGER, 83), ("step", TRAIN, 40),
-                 ("main", TRAIN, 60)]
+IN_ALL_REDUCE = [
+    ("all_reduce", C10D, 3252),
+    ("wrapper", LOGGER, 83),
+    ("step", TRAIN, 40),
+    ("main", TRAIN, 60),
+]
 IN_LOADER = [("next_batch", TRAIN, 22), ("main", TRAIN, 58)]
 
 
 def stacks(*per_rank):
-    return [rank_stack(100 + r, r, [thread(*frames), thread(("run", "/x/threading.py", 1), name="w")])
-            for r, frames in enumerate(per_rank)]
+    return [
+        rank_stack(100 + r, r, [thread(*frames), thread(("run", "/x/threading.py", 1), name="w")])
+        for r, frames in enumerate(per_rank)
+    ]
 
 
 def test_collective_named_from_innermost_library_frame():
@@ -46,8 +55,10 @@ def test_verdict_names_stuck_rank_collective_and_absent_rank():
     sts = stacks(IN_ALL_REDUCE, IN_LOADER)
     progs = {100: Progress(5, "all_reduce", 4), 101: Progress(5, "all_reduce", 4)}
     text = verdict(sts, progs)
-    assert text == ("rank 0 stuck in all_reduce (collective #6 since diag started); never arrived: "
-                    "rank 1 (in next_batch (train.py:22))")
+    assert text == (
+        "rank 0 stuck in all_reduce (collective #6 since diag started); never arrived: "
+        "rank 1 (in next_batch (train.py:22))"
+    )
     assert "waiting in all_reduce (its collective #6" in describe(sts[0], progs[100])
     assert verdict(stacks(IN_LOADER, IN_LOADER), {}) is None
 
@@ -60,11 +71,15 @@ def test_verdict_reports_ranks_in_different_collectives():
 def test_progress_counts_completed_collectives_in_a_trace(tmp_path):
     w = TraceFileWriter(str(tmp_path), "rank-00000.jsonl")
     ops = ["broadcast", "all_reduce"]
-    w.write_objects([{"k": "header", "rank": 0},
-                     *({"k": "comm", "op": op, "step": i, "dur": 1000} for i, op in enumerate(ops)),
-                     {"k": "step", "step": 1},
-                     # issued, never completed (written when the agent gave up waiting): not counted
-                     {"k": "comm", "op": "all_gather", "step": 2, "dur": None}])
+    w.write_objects(
+        [
+            {"k": "header", "rank": 0},
+            *({"k": "comm", "op": op, "step": i, "dur": 1000} for i, op in enumerate(ops)),
+            {"k": "step", "step": 1},
+            # issued, never completed (written when the agent gave up waiting): not counted
+            {"k": "comm", "op": "all_gather", "step": 2, "dur": None},
+        ]
+    )
     w.close()
     assert progress(w.path) == Progress(2, "all_reduce", 1)
 
@@ -75,8 +90,13 @@ def test_diag_frames_are_not_on_the_stacks():
     from diag.collectors import overflow
     from diag.collectors.comms import timing as comms_timing
 
-    waiting = [("wait", comms_timing.__file__, 127), ("all_reduce", C10D, 3252), ("wrapper", LOGGER, 83),
-               ("step", TRAIN, 40), ("main", TRAIN, 60)]
+    waiting = [
+        ("wait", comms_timing.__file__, 127),
+        ("all_reduce", C10D, 3252),
+        ("wrapper", LOGGER, 83),
+        ("step", TRAIN, 40),
+        ("main", TRAIN, 60),
+    ]
     st = stacks(waiting, [("wrapper", overflow.__file__, 40), *IN_LOADER])
     assert collective_of(st[0].frames) == "all_reduce"
     assert [fr.name for fr in st[1].frames] == ["next_batch", "main"]
@@ -102,8 +122,10 @@ def test_no_verdict_while_ranks_make_progress():
 def test_py_spy_failure_names_the_error_line_not_the_backtrace_tail():
     from diag.stacks.dump import _reason
 
-    stderr = ("thread 'main' panicked at src/python_spy.rs:80: failed to copy memory\n"
-              "stack backtrace:\n   9: py_spy::main\n  10: main\n")
+    stderr = (
+        "thread 'main' panicked at src/python_spy.rs:80: failed to copy memory\n"
+        "stack backtrace:\n   9: py_spy::main\n  10: main\n"
+    )
     assert _reason(stderr).startswith("thread 'main' panicked")
     assert _reason("Error: Permission denied (os error 13)\n") == "Error: Permission denied (os error 13)"
     assert _reason("") == "failed"
@@ -137,8 +159,10 @@ def test_dump_of_a_stopped_process_reads_its_stack(tmp_path):
     from diag.stacks.dump import dump, stopped
 
     script = tmp_path / "wait_here.py"
-    script.write_text("import time\ndef wait_here():\n    print('ready', flush=True)\n    while True:\n"
-                      "        time.sleep(0.05)\nwait_here()\n")
+    script.write_text(
+        "import time\ndef wait_here():\n    print('ready', flush=True)\n    while True:\n"
+        "        time.sleep(0.05)\nwait_here()\n"
+    )
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline() == "ready\n"

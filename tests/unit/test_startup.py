@@ -16,15 +16,31 @@ import pytest
 from tests.unit.synth_trace import Job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEAVY = ("pandas", "numpy", "textual", "rich", "torch", "psutil", "deepspeed", "diag.tui.app",
-         "diag.collectors", "diag.agent")
+HEAVY = (
+    "pandas",
+    "numpy",
+    "textual",
+    "rich",
+    "torch",
+    "psutil",
+    "deepspeed",
+    "diag.tui.app",
+    "diag.collectors",
+    "diag.agent",
+)
 
 
 def loaded_after(code: str) -> set[str]:
     """Which of `HEAVY` a fresh interpreter has loaded after running `code`."""
     probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert out.returncode == 0, out.stderr
     last = (out.stdout.strip().splitlines() or [""])[-1]
     return set(filter(None, last.split(",")))
@@ -32,11 +48,13 @@ def loaded_after(code: str) -> set[str]:
 
 def test_the_exporter_follows_a_trace_without_pandas() -> None:
     pytest.importorskip("prometheus_client", reason="prometheus-client is the prometheus extra")
-    code = ("from prometheus_client import generate_latest\n"
-            "from diag.exporter.server import Exporter, registry_for\n"
-            "ex = Exporter('sample_traces/zero3', 'j', analyze=None)\n"
-            "while ex.poll_once(): pass\n"
-            "assert b'diag_steps_total' in generate_latest(registry_for(ex))")
+    code = (
+        "from prometheus_client import generate_latest\n"
+        "from diag.exporter.server import Exporter, registry_for\n"
+        "ex = Exporter('sample_traces/zero3', 'j', analyze=None)\n"
+        "while ex.poll_once(): pass\n"
+        "assert b'diag_steps_total' in generate_latest(registry_for(ex))"
+    )
     assert loaded_after(code) == set()
 
 
@@ -44,7 +62,9 @@ def test_analyze_json_of_a_tiny_trace_loads_no_ui_torch_or_agent(tmp_path) -> No
     job = Job(ranks=2, steps=4)
     job.each_step(lambda r, s: job.comm(r, s))
     job.write(str(tmp_path))
-    code = ("import contextlib, io\nfrom diag.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            f"    assert main(['analyze', '--json', {str(tmp_path)!r}]) == 0")
+    code = (
+        "import contextlib, io\nfrom diag.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main(['analyze', '--json', {str(tmp_path)!r}]) == 0"
+    )
     assert loaded_after(code) == {"pandas", "numpy"}

@@ -99,8 +99,9 @@ def test_megatron_steps_carry_the_loops_iteration(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mo, "torch", NoCudaTorch())
     args = types.SimpleNamespace(iteration=40)  # resumed from a checkpoint at iteration 40
-    monkeypatch.setitem(sys.modules, "megatron.training.global_vars",
-                        types.SimpleNamespace(_GLOBAL_ARGS=args))
+    monkeypatch.setitem(
+        sys.modules, "megatron.training.global_vars", types.SimpleNamespace(_GLOBAL_ARGS=args)
+    )
     model = torch.nn.Linear(4, 2)
     opt = mo.FP32Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), OptimizerConfig(clip_grad=0.0), None)
     agent.start(str(tmp_path), what=("steps",))
@@ -143,9 +144,15 @@ def test_framework_imported_after_start_is_wrapped_before_any_step(tmp_path) -> 
     before the first step (the first fp16 steps overflow and never reach a torch optimizer step,
     which used to be the only late-patch point: Megatron-DeepSpeed's first 9 iterations were lost),
     and unwrapped by stop."""
-    out = subprocess.run([sys.executable, "-c", LATE_IMPORT, str(tmp_path)], capture_output=True,
-                         text=True, timeout=240, check=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": ROOT}).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", LATE_IMPORT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    ).stdout.split("\n")
     assert [line for line in out if line.startswith(("True", "False"))] == ["True True", "False False"]
 
 

@@ -19,8 +19,11 @@ def _no_deepspeed(monkeypatch):
 
 def _model_opt(kind: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model = torch.nn.Linear(4, 2)
-    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if kind == "adam"
-           else torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = (
+        torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if kind == "adam"
+        else torch.optim.SGD(model.parameters(), lr=0.1)
+    )
     return model, opt
 
 

@@ -15,8 +15,12 @@ def _one_step(tmp_path, late_rank: int | None) -> object:
         last = late_rank if late_rank is not None else rnd.randrange(4)
         for r in range(4):
             wait = 0.0 if r == last else (3.0 if late_rank is not None else rnd.uniform(0, 0.2))
-            job.comm(r, 0, at_ms=4 * i + (3.0 if r == last and late_rank is not None else 0) + 0.5,
-                     dur_ms=1.0 + wait)
+            job.comm(
+                r,
+                0,
+                at_ms=4 * i + (3.0 if r == last and late_rank is not None else 0) + 0.5,
+                dur_ms=1.0 + wait,
+            )
     return job.write(str(tmp_path))
 
 

@@ -21,12 +21,20 @@ MDS_LOG = os.path.join(FIX, "megatron_deepspeed_tflops.log")
 
 # -- the peak table ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,dtype,want", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "fp16", 756.0),
-    ("NVIDIA H100 NVL", "bf16", 835.5), ("NVIDIA H200", "fp8", 1979.0), ("NVIDIA B200", "bf16", 2250.0),
-    ("NVIDIA A100-SXM4-80GB", "fp32", 156.0), ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
-    ("AMD Instinct MI300X", "fp8", 2614.9),
-])
+
+@pytest.mark.parametrize(
+    "name,dtype,want",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "fp16", 756.0),
+        ("NVIDIA H100 NVL", "bf16", 835.5),
+        ("NVIDIA H200", "fp8", 1979.0),
+        ("NVIDIA B200", "bf16", 2250.0),
+        ("NVIDIA A100-SXM4-80GB", "fp32", 156.0),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
+        ("AMD Instinct MI300X", "fp8", 2614.9),
+    ],
+)
 def test_dense_peaks_by_device_name_and_dtype(name, dtype, want):
     p = peaks.lookup(name, dtype)
     assert p is not None and p.tflops == want and p.source
@@ -42,8 +50,16 @@ def test_no_peak_for_cpu_unknown_gpu_or_dtype():
 
 # -- Megatron's formulas ----------------------------------------------------------------------------
 
-SHAPE = {"num_layers": 2, "hidden_size": 512, "ffn_hidden_size": 2048, "num_attention_heads": 8,
-         "num_key_value_heads": 8, "seq_length": 512, "padded_vocab_size": 1024, "topk": 1}
+SHAPE = {
+    "num_layers": 2,
+    "hidden_size": 512,
+    "ffn_hidden_size": 2048,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "seq_length": 512,
+    "padded_vocab_size": 1024,
+    "topk": 1,
+}
 
 
 def test_megatron_deepspeed_formula_by_hand():
@@ -52,8 +68,9 @@ def test_megatron_deepspeed_formula_by_hand():
     fwd = 4 * h * h * s * layers + 2 * h * s * s * layers + 2 * ffn * h * s * layers + v * h * s
     assert model_flops.megatron_deepspeed(SHAPE, 1) == 2 * 3 * fwd
     assert model_flops.megatron_deepspeed({**SHAPE, "checkpoint_activations": True}, 1) == 2 * 4 * fwd
-    assert model_flops.megatron_deepspeed({**SHAPE, "recompute_granularity": "selective"}, 1) == \
-        2 * (3 * fwd + 2 * h * s * s * layers)
+    assert model_flops.megatron_deepspeed({**SHAPE, "recompute_granularity": "selective"}, 1) == 2 * (
+        3 * fwd + 2 * h * s * s * layers
+    )
     # its integer `2 // gqa`: K and V projections vanish from the count at 4 query heads per KV head
     gqa4 = model_flops.megatron_deepspeed({**SHAPE, "num_key_value_heads": 2}, 1)
     assert gqa4 == 2 * 3 * (fwd - 2 * h * h * s * layers)
@@ -98,9 +115,18 @@ def test_model_option_spellings_and_errors():
 
 # -- the measured count -----------------------------------------------------------------------------
 
+
 def _layer(job, rank, step, module, phase, at_ms, dur_ms, flops):
-    job.add(rank, "layer", step=step, module=module, phase=phase, ts=job.start(rank, step) + int(at_ms * MS),
-            dur=int(dur_ms * MS), flops=flops)
+    job.add(
+        rank,
+        "layer",
+        step=step,
+        module=module,
+        phase=phase,
+        ts=job.start(rank, step) + int(at_ms * MS),
+        dur=int(dur_ms * MS),
+        flops=flops,
+    )
 
 
 def _model_step(job, rank, step, recompute=0):
@@ -131,7 +157,15 @@ def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
     tr = job.write(str(tmp_path), step_ms={0: 100.0, 1: 200.0})
     rows = throughput.per_step(Metrics(tr).steps, tr.layers, peak_tflops=1e-9, seq_length=64)
     assert rows["flops"].eq(30).all() and list(rows[rows["rank"] == 0]["sampled"]) == [
-        True, False, False, False, True, False, False, False]
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
     r0 = rows[(rows["rank"] == 0) & (rows["step"] == 1)].iloc[0]
     assert r0["tflops"] == pytest.approx(30 / 0.1 / 1e12) and r0["mfu"] == pytest.approx(0.3)
     assert r0["samples_per_s"] == pytest.approx(80) and r0["tokens_per_s"] == pytest.approx(80 * 64)
@@ -142,8 +176,9 @@ def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
 
 
 def test_report_document_and_peak_option(tmp_path, capsys):
-    job = Job(ranks=2, steps=8, header={"zero_stage": 0, "dtype": "bf16",
-                                        "device_name": "NVIDIA H100 80GB HBM3"})
+    job = Job(
+        ranks=2, steps=8, header={"zero_stage": 0, "dtype": "bf16", "device_name": "NVIDIA H100 80GB HBM3"}
+    )
     for r in range(2):
         for s in (0, 4):
             _model_step(job, r, s)
@@ -154,7 +189,8 @@ def test_report_document_and_peak_option(tmp_path, capsys):
     want = 30 / 0.1 / 1e12
     assert tp["measured"]["tflops_per_gpu"] == pytest.approx(want)
     assert doc["summary"]["tflops_median"] == pytest.approx(want) and doc["summary"]["mfu"] == pytest.approx(
-        want / 989.4)
+        want / 989.4
+    )
     assert main(["analyze", str(tmp_path / "t"), "--json", "--peak-tflops", "2e-12"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["throughput"]["peak"]["source"] == "--peak-tflops"

@@ -21,8 +21,22 @@ def _start(tmp_path, **kw):
 def test_roundtrip_and_bandwidth(tmp_path):
     ag = _start(tmp_path)
     t0 = ag.now()
-    ag.emit((schema.COMM, 3, "all_reduce", 4_000_000, "float32", "pg0", 4, [0, 1, 2, 3], t0,
-             2_000_000, "embedding", False))
+    ag.emit(
+        (
+            schema.COMM,
+            3,
+            "all_reduce",
+            4_000_000,
+            "float32",
+            "pg0",
+            4,
+            [0, 1, 2, 3],
+            t0,
+            2_000_000,
+            "embedding",
+            False,
+        )
+    )
     agent.stop()
     tr = diag.load(str(tmp_path))
     row = tr.comms.iloc[0]

@@ -13,12 +13,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
-                    reason="mypy is not installed (pip install diag[dev])")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install diag[dev])"
+)
 @pytest.mark.timeout(600)  # ~15 s without a cache on an idle machine; 3.5 min measured on a loaded one
 def test_the_typed_scope_has_no_mypy_errors() -> None:
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "typecheck.py")],
-                         capture_output=True, text=True, timeout=580)
+    res = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "typecheck.py")],
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Success: no issues found" in res.stdout
 

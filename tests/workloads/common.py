@@ -28,17 +28,28 @@ def base_parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--trace-dir", default="diag-trace")
     p.add_argument("--what", default=None, help="collectors, comma-separated (default: all)")
     p.add_argument("--layers-every", type=int, default=None)
-    p.add_argument("--truth", action="store_true",
-                   help="count collectives with torch.profiler (ground truth for the tests)")
+    p.add_argument(
+        "--truth",
+        action="store_true",
+        help="count collectives with torch.profiler (ground truth for the tests)",
+    )
     p.add_argument("--kineto", help="export one torch.profiler Chrome trace per rank to this folder")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep every step")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--detach-at", type=int, default=None, metavar="STEP",
-                   help="stop the agent from another thread during this step (+ rank: ranks detach at "
-                        "different moments, as `diag detach` does), --detach-delay s into it")
+    p.add_argument(
+        "--detach-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="stop the agent from another thread during this step (+ rank: ranks detach at "
+        "different moments, as `diag detach` does), --detach-delay s into it",
+    )
     p.add_argument("--detach-delay", type=float, default=0.0)
-    p.add_argument("--log-iterations", action="store_true",
-                   help="print `iteration N` after each optimizer step (plain-torch workloads)")
+    p.add_argument(
+        "--log-iterations",
+        action="store_true",
+        help="print `iteration N` after each optimizer step (plain-torch workloads)",
+    )
     return p
 
 
@@ -109,8 +120,9 @@ def profiled(args: argparse.Namespace, rank: int) -> Iterator[Any]:
         yield None
 
 
-def train_loop(args: argparse.Namespace, prof: Any, opt: Any,
-               loss_at: Callable[[int], torch.Tensor]) -> dict[str, Any]:
+def train_loop(
+    args: argparse.Namespace, prof: Any, opt: Any, loss_at: Callable[[int], torch.Tensor]
+) -> dict[str, Any]:
     """The loop of the plain-torch workloads: zero the grads, `loss_at(step)` (batch and forward),
     backward, optimizer step; every step's loss and wall time (`--step-sleep` included), and the
     wall clock (ns) right after each optimizer step: the job's own iteration `step` is its index."""
@@ -136,8 +148,7 @@ def train_loop(args: argparse.Namespace, prof: Any, opt: Any,
     return {"losses": losses, "step_times": times, "step_ends": ends}
 
 
-def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any],
-                 common: dict[str, Any]) -> None:
+def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any], common: dict[str, Any]) -> None:
     """Gather every rank's `mine` (after the agent stopped, so it never sees this) and write JSON."""
     world = dist.get_world_size()
     ranks: list[Any] = [None] * world

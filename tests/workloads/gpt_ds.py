@@ -25,13 +25,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overflow-rank", type=int, default=0)
     common.add_slow_args(p)
     common.add_size_args(p)
-    p.add_argument("--comms-logger", action="store_true",
-                   help="enable DeepSpeed's comms logger (ground truth for deepspeed.comm bytes)")
-    p.add_argument("--flops-profiler", type=int, default=None, metavar="STEP",
-                   help="enable DeepSpeed's flops profiler on this step (the benchmark's baseline)")
+    p.add_argument(
+        "--comms-logger",
+        action="store_true",
+        help="enable DeepSpeed's comms logger (ground truth for deepspeed.comm bytes)",
+    )
+    p.add_argument(
+        "--flops-profiler",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="enable DeepSpeed's flops profiler on this step (the benchmark's baseline)",
+    )
     p.add_argument("--log-level", default="warning", help="DeepSpeed's log level (info shows OVERFLOW!)")
-    p.add_argument("--steps-per-print", type=int, default=10**9,
-                   help="DeepSpeed's `step=N` progress lines every N steps (with --log-level info)")
+    p.add_argument(
+        "--steps-per-print",
+        type=int,
+        default=10**9,
+        help="DeepSpeed's `step=N` progress lines every N steps (with --log-level info)",
+    )
     return p.parse_args(argv)
 
 
@@ -47,11 +59,21 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.comms_logger:
         cfg["comms_logger"] = {"enabled": True, "prof_all": True, "verbose": False, "debug": False}
     if args.flops_profiler is not None:
-        cfg["flops_profiler"] = {"enabled": True, "profile_step": args.flops_profiler,
-                                 "module_depth": -1, "top_modules": 1, "detailed": False}
+        cfg["flops_profiler"] = {
+            "enabled": True,
+            "profile_step": args.flops_profiler,
+            "module_depth": -1,
+            "top_modules": 1,
+            "detailed": False,
+        }
     if args.dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1000,
-                       "hysteresis": 1, "min_loss_scale": 1}
+        cfg["fp16"] = {
+            "enabled": True,
+            "initial_scale_power": 8,
+            "loss_scale_window": 1000,
+            "hysteresis": 1,
+            "min_loss_scale": 1,
+        }
     elif args.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     return cfg
@@ -82,6 +104,7 @@ def ds_comms() -> dict[str, dict[str, int]]:
 
 def overflow_hook(model: GPT, steps: set[int], state: dict[str, int]) -> None:
     """Put an inf into ln_f.weight's gradient on the chosen steps (before DeepSpeed reduces it)."""
+
     def hook(grad: torch.Tensor) -> torch.Tensor:
         if state["step"] not in steps:
             return grad
@@ -132,9 +155,15 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
         if prof is not None:
             prof.step()
-    return {"losses": losses, "loss_scale": scales, "step_times": times,
-            "skipped_steps": int(engine.skipped_steps), "global_steps": int(engine.global_steps),
-            "iterations": iterations, "skipped_iterations": skipped}
+    return {
+        "losses": losses,
+        "loss_scale": scales,
+        "step_times": times,
+        "skipped_steps": int(engine.skipped_steps),
+        "global_steps": int(engine.global_steps),
+        "iterations": iterations,
+        "skipped_iterations": skipped,
+    }
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -147,11 +176,20 @@ def main(argv: list[str] | None = None) -> NoReturn:
         mine["truth_comms"] = prof.as_dict()
     if args.comms_logger:
         mine["ds_comms"] = ds_comms()
-    common.write_result(args, rank, mine, {
-        "workload": "gpt_ds", "zero": args.zero, "dtype": args.dtype, "steps": args.steps,
-        "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
-        "overflow_at": args.overflow_at, "overflow_rank": args.overflow_rank,
-    })
+    common.write_result(
+        args,
+        rank,
+        mine,
+        {
+            "workload": "gpt_ds",
+            "zero": args.zero,
+            "dtype": args.dtype,
+            "steps": args.steps,
+            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+            "overflow_at": args.overflow_at,
+            "overflow_rank": args.overflow_rank,
+        },
+    )
     common.finish()
 
 

@@ -17,8 +17,17 @@ def free_port() -> int:
 
 
 def torchrun_cmd(module: str, args: list[str], nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -30,15 +39,24 @@ def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def run(module: str, args: list[str], nproc: int = 2, timeout: float = 240,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    module: str, args: list[str], nproc: int = 2, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run to completion; a non-zero exit raises with every rank's output in the message."""
-    proc = subprocess.run(torchrun_cmd(module, args, nproc), env=job_env(env), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        torchrun_cmd(module, args, nproc),
+        env=job_env(env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{module} {' '.join(args)} exited {proc.returncode}\n"
-                           f"--- ranks' tracebacks ---\n{rank_errors(proc.stderr)}\n"
-                           f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{module} {' '.join(args)} exited {proc.returncode}\n"
+            f"--- ranks' tracebacks ---\n{rank_errors(proc.stderr)}\n"
+            f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -48,11 +66,18 @@ def rank_errors(stderr: str, limit: int = 60) -> str:
     return "\n".join(lines[-limit:])
 
 
-def popen(module: str, args: list[str], nproc: int = 2, env: dict[str, str] | None = None,
-          **kwargs: object) -> subprocess.Popen[str]:
+def popen(
+    module: str, args: list[str], nproc: int = 2, env: dict[str, str] | None = None, **kwargs: object
+) -> subprocess.Popen[str]:
     """Start in the background (attach tests); the caller waits or kills it. New session, so the
     whole torchrun process tree can be signalled with os.killpg."""
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.STDOUT)
-    return subprocess.Popen(torchrun_cmd(module, args, nproc), env=job_env(env), cwd=ROOT,
-                            text=True, start_new_session=True, **kwargs)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        torchrun_cmd(module, args, nproc),
+        env=job_env(env),
+        cwd=ROOT,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )  # type: ignore[call-overload]

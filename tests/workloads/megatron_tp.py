@@ -38,21 +38,37 @@ def build_model(args: argparse.Namespace) -> Any:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=args.tp,
-                                             pipeline_model_parallel_size=args.pp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp
+    )
     torch.manual_seed(args.seed)
     model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=True)
     config = TransformerConfig(
-        num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
-        tensor_model_parallel_size=args.tp, use_cpu_initialization=True, params_dtype=torch.float32,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False, hidden_dropout=0.0,
-        attention_dropout=0.0, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
-        batch_p2p_comm=False)
-    return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
-                    vocab_size=args.vocab, max_sequence_length=args.seq,
-                    pre_process=parallel_state.is_pipeline_first_stage(),
-                    post_process=parallel_state.is_pipeline_last_stage())
+        num_layers=args.layers,
+        hidden_size=args.hidden,
+        num_attention_heads=args.heads,
+        tensor_model_parallel_size=args.tp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        pipeline_model_parallel_size=args.pp,
+        pipeline_dtype=torch.float32,
+        batch_p2p_comm=False,
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=args.vocab,
+        max_sequence_length=args.seq,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+    )
 
 
 def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
@@ -73,8 +89,9 @@ def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
     return common.train_loop(args, prof, opt, loss_at)
 
 
-def train_pipelined(args: argparse.Namespace, prof: Any, model: Any, opt: Any, pos: torch.Tensor,
-                    mask: torch.Tensor) -> dict[str, Any]:
+def train_pipelined(
+    args: argparse.Namespace, prof: Any, model: Any, opt: Any, pos: torch.Tensor, mask: torch.Tensor
+) -> dict[str, Any]:
     """One step = megatron-core's pipeline schedule over `--micro` micro-batches, then AdamW. The
     last stage reports the mean micro-batch loss; the first stage's is NaN (it computes none)."""
     import time
@@ -87,8 +104,9 @@ def train_pipelined(args: argparse.Namespace, prof: Any, model: Any, opt: Any, p
     losses, times = [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        micro = iter([batch(step * args.micro + i, 0, args.batch, args.seq, args.vocab)
-                      for i in range(args.micro)])
+        micro = iter(
+            [batch(step * args.micro + i, 0, args.batch, args.seq, args.vocab) for i in range(args.micro)]
+        )
 
         def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
             tokens, targets = next(data)
@@ -96,9 +114,15 @@ def train_pipelined(args: argparse.Namespace, prof: Any, model: Any, opt: Any, p
             return out, lambda o: (o.mean() / args.micro, {"loss": o.mean().detach()})
 
         opt.zero_grad(set_to_none=True)
-        res = fwd_bwd(forward_step_func=forward_step, data_iterator=micro, model=[model],
-                      num_microbatches=args.micro, seq_length=args.seq, micro_batch_size=args.batch,
-                      forward_only=False)
+        res = fwd_bwd(
+            forward_step_func=forward_step,
+            data_iterator=micro,
+            model=[model],
+            num_microbatches=args.micro,
+            seq_length=args.seq,
+            micro_batch_size=args.batch,
+            forward_only=False,
+        )
         opt.step()
         losses.append(float(torch.stack([r["loss"] for r in res]).mean()) if last else float("nan"))
         if args.step_sleep:
@@ -119,10 +143,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
         mine = train(args, prof)
     if args.truth and prof is not None:
         mine["truth_comms"] = prof.as_dict()
-    common.write_result(args, rank, mine, {
-        "workload": "megatron_tp", "tp": args.tp, "pp": args.pp, "steps": args.steps,
-        "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
-    })
+    common.write_result(
+        args,
+        rank,
+        mine,
+        {
+            "workload": "megatron_tp",
+            "tp": args.tp,
+            "pp": args.pp,
+            "steps": args.steps,
+            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+        },
+    )
     common.finish()
 
 

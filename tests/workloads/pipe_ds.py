@@ -106,10 +106,18 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.base_parser(__doc__)
     common.add_size_args(p)
-    p.add_argument("--micro-batches", type=int, default=8,
-                   help="micro-batches per step (DeepSpeed's gradient_accumulation_steps)")
-    p.add_argument("--pace-ms", type=float, default=0.0,
-                   help="least wall time of each block's forward and of its backward (see Paced)")
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=8,
+        help="micro-batches per step (DeepSpeed's gradient_accumulation_steps)",
+    )
+    p.add_argument(
+        "--pace-ms",
+        type=float,
+        default=0.0,
+        help="least wall time of each block's forward and of its backward (see Paced)",
+    )
     p.set_defaults(layers=4, batch=2)
     return p.parse_args(argv)
 
@@ -117,18 +125,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build(args: argparse.Namespace) -> Any:
     from deepspeed.pipe import LayerSpec, PipelineModule
 
-    layers = [LayerSpec(Embed, args.vocab, args.hidden, args.seq),
-              *[LayerSpec(PacedBlock, args.hidden, args.heads, args.pace_ms) for _ in range(args.layers)],
-              LayerSpec(Head, args.vocab, args.hidden)]
+    layers = [
+        LayerSpec(Embed, args.vocab, args.hidden, args.seq),
+        *[LayerSpec(PacedBlock, args.hidden, args.heads, args.pace_ms) for _ in range(args.layers)],
+        LayerSpec(Head, args.vocab, args.hidden),
+    ]
     # uniform partitioning by layer count: [Embed, B0, B1] | [B2, B3, Head] for 4 blocks
-    return PipelineModule(layers=layers, num_stages=2, loss_fn=lm_loss, partition_method="uniform",
-                          activation_checkpoint_interval=0)
+    return PipelineModule(
+        layers=layers,
+        num_stages=2,
+        loss_fn=lm_loss,
+        partition_method="uniform",
+        activation_checkpoint_interval=0,
+    )
 
 
 def ds_config(args: argparse.Namespace) -> dict[str, Any]:
-    return {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": args.micro_batches,
-            "steps_per_print": 10**9, "zero_allow_untested_optimizer": True,
-            "zero_optimization": {"stage": 0}, "log_level": "warning"}
+    return {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": args.micro_batches,
+        "steps_per_print": 10**9,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": 0},
+        "log_level": "warning",
+    }
 
 
 def data(args: argparse.Namespace) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -158,8 +178,14 @@ def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
         iterations.append(int(engine.global_steps))
         if prof is not None:
             prof.step()
-    return {"losses": losses, "step_times": times, "iterations": iterations, "stage": engine.stage_id,
-            "num_stages": engine.num_stages, "micro_batches": engine.micro_batches}
+    return {
+        "losses": losses,
+        "step_times": times,
+        "iterations": iterations,
+        "stage": engine.stage_id,
+        "num_stages": engine.num_stages,
+        "micro_batches": engine.micro_batches,
+    }
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -170,11 +196,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
         mine = train(args, prof)
     if args.truth and prof is not None:
         mine["truth_comms"] = prof.as_dict()
-    common.write_result(args, rank, mine, {
-        "workload": "pipe_ds", "steps": args.steps, "micro_batches": args.micro_batches,
-        "pace_ms": args.pace_ms,
-        "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
-    })
+    common.write_result(
+        args,
+        rank,
+        mine,
+        {
+            "workload": "pipe_ds",
+            "steps": args.steps,
+            "micro_batches": args.micro_batches,
+            "pace_ms": args.pace_ms,
+            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+        },
+    )
     common.finish()
 
 

@@ -52,5 +52,6 @@ def megatron_pipeline_cpu() -> None:
             if k.get("device") == "cuda":
                 k["device"] = "cpu"
             return _real(*a, **k)  # type: ignore[operator]
+
         setattr(cpu, name, factory)
     schedules.torch = cpu

@@ -10,8 +10,18 @@ from typing import Any
 
 from torch.profiler import ProfilerActivity, profile, schedule
 
-_DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8,
-                "int": 4, "unsigned char": 1, "bool": 1, "signed char": 1, "short int": 2}
+_DTYPE_BYTES = {
+    "float": 4,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "unsigned char": 1,
+    "bool": 1,
+    "signed char": 1,
+    "short int": 2,
+}
 
 
 class CollectiveCounter:
@@ -27,7 +37,7 @@ class CollectiveCounter:
 
     def read(self, prof: Any) -> None:
         for ev in (e for e in prof.events() if e.name.startswith("c10d::")):
-            op = ev.name[len("c10d::"):]
+            op = ev.name[len("c10d::") :]
             self.counts[op] = self.counts.get(op, 0) + 1
             shapes, types = ev.input_shapes or [], getattr(ev, "input_dtypes", None) or []
             n = _nbytes(shapes[:1], types[:1])
@@ -41,8 +51,12 @@ class CollectiveCounter:
         """Same interface as a scheduled profiler; the count covers every step."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"counts": self.counts, "bytes": self.bytes, "bytes_arg1": self.bytes_arg1,
-                "unsized": sorted(self.unsized)}
+        return {
+            "counts": self.counts,
+            "bytes": self.bytes,
+            "bytes_arg1": self.bytes_arg1,
+            "unsized": sorted(self.unsized),
+        }
 
 
 def _nbytes(shapes: list[Any], types: list[Any]) -> int | None:
@@ -75,7 +89,10 @@ def kineto(folder: str, rank: int) -> Iterator[Any]:
     def export(prof: Any) -> None:
         prof.export_chrome_trace(os.path.join(folder, f"rank{rank}.pt.trace.json"))
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                 schedule=schedule(wait=1, warmup=1, active=2, repeat=1),
-                 on_trace_ready=export) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        schedule=schedule(wait=1, warmup=1, active=2, repeat=1),
+        on_trace_ready=export,
+    ) as prof:
         yield prof

@@ -31,12 +31,39 @@ from diag.trace.model import LoadProblem
 
 LOG_STEP_COLUMNS = STEP_COLUMNS
 # bytes whose presence in a small file's head makes it a log (detect.py)
-MARKERS = (b"iteration", b"OVERFLOW!", b"Skipping step", b"memory (MB)", b"step=", b"[Rank", b"Traceback",
-           b"arguments", b"{'loss'", b"{'train_runtime'", b"global_step", b"iter time (s)",
-           b"exits with return code",
-           b"ChildFailedError", b"Watchdog caught", b"dist_world_size", b"DeepSpeedEngine configuration")
-LAYOUT_KEYS = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch",
-               "global_batch", "grad_accum", "model")
+MARKERS = (
+    b"iteration",
+    b"OVERFLOW!",
+    b"Skipping step",
+    b"memory (MB)",
+    b"step=",
+    b"[Rank",
+    b"Traceback",
+    b"arguments",
+    b"{'loss'",
+    b"{'train_runtime'",
+    b"global_step",
+    b"iter time (s)",
+    b"exits with return code",
+    b"ChildFailedError",
+    b"Watchdog caught",
+    b"dist_world_size",
+    b"DeepSpeedEngine configuration",
+)
+LAYOUT_KEYS = (
+    "world_size",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "zero_stage",
+    "dtype",
+    "micro_batch",
+    "global_batch",
+    "grad_accum",
+    "model",
+)
 
 
 @dataclass
@@ -96,16 +123,20 @@ def import_log(path: str) -> LogImport:
     """Frames, headers (with the layout) and problems of one log; `ImportProblem` when nothing in it
     is readable."""
     rec = read_records(path)
-    frames = {"log_step": rec.step_frame(), schema.OVERFLOW: rec.overflow_frame(),
-              schema.MEMORY: rec.memory_frame()}
+    frames = {
+        "log_step": rec.step_frame(),
+        schema.OVERFLOW: rec.overflow_frame(),
+        schema.MEMORY: rec.memory_frame(),
+    }
     frames["log_failure"] = failure_frame(rec, path)
     if rec.run:
         frames["log_run"] = pd.DataFrame([{"rank": -1, "key": k, "value": v} for k, v in rec.run.items()])
     frames = {k: v for k, v in frames.items() if not v.empty}
     failed = verdict(rec)
     if not frames and not rec.layout and failed is None:
-        raise ImportProblem("no DeepSpeed/Megatron/HF Trainer progress, overflow, layout or error lines "
-                            "found")
+        raise ImportProblem(
+            "no DeepSpeed/Megatron/HF Trainer progress, overflow, layout or error lines found"
+        )
     layout = {k: rec.layout[k] for k in LAYOUT_KEYS if rec.layout.get(k) is not None}
     if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):
         layout["world_size"] = layout["tp"] * layout["pp"] * layout["dp"] * layout.get("cp", 1)
@@ -122,7 +153,15 @@ def import_log(path: str) -> LogImport:
         found["megatron_args"] = dict(rec.args)
     if rec.ds_config is not None:
         found["ds_config"] = rec.ds_config
-    headers = {r: {"rank": r, "source": "log", **layout, **found,
-                   **({"host": rec.hosts[r]} if r in rec.hosts else {})} for r in sorted(ranks)}
+    headers = {
+        r: {
+            "rank": r,
+            "source": "log",
+            **layout,
+            **found,
+            **({"host": rec.hosts[r]} if r in rec.hosts else {}),
+        }
+        for r in sorted(ranks)
+    }
     problems: list[LoadProblem] = [JobFailed(path, failed[1], failed[0])] if failed else []
     return LogImport(sorted(ranks), frames, headers, problems)

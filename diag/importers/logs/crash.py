@@ -22,16 +22,34 @@ import pandas as pd
 from diag.importers.logs.lines import Line, num
 from diag.importers.logs.records import Failure, Records
 
-_EXC = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Failure|Timeout))"
-                  r"(?::\s*(.*))?$")
+_EXC = re.compile(
+    r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Failure|Timeout))"
+    r"(?::\s*(.*))?$"
+)
 _SIZE = r"([\d.]+ [KMGT]?i?B)"
-_OOM_NEW = re.compile(r"Tried to allocate " + _SIZE + r"\. GPU (\d+) has a total capacity of " + _SIZE +
-                      r" of which ([\d.]+ [KMGT]?i?B) is free")
-_OOM_OLD = re.compile(r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + " total capacity; "
-                      + _SIZE + r" already allocated; " + _SIZE + " free")
-_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
-                       r"(?:, NumelIn=(\d+), NumelOut=(\d+))?.*?Timeout\(ms\)=(\d+)\)"
-                       r"(?: ran for (\d+) milliseconds)?")
+_OOM_NEW = re.compile(
+    r"Tried to allocate "
+    + _SIZE
+    + r"\. GPU (\d+) has a total capacity of "
+    + _SIZE
+    + r" of which ([\d.]+ [KMGT]?i?B) is free"
+)
+_OOM_OLD = re.compile(
+    r"Tried to allocate "
+    + _SIZE
+    + r" \(GPU (\d+); "
+    + _SIZE
+    + " total capacity; "
+    + _SIZE
+    + r" already allocated; "
+    + _SIZE
+    + " free"
+)
+_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+    r"(?:, NumelIn=(\d+), NumelOut=(\d+))?.*?Timeout\(ms\)=(\d+)\)"
+    r"(?: ran for (\d+) milliseconds)?"
+)
 _TORCHRUN = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\)")
 _DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
 _LOCAL = re.compile(r"--local_rank=(\d+)")
@@ -59,9 +77,18 @@ class CrashReader:
             self._exception(ln, m.group(1), m.group(2) or "")
             return True
         if "Watchdog caught" in t and (m := _WATCHDOG.search(t)):
-            self._add(ln, "nccl_timeout", "NCCL timeout", t[m.start():], seq=int(m.group(1)), op=m.group(2),
-                      numel_in=_i(m.group(3)), numel_out=_i(m.group(4)), timeout_ms=_i(m.group(5)),
-                      ran_ms=_i(m.group(6)))
+            self._add(
+                ln,
+                "nccl_timeout",
+                "NCCL timeout",
+                t[m.start() :],
+                seq=int(m.group(1)),
+                op=m.group(2),
+                numel_in=_i(m.group(3)),
+                numel_out=_i(m.group(4)),
+                timeout_ms=_i(m.group(5)),
+                ran_ms=_i(m.group(6)),
+            )
             return True
         if self.child is not None:
             return self._child(ln, t)
@@ -90,11 +117,20 @@ class CrashReader:
             m = _OOM_NEW.search(msg)
             detail: dict[str, Any] = {}
             if m:
-                detail = {"tried": m.group(1), "gpu": int(m.group(2)), "capacity": m.group(3),
-                          "free": m.group(4)}
+                detail = {
+                    "tried": m.group(1),
+                    "gpu": int(m.group(2)),
+                    "capacity": m.group(3),
+                    "free": m.group(4),
+                }
             if not m and (o := _OOM_OLD.search(msg)):
-                detail = {"tried": o.group(1), "gpu": int(o.group(2)), "capacity": o.group(3),
-                          "allocated": o.group(4), "free": o.group(5)}
+                detail = {
+                    "tried": o.group(1),
+                    "gpu": int(o.group(2)),
+                    "capacity": o.group(3),
+                    "allocated": o.group(4),
+                    "free": o.group(5),
+                }
             self._add(ln, "oom", exc, msg, **detail)
         elif name == "KeyboardInterrupt":
             self._add(ln, "interrupted", exc, msg)
@@ -134,8 +170,9 @@ class CrashReader:
         self.rec.failures.append(Failure(kind, rank, ln.no, ln.ts, "exit", text, detail, ln.raw[:300]))
 
     def _add(self, ln: Line, kind: str, exc: str, msg: str, **detail: Any) -> None:
-        self.rec.failures.append(Failure(kind, ln.rank, ln.no, ln.ts, exc, msg.strip()[:300], detail,
-                                         ln.raw[:300]))
+        self.rec.failures.append(
+            Failure(kind, ln.rank, ln.no, ln.ts, exc, msg.strip()[:300], detail, ln.raw[:300])
+        )
 
 
 def _i(text: str | None) -> int | None:
@@ -146,11 +183,11 @@ def _i(text: str | None) -> int | None:
 _PRIORITY = {"oom": 0, "nccl_timeout": 1, "exception": 2, "interrupted": 3, "exit": 4}
 _FIXES = {
     "megatron": "lower --micro-batch-size, add --recompute-activations, or raise --tensor-model-parallel-size"
-                " / --pipeline-model-parallel-size",
+    " / --pipeline-model-parallel-size",
     "deepspeed": "lower train_micro_batch_size_per_gpu (raise gradient_accumulation_steps to keep the batch),"
-                 " raise zero_optimization.stage, or enable activation_checkpointing",
+    " raise zero_optimization.stage, or enable activation_checkpointing",
     "hf": "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch) or set"
-          " gradient_checkpointing=True",
+    " gradient_checkpointing=True",
 }
 
 
@@ -176,8 +213,24 @@ def evidence(rec: Records) -> tuple[list[Failure], list[Failure]]:
     return late or ([f for f in rec.failures if f.exc != "exit"] if exits else []), exits
 
 
-FAILURE_COLUMNS = ["rank", "step", "ts", "line", "kind", "exc", "message", "seq", "op", "code", "signal",
-                   "text", "first", "statement", "fix", "path"]
+FAILURE_COLUMNS = [
+    "rank",
+    "step",
+    "ts",
+    "line",
+    "kind",
+    "exc",
+    "message",
+    "seq",
+    "op",
+    "code",
+    "signal",
+    "text",
+    "first",
+    "statement",
+    "fix",
+    "path",
+]
 
 
 def failure_frame(rec: Records, path: str = "") -> pd.DataFrame:
@@ -186,13 +239,27 @@ def failure_frame(rec: Records, path: str = "") -> pd.DataFrame:
     causes, exits = evidence(rec)
     chosen = _choose(causes, exits)
     said = verdict(rec)
-    return pd.DataFrame([{"rank": f.rank, "step": rec.last_step, "ts": f.ts, "line": f.line, "kind": f.kind,
-                          "exc": f.exc, "message": f.message, **{k: v for k, v in f.detail.items()
-                                                                 if k in ("seq", "op", "code", "signal")},
-                          "text": f.text, "first": f is chosen, "path": path,
-                          "statement": said[1] if said and f is chosen else None,
-                          "fix": oom_fix(rec) if f is chosen and f.kind == "oom" else None}
-                         for f in causes + exits], columns=FAILURE_COLUMNS)
+    return pd.DataFrame(
+        [
+            {
+                "rank": f.rank,
+                "step": rec.last_step,
+                "ts": f.ts,
+                "line": f.line,
+                "kind": f.kind,
+                "exc": f.exc,
+                "message": f.message,
+                **{k: v for k, v in f.detail.items() if k in ("seq", "op", "code", "signal")},
+                "text": f.text,
+                "first": f is chosen,
+                "path": path,
+                "statement": said[1] if said and f is chosen else None,
+                "fix": oom_fix(rec) if f is chosen and f.kind == "oom" else None,
+            }
+            for f in causes + exits
+        ],
+        columns=FAILURE_COLUMNS,
+    )
 
 
 def _choose(causes: list[Failure], exits: list[Failure]) -> Failure | None:
@@ -213,15 +280,21 @@ def verdict(rec: Records) -> tuple[int, str] | None:
         return None
     main = [f for f in causes or exits if _PRIORITY[f.kind] == _PRIORITY[first.kind]]
     when = f"after step {rec.last_step} (the last completed)" if rec.last_step else "before step 1"
-    what = {"oom": "CUDA out of memory", "nccl_timeout": "NCCL collective timeout",
-            "interrupted": "interrupted"}.get(first.kind, first.exc)
+    what = {
+        "oom": "CUDA out of memory",
+        "nccl_timeout": "NCCL collective timeout",
+        "interrupted": "interrupted",
+    }.get(first.kind, first.exc)
     if first.exc == "exit":
         what = f"process ended with {first.message}"
     head = f"job failed {when}: {what}"
     same = [f for f in main if (f.exc, f.kind) == (first.exc, first.kind)]
     named = ranks_text([f.rank for f in same])
-    who = (f" on rank(s) {named} (first: rank {_r(first.rank)}, line {first.line})" if named != "?"
-           else f" (line {first.line}; the log does not name the rank)")
+    who = (
+        f" on rank(s) {named} (first: rank {_r(first.rank)}, line {first.line})"
+        if named != "?"
+        else f" (line {first.line}; the log does not name the rank)"
+    )
     body = _detail(first, same, rec)
     if exits and first.exc != "exit":
         codes = sorted({f.message for f in exits})
@@ -241,20 +314,26 @@ def oom_fix(rec: Records) -> str:
 def _detail(first: Failure, same: list[Failure], rec: Records) -> str:
     d = first.detail
     if first.kind == "oom":
-        mem = f": tried to allocate {d['tried']} on GPU {d['gpu']} ({d['free']} free of {d['capacity']})" \
-            if d.get("tried") else f": {first.message[:160]}"
+        mem = (
+            f": tried to allocate {d['tried']} on GPU {d['gpu']} ({d['free']} free of {d['capacity']})"
+            if d.get("tried")
+            else f": {first.message[:160]}"
+        )
         return mem + f"; fix: {oom_fix(rec)}"
     if first.kind == "nccl_timeout":
         by_seq: dict[tuple[Any, Any], list[int]] = {}
         for f in same:
             by_seq.setdefault((f.detail.get("seq"), f.detail.get("op")), []).append(f.rank)
-        parts = [f"{op} SeqNum={seq} on rank(s) {ranks_text(rs)}" for (seq, op), rs in sorted(
-            by_seq.items(), key=lambda kv: -len(kv[1]))]
+        parts = [
+            f"{op} SeqNum={seq} on rank(s) {ranks_text(rs)}"
+            for (seq, op), rs in sorted(by_seq.items(), key=lambda kv: -len(kv[1]))
+        ]
         text = f": {parts[0]} (timeout {d.get('timeout_ms')} ms)"
         if len(parts) > 1:
             text += "; desync: " + "; ".join(parts[1:]) + " differ"
         return text
     if first.exc == "exit":
-        return "; killed: often the host's OOM killer or the scheduler" if d.get("signal") == "SIGKILL" \
-            else ""
+        return (
+            "; killed: often the host's OOM killer or the scheduler" if d.get("signal") == "SIGKILL" else ""
+        )
     return f": {first.message[:200]}" if first.message else ""

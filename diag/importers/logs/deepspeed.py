@@ -26,24 +26,49 @@ from diag.importers.logs.records import GB, Records
 
 _N = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf))"
 _STEP = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)(?:,\s*lr=\[([^\]]*)\])?")
-_TIMER = re.compile(r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*RunningAvgSamplesPerSec=" + _N
-                    + r",\s*CurrSamplesPerSec=" + _N + r"(?:,\s*MemAllocated=" + _N
-                    + r"GB,\s*MaxMemAllocated=" + _N + r"GB)?")
-_PIPE = re.compile(r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*" + _N + r".*?iter time \(s\):\s*" + _N
-                   + r"\s+samples/sec:\s*" + _N)
-_OVERFLOW = re.compile(r"(?:OVERFLOW!\s*Rank\s+(\d+)\s+Skipping step|Overflow detected\.\s*Skipping step|"
-                       r"fp16 dynamic loss scale overflow!\s*Skipping step)\.?"
-                       r"(?:\s*Attempted loss scale:\s*" + _N + r"(?:,\s*reducing to\s*" + _N + r")?)?")
-_CONFIG = re.compile(r"^\s*(world_size|train_batch_size|train_micro_batch_size_per_gpu|"
-                     r"gradient_accumulation_steps|zero_optimization_stage|zero_config|fp16_enabled|bfloat16_enabled|float16_config|"
-                     r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$")
+_TIMER = re.compile(
+    r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*RunningAvgSamplesPerSec="
+    + _N
+    + r",\s*CurrSamplesPerSec="
+    + _N
+    + r"(?:,\s*MemAllocated="
+    + _N
+    + r"GB,\s*MaxMemAllocated="
+    + _N
+    + r"GB)?"
+)
+_PIPE = re.compile(
+    r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*"
+    + _N
+    + r".*?iter time \(s\):\s*"
+    + _N
+    + r"\s+samples/sec:\s*"
+    + _N
+)
+_OVERFLOW = re.compile(
+    r"(?:OVERFLOW!\s*Rank\s+(\d+)\s+Skipping step|Overflow detected\.\s*Skipping step|"
+    r"fp16 dynamic loss scale overflow!\s*Skipping step)\.?"
+    r"(?:\s*Attempted loss scale:\s*" + _N + r"(?:,\s*reducing to\s*" + _N + r")?)?"
+)
+_CONFIG = re.compile(
+    r"^\s*(world_size|train_batch_size|train_micro_batch_size_per_gpu|"
+    r"gradient_accumulation_steps|zero_optimization_stage|zero_config|fp16_enabled|bfloat16_enabled|float16_config|"
+    r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$"
+)
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
 _GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
 _JSON_BODY = re.compile(r'^\s+"|^\s*[}\]]')  # a line of DeepSpeed's indented JSON dump
 JSON_MAX_LINES = 2000  # a printed config longer than this is not one
-_DTYPES = {"float16": "fp16", "fp16": "fp16", "half": "fp16", "bfloat16": "bf16", "bf16": "bf16",
-           "float32": "fp32", "fp32": "fp32"}
+_DTYPES = {
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float32": "fp32",
+    "fp32": "fp32",
+}
 
 
 class DeepSpeedReader:
@@ -71,8 +96,13 @@ class DeepSpeedReader:
             return True
         if "iter time (s)" in t and (m := _PIPE.search(t)):
             sec = num(m.group(3))
-            self.rec.step(ln, int(m.group(1)), loss=num(m.group(2)),
-                          iter_ms=None if sec is None else sec * 1e3, samples_per_sec=num(m.group(4)))
+            self.rec.step(
+                ln,
+                int(m.group(1)),
+                loss=num(m.group(2)),
+                iter_ms=None if sec is None else sec * 1e3,
+                samples_per_sec=num(m.group(4)),
+            )
             return True
         if "Skipping step" in t and (m := _OVERFLOW.search(t)):
             if m.group(1) is not None and ln.rank < 0:
@@ -114,7 +144,9 @@ class DeepSpeedReader:
             return True
         if "global_rank_mapping=" in t and "{" in t:
             try:
-                mapping = ast.literal_eval(t[t.index("{", t.index("global_rank_mapping=")):t.rindex("}") + 1])
+                mapping = ast.literal_eval(
+                    t[t.index("{", t.index("global_rank_mapping=")) : t.rindex("}") + 1]
+                )
             except (ValueError, SyntaxError):
                 return True
             for host, ranks in mapping.items():
@@ -127,8 +159,13 @@ class DeepSpeedReader:
             self.rec.set_layout(zero_stage=int(m.group(2)), dtype=_DTYPES.get(m.group(1)))
             return True
         if "Max_MA" in t and (m := _SEE_MEM.search(t)):
-            self.rec.add_memory(ln, None, num(m.group(1)) * GB, num(m.group(2)) * GB,  # type: ignore[operator]
-                                num(m.group(3)) * GB)  # type: ignore[operator]
+            self.rec.add_memory(
+                ln,
+                None,
+                num(m.group(1)) * GB,
+                num(m.group(2)) * GB,  # type: ignore[operator]
+                num(m.group(3)) * GB,
+            )  # type: ignore[operator]
             return True
         return False
 

@@ -23,9 +23,11 @@ from diag.importers.logs.records import Records
 
 _BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)(s/it|it/s)")
 _DICT = re.compile(r"\{'(?:loss|eval_loss|train_runtime|train_loss)'.*\}")
-_BLOCK = re.compile(r"(?:^|>>)\s*(Instantaneous batch size per device|"
-                    r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
-                    r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)")
+_BLOCK = re.compile(
+    r"(?:^|>>)\s*(Instantaneous batch size per device|"
+    r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
+    r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)"
+)
 _BARE_NONFINITE = re.compile(r"(?<=: )(-?(?:nan|inf))(?=[,}])")  # `{'loss': nan, ...}`: repr of a float nan
 _RUN = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 
@@ -47,7 +49,7 @@ class HFReader:
                 self.bar[total] = (count, ms)
                 if total == self.total and count > 0:  # the training bar: a step record per step it shows
                     self.rec.step(ln, count, iter_ms=ms)
-                t = t[m.end():]
+                t = t[m.end() :]
         if "{'" in t and (m := _DICT.search(t)):
             return self._dict(ln, m.group(0))
         if " = " in t and (m := _BLOCK.search(t)):
@@ -84,7 +86,14 @@ class HFReader:
         if "loss" in f:
             self.dicts += 1
         step = bar[0] if bar else max(self.dicts, 1)
-        self.rec.step(ln, step, loss=f.get("loss"), lr=f.get("learning_rate"), grad_norm=f.get("grad_norm"),
-                      epoch=f.get("epoch"), eval_loss=f.get("eval_loss"),
-                      iter_ms=bar[1] if bar and "loss" in f else None)
+        self.rec.step(
+            ln,
+            step,
+            loss=f.get("loss"),
+            lr=f.get("learning_rate"),
+            grad_norm=f.get("grad_norm"),
+            epoch=f.get("epoch"),
+            eval_loss=f.get("eval_loss"),
+            iter_ms=bar[1] if bar and "loss" in f else None,
+        )
         return True

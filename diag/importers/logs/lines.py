@@ -27,7 +27,8 @@ _PREFIX = re.compile(
     r"\[rank(?P<rank>\d+)\]:|"  # torch >= 2.2 C++/Python log prefix (global rank)
     r"(?P<label>\d{1,5}):(?=\s)|"  # srun --label
     r"(?P<host>[A-Za-z][\w.-]*-\d+|\d{1,3}(?:\.\d{1,3}){3}):(?=\s)"  # pdsh: worker-0: / 10.0.0.1:
-    r")\s?")
+    r")\s?"
+)
 _RANK_IN_TEXT = re.compile(r"\[Rank\s+(\d+)\]")
 _TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
@@ -53,7 +54,7 @@ class Line:
                 self.rank = int(m.group("local"))
             elif m.group("host"):
                 self.host = m.group("host")
-            text = text[m.end():]
+            text = text[m.end() :]
         self.text = text
         if self.rank < 0 and "[Rank" in text and (r := _RANK_IN_TEXT.search(text)):
             self.rank = int(r.group(1))

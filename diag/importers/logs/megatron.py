@@ -34,20 +34,44 @@ _SIZES = re.compile(r"([a-z-]+?)[ -]size:\s*(\d+)")
 _GROUP = re.compile(r"has (data|tensor model|pipeline model|context) parallel group ?: \[([\d, ]*)\]")
 _NEMO = re.compile(r"(\w[\w ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]]|$)")
 
-_KEYS = {"consumed samples": "consumed_samples", "elapsed time per iteration (ms)": "iter_ms",
-         "throughput per gpu (tflop/s/gpu)": "tflops",
-         "tflops": "tflops", "learning rate": "lr", "global batch size": "global_batch",
-         "lm loss": "loss", "lm-loss": "loss", "loss": "loss", "loss scale": "loss_scale",
-         "grad norm": "grad_norm", "number of skipped iterations": "skipped_iters",
-         "number of nan iterations": "nan_iters", "samples per second": "samples_per_sec",
-         "tokens per gpu per second (tgs)": "tokens_per_sec_per_gpu", "tokens per second": "tokens_per_sec"}
+_KEYS = {
+    "consumed samples": "consumed_samples",
+    "elapsed time per iteration (ms)": "iter_ms",
+    "throughput per gpu (tflop/s/gpu)": "tflops",
+    "tflops": "tflops",
+    "learning rate": "lr",
+    "global batch size": "global_batch",
+    "lm loss": "loss",
+    "lm-loss": "loss",
+    "loss": "loss",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+    "number of skipped iterations": "skipped_iters",
+    "number of nan iterations": "nan_iters",
+    "samples per second": "samples_per_sec",
+    "tokens per gpu per second (tgs)": "tokens_per_sec_per_gpu",
+    "tokens per second": "tokens_per_sec",
+}
 # argument dump -> layout (Megatron-LM and Megatron-DeepSpeed spellings)
-_ARGS = {"world_size": "world_size", "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
-         "data_parallel_size": "dp", "context_parallel_size": "cp", "expert_model_parallel_size": "ep",
-         "zero_stage": "zero_stage", "micro_batch_size": "micro_batch", "global_batch_size": "global_batch"}
+_ARGS = {
+    "world_size": "world_size",
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "data_parallel_size": "dp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "zero_stage": "zero_stage",
+    "micro_batch_size": "micro_batch",
+    "global_batch_size": "global_batch",
+}
 _PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
-_WORLD_KEYS = {"data-parallel": "dp", "data-parallel-size": "dp", "tensor-model-parallel": "tp",
-               "pipeline-model-parallel": "pp", "context-parallel": "cp"}
+_WORLD_KEYS = {
+    "data-parallel": "dp",
+    "data-parallel-size": "dp",
+    "tensor-model-parallel": "tp",
+    "pipeline-model-parallel": "pp",
+    "context-parallel": "cp",
+}
 
 
 class MegatronReader:
@@ -64,13 +88,20 @@ class MegatronReader:
                 return self._iteration(ln, int(m.group(1)), m.group(2))
             if m := _VALID.search(t):
                 f = {k.strip().lower(): num(v) for k, v in _FIELD.findall(m.group(2))}
-                self.rec.step(ln, int(m.group(1)), eval_loss=f.get("lm loss value"),
-                              eval_ppl=f.get("lm loss ppl"))
+                self.rec.step(
+                    ln, int(m.group(1)), eval_loss=f.get("lm loss value"), eval_ppl=f.get("lm loss ppl")
+                )
                 return True
             if "memory (MB)" in t and (m := _MEM.search(t)):
                 f = {k.strip(): num(v) for k, v in _FIELD.findall(m.group(2))}
-                mb = {k: (None if f.get(k) is None else f[k] * MB) for k in ("allocated", "max allocated",  # type: ignore[operator]
-                                                                              "reserved")}
+                mb = {
+                    k: (None if f.get(k) is None else f[k] * MB)
+                    for k in (
+                        "allocated",
+                        "max allocated",  # type: ignore[operator]
+                        "reserved",
+                    )
+                }
                 self.rec.add_memory(ln, int(m.group(1)), mb["allocated"], mb["max allocated"], mb["reserved"])
                 return True
         if "arguments" in t and "----" in t:
@@ -136,7 +167,13 @@ class MegatronReader:
         if step is None or step != step:
             return False
         sec = f.get("train_step_timing in s")
-        self.rec.step(ln, int(step), loss=f.get("reduced_train_loss"), lr=f.get("lr"),
-                      consumed_samples=f.get("consumed_samples"), eval_loss=f.get("val_loss"),
-                      iter_ms=None if sec is None else sec * 1e3)
+        self.rec.step(
+            ln,
+            int(step),
+            loss=f.get("reduced_train_loss"),
+            lr=f.get("lr"),
+            consumed_samples=f.get("consumed_samples"),
+            eval_loss=f.get("val_loss"),
+            iter_ms=None if sec is None else sec * 1e3,
+        )
         return True

@@ -20,10 +20,29 @@ from diag.importers.logs.lines import Line
 
 # log_step columns, in order; every figure in the unit named (ms, per second, bytes); `loss_nonfinite`
 # marks a printed nan/inf loss (a NaN `loss` alone may just be a line that printed none)
-STEP_COLUMNS = ("rank", "step", "ts", "iter_ms", "samples_per_sec", "tokens_per_sec",
-                "tokens_per_sec_per_gpu", "tflops", "loss", "lr", "grad_norm", "loss_scale", "skipped_iters",
-                "skipped_total", "nan_iters", "loss_nonfinite",
-                "consumed_samples", "global_batch", "epoch", "eval_loss", "eval_ppl")
+STEP_COLUMNS = (
+    "rank",
+    "step",
+    "ts",
+    "iter_ms",
+    "samples_per_sec",
+    "tokens_per_sec",
+    "tokens_per_sec_per_gpu",
+    "tflops",
+    "loss",
+    "lr",
+    "grad_norm",
+    "loss_scale",
+    "skipped_iters",
+    "skipped_total",
+    "nan_iters",
+    "loss_nonfinite",
+    "consumed_samples",
+    "global_batch",
+    "epoch",
+    "eval_loss",
+    "eval_ppl",
+)
 MB, GB = 1 << 20, 1 << 30
 SAME_STEP_NS = 100_000_000  # ranks print one step's overflow within this of each other
 
@@ -105,8 +124,12 @@ class Records:
             self._seen[(self.last_step, line.rank)] = k + 1
             if k < len(seg):
                 return
-        elif seg and seg[-1].rank < 0 and (seg[-1].before, seg[-1].after) == (before, after) \
-                and _same_step(seg[-1], key, line.ts):
+        elif (
+            seg
+            and seg[-1].rank < 0
+            and (seg[-1].before, seg[-1].after) == (before, after)
+            and _same_step(seg[-1], key, line.ts)
+        ):
             return
         o = Overflow(self.last_step + 1 + len(seg), before, after, line.rank, line.ts, key=key)
         seg.append(o)
@@ -117,11 +140,28 @@ class Records:
             if v is not None and self.layout.get(k) is None:
                 self.layout[k] = v
 
-    def add_memory(self, line: Line, step: int | None, allocated: float | None, peak: float | None,
-                   reserved: float | None = None) -> None:
-        self.memory.append({"rank": line.rank, "step": self.last_step if step is None else step,
-                            "ts": line.ts, "device": "log", "allocated": allocated, "reserved": reserved,
-                            "peak": peak, "capacity": None, "rss": None, "module": None})
+    def add_memory(
+        self,
+        line: Line,
+        step: int | None,
+        allocated: float | None,
+        peak: float | None,
+        reserved: float | None = None,
+    ) -> None:
+        self.memory.append(
+            {
+                "rank": line.rank,
+                "step": self.last_step if step is None else step,
+                "ts": line.ts,
+                "device": "log",
+                "allocated": allocated,
+                "reserved": reserved,
+                "peak": peak,
+                "capacity": None,
+                "rss": None,
+                "module": None,
+            }
+        )
 
     # -- frames -------------------------------------------------------------------------------
 
@@ -133,9 +173,19 @@ class Records:
     def overflow_frame(self) -> pd.DataFrame:
         from diag.importers.logs.overflow import reconcile
 
-        rows = [{"rank": o.rank, "step": o.step, "ts": o.ts, "overflow": True, "scale_before": o.before,
-                 "scale_after": o.after, "skipped_steps": None, "source": o.source}
-                for o in reconcile(self.overflows, self.skip_counts)]
+        rows = [
+            {
+                "rank": o.rank,
+                "step": o.step,
+                "ts": o.ts,
+                "overflow": True,
+                "scale_before": o.before,
+                "scale_after": o.after,
+                "skipped_steps": None,
+                "source": o.source,
+            }
+            for o in reconcile(self.overflows, self.skip_counts)
+        ]
         return pd.DataFrame(rows, columns=["rank", *schema.FIELDS[schema.OVERFLOW]])
 
     def memory_frame(self) -> pd.DataFrame:

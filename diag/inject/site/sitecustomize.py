@@ -13,8 +13,13 @@ hook.py, which boots the agent after that sitecustomize instead.
 import os
 import sys
 
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch",
-             "deepspeed.launcher", "bin/deepspeed")
+LAUNCHERS = (
+    "torchrun",
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher",
+    "bin/deepspeed",
+)
 HELPERS = ("multiprocessing.spawn", "multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
 
@@ -45,8 +50,7 @@ def boot() -> None:
 
         start_agent(json.loads(spec))
     except Exception as exc:  # noqa: BLE001 - the job runs on without diag
-        print(f"diag: agent not started in pid {os.getpid()}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(f"diag: agent not started in pid {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _chain() -> None:

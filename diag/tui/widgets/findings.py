@@ -52,13 +52,13 @@ class FindingsPanel(Vertical):
     def show(self, findings: list[Any], failures: dict[str, str], error: str | None) -> None:
         self.findings = findings
         table = self.query_one(SyncTable)
-        table.sync({str(i): finding_cells(i, f) for i, f in enumerate(findings)},
-                   order=int)
+        table.sync({str(i): finding_cells(i, f) for i, f in enumerate(findings)}, order=int)
         if error:
             self.note = f"analyzers failed: {error}"
         elif not findings:
-            self.note = "no findings" + (f" ({len(failures)} rule(s) failed: "
-                                         f"{', '.join(sorted(failures))})" if failures else "")
+            self.note = "no findings" + (
+                f" ({len(failures)} rule(s) failed: {', '.join(sorted(failures))})" if failures else ""
+            )
         else:
             self.note = describe(findings[0]) if table.cursor_row == 0 else self.note
         self.query_one("#finding-detail", Static).update(Text(self.note))

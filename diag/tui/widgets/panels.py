@@ -53,12 +53,18 @@ class Panels(Vertical):
             yield FindingsPanel(id="findings-panel")
 
     def show(self, v: JobView) -> None:
-        for table, cells in (("#comm-table", rows.comm_rows(v)), ("#layer-table", rows.layer_rows(v)),
-                             ("#overflow-table", rows.overflow_rows(v))):
+        for table, cells in (
+            ("#comm-table", rows.comm_rows(v)),
+            ("#layer-table", rows.layer_rows(v)),
+            ("#overflow-table", rows.overflow_rows(v)),
+        ):
             self.query_one(table, SyncTable).sync(cells, order=_index(cells))
-        self.query_one("#overflow-summary", Static).update(Text(
-            f"loss scale {fmt.num(v.loss_scale, 0)}, skipped steps {v.skipped_steps}, steps with "
-            f"an overflow {v.overflow_steps}"))
+        self.query_one("#overflow-summary", Static).update(
+            Text(
+                f"loss scale {fmt.num(v.loss_scale, 0)}, skipped steps {v.skipped_steps}, steps with "
+                f"an overflow {v.overflow_steps}"
+            )
+        )
         gpus = rows.gpu_rows(v)
         self.query_one("#gpu-note", Static).update(Text("" if gpus else self.gpu_note))
         self.query_one("#gpu-table", SyncTable).sync(gpus, order=_index(gpus))

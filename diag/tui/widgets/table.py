@@ -23,8 +23,12 @@ class SyncTable(DataTable):
         for name in self._columns:
             self.add_column(name, key=name)
 
-    def sync(self, rows: dict[str, tuple[str, ...]],
-             order: Callable[[str], Any] | None = None, reverse: bool = False) -> bool:
+    def sync(
+        self,
+        rows: dict[str, tuple[str, ...]],
+        order: Callable[[str], Any] | None = None,
+        reverse: bool = False,
+    ) -> bool:
         """Make the table show `rows` (in `order` of their keys); True if anything changed."""
         changed = False
         for key in [k for k in self._cells if k not in rows]:
