@@ -70,6 +70,7 @@ def problem(obj: dict[str, Any]) -> str | None:
             why = _nested(key, value)
             if why is not None:
                 return why
+            not_number = not_number or key in _NUMERIC
         elif value is not None and key in _NUMERIC:
             not_number = True
     if not_number:  # rare: name the first in NUMERIC's order, whatever the record's
@@ -78,7 +79,7 @@ def problem(obj: dict[str, Any]) -> str | None:
             if value is not None and type(value) is not int and type(value) is not float:
                 return f"has {key} that is not a number ({str(value)[:30]!r})"
     dur = obj.get("dur")
-    if dur is not None and dur < 0:
+    if (type(dur) is int or type(dur) is float) and dur < 0:
         return f"has a negative dur ({dur})"
     return None
 

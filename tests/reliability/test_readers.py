@@ -190,6 +190,7 @@ HOSTILE_LINES = [
     ("bigint", b'{"k":"step","step":1,"ts":' + b"9" * 40 + b',"dur":5}', "has ts out of range"),
     ("negative", b'{"k":"step","step":1,"ts":5,"dur":-7}', "a record that has a negative dur (-7)"),
     ("string", b'{"k":"step","step":"x","ts":"abc","dur":"5"}', "has ts that is not a number ('abc')"),
+    ("list", b'{"k":"step","step":1,"ts":5,"dur":[]}', "has dur that is not a number ('[]')"),
 ]
 
 

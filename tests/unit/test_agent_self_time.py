@@ -34,16 +34,21 @@ def test_hook_time_is_added_once_per_outermost_hook(tmp_path) -> None:
 
 
 def test_the_timings_own_share_is_calibrated_away(tmp_path) -> None:
-    """10,000 no-op hooks: their raw timed figure is all measuring; less the calibration, ~0."""
+    """10,000 no-op hooks: their raw timed figure is all measuring; less the calibration, ~0. The
+    least of 5 batches, as the calibration itself takes (one batch alone is at the mercy of the
+    writer thread and the host: 0.36 once in CI; without calibration the ratio is 1)."""
     ag = agent.start(str(tmp_path), what=("steps",), self_time=True)
     noop = ag.guard("steps", lambda: None, "noop")
-    raw0, net0 = ag.hook_ns, ag.own_hook_ns()
-    for _ in range(10_000):
-        noop()
-    raw, net = ag.hook_ns - raw0, ag.own_hook_ns() - net0
+    best = None
+    for _ in range(5):
+        raw0, net0 = ag.hook_ns, ag.own_hook_ns()
+        for _ in range(10_000):
+            noop()
+        raw, net = ag.hook_ns - raw0, ag.own_hook_ns() - net0
+        assert ag.probe_ns > 0 and raw > 10_000 * ag.probe_ns * 0.5
+        best = net / raw if best is None else min(best, net / raw)
     agent.stop()
-    assert ag.probe_ns > 0 and raw > 10_000 * ag.probe_ns * 0.5
-    assert net < 0.3 * raw
+    assert best is not None and best < 0.3
 
 
 def test_without_the_option_hooks_are_untimed(tmp_path) -> None:
