@@ -236,7 +236,11 @@ def test_prometheus_scrapes_a_training_job(tmp_path) -> None:
         live = values(prom_port, f"diag_live_findings{q}")[()]
         assert live == sum(values(prom_port, f"diag_findings{q}", "rule", "severity").values())
         empty = dashboard_check(prom_port)
-        assert len(empty) == 1 and "diag_tokens_total" in empty[0], empty  # the job reports no tokens
+        # the job reports no tokens; findings by rule have no series while no rule fires (a healthy
+        # run: 2 overflows in 50 steps are no storm)
+        allowed = ("diag_tokens_total",) if live else ("diag_tokens_total", "diag_findings{")
+        assert empty and all(any(a in e for a in allowed) for e in empty), empty
+        assert any("diag_tokens_total" in e for e in empty), empty
         print(
             f"\nprometheus test: target up {t_up - t0:.1f}s after launch, live asserts at "
             f"{t_live - t0:.1f}s, mean step {max(step_s.values()):.3f}s, busbw {busbw}, exposed {exposed}, "
