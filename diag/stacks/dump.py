@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.errors import FAILURE, DiagError
+from diag.inject.checks import status_fields
 
 TIMEOUT_S = 30
 TRIES = 3  # a read of a changing stack fails now and then; the next one usually succeeds
@@ -70,11 +71,8 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
 
 def stopped(pid: int) -> bool:
     """Is the process stopped (state T: SIGSTOP, or t: stopped by a tracer)?"""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    fields = status_fields(pid)
+    return fields is not None and fields.get("State", "")[:1] in ("T", "t")
 
 
 def _reason(stderr: str) -> str:
