@@ -10,7 +10,7 @@ from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
 from diag import schema
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -132,7 +132,7 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     communication time per step. Shares are computed over the steps where the agent attributed modules
     (`attributed_steps`; every step of older or imported traces). Under ZeRO-3 prefetch
     (stage3_prefetch_bucket_size > 0) gathers are issued ahead by an earlier module and cannot be
-    attributed: the rule then stays silent."""
+    attributed: the rule then stays silent. Severity: the embedding communication's share of the step."""
     c = metrics.comms
     if c.empty or "module" not in c:
         return []
@@ -154,15 +154,17 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
     modules = named.groupby(named["module"].astype(str))["dur_s"].sum().sort_values(ascending=False)
     ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
+    cost = Cost(emb_s, step_s)
     return [
         Finding(
-            severity="warning",
-            title=f"embedding/output-layer collectives take {emb_s / step_s:.0%} of each step",
+            severity=cost.severity,
+            title=f"embedding/output-layer collectives take {cost.share:.0%} of each step",
             detail=(
-                f"{emb_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step is communication issued by "
-                f"{', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes communicated)."
+                f"communication issued by {', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes "
+                f"communicated) {cost.text}."
             ),
             evidence={
+                **cost.evidence(),
                 "embedding_comm_s": emb_s,
                 "step_s": step_s,
                 "step_share": emb_s / step_s,

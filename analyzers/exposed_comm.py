@@ -8,7 +8,7 @@ import pandas as pd
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 from diag.metrics import comms
 from diag.metrics.steps import NS
 from diag.vocab import P2P
@@ -92,7 +92,8 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     Fix, only where it changes the job's setting and exists in its framework: DeepSpeed overlap_comm
     (its code default is true only for stage 3) and 4x stage3_prefetch_bucket_size when DP > 1;
     Megatron-LM --overlap-grad-reduce / --overlap-param-gather (not Megatron-DeepSpeed: it lacks them).
-    recoverable_s: min(exposed, compute) per step: overlap can hide at most the compute time."""
+    recoverable_s: min(exposed, compute) per step: overlap can hide at most the compute time.
+    Severity: the exposed share of the step (`diag.findings.severity_of`)."""
     df = metrics.exposed
     if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
         # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
@@ -110,15 +111,14 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     worst = bad["share"].idxmax()
     exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
+    cost = Cost(exp_s, step_s)
     return [
         Finding(
-            severity="warning",
-            title=f"{exp_s / step_s:.0%} of each step waits on communication (rank {worst})",
-            detail=(
-                f"rank {worst} spends {exp_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step blocked in "
-                "collectives that no compute overlaps."
-            ),
+            severity=cost.severity,
+            title=f"{cost.share:.0%} of each step waits on communication (rank {worst})",
+            detail=(f"rank {worst} is blocked in collectives that no compute overlaps: this {cost.text}."),
             evidence={
+                **cost.evidence(),
                 "exposed_s": evidence.by_rank(med["exposed_s"]),
                 "step_s": evidence.by_rank(med["dur_s"]),
                 "exposed_share": evidence.by_rank(med["share"]),

@@ -9,7 +9,7 @@ import pandas as pd
 from diag.analyzers import evidence, framework
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 from diag.metrics.steps import NS, steady
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
     not input) is >= 15% of the step's wall time (step + gap) and >= 5 ms on some rank: the
     accelerator idles while the host prepares data. Fix: DataLoader num_workers / pin_memory /
     prefetch_factor / persistent_workers; Megatron --num-workers above its current value.
-    recoverable_s: the median idle time."""
+    recoverable_s: the median idle time. Severity: the worst rank's idle share of its wall time."""
     g = gaps(metrics)
     if g.empty:
         return []
@@ -106,12 +106,18 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
     if bad.empty:
         return []
     gap = float(bad["gap_s"].median())
+    worst = bad["share"].idxmax()
+    cost = Cost(float(bad.loc[worst, "gap_s"]), float(bad.loc[worst, "wall_s"]))
     return [
         Finding(
-            severity="warning",
-            title=f"{bad['share'].max():.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
-            detail="nothing runs between one optimizer step and the next forward: the input pipeline is late",
+            severity=cost.severity,
+            title=f"{cost.share:.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
+            detail=(
+                "nothing runs between one optimizer step and the next forward: the input pipeline is "
+                f"late; on rank {worst} this {cost.text}"
+            ),
             evidence={
+                **cost.evidence(),
                 "gap_s": evidence.by_rank(med["gap_s"]),
                 "gap_share": evidence.by_rank(med["share"]),
                 "collectives_in_gap_s": evidence.by_rank(med["comm_gap_s"]),

@@ -10,7 +10,7 @@ import pandas as pd
 from diag.analyzers import evidence
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -53,7 +53,8 @@ def launch_bound(trace: Trace, metrics: Metrics) -> list[Finding]:
     their CPU launch call and the GPU idles waiting for the host (a gap ended by a kernel whose launch
     had not returned when the GPU went idle; gaps between steps excluded) >= 30% of its active span.
     Fix: CUDA graphs (whole step replayed by one launch), torch.compile to fuse small ops, more work
-    per kernel (a larger micro-batch). recoverable_s: the host-wait per step."""
+    per kernel (a larger micro-batch). recoverable_s: the host-wait per step. Severity: the host-wait
+    share of the GPU's active span."""
     kernels = trace.frame("kernel")
     if kernels.empty or "launch_dur" not in kernels.columns:
         return []
@@ -72,9 +73,12 @@ def launch_bound(trace: Trace, metrics: Metrics) -> list[Finding]:
     worst = max(share, key=lambda r: share[r])
     w = bound[worst]
     nsteps = metrics.steps[metrics.steps["rank"] == worst]["step"].nunique() if not metrics.steps.empty else 0
+    n = max(int(nsteps), 1)
+    per = "step" if nsteps else "of active GPU time"
+    cost = Cost(w["host_wait_ns"] / 1e9 / n, w["span_ns"] / 1e9 / n, per)
     return [
         Finding(
-            severity="warning",
+            severity=cost.severity,
             title=f"launch-bound GPU: {share[worst]:.0%} of the GPU's time waits for kernel launches "
             f"(rank {worst})",
             detail=(

@@ -8,7 +8,7 @@ import pandas as pd
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix, severity_of
 from diag.metrics.overflows import one_source
 
 if TYPE_CHECKING:
@@ -168,7 +168,8 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     setting, in its framework's terms): bf16 on Ampere+, initial_scale_power - 4 (not below 8),
     loss_scale_window 2000, hysteresis 4, gradient clipping 1.0; Megatron-LM: --bf16,
     --initial-loss-scale, --loss-scale-window, --hysteresis, --clip-grad.
-    recoverable_s: skipped steps per step times the median step time (work thrown away)."""
+    recoverable_s: skipped steps per step times the median step time (work thrown away). Severity: the
+    skipped share of the recorded steps' time; critical when the scale collapsed."""
     df = per_step(trace)
     if df.empty:
         return []
@@ -186,9 +187,12 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     bad = post[post["overflow"]]
     skipped = df.groupby("rank")["overflow"].sum()
     step_s = metrics.median_step_s
+    cost = Cost(n_over * step_s, n_steps * step_s, "of recorded steps") if step_s else None
+    lost = f"; the skipped steps' work {cost.text}" if cost else ""
     return [
         Finding(
-            severity="critical" if collapsed else "warning",
+            # a collapsed scale is a state (the job barely trains), not a time: critical whatever it cost
+            severity="critical" if collapsed else cost.severity if cost else severity_of(rate),
             title=(
                 f"fp16 loss scale collapsed to {min_scale:g}"
                 if collapsed
@@ -196,9 +200,10 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
             ),
             detail=(
                 f"{n_over} overflowing steps after calibration out of {n_steps} steps; "
-                f"loss scale went from {df['scale'].max():g} down to {min_scale}."
+                f"loss scale went from {df['scale'].max():g} down to {min_scale}{lost}."
             ),
             evidence={
+                **(cost.evidence() if cost else {}),
                 "overflow_steps": n_over,
                 "steps": n_steps,
                 "overflow_rate": rate,

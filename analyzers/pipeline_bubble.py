@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 from diag.vocab import P2P
 
 if TYPE_CHECKING:
@@ -143,7 +143,8 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     framework has the knob: microbatches up to 4(p-1) (DeepSpeed gradient_accumulation_steps,
     Megatron-LM --global-batch-size); Megatron-LM only: --num-layers-per-virtual-pipeline-stage when a
     stage holds >= 2 layers, --decoder-first/last-pipeline-num-layers. recoverable_s: the excess over
-    (p-1)/m times compute. Silent when the microbatch count m was not recorded."""
+    (p-1)/m times compute. Silent when the microbatch count m was not recorded. Severity: the bubble's
+    share of the step (send/recv waits over the step)."""
     p, m = int(trace.layout().get("pp") or 1), microbatches(trace)
     if p <= 1 or m is None:  # the schedule's bubble (p-1)/m is the premise: unknown m, no verdict
         return []
@@ -158,14 +159,17 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     step_s = float(per["dur_s"].median())
     compute = step_s / (1 + measured)
+    cost = Cost(step_s - compute, step_s)
     return [
         Finding(
-            severity="warning",
+            severity=cost.severity,
             title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
             detail=(
-                f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute."
+                f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute: "
+                f"the bubble {cost.text}."
             ),
             evidence={
+                **cost.evidence(),
                 "pp": p,
                 "microbatches": m,
                 "bubble_ideal": ideal,

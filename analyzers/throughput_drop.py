@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix, severity_of
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -77,6 +77,17 @@ def _fixes() -> list[Fix]:
     ]
 
 
+def _priced(d: pd.DataFrame, col: str, excess: float) -> tuple[str, str, dict[str, float]]:
+    """(severity, the time lost stated, evidence) of `excess` step cost over the logged run's total:
+    seconds where the log prints step times, a share of the run where it prints only rates."""
+    total = float(d["cost"].sum())
+    if col == "iter_ms":
+        cost = Cost(excess / 1e3, total / 1e3, "logged")
+        return cost.severity, cost.text, cost.evidence()
+    share = excess / total if total > 0 else 0.0
+    return severity_of(share), f"costs {share:.0%} of the logged run's time", {"time_lost_share": share}
+
+
 def _describe(d: pd.DataFrame, col: str, i: int) -> str:
     v = float(d["value"].iloc[i])
     return f"{v:.4g} ms/step" if col == "iter_ms" else f"{v:.4g} {col.replace('_per_', '/')}"
@@ -88,7 +99,7 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
     whose step time is >= 1.5x the run's median; or a regression: the last third's median step time
     >= 1.25x the first third's. Rates (samples/s, tokens/s) stand in for times when no time is printed.
     Fix: find the slow window's cause (host, link, co-tenant; `diag attach` while slow);
-    fragmentation: expandable_segments."""
+    fragmentation: expandable_segments. Severity: the excess step time's share of the logged run."""
     d, col = step_cost(trace)
     d = d.iloc[1:].reset_index(drop=True)
     if len(d) < MIN_RECORDS:
@@ -103,18 +114,22 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
         steps = [int(d["step"].iloc[i]) for r in runs for i in r]
         peak = max(worst, key=lambda i: float(d["cost"].iloc[i]))
         rec_s = (float(d["cost"].iloc[worst].median()) - median) / 1e3 if col == "iter_ms" else None
+        slow = [i for r in runs for i in r]
+        sev, lost, ev = _priced(d, col, float((d["cost"].iloc[slow] - median).clip(lower=0).sum()))
         found.append(
             Finding(
-                severity="warning",
+                severity=sev,
                 title=(
                     f"throughput drop over steps {d['step'].iloc[worst[0]]}-{d['step'].iloc[worst[-1]]}: "
                     f"{float(d['cost'].iloc[peak]) / median:.2f}x the run's median step time"
                 ),
                 detail=(
                     f"{len(runs)} stretch(es) of >= {MIN_SLOW_RUN} logged records at >= {SLOW:g}x the median "
-                    f"({_describe(d, col, peak)} at step {int(d['step'].iloc[peak])}; figure: {col})."
+                    f"({_describe(d, col, peak)} at step {int(d['step'].iloc[peak])}; figure: {col}); "
+                    f"the slow stretches' excess {lost}."
                 ),
                 evidence={
+                    **ev,
                     "figure": col,
                     "median_cost": median,
                     "runs": [[int(d["step"].iloc[i]) for i in r] for r in runs][:10],
@@ -127,18 +142,21 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
             )
         )
     if early > 0 and late >= REGRESSION * early:
+        sev, lost, ev = _priced(d, col, float((d["cost"].iloc[-third:] - early).clip(lower=0).sum()))
         found.append(
             Finding(
-                severity="warning",
+                severity=sev,
                 title=(
                     "throughput regressed over the run: the last third's steps are "
                     f"{late / early:.2f}x slower"
                 ),
                 detail=(
                     f"median step cost {early:.4g} over the first {third} logged records, {late:.4g} over "
-                    f"the last {third} (figure: {col}, {'ms' if col == 'iter_ms' else 'inverse rate'})."
+                    f"the last {third} (figure: {col}, {'ms' if col == 'iter_ms' else 'inverse rate'}); "
+                    f"the slowdown {lost}."
                 ),
                 evidence={
+                    **ev,
                     "figure": col,
                     "early_median": early,
                     "late_median": late,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -65,7 +65,8 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     of the median step; silent when the trace records no collective sizes. Fix (DeepSpeed jobs; only
     changes to the current values): ZeRO-3 stage3_param_persistence_threshold x10 and 4x prefetch
     bucket; stage 1/2 with DP > 1: reduce/allgather buckets raised toward DeepSpeed's default when below.
-    recoverable_s: their time minus one bucketed collective's worth (the largest tiny op's time)."""
+    recoverable_s: their time minus one bucketed collective's worth (the largest tiny op's time).
+    Severity: their share of the median step."""
     c = metrics.comms
     if c.empty:
         return []
@@ -83,12 +84,17 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     if n < MIN_PER_STEP or step_s <= 0 or tiny_s / step_s < STEP_SHARE:
         return []
     rows = c[tiny]
+    cost = Cost(tiny_s, step_s)
     return [
         Finding(
-            severity="warning",
-            title=f"{n:.0f} collectives under 64 KiB per step take {tiny_s / step_s:.0%} of it",
-            detail=f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound",
+            severity=cost.severity,
+            title=f"{n:.0f} collectives under 64 KiB per step take {cost.share:.0%} of it",
+            detail=(
+                f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound; "
+                f"together this {cost.text}"
+            ),
             evidence={
+                **cost.evidence(),
                 "per_step": n,
                 "tiny_s": tiny_s,
                 "step_s": step_s,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from diag.analyzers import evidence, framework
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -34,7 +34,8 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when tp > 1 and any tensor-parallel group holds ranks on more than one host (headers'
     host). Threshold: one such group. Fix: tensor-model-parallel-size <= GPUs per node, ranks of a TP
     group on one node (Megatron's default rank order does this when TP divides GPUs per node).
-    recoverable_s: TP-group communication time on those groups per step (upper bound)."""
+    recoverable_s: TP-group communication time on those groups per step (upper bound). Severity: that
+    time's share of the step where measured, else critical (the placement alone is the premise)."""
     tp = int(trace.layout().get("tp") or 1)
     host_of = trace.hosts()
     if tp <= 1 or len(set(host_of.values())) < 2:
@@ -47,15 +48,18 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     in_bad = c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in bad)
     per = metrics.comm_per_step(in_bad) if not c.empty else None
     tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
+    step_s = float(per["dur_s"].median()) if per is not None and not per.empty else 0.0
+    cost = Cost(tp_s, step_s) if tp_s is not None and step_s > 0 else None
     return [
         Finding(
-            severity="critical",
+            severity=cost.severity if cost else "critical",
             title=f"{len(bad)} tensor-parallel group(s) of size {tp} span nodes",
             detail=(
                 f"TP={tp} but hosts have {per_node} rank(s) each: every layer's TP all-reduce crosses "
-                "the network."
+                "the network" + (f"; their collectives {cost.text}." if cost else ".")
             ),
             evidence={
+                **(cost.evidence() if cost else {}),
                 "tp": tp,
                 "ranks_per_host": per_node,
                 "groups": [list(g) for g in bad],

@@ -8,7 +8,7 @@ import pandas as pd
 from diag.analyzers import config, evidence
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -82,7 +82,8 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     take >= 25% of the median step and their median busbw is < 25% of the nominal inter-node link
     (25 GB/s on GPU jobs, 1.25 GB/s on CPU/gloo). Fix: ZeRO++ hpZ + quantized weights/gradients,
     larger stage3_prefetch_bucket_size, ZeRO-2, NCCL_ALGO=Ring. recoverable_s: the time the same bytes
-    would save at the nominal link bandwidth."""
+    would save at the nominal link bandwidth. Severity: the cross-node share of the step (its >= 25%
+    premise makes it critical)."""
     if config.zero_stage(trace) != 3:
         return []
     c = metrics.comms
@@ -105,16 +106,18 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     nranks = max(rows["rank"].nunique(), 1)
     ideal_s = float(rows["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
     per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
+    cost = Cost(cross_s, step_s)
     return [
         Finding(
-            severity="critical",
+            severity=cost.severity,
             title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
             detail=(
-                f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts take "
-                f"{cross_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step at a median bus bandwidth of "
-                f"{busbw:.3g} GB/s against a nominal {link:g} GB/s link."
+                f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts run at a "
+                f"median bus bandwidth of {busbw:.3g} GB/s against a nominal {link:g} GB/s link: this "
+                f"{cost.text}."
             ),
             evidence={
+                **cost.evidence(),
                 "busbw_gbs": busbw,
                 "busbw_aggregate_gbs": aggregate,
                 "nominal_link_gbs": link,

@@ -6,7 +6,9 @@ Each folder (default: every `sample_traces/*/` with a `labels.toml`) holds one r
 `must_flag` (rules that must report it), `must_not_flag` (rules that must stay silent; `"*"` is every
 rule not otherwise listed) and `known_misses` ({rule: why}: a must-flag diag does not yet meet, counted
 as a miss here, excused by the test). A finding of a must-not rule is a false alarm; a rule in neither
-list is not scored. Every fix of every finding is also checked: Megatron arguments against the job's
+list is not scored. `[severity]` ({rule: "info" | "warning" | "critical"}) is the severity a flagged
+rule's finding must carry (severity follows the share of time it costs: diag.findings.severity_of).
+Every fix of every finding is also checked: Megatron arguments against the job's
 framework's parser (analyzers/knob_table.py) and ds_config patches against the installed DeepSpeed's
 config classes (when it is installed).
 """
@@ -34,6 +36,17 @@ class Scored:
     must_not: set[str]
     excused: dict[str, str]
     bad_fixes: list[str] = field(default_factory=list)
+    severities: dict[str, str] = field(default_factory=dict)
+    expected_severity: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def wrong_severity(self) -> dict[str, tuple[str, str | None]]:
+        """{rule: (expected, got)} where a labeled rule's finding carries another severity."""
+        return {
+            r: (want, self.severities.get(r))
+            for r, want in self.expected_severity.items()
+            if self.severities.get(r) != want
+        }
 
     @property
     def false_alarms(self) -> set[str]:
@@ -119,7 +132,19 @@ def score(folder: str, rules: list[str]) -> Scored:
         must_not,
         excused,
         fix_problems(trace, findings),
+        _worst_severity(findings),
+        dict(labels.get("severity") or {}),
     )
+
+
+def _worst_severity(findings: list[Any]) -> dict[str, str]:
+    from diag.findings import SEVERITIES
+
+    out: dict[str, str] = {}
+    for f in findings:
+        if SEVERITIES.index(f.severity) >= SEVERITIES.index(out.get(f.rule, "info")):
+            out[f.rule] = f.severity
+    return out
 
 
 Row = tuple[str, int, int, int, float | None, float | None]
@@ -156,8 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         notes = [f"false alarm: {', '.join(sorted(s.false_alarms))}"] if s.false_alarms else []
         notes += [f"missed: {r}" + (f" ({s.excused[r]})" if r in s.excused else "") for r in sorted(s.misses)]
         notes += [f"fix: {b}" for b in s.bad_fixes]
-        print(f"{s.folder}: flagged {sorted(s.flagged) or 'nothing'}" + "".join(f"\n    {n}" for n in notes))
-    bad = sum(len(s.false_alarms) + len(s.misses - set(s.excused)) + len(s.bad_fixes) for s in scored)
+        notes += [f"severity of {r}: {got} (labeled {want})" for r, (want, got) in s.wrong_severity.items()]
+        got = [f"{r} ({s.severities[r]})" for r in sorted(s.flagged)]
+        print(f"{s.folder}: flagged {got or 'nothing'}" + "".join(f"\n    {n}" for n in notes))
+    bad = sum(
+        len(s.false_alarms) + len(s.misses - set(s.excused)) + len(s.bad_fixes) + len(s.wrong_severity)
+        for s in scored
+    )
     return 1 if bad else 0
 
 

@@ -10,6 +10,49 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SEVERITIES = ("info", "warning", "critical")
+# the share of the time at stake (a step's, or the job's) a problem costs -> its severity, the same for
+# every rule that can price itself: below 5% it is worth knowing, from 25% it dominates the run
+WARNING_SHARE = 0.05
+CRITICAL_SHARE = 0.25
+
+
+def severity_of(share: float) -> str:
+    """The severity of a problem costing `share` (0..1) of the time at stake."""
+    if share >= CRITICAL_SHARE:
+        return "critical"
+    return "warning" if share >= WARNING_SHARE else "info"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Time a problem costs out of the time at stake, measured: `lost_s` of every `total_s` step
+    (`per` "step"), or in total of `total_s` described by `per` ("of recorded steps", "logged")."""
+
+    lost_s: float
+    total_s: float
+    per: str = "step"
+
+    @property
+    def share(self) -> float:
+        return min(max(self.lost_s / self.total_s, 0.0), 1.0) if self.total_s > 0 else 0.0
+
+    @property
+    def severity(self) -> str:
+        return severity_of(self.share)
+
+    @property
+    def text(self) -> str:
+        """The time lost, stated: "costs 12.0 ms of every 40.0 ms step (30%)", "costs 1.20 s of 60.00 s
+        logged (2%)"."""
+        of = f"every {_dur(self.total_s)} step" if self.per == "step" else f"{_dur(self.total_s)} {self.per}"
+        return f"costs {_dur(self.lost_s)} of {of} ({self.share:.0%})"
+
+    def evidence(self) -> dict[str, Any]:
+        return {"time_lost_s": self.lost_s, "time_at_stake_s": self.total_s, "time_lost_share": self.share}
+
+
+def _dur(s: float) -> str:
+    return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} us"
 
 
 @dataclass

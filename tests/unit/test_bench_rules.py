@@ -30,6 +30,7 @@ def test_labels_hold(folder):
     assert not s.false_alarms, f"false alarm: {s.false_alarms}"
     assert not (s.misses - set(s.excused)), f"missed: {s.misses}"
     assert s.bad_fixes == []
+    assert s.wrong_severity == {}, "severity follows the share of time at stake (labels' [severity])"
 
 
 def test_scores_count_false_alarms_and_misses():
@@ -40,3 +41,11 @@ def test_scores_count_false_alarms_and_misses():
     rows = {r[0]: r for r in bench.table([hit, miss], ["straggler", "exposed_comm"])}
     assert rows["straggler"][1:] == (1, 0, 1, 1.0, 0.5)
     assert rows["exposed_comm"][1:] == (0, 1, 0, 0.0, None)
+
+
+def test_a_wrong_severity_is_reported():
+    s = bench.Scored("a", {"exposed_comm"}, {"exposed_comm"}, set(), {}, [], {"exposed_comm": "warning"})
+    s.expected_severity = {"exposed_comm": "critical"}
+    assert s.wrong_severity == {"exposed_comm": ("critical", "warning")}
+    s.severities["exposed_comm"] = "critical"
+    assert s.wrong_severity == {}

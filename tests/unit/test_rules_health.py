@@ -40,10 +40,20 @@ def test_overflow_calibration_is_not_a_storm(tmp_path):
     assert fired(overflow_job({0, 1, 2}).write(str(tmp_path)), "overflow_storm") == []
 
 
+def test_overflow_storm_severity_is_the_skipped_share(tmp_path):
+    """3 skipped steps of 29 after calibration (10%: the storm's threshold) cost a tenth of the run: a
+    warning, where 3 of 11 (test below) are critical."""
+    (f,) = fired(overflow_job({0, 5, 15, 25}, steps=30).write(str(tmp_path)), "overflow_storm")
+    assert f.evidence["time_lost_share"] == pytest.approx(3 / 29) and f.severity == "warning"
+
+
 def test_overflow_storm_after_calibration(tmp_path):
     (f,) = fired(overflow_job({0, 4, 6, 8}).write(str(tmp_path)), "overflow_storm")
     assert f.evidence["overflow_steps"] == 3 and f.steps == [4, 6, 8]  # per step, not per rank-step
-    assert f.severity == "warning" and f.evidence["min_scale"] == 16
+    assert f.evidence["min_scale"] == 16
+    # 3 skipped of the 11 steps after calibration: 27% of the recorded steps' time thrown away
+    assert f.evidence["time_lost_share"] == pytest.approx(3 / 11) and f.severity == "critical"
+    assert "of recorded steps (27%)" in f.detail
     assert f.fixes[0].ds_config["bf16"] == {"enabled": True}
     # the job already starts at 2^8: no lower start is offered (issue 11), the window and hysteresis are
     assert f.fixes[1].ds_config["fp16"] == {"loss_scale_window": 2000, "hysteresis": 4}
