@@ -4,7 +4,9 @@ A rule is a pure function `(Trace, Metrics) -> list[Finding]`: it reads the figu
 stage (`diag.metrics.stage.Metrics`, computed once per trace and shared with the report) and the
 trace's headers, never another rule. A rule module decorates it with `@rule("name")`; the registry
 refuses a second rule of the same name and stamps every finding the function returns with that
-name. Rule modules are listed in `RULE_MODULES` and imported by `run_all`.
+name, and drops any fix naming a knob the job's framework lacks at its detected version
+(`framework.Job.applicable`): one check for every rule. Rule modules are listed in `RULE_MODULES` and
+imported by `run_all`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import functools
 import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
+
+from diag.analyzers import framework
 
 from diag.findings import Finding, ranked
 from diag.metrics.stage import Metrics
@@ -63,9 +67,13 @@ def rule(name: str, doc: str = "") -> Callable[[RuleFn], Rule]:
 
         @functools.wraps(fn)
         def named(trace: Trace, metrics: Metrics | None = None) -> list[Finding]:
-            found = fn(trace, metrics if metrics is not None else Metrics(trace))
+            metrics = metrics if metrics is not None else Metrics(trace)
+            found = fn(trace, metrics)
             for f in found:
                 f.rule = name
+                if f.fixes:
+                    job = framework.job_of(metrics)
+                    f.fixes = [x for x in f.fixes if job.applicable(x)]
             return found
 
         _RULES[name] = (named, doc or (fn.__doc__ or "").strip())

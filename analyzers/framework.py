@@ -4,8 +4,10 @@ names a flag or a config key (a Megatron-LM flag is no fix for a Megatron-DeepSp
 
 Evidence, strongest first: the diag header (argv, imported versions, the engine's ds_config and
 zero_config), the log's dumps (Megatron's arguments, DeepSpeed's user config), then Kineto op names.
-`Job.flags` keeps a fix's arguments only when every one exists in that framework's parser
-(`knob_table`, generated from the real parsers by scripts/knob_table.py).
+`Job.flags` keeps a fix's arguments only when every one exists in that framework's parser at the
+job's version (`knob_table`, generated from the real parsers and release tags by
+scripts/knob_table.py); `Job.applicable` is the same check for a whole fix, ds_config keys included
+(the registry drops a fix that fails it, whichever rule made it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from diag.analyzers import config, knob_table
+
+from diag.findings import Fix
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -78,7 +82,36 @@ class Job:
         return bool(self.ds_config or self.zero)
 
     def has_flag(self, flag: str) -> bool:
-        return flag in knob_table.ARGS.get(self.framework, frozenset())
+        """Does the job's framework, at the job's version where it is known, have this argument?"""
+        current = knob_table.ARGS.get(self.framework, frozenset())
+        return knob_exists(self.framework, flag, self.version, current)
+
+    def spelling(self, *names: str) -> str | None:
+        """The one of `names` (spellings of one argument across versions) that the job itself passed,
+        else the first its framework and version has, else None."""
+        have = [n for n in names if self.has_flag(n)]
+        return next((n for n in have if self.arg(n) is not None), have[0] if have else None)
+
+    def has_ds_key(self, key: str, section: str | None = None) -> bool:
+        """Does the job's DeepSpeed version accept this ds_config key (top level, or in `section`:
+        only "zero_optimization" is tabled per key)?"""
+        if section == "zero_optimization":
+            return knob_exists(section, key, self.deepspeed_version, knob_table.ZERO_KEYS)
+        if section is None:
+            return knob_exists("ds_config", key, self.deepspeed_version, None)
+        return True
+
+    def applicable(self, fix: Fix) -> bool:
+        """Every Megatron argument and every ds_config key the fix names exists in the job's framework
+        at its version (a fix for another framework's job is the rules' business: `flags`)."""
+        if self.megatron and not all(self.has_flag(a) for a in fix.megatron_args if a.startswith("--")):
+            return False
+        for key, value in (fix.ds_config or {}).items():
+            if not self.has_ds_key(key):
+                return False
+            if isinstance(value, dict) and not all(self.has_ds_key(k, key) for k in value):
+                return False
+        return True
 
     def flags(self, *args: str) -> list[str]:
         """`args` (flags and their values) when this is a Megatron job and every flag exists in its
@@ -93,6 +126,30 @@ class Job:
         """A Megatron argument's value as the job ran it (`num_layers` or `--num-layers`), else None."""
         key = name.lstrip("-").replace("-", "_")
         return self.args.get(key)
+
+
+def version_key(version: str | None) -> tuple[int, ...] | None:
+    """ "0.12.0rc1" / "0.15.0+cu121" / "core_v0.9.0" -> (0, 12, 0); None when no number is in it."""
+    got = re.findall(r"\d+", re.split(r"[+\-]|rc|a|b|dev", str(version or "").removeprefix("core_v"))[0])
+    return tuple(int(x) for x in got[:3]) if got else None
+
+
+def knob_exists(table: str, knob: str, version: str | None, current: frozenset[str] | None) -> bool:
+    """`knob` in `table` ("megatron-lm", "zero_optimization", "ds_config", or a table without ranges)
+    at `version`. Without a version or ranges: the current table (`current`; None: not tabled, taken
+    as present). A version outside the releases read is judged as the nearest one read."""
+    ranges = knob_table.RANGES.get(table)
+    v = version_key(version)
+    if ranges is None or v is None:
+        return current is None or knob in current
+    versions, spans = ranges
+    span = spans.get(knob)
+    if span is None:  # every release read has it (or none does)
+        return current is None or knob in current
+    first, last = (version_key(versions[0]) or ()), (version_key(versions[-1]) or ())
+    v = min(max(v, first), last)
+    lo, hi = span
+    return (version_key(lo) or ()) <= v and (hi is None or v <= (version_key(hi) or ()))
 
 
 def _argv_args(argv: list[str]) -> dict[str, Any]:

@@ -38,17 +38,14 @@ def _capacity_fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     """Less memory per rank, each fix only where it changes the job's setting and its framework has it."""
     fixes = []
     lay = trace.layout()
-    recompute = [a for a in ("--recompute-activations", "--checkpoint-activations") if job.has_flag(a)]
-    if (
-        job.megatron
-        and recompute
-        and not any(job.arg(a) for a in recompute)
-        and not job.arg("recompute_granularity")
-    ):
+    names = ("--recompute-activations", "--checkpoint-activations")  # newer / older spelling
+    recompute = job.spelling(*names)
+    on = any(job.arg(a) for a in names) or job.arg("recompute_granularity")
+    if job.megatron and recompute and not on:
         fixes.append(
             Fix(
                 "recompute activations in backward instead of keeping them",
-                megatron_args=job.flags(recompute[0]),
+                megatron_args=job.flags(recompute),
             )
         )
     micro = job.ds_config.get("train_micro_batch_size_per_gpu") or lay.get("micro_batch")
