@@ -8,9 +8,9 @@ rule not otherwise listed) and `known_misses` ({rule: why}: a must-flag diag doe
 as a miss here, excused by the test). A finding of a must-not rule is a false alarm; a rule in neither
 list is not scored. `[severity]` ({rule: "info" | "warning" | "critical"}) is the severity a flagged
 rule's finding must carry (severity follows the share of time it costs: diag.findings.severity_of).
-Every fix of every finding is also checked: Megatron arguments against the job's
-framework's parser (analyzers/knob_table.py) and ds_config patches against the installed DeepSpeed's
-config classes (when it is installed).
+Every fix of every finding is also checked: Megatron arguments against the job's framework's parser
+(analyzers/knob_table.py, at the job's version, as are ds_config keys) and ds_config patches against the
+installed DeepSpeed's config classes (when it is installed).
 """
 
 from __future__ import annotations
@@ -86,6 +86,9 @@ def fix_problems(trace: Any, findings: list[Any]) -> list[str]:
                 for a in fix.megatron_args
                 if a.startswith("--") and a not in table
             ]
+            if not job.applicable(fix):
+                at = f"{job.framework} {job.version or ''}".strip()
+                out.append(f"{f.rule}: {fix.summary!r} names a knob {at} lacks")
             if fix.ds_config is None:
                 continue
             if job.deepspeed is False:

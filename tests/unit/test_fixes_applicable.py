@@ -168,6 +168,7 @@ def test_every_fix_exists_in_the_jobs_framework(tmp_path, name):
                 for a in fix.megatron_args:
                     if a.startswith("--"):
                         assert a in knob_table.ARGS[name], f"{f.rule}: {a} is no {name} argument"
+                assert detected.applicable(fix), f"{f.rule}: {fix} names a knob of another release"
                 if fix.ds_config is not None:
                     assert detected.deepspeed is not False, f"{f.rule}: ds_config for a {name} job"
                     validate_ds_patch(fix.ds_config, detected.ds_config)
