@@ -1,9 +1,18 @@
-"""Pipeline bubble above the schedule's (p-1)/m: stages idle waiting for activations or gradients."""
+"""Pipeline bubble above the schedule's (p-1)/m: stages idle waiting for activations or gradients.
+
+The micro-batch count m is measured from the pipeline's own sends: in every non-interleaved schedule
+(GPipe, 1F1B; DeepSpeed's PipelineEngine, Megatron's) a first or last stage sends exactly one message
+per micro-batch per step (activations forward, or gradients back), a middle stage two. The fewest
+steady sends per step over the ranks is therefore m, whatever the configuration says. The recorded
+setting (num_microbatches, gradient_accumulation_steps, ...) is used only where sends are not
+recorded one by one (NCCL SendRecv kernels of a GPU trace) or the schedule is interleaved."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
@@ -20,7 +29,7 @@ SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches
 
 
 def microbatches(trace: Trace) -> int | None:
-    """Microbatches per step as recorded (agent, ds_config, log's grad_accum or global / (micro x dp))."""
+    """Microbatches per step as configured (agent, ds_config, log's grad_accum or global / (micro x dp))."""
     for key in ("num_microbatches", "gradient_accumulation_steps", "grad_accum"):
         for h in trace.headers.values():
             if h.get(key):
@@ -135,46 +144,141 @@ def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target:
     )
 
 
+def sends_per_step(metrics: Metrics) -> pd.Series:
+    """rank -> sends per steady step (the median over its steady steps), for the ranks whose count
+    is the same on every steady step; the warm-up step is left out (DeepSpeed's PipelineEngine also
+    sends tensor shapes on its first step)."""
+    c = metrics.comms
+    steady = metrics.steady_steps
+    if c.empty or steady.empty:
+        return pd.Series(dtype="int64")
+    sends = c[c["op"] == "send"]
+    keys = steady.set_index(["rank", "step"]).index
+    counts = sends.groupby(["rank", "step"], observed=True).size().reindex(keys, fill_value=0)
+    by_rank = counts.groupby(level="rank")
+    steady_ranks = by_rank.nunique() == 1  # a rank whose sends vary step to step gives no count
+    return by_rank.first()[steady_ranks].astype("int64")
+
+
+def measured_microbatches(metrics: Metrics) -> int | None:
+    """m from the sends: the fewest sends per steady step over the ranks (an end stage sends one
+    message per micro-batch). None unless every rank sends the same number on each steady step: in
+    a training pipeline every stage sends (activations on, gradients back), so a rank without sends
+    or with a varying count means the sends were not all recorded."""
+    per = sends_per_step(metrics)
+    ranks = metrics.steady_steps["rank"].unique()
+    if per.empty or len(per) < len(ranks) or int(per.min()) == 0:
+        return None
+    return int(per.min())
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """What the rule measured on one trace: the schedule (p, m and where m came from) and the time
+    stages spent blocked in send/recv, as a share of compute and of the step."""
+
+    p: int
+    m: int
+    m_source: str  # "sends": counted from the pipeline's sends; "config": the recorded setting
+    m_config: int | None
+    sends_by_rank: pd.Series  # rank -> sends per steady step
+    by_rank: pd.Series  # rank -> median of p2p time / rest of the step (Megatron's definition)
+    fraction_by_rank: pd.Series  # rank -> median of p2p time / step
+    step_s: float
+
+    @property
+    def ideal(self) -> float:
+        """The schedule's bubble over compute, (p-1)/m."""
+        return (self.p - 1) / self.m
+
+    @property
+    def ideal_fraction(self) -> float:
+        """The schedule's bubble as a share of the step, (p-1)/(m+p-1)."""
+        return (self.p - 1) / (self.m + self.p - 1)
+
+
+def _interleaved(metrics: Metrics) -> bool:
+    """Virtual stages send once per chunk boundary: the sends then count m times a factor."""
+    job = framework.job_of(metrics)
+    return bool(
+        job.arg("num_layers_per_virtual_pipeline_stage")
+        or (_int(job.arg("virtual_pipeline_model_parallel_size")) or 1) > 1
+        or (_int(job.arg("num_virtual_stages_per_pipeline_rank")) or 1) > 1
+    )
+
+
+def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
+    """The bubble of a pipeline-parallel trace, None when pp <= 1, m is unknown or no p2p time was
+    recorded."""
+    p = int(trace.layout().get("pp") or 1)
+    if p <= 1:
+        return None
+    configured = microbatches(trace)
+    counted = None if _interleaved(metrics) else measured_microbatches(metrics)
+    m, source = (counted, "sends") if counted else (configured, "config")
+    if not m:  # the schedule's bubble (p-1)/m is the premise: unknown m, no verdict
+        return None
+    c = metrics.comms
+    per = metrics.comm_per_step(c["kind"].isin(P2P)) if not c.empty else None
+    if per is None or per.empty:
+        return None
+    per["bubble"] = per["comm_s"] / (per["dur_s"] - per["comm_s"]).clip(lower=1e-9)
+    per["fraction"] = per["comm_s"] / per["dur_s"].clip(lower=1e-9)
+    return Bubble(
+        p=p,
+        m=int(m),
+        m_source=source,
+        m_config=configured,
+        sends_by_rank=sends_per_step(metrics),
+        by_rank=per.groupby("rank")["bubble"].median(),
+        fraction_by_rank=per.groupby("rank")["fraction"].median(),
+        step_s=float(per["dur_s"].median()),
+    )
+
+
 @rule("pipeline_bubble")
 def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
     the step, Megatron's definition) exceeds (p-1)/m + 0.05 and is >= 0.10, or when the schedule's own
-    (p-1)/m >= 0.25 with a measured bubble >= 0.10. Fix, where it changes the job's setting and its
-    framework has the knob: microbatches up to 4(p-1) (DeepSpeed gradient_accumulation_steps,
-    Megatron-LM --global-batch-size); Megatron-LM only: --num-layers-per-virtual-pipeline-stage when a
-    stage holds >= 2 layers, --decoder-first/last-pipeline-num-layers. recoverable_s: the excess over
-    (p-1)/m times compute. Silent when the microbatch count m was not recorded. Severity: the bubble's
-    share of the step (send/recv waits over the step)."""
-    p, m = int(trace.layout().get("pp") or 1), microbatches(trace)
-    if p <= 1 or m is None:  # the schedule's bubble (p-1)/m is the premise: unknown m, no verdict
+    (p-1)/m >= 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
+    (the configured value where sends are not recorded one by one). Fix, where it changes the job's
+    setting and its framework has the knob: microbatches up to 4(p-1) (DeepSpeed
+    gradient_accumulation_steps, Megatron-LM --global-batch-size); Megatron-LM only:
+    --num-layers-per-virtual-pipeline-stage when a stage holds >= 2 layers,
+    --decoder-first/last-pipeline-num-layers. recoverable_s: the excess over (p-1)/m times compute.
+    Silent when m is neither counted nor recorded. Severity: the bubble's share of the step (send/recv
+    waits over the step)."""
+    got = measure(trace, metrics)
+    if got is None:
         return []
-    c = metrics.comms
-    per = metrics.comm_per_step(c["kind"].isin(P2P)) if not c.empty else None
-    if per is None or per.empty:
-        return []
-    per["bubble"] = per["comm_s"] / (per["dur_s"] - per["comm_s"]).clip(lower=1e-9)
-    by_rank = per.groupby("rank")["bubble"].median()
-    measured, ideal = float(by_rank.max()), (p - 1) / m
+    p, m, by_rank = got.p, got.m, got.by_rank
+    measured, ideal = float(by_rank.max()), got.ideal
     if measured < MIN_BUBBLE or (measured <= ideal + TOLERANCE and ideal < SCHEDULE_LIMIT):
         return []
-    step_s = float(per["dur_s"].median())
-    compute = step_s / (1 + measured)
-    cost = Cost(step_s - compute, step_s)
+    compute = got.step_s / (1 + measured)
+    cost = Cost(got.step_s - compute, got.step_s)
+    counted = "counted from the pipeline's sends" if got.m_source == "sends" else "as configured"
     return [
         Finding(
             severity=cost.severity,
             title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
             detail=(
-                f"p={p} stages, m={m} microbatches; stages wait on send/recv for {measured:.0%} of compute: "
-                f"the bubble {cost.text}."
+                f"p={p} stages, m={m} microbatches ({counted}); stages wait on send/recv for "
+                f"{measured:.0%} of compute ({float(got.fraction_by_rank.max()):.0%} of the step; the "
+                f"schedule's (p-1)/(m+p-1) = {got.ideal_fraction:.0%}): the bubble {cost.text}."
             ),
             evidence={
                 **cost.evidence(),
                 "pp": p,
                 "microbatches": m,
+                "microbatches_source": got.m_source,
+                "microbatches_configured": got.m_config,
+                "sends_per_step_by_rank": evidence.by_rank(got.sends_by_rank, int),
                 "bubble_ideal": ideal,
                 "bubble_measured": measured,
                 "bubble_by_rank": evidence.by_rank(by_rank),
+                "bubble_fraction_ideal": got.ideal_fraction,
+                "bubble_fraction_measured": float(got.fraction_by_rank.max()),
             },
             ranks=[
                 int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]

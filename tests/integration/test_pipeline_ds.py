@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 from diag.analyzers import registered_rules
+from diag.analyzers.pipeline_bubble import measure
 
+from diag import load
+from diag.metrics.stage import Metrics
 from tests.integration.runs import Job, Runs
 
 pytestmark = pytest.mark.slow
@@ -81,3 +84,31 @@ def test_the_fix_names_only_knobs_deepspeeds_pipeline_has(few: Job) -> None:
 def test_bubble_is_silent_with_many_microbatches(many: Job) -> None:
     assert many.trace.layout()["pp"] == 2
     assert bubble(many) == [], [f.evidence for f in bubble(many)]
+
+
+def _misconfigured(job: Job, m: int):
+    """The run's trace with every recorded micro-batch setting replaced by a wrong one (m): what the
+    rule reports must come from the pipeline's own sends."""
+    trace = load(job.trace_dir)
+    for h in trace.headers.values():
+        h["gradient_accumulation_steps"] = m
+        if isinstance(h.get("ds_config"), dict):
+            h["ds_config"] = {**h["ds_config"], "gradient_accumulation_steps": m}
+    return trace
+
+
+@pytest.mark.parametrize("which", ["few", "many"])
+def test_microbatches_are_counted_from_the_sends(which: str, request: pytest.FixtureRequest) -> None:
+    job: Job = request.getfixturevalue(which)
+    truth = job.rank(0)["micro_batches"]  # the PipelineEngine's own micro_batches
+    assert truth == (2 if which == "few" else 8)
+    trace = _misconfigured(job, 5)
+    got = measure(trace, Metrics(trace))
+    assert got is not None
+    assert (got.m, got.m_source, got.m_config) == (truth, "sends", 5)
+    assert got.sends_by_rank.to_dict() == {0: truth, 1: truth}  # one send per micro-batch per end stage
+    # the schedule's bubble (p-1)/(m+p-1) of the step: 1/3 at m=2, 1/9 at m=8; measured on the stage
+    # that waits longest (paced blocks: the stage times follow the schedule)
+    assert got.ideal_fraction == pytest.approx(1 / (truth + 1))
+    measured = float(got.fraction_by_rank.max())
+    assert abs(measured - got.ideal_fraction) <= 0.1, (which, got.fraction_by_rank.to_dict())

@@ -165,6 +165,41 @@ def test_pipeline_bubble_above_schedule(tmp_path):
     assert fired(ok.write(str(tmp_path / "ok")), "pipeline_bubble") == []
 
 
+def test_pipeline_bubble_counts_microbatches_from_the_sends(tmp_path):
+    """The configured 8 is not what ran: each end stage sends once per micro-batch, 2 a step (plus
+    shape messages on the warm-up step), so m = 2 and the schedule's bubble is (p-1)/m = 0.5."""
+    job = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 8})
+
+    def step(r: int, s: int) -> None:
+        for i in range(2 + (3 if s == 0 else 0)):
+            job.comm(r, s, op="send", nbytes=4096, at_ms=5 * i, dur_ms=1, group_ranks=[0, 1])
+        job.comm(r, s, op="recv", at_ms=20, dur_ms=40 if r else 10, group_ranks=[0, 1])
+
+    job.each_step(step)
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    ev = f.evidence
+    assert (ev["microbatches"], ev["microbatches_source"], ev["microbatches_configured"]) == (2, "sends", 8)
+    assert ev["sends_per_step_by_rank"] == {0: 2, 1: 2}
+    assert ev["bubble_ideal"] == pytest.approx(1 / 2) and ev["bubble_fraction_ideal"] == pytest.approx(1 / 3)
+    assert "counted from the pipeline's sends" in f.detail
+
+
+def test_pipeline_bubble_takes_the_fewest_sends_over_stages(tmp_path):
+    """A middle stage sends twice per micro-batch (activations on, gradients back): 4 stages, m = 3."""
+    job = Job(ranks=4, header={"pp": 4})
+    sends = {0: 3, 1: 6, 2: 6, 3: 3}
+
+    def step(r: int, s: int) -> None:
+        for i in range(sends[r]):
+            job.comm(r, s, op="send", nbytes=4096, at_ms=2 * i, dur_ms=1, group_ranks=[0, 1, 2, 3])
+        job.comm(r, s, op="recv", at_ms=30, dur_ms=50, group_ranks=[0, 1, 2, 3])
+
+    job.each_step(step)
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    assert (f.evidence["microbatches"], f.evidence["microbatches_source"]) == (3, "sends")
+    assert f.evidence["microbatches_configured"] is None  # nothing recorded: counted all the same
+
+
 def test_hang_desync_rank_stopped_and_diverged(tmp_path):
     job = healthy()
     job.comm(0, 7, op="broadcast", nbytes=8, at_ms=90, dur_ms=1)  # rank 0 alone in one more collective
