@@ -1,21 +1,24 @@
 """Training-log import speed and memory: diag's log importer next to two references on the same files.
 
-    python -m bench.logs [--mb 200] [--nodes 8] [--keep DIR] [--public DIR]
+    python -m bench.logs [--mb 200,1000] [--nodes 8] [--keep DIR] [--public DIR]
 
-Input: a multi-node log set (one file per node, `--mb` MiB in all) made of the fixture logs' real
-formats (tests/fixtures/logs: Megatron-LM iteration and memory lines, DeepSpeed `step=` / timer /
-OVERFLOW lines, HF Trainer dicts and progress bars, start-up dumps), each line behind the launcher's
-`worker-N: [rankR]:` prefixes, with the iteration numbers counting on so every file is one long run.
-Each reader runs in its own subprocess, timed after its imports, with its peak RSS (its own `ru_maxrss`):
+Input, for each size in `--mb`: a multi-node log set of one job (one file per node, that many MiB in
+all) made of the fixture logs' real formats (tests/fixtures/logs: Megatron-LM iteration and memory
+lines, DeepSpeed `step=` / timer / OVERFLOW lines, HF Trainer dicts and progress bars, start-up dumps),
+each line behind the launcher's `worker-N: [rankR]:` prefixes. The run is the same at every size
+(`RUN_ROUNDS` rounds of the fixtures, the iteration numbers counting on): a larger log set is a larger
+job, more ranks per node printing it, so what diag keeps per step should not grow with the bytes.
+Each reader runs in its own subprocess, timed after its imports, with its peak RSS:
 - `wc -l`: the disk-speed floor (reads every byte, parses nothing);
 - a plain regex pass: one compiled Megatron iteration regex over every line, keeping (iteration,
   ms, loss): what a user's one-off script does;
-- diag: `import_log` on every file (all families, overflows, layout, failures), then the join of
-  the files (`merge_parts`).
-Printed as MiB per CPU second (the machines are shared: wall time is printed too) and ratios to
-`wc -l` (whose CPU time is taken as its wall time). With `--public DIR`, also a table of what diag
-read from each log in DIR (real public logs) next to what a grep of the same file counts (iteration /
-step lines and the HF training bar's counts, skipped iterations, the last iteration, world size).
+- diag: `load_inputs` on the files, as `diag analyze` reads them (all families, overflows, layout,
+  failures; one worker process per file up to the cores; the steps merged across files).
+Printed per size: MiB, each reader's seconds (CPU, its workers included; wall beside it: the machines
+are shared) and diag's ratios to both, and diag's peak RSS (main process, and its largest worker).
+With `--public DIR`, also a table of what diag read from each log in DIR (real public logs) next to
+what a grep of the same file counts (iteration / step lines and the HF training bar's counts, skipped
+iterations, the last iteration, world size).
 """
 
 from __future__ import annotations
@@ -48,24 +51,29 @@ ITER = re.compile(
 )
 
 
+RUN_ROUNDS = 24  # rounds of the fixtures in the run (each counts the iteration numbers on by 1000)
+
+
 def _shifter(base: int) -> Callable[[re.Match[str]], str]:
     return lambda m: m.group(1) + str(int(m.group(2)) + base)
 
 
-def make_input(folder: str, mb: int, nodes: int) -> int:
-    """Write `nodes` files of about mb/nodes MiB each; returns the total bytes."""
+def make_input(folder: str, mb: int, nodes: int) -> tuple[int, int]:
+    """Write `nodes` files of about mb/nodes MiB each; returns (total bytes, ranks)."""
     lines = [
         ln for name in SOURCES for ln in open(os.path.join(FIX, name), encoding="utf-8").read().splitlines()
     ]
+    round_bytes = sum(len(ln) + 40 for ln in lines)
     per = mb * 2**20 // nodes
+    per_node = max(1, -(-per // (round_bytes * RUN_ROUNDS)))  # ranks per node: the run once each
     total = 0
     for node in range(nodes):
         path = os.path.join(folder, f"node{node:02d}.log")
         done, rnd = 0, 0
         with open(path, "w", encoding="utf-8") as f:
             while done < per:
-                rank = node * 8 + rnd % 8
-                shift = _shifter(rnd * 1000)
+                rank = node * per_node + rnd % per_node
+                shift = _shifter(rnd // per_node * 1000)
                 chunk = "".join(
                     f"worker-{node}: [rank{rank}]: " + _ITER_NUM.sub(shift, ln) + "\n" for ln in lines
                 )
@@ -73,16 +81,20 @@ def make_input(folder: str, mb: int, nodes: int) -> int:
                 done += len(chunk.encode())
                 rnd += 1
         total += os.path.getsize(path)
-    return total
+    return total, nodes * per_node
 
 
 def worker(tool: str, files: list[str]) -> None:
     import resource
 
     if tool == "diag":
-        import diag.importers.logs  # noqa: F401 - imports (pandas) are not reading
-    use0 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu0 = use0.ru_utime + use0.ru_stime
+        import diag.importers.logs.many  # noqa: F401 - imports (pandas) are not reading
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    cpu0 = cpu()
     t0 = time.perf_counter()
     if tool == "regex":
         n = 0
@@ -93,21 +105,19 @@ def worker(tool: str, files: list[str]) -> None:
                         n += 1
         out = {"records": n}
     else:
-        from diag.importers.logs import import_log, merge_parts
+        from diag.importers import load_inputs
 
-        parts: dict = {}
-        for path in files:
-            for kind, df in import_log(path).frames.items():
-                parts.setdefault(kind, []).append(df)
-        merge_parts(parts)
-        out = {"records": int(sum(len(df) for df in parts.get("log_step", [])))}
-    use = resource.getrusage(resource.RUSAGE_SELF)
+        trace = load_inputs(files)
+        out = {"records": len(trace.frame("log_step")), "ranks": len(trace.headers)}
+    secs, used = time.perf_counter() - t0, cpu() - cpu0
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(
         json.dumps(
             {
-                "secs": time.perf_counter() - t0,
-                "cpu": use.ru_utime + use.ru_stime - cpu0,
-                "peak_rss": use.ru_maxrss * 1024,
+                "secs": secs,
+                "cpu": used,
+                "peak_rss": own.ru_maxrss * 1024,
+                "worker_rss": kids.ru_maxrss * 1024,
                 **out,
             }
         )
@@ -121,7 +131,7 @@ def measure(tool: str, files: list[str]) -> dict[str, float]:
         subprocess.run(["wc", "-l", *files], capture_output=True, check=True, timeout=3600)
         return {"secs": time.perf_counter() - t0, "cpu": time.perf_counter() - t0}
     cmd = [sys.executable, "-m", "bench.logs", "--worker", tool, *files]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=True, timeout=3600)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=True, timeout=7200)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -159,7 +169,7 @@ def public_table(folder: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mb", type=int, default=200)
+    p.add_argument("--mb", default="200,1000", help="sizes in MiB, comma-separated")
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--keep", help="write the input here and keep it")
     p.add_argument("--public", help="a folder of real public logs: print what diag reads from each")
@@ -168,25 +178,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, rest)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.keep or tmp
-        os.makedirs(folder, exist_ok=True)
-        size = make_input(folder, args.mb, args.nodes)
-        files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".log"))
-        print(f"input: {len(files)} node logs, {size / 2**20:.0f} MiB")
-        results = {tool: measure(tool, files) for tool in ("wc", "regex", "diag")}
-        for tool, r in results.items():
-            mbs = size / 2**20 / r["cpu"]
-            rss = f"  peak RSS {r['peak_rss'] / 2**20:7.1f} MiB" if "peak_rss" in r else ""
-            ratio = r["cpu"] / results["wc"]["cpu"]
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
+    print(
+        f"{'MiB':>5s} {'ranks':>5s} {'wc -l s':>8s} {'regex s':>8s} {'diag s':>8s} {'diag wall':>9s} "
+        f"{'diag/wc':>8s} {'diag/regex':>10s} {'diag RSS MiB':>12s} {'worker RSS':>10s} {'steps':>6s}"
+    )
+    for mb in (int(x) for x in args.mb.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(args.keep, str(mb)) if args.keep else tmp
+            os.makedirs(folder, exist_ok=True)
+            size, ranks = make_input(folder, mb, args.nodes)
+            files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".log"))
+            r = {tool: measure(tool, files) for tool in ("wc", "regex", "diag")}
+            d = r["diag"]
             print(
-                f"{tool:6s} wall {r['secs']:7.2f} s  cpu {r['cpu']:7.2f} s  {mbs:7.1f} MiB/s of cpu  "
-                f"{ratio:6.1f}x wc -l{rss}" + (f"  records {r['records']}" if "records" in r else "")
+                f"{size / 2**20:5.0f} {ranks:5d} {r['wc']['cpu']:8.2f} {r['regex']['cpu']:8.2f} "
+                f"{d['cpu']:8.2f} "
+                f"{d['secs']:9.2f} {d['cpu'] / r['wc']['cpu']:7.1f}x {d['cpu'] / r['regex']['cpu']:9.1f}x "
+                f"{d['peak_rss'] / 2**20:12.1f} {d['worker_rss'] / 2**20:10.1f} {d['records']:6d}",
+                flush=True,
             )
-        print(
-            f"diag / regex pass: {results['diag']['cpu'] / results['regex']['cpu']:.1f}x the cpu time; "
-            f"diag peak RSS / input: {results['diag']['peak_rss'] / size:.2f}"
-        )
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} (after)")
     if args.public:
         public_table(args.public)
     return 0

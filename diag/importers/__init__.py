@@ -124,9 +124,16 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
 
     for path, result in import_many([p for p, k in kinds.items() if k == detect.KINETO]):
         keep(path, detect.KINETO, lambda r=result: r)
+    logs = [p for p, k in kinds.items() if k == detect.LOG]
+    if len(logs) > 1:  # one job's logs: read side by side, their steps merged as they come
+        from diag.importers.logs.many import import_logs
+
+        read_logs = dict(import_logs(logs))
+    else:
+        read_logs = {}
     for path, kind in kinds.items():
         if kind != detect.KINETO:
-            keep(path, kind, lambda p=path, k=kind: _read(p, k))
+            keep(path, kind, lambda p=path, k=kind: read_logs[p] if p in read_logs else _read(p, k))
     sigs = [s for s in (_signature(*x) for x in loaded) if s is not None]
     found = runs.group(sigs)
     if len(found) > 1:

@@ -26,6 +26,7 @@ from diag.importers.logs.deepspeed import DeepSpeedReader
 from diag.importers.logs.hf import HFReader
 from diag.importers.logs.lines import read_lines
 from diag.importers.logs.megatron import MegatronReader
+from diag.importers.logs.prefilter import keyword_lines
 from diag.importers.logs.records import STEP_COLUMNS, Records
 from diag.trace.model import LoadProblem
 
@@ -88,8 +89,7 @@ def merge_parts(parts: dict[str, list[pd.DataFrame]]) -> None:
     the first such, in path order, usually the progress lines that place them)."""
     steps = parts.get("log_step", [])
     if len(steps) > 1:
-        both = pd.concat(steps, ignore_index=True)
-        parts["log_step"] = [both.groupby("step", sort=True, as_index=False).first()[list(both.columns)]]
+        parts["log_step"] = [first_per_step(steps)]
     ov = parts.get(schema.OVERFLOW, [])
     logs = [df for df in ov if _from_log(df)]
     if len(logs) > 1:
@@ -97,19 +97,41 @@ def merge_parts(parts: dict[str, list[pd.DataFrame]]) -> None:
         parts[schema.OVERFLOW] = [df for df in ov if not _from_log(df)] + [best]
 
 
+def first_per_step(steps: list[pd.DataFrame]) -> pd.DataFrame:
+    """One row per step: each figure from the first of `steps` that has it."""
+    both = pd.concat(steps, ignore_index=True)
+    return both.groupby("step", sort=True, as_index=False).first()[list(both.columns)]
+
+
 def _from_log(df: pd.DataFrame) -> bool:
     return "source" in df.columns and df["source"].astype(str).str.startswith("log").all()
 
 
-def read_records(path: str) -> Records:
+def read_records(path: str, every_line: bool = False) -> Records:
+    """What the readers find in `path`. Only lines holding a reader's keyword reach them (`prefilter`),
+    which reads what offering every line (`every_line`: the plain reference path) reads."""
     rec = Records()
-    readers = [("megatron", MegatronReader(rec)), ("deepspeed", DeepSpeedReader(rec)), ("hf", HFReader(rec))]
+    megatron, deepspeed, hf = MegatronReader(rec), DeepSpeedReader(rec), HFReader(rec)
+    readers = [("megatron", megatron), ("deepspeed", deepspeed), ("hf", hf)]
     crash = CrashReader(rec)
-    for ln in read_lines(path):
+
+    def seen(rank: int, host: str | None) -> None:
+        rec.ranks.add(rank)
+        if host:
+            rec.hosts.setdefault(rank, host)
+
+    def busy() -> bool:  # a reader inside a block of lines it reads whole
+        return bool(
+            megatron.in_args
+            or deepspeed.in_config
+            or deepspeed.json is not None
+            or crash.open_tb
+            or crash.child is not None
+        )
+
+    for ln in read_lines(path) if every_line else keyword_lines(path, busy, seen):
         if ln.rank >= 0:
-            rec.ranks.add(ln.rank)
-            if ln.host:
-                rec.hosts.setdefault(ln.rank, ln.host)
+            seen(ln.rank, ln.host)
         if crash.line(ln):
             continue
         for name, reader in readers:
@@ -119,10 +141,10 @@ def read_records(path: str) -> Records:
     return rec
 
 
-def import_log(path: str) -> LogImport:
+def import_log(path: str, every_line: bool = False) -> LogImport:
     """Frames, headers (with the layout) and problems of one log; `ImportProblem` when nothing in it
     is readable."""
-    rec = read_records(path)
+    rec = read_records(path, every_line)
     frames = {
         "log_step": rec.step_frame(),
         schema.OVERFLOW: rec.overflow_frame(),

@@ -29,6 +29,12 @@ _BLOCK = re.compile(
     r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)"
 )
 _BARE_NONFINITE = re.compile(r"(?<=: )(-?(?:nan|inf))(?=[,}])")  # `{'loss': nan, ...}`: repr of a float nan
+# a flat dict of numbers and plain strings, as the Trainer prints it: read without `ast` (which compiles
+# each line); anything else (other spacing, escapes, nested values) goes to `ast.literal_eval`
+_FLOAT = r"[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|[1-9]\d*|0)"
+_PAIR = r"'([^'\\\n]*)': (" + _FLOAT + r"|'[^'\\\n]*')"
+_FLAT = re.compile(r"\{" + _PAIR + r"(?:, " + _PAIR + r")*\}")
+_PAIRS = re.compile(_PAIR)
 _RUN = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 
 
@@ -72,13 +78,9 @@ class HFReader:
         return self.bar[max(self.bar)] if self.bar else None
 
     def _dict(self, ln: Line, text: str) -> bool:
-        try:
-            d = ast.literal_eval(_BARE_NONFINITE.sub(r"'\1'", text))
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        f = _figures(_BARE_NONFINITE.sub(r"'\1'", text))
+        if f is None:
             return False
-        if not isinstance(d, dict):
-            return False
-        f = {k: num(str(v)) for k, v in d.items() if isinstance(v, (int, float, str))}
         if "train_runtime" in f:
             self.rec.run.update({k: f[k] for k in _RUN if f.get(k) is not None})  # type: ignore[misc]
             return True
@@ -97,3 +99,16 @@ class HFReader:
             iter_ms=bar[1] if bar and "loss" in f else None,
         )
         return True
+
+
+def _figures(text: str) -> dict[str, float | None] | None:
+    """The dict's numbers by key (a string that is no number: None); None when it is no dict."""
+    if _FLAT.fullmatch(text):
+        return {k: num(v) for k, v in _PAIRS.findall(text)}
+    try:
+        d = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    return {k: num(str(v)) for k, v in d.items() if isinstance(v, (int, float, str))}

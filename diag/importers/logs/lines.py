@@ -22,13 +22,19 @@ from diag.trace import safeio
 _SKIP = 1 << 20  # characters read at a time while skipping a line past the limit
 
 _PREFIX = re.compile(
-    r"^\s*(?:"
+    r"\s*(?:"
     r"\[default(?P<local>\d+)\]:|"  # torchrun --tee / --log-dir console prefix (local rank)
     r"\[rank(?P<rank>\d+)\]:|"  # torch >= 2.2 C++/Python log prefix (global rank)
     r"(?P<label>\d{1,5}):(?=\s)|"  # srun --label
     r"(?P<host>[A-Za-z][\w.-]*-\d+|\d{1,3}(?:\.\d{1,3}){3}):(?=\s)"  # pdsh: worker-0: / 10.0.0.1:
     r")\s?"
 )
+# a line's head: leading blanks and up to 3 tokens holding a `:`; every prefix lies in it (each ends with
+# a `:` and holds no blank; the parse stops at the first token without one), so its parse is remembered
+_HEAD = re.compile(r"\s*(?:[^\s:]*:\S*\s*){0,3}")
+_HEADS: dict[str, tuple[int, str | None, int]] = {}
+_SECONDS: dict[tuple[str, ...], int | None] = {}
+_HEADS_KEPT = 1 << 16  # entries remembered at most (a timestamp in a head makes each second new)
 _RANK_IN_TEXT = re.compile(r"\[Rank\s+(\d+)\]")
 _TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
@@ -41,21 +47,16 @@ class Line:
     __slots__ = ("_ts", "host", "no", "rank", "raw", "text")
 
     def __init__(self, raw: str, no: int) -> None:
-        self.raw, self.no, self.rank, self.host = raw, no, -1, None
+        self.raw, self.no = raw, no
         self._ts: int | bool | None = False
-        text = raw
-        for _ in range(3):  # prefixes nest: `worker-1: [default0]:[rank8]: ...`
-            m = _PREFIX.match(text)
-            if m is None:
-                break
-            if m.group("rank") or m.group("label"):
-                self.rank = int(m.group("rank") or m.group("label"))
-            elif m.group("local") and self.rank < 0:
-                self.rank = int(m.group("local"))
-            elif m.group("host"):
-                self.host = m.group("host")
-            text = text[m.end() :]
-        self.text = text
+        head = _HEAD.match(raw).group()  # type: ignore[union-attr]
+        got = _HEADS.get(head)
+        if got is None:
+            if len(_HEADS) > _HEADS_KEPT:
+                _HEADS.clear()
+            got = _HEADS[head] = peel(head)
+        self.rank, self.host, end = got
+        text = self.text = raw[end:]
         if self.rank < 0 and "[Rank" in text and (r := _RANK_IN_TEXT.search(text)):
             self.rank = int(r.group(1))
 
@@ -66,13 +67,44 @@ class Line:
             m = _TS.search(self.text, 0, 60)
             self._ts = None
             if m:
-                frac = (m.group(7) or "0")[:9].ljust(9, "0")
-                try:
-                    dt = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
-                except ValueError:
+                sec = _seconds(m.group(1, 2, 3, 4, 5, 6))
+                if sec is None:
                     return None
-                self._ts = int(dt.timestamp()) * 1_000_000_000 + int(frac)
+                frac = (m.group(7) or "0")[:9].ljust(9, "0")
+                self._ts = sec * 1_000_000_000 + int(frac)
         return self._ts  # type: ignore[return-value]
+
+
+def peel(text: str) -> tuple[int, int | None, int] | tuple[int, str | None, int]:
+    """(rank or -1, host, where the text starts) from the launcher prefixes at the start of `text`."""
+    rank, host, pos = -1, None, 0
+    for _ in range(3):  # prefixes nest: `worker-1: [default0]:[rank8]: ...`
+        m = _PREFIX.match(text, pos)
+        if m is None:
+            break
+        if m.group("rank") or m.group("label"):
+            rank = int(m.group("rank") or m.group("label"))
+        elif m.group("local") and rank < 0:
+            rank = int(m.group("local"))
+        elif m.group("host"):
+            host = m.group("host")
+        pos = m.end()
+    return rank, host, pos
+
+
+def _seconds(parts: tuple[str, ...]) -> int | None:
+    """Seconds since the epoch of (year, month, day, hour, minute, second), remembered: a log's lines
+    share few distinct seconds."""
+    got = _SECONDS.get(parts, False)
+    if got is False:
+        try:
+            got = int(datetime(*(int(g) for g in parts), tzinfo=timezone.utc).timestamp())
+        except ValueError:
+            got = None
+        if len(_SECONDS) > _HEADS_KEPT:
+            _SECONDS.clear()
+        _SECONDS[parts] = got
+    return got  # type: ignore[return-value]
 
 
 def num(text: str | None) -> float | None:

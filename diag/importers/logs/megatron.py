@@ -52,6 +52,7 @@ _KEYS = {
     "tokens per gpu per second (tgs)": "tokens_per_sec_per_gpu",
     "tokens per second": "tokens_per_sec",
 }
+_FIELD_KEYS: dict[str, str] = {}  # a field name as printed -> its column ("": none), remembered
 # argument dump -> layout (Megatron-LM and Megatron-DeepSpeed spellings)
 _ARGS = {
     "world_size": "world_size",
@@ -128,9 +129,16 @@ class MegatronReader:
 
     def _iteration(self, ln: Line, it: int, rest: str) -> bool:
         f: dict[str, float | None] = {}
-        for k, v in _FIELD.findall(rest):
-            key = _KEYS.get(k.strip().lower())
-            if key is not None and key not in f:
+        for field in rest.split("|"):  # what `_FIELD.findall` reads, without the regex
+            if field[:1] == ":":  # no key before the colon: the key starts after it
+                field = field.lstrip(":")
+            k, colon, v = field.partition(":")
+            if not colon:
+                continue
+            key = _FIELD_KEYS.get(k)
+            if key is None:
+                key = _FIELD_KEYS[k] = _KEYS.get(k.strip().lower(), "") if len(_FIELD_KEYS) < 4096 else ""
+            if key and key not in f:
                 f[key] = num(v)
         if f.get("loss_scale") is not None and f["loss_scale"] < 0:  # type: ignore[operator]
             f["loss_scale"] = None  # -1: DeepSpeed manages the scale, Megatron does not know it

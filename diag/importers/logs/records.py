@@ -44,6 +44,7 @@ STEP_COLUMNS = (
     "eval_ppl",
 )
 MB, GB = 1 << 20, 1 << 30
+_MEMORY_ROW = ("rank", "step", "ts", "device", "allocated", "reserved", "peak")
 SAME_STEP_NS = 100_000_000  # ranks print one step's overflow within this of each other
 
 
@@ -83,7 +84,7 @@ class Records:
         self.hosts: dict[int, str] = {}
         self.host_ranks: dict[str, list[int]] = {}  # DeepSpeed launcher: host -> its global ranks
         self.layout: dict[str, Any] = {}
-        self.memory: list[dict[str, Any]] = []
+        self.memory: list[tuple[Any, ...]] = []  # rank, step, ts, device, allocated, reserved, peak
         self.run: dict[str, float] = {}
         self.args: dict[str, str] = {}  # Megatron's arguments dump, as printed (framework detection)
         self.ds_config: dict[str, Any] | None = None  # DeepSpeed's `json = {` user config
@@ -148,19 +149,9 @@ class Records:
         peak: float | None,
         reserved: float | None = None,
     ) -> None:
+        # a tuple per line (the frame's columns), not a dict: a long log holds many
         self.memory.append(
-            {
-                "rank": line.rank,
-                "step": self.last_step if step is None else step,
-                "ts": line.ts,
-                "device": "log",
-                "allocated": allocated,
-                "reserved": reserved,
-                "peak": peak,
-                "capacity": None,
-                "rss": None,
-                "module": None,
-            }
+            (line.rank, self.last_step if step is None else step, line.ts, "log", allocated, reserved, peak)
         )
 
     # -- frames -------------------------------------------------------------------------------
@@ -189,7 +180,10 @@ class Records:
         return pd.DataFrame(rows, columns=["rank", *schema.FIELDS[schema.OVERFLOW]])
 
     def memory_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.memory, columns=["rank", *schema.FIELDS[schema.MEMORY]])
+        rows = pd.DataFrame(self.memory, columns=list(_MEMORY_ROW))
+        for c in ("capacity", "rss", "module"):
+            rows[c] = None
+        return rows[["rank", *schema.FIELDS[schema.MEMORY]]]
 
 
 def _same_step(prev: Overflow, key: int | None, ts: int | None) -> bool:

@@ -1,0 +1,188 @@
+"""Read a log at close to disk speed: only the lines a reader can use become `Line`s.
+
+Most of a long log is lines no reader uses (a model's own prints, warnings, data loader chatter), and
+a `Line` (decode, prefix peeling) costs far more than finding out that a line is not one of those. So
+the file is read in large binary chunks and searched with one compiled alternation of `KEYWORDS`: the
+words every recognized line contains (each reader's own `in` guard, see the readers), plus `[Rank`
+(a rank named in the text). Only lines with a keyword, and every line while a reader is in the middle
+of a block (`busy`: Megatron's arguments dump, DeepSpeed's config or JSON dump, an open traceback, a
+torchrun failure report), are decoded and yielded, so every reader sees exactly the lines it acted on
+before. The ranks and hosts the launcher prefixes of the other lines name are still counted (the
+run's ranks): one regex over the chunk takes each line's head (its first tokens holding a `:`, which
+covers every prefix `lines.Line` peels), and each distinct head is parsed once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Callable, Iterator
+
+from diag.importers.errors import ImportProblem
+from diag.importers.logs.lines import Line, peel
+from diag.trace import safeio
+
+CHUNK = 4 << 20  # bytes read at a time
+KEYWORDS = (
+    # crash.CrashReader
+    b"Traceback",
+    b"ChildFailedError",
+    b"Watchdog caught",
+    b"exitcode:",
+    b"exits with return code",
+    b"Segmentation fault",
+    b"terminate called after throwing",
+    # megatron.MegatronReader
+    b"iteration",
+    b"arguments",
+    b"using world size:",
+    b"parallel group",
+    b"padded vocab",
+    b"global_step=",
+    # deepspeed.DeepSpeedReader
+    b"skipped=",
+    b"SamplesPerSec=",
+    b"iter time (s)",
+    b"Skipping step",
+    b"DeepSpeedEngine configuration",
+    b"print]",
+    b"dist_world_size=",
+    b"global_rank_mapping=",
+    b"ZeRO stage",
+    b"Max_MA",
+    # hf.HFReader
+    b"it]",
+    b"it/s]",
+    b"{'",
+    b"Instantaneous batch size per device",
+    b"Total train batch size",
+    b"Gradient Accumulation steps",
+    b"Total optimization steps",
+    # lines.Line: a rank named in the text
+    b"[Rank",
+)
+
+
+def _trie(words: list[bytes]) -> bytes:
+    """One regex for `words` with common prefixes factored out (the engine tries fewer branches)."""
+    tree: dict[bytes, dict] = {}
+    for w in words:
+        node = tree
+        for c in w:
+            node = node.setdefault(bytes([c]), {})
+        node[b""] = {}
+    return _alternation(tree)
+
+
+def _alternation(node: dict[bytes, dict]) -> bytes:
+    alts = [b"" if c == b"" else re.escape(c) + _alternation(sub) for c, sub in sorted(node.items())]
+    return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
+
+
+_KEY = re.compile(_trie(list(KEYWORDS)))
+# a line's (or a `\r` piece's) head: leading blanks, then up to 3 tokens that hold a `:` (every launcher
+# prefix ends with one and holds no blank; the parse stops at the first token without one)
+_HEAD = rb"[ \t\f\v]*(?:[^\s:]*:\S*[ \t\f\v]*){0,3}"
+_HEADS_NL = re.compile(rb"(?m)^" + _HEAD)
+_HEADS_CR = re.compile(rb"(?m)(?:^|(?<=\r))" + _HEAD)  # a chunk with `\r`: each piece has its head
+_HEADS_KEPT = 1 << 16  # distinct heads remembered (a timestamp in a head makes each second new)
+
+
+def keyword_lines(
+    path: str, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None]
+) -> Iterator[Line]:
+    """The lines of `path` that hold a keyword, and every line while `busy()`; `rank_seen(rank, host)`
+    for the launcher prefix of every line, in order of first appearance in each chunk. Same limits
+    and problems as `lines.read_lines`."""
+    try:
+        f = safeio.open_regular(path)
+    except safeio.InputError as e:
+        raise ImportProblem(str(e)) from None
+    with f:
+        head = f.read(4096)
+        f.seek(0)
+        gz = head[:2] == b"\x1f\x8b"
+        if not gz and b"\x00" in head:
+            raise ImportProblem("binary file, not a training log")
+        stream = gzip.open(f) if gz else f
+        try:
+            yield from _lines(stream, busy, rank_seen)  # type: ignore[arg-type]
+        except (EOFError, OSError, gzip.BadGzipFile) as e:
+            raise ImportProblem(f"truncated or corrupt gzip ({e})") from None
+
+
+def _lines(
+    stream: object, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None]
+) -> Iterator[Line]:
+    limit, max_line = safeio.max_input_bytes(), safeio.max_line_bytes()
+    read = stream.read  # type: ignore[attr-defined]
+    heads: set[bytes] = set()
+    total = 0
+    no = 0  # lines before the chunk
+    rest = b""
+    skipping = False  # inside a line past max_line: dropped up to its newline
+    while True:
+        data = read(CHUNK)
+        total += len(data)
+        if total > limit:
+            raise ImportProblem(safeio.too_big("decompresses to more than", limit))
+        if not data:
+            chunk, rest = rest, b""
+            if not chunk:
+                return
+        else:
+            buf = rest + data if rest else data
+            end = buf.rfind(b"\n")
+            if end < 0:
+                rest = buf
+                if len(rest) > max_line:
+                    rest, skipping = b"", True
+                continue
+            chunk, rest = buf[: end + 1], buf[end + 1 :]
+            if len(rest) > max_line:
+                rest, skipping = b"", True
+        start = 0
+        if skipping:  # the tail of a line past the limit: counts as a line, yields nothing
+            start = chunk.find(b"\n") + 1 or len(chunk)
+            skipping = False
+        _heads(chunk, start, heads, rank_seen)
+        yield from _chunk_lines(chunk, start, no, max_line, busy)
+        no += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+
+
+def _heads(chunk: bytes, start: int, heads: set[bytes], rank_seen: Callable[[int, str | None], None]) -> None:
+    if len(heads) > _HEADS_KEPT:
+        heads.clear()
+    found = (_HEADS_CR if b"\r" in chunk else _HEADS_NL).findall(chunk, start)
+    for h in dict.fromkeys(found):
+        if h not in heads:
+            heads.add(h)
+            rank, host, _ = peel(h.decode("utf-8", "replace"))
+            if rank >= 0:
+                rank_seen(rank, host)
+
+
+def _chunk_lines(
+    chunk: bytes, start: int, no: int, max_line: int, busy: Callable[[], bool]
+) -> Iterator[Line]:
+    """The chunk's (complete) lines with a keyword, and all lines while `busy()`; `no`: the lines
+    before the chunk."""
+    lines = chunk[start:].split(b"\n")
+    if chunk.endswith(b"\n"):
+        lines.pop()
+    no += chunk.count(b"\n", 0, start)
+    search = _KEY.search
+    every = busy()
+    for b in lines:
+        no += 1
+        if (not every and search(b) is None) or len(b) > max_line:
+            continue
+        raw = b.decode("utf-8", "replace").rstrip("\r\n")
+        if "\r" not in raw:
+            if raw:
+                yield Line(raw, no)
+        else:
+            for piece in raw.split("\r"):  # a progress bar rewrites its line with \r: each piece counts
+                if piece:
+                    yield Line(piece, no)
+        every = busy()
