@@ -8,7 +8,6 @@ saves there).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 from collections.abc import Iterator
@@ -59,6 +58,8 @@ def import_many(paths: list[str]) -> Iterator[tuple[str, Result | ImportProblem]
         for p in paths:
             yield p, _detached(p)
         return
+    import multiprocessing  # here: a small input never pays for importing it
+
     # fork: workers start in milliseconds with diag already imported; a fresh worker every 4 files
     # bounds the heap fragmentation one worker accumulates
     with multiprocessing.get_context("fork").Pool(n, maxtasksperchild=4) as pool:
