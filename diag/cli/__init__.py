@@ -58,9 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    top = build_parser()
-    if not argv or argv[0] not in COMMANDS:
-        top.parse_args(argv or ["--help"])
+    if not argv or argv[0] not in COMMANDS:  # only then: the top parser reads every command's file
+        build_parser().parse_args(argv or ["--help"])
         return 2
     name = argv[0]
     try:

@@ -61,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "other GPUs) or to override it",
     )
     parser.add_argument(
+        "--ranks",
+        metavar="LIST",
+        help="analyze only these ranks, e.g. 0-7,12 (other ranks' files are not read when they "
+        "say their rank up front)",
+    )
+    parser.add_argument(
+        "--steps",
+        metavar="A:B",
+        help="analyze only steps A up to, not including, B (A: or :B leave an end open); the first "
+        "selected step counts as the warm-up",
+    )
+    parser.add_argument(
         "--model",
         metavar="K=V,...",
         help="model shape for the model-FLOPs view when the trace/log has none: "
@@ -100,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     _comm_patterns(args.comm_pattern)
     only = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     _model_option(args.model)  # a bad --model is one line before any input is read
+    from diag.trace.window import parse
+
+    args.window = parse(args.ranks, args.steps)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise DiagError(f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}")
     if only:
@@ -131,7 +146,7 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
 
     try:
         with _progress(paths, args.quiet) as progress:
-            trace = load_inputs(paths, progress)
+            trace = load_inputs(paths, progress, args.window)
     except Unreadable as e:  # nothing readable: still one line per bad input
         for p in e.per_file():
             print(f"diag analyze: error: {p}", file=sys.stderr)

@@ -16,6 +16,7 @@ from diag.importers.combine import Combiner
 from diag.importers.errors import ImportProblem
 from diag.trace.model import LoadProblem, Trace
 from diag.trace.safeio import file_size
+from diag.trace.window import ALL, Window, kineto_rank
 
 Progress = Callable[[str, int], None]  # (path just done, its size in bytes)
 
@@ -30,25 +31,35 @@ def _add_kineto(comb: Combiner, path: str, result: Any) -> None:
     comb.add_frames(frames)
 
 
-def _read(path: str, kind: str) -> Any:
+def _read(path: str, kind: str, window: Window) -> Any:
     """One non-Kineto input read: a Flight Recorder dump's (rank, header, frames), a diag `Trace` or
-    an imported log."""
+    an imported log; None for a dump of a rank outside `window`."""
     if kind == detect.FR:
         from diag.importers.flight_recorder import import_dump
 
-        return import_dump(path)
+        rank, header, frames = import_dump(path)
+        return (rank, header, window.frames(frames)) if window.wants_rank(rank) else None
     if kind == detect.DIAG:
         from diag.trace.reader import Unreadable, load_trace
 
         try:
-            return load_trace(path)
+            trace = load_trace(path, window=window)
+            return trace if trace.headers else None
         except Unreadable as e:
             raise ImportProblem(str(e), e.problems) from None
         except DiagError as e:
             raise ImportProblem(str(e).removeprefix(f"{path}: ")) from None
     from diag.importers.logs import import_log
 
-    return import_log(path)
+    return _in_window(import_log(path), window)
+
+
+def _in_window(log: Any, window: Window) -> Any:
+    """An imported log cut to `window`'s ranks and steps (a log is read whole: it has no rank files)."""
+    if window:
+        log.headers = {r: h for r, h in log.headers.items() if window.wants_rank(r)}
+        log.frames = window.frames(log.frames)
+    return log
 
 
 def _add(comb: Combiner, path: str, kind: str, data: Any) -> None:
@@ -95,9 +106,15 @@ def size_of(path: str) -> int:
     return file_size(path)
 
 
-def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
-    """One Trace from every input; raises `DiagError` only when nothing at all could be read, and
-    `runs.MixedRuns` (naming them) when the inputs come from different runs."""
+def _outside(path: str, kind: str, window: Window) -> bool:
+    """A Kineto file whose head names a rank outside `window`: skipped unread."""
+    return window.ranks is not None and kind == detect.KINETO and not window.wants_rank(kineto_rank(path))
+
+
+def load_inputs(paths: list[str], progress: Progress | None = None, window: Window = ALL) -> Trace:
+    """One Trace from every input (only `window`'s ranks and steps); raises `DiagError` only when
+    nothing at all could be read, and `runs.MixedRuns` (naming them) when the inputs come from
+    different runs."""
     from diag.importers.parallel import import_many
 
     items, problems = input_files(paths)
@@ -107,6 +124,8 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
     for path, kind in items:
         try:
             kinds[path] = kind or detect.kind_of_file(path)
+            if _outside(path, kinds[path], window):
+                del kinds[path]
         except ImportProblem as e:
             comb.result.problems.append(LoadProblem(path, str(e)))
     loaded: list[tuple[str, str, Any]] = []
@@ -116,13 +135,14 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
             data = read()
             if isinstance(data, ImportProblem):
                 raise data
-            loaded.append((path, kind, data))
+            if data is not None:  # None: a rank outside the window
+                loaded.append((path, kind, data))
         except ImportProblem as e:
             comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
         if progress is not None:
             progress(path, size_of(path))
 
-    for path, result in import_many([p for p, k in kinds.items() if k == detect.KINETO]):
+    for path, result in import_many([p for p, k in kinds.items() if k == detect.KINETO], window):
         keep(path, detect.KINETO, lambda r=result: r)
     logs = [p for p, k in kinds.items() if k == detect.LOG]
     if len(logs) > 1:  # one job's logs: read side by side, their steps merged as they come
@@ -133,7 +153,13 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
         read_logs = {}
     for path, kind in kinds.items():
         if kind != detect.KINETO:
-            keep(path, kind, lambda p=path, k=kind: read_logs[p] if p in read_logs else _read(p, k))
+            keep(
+                path,
+                kind,
+                lambda p=path, k=kind: (
+                    _in_window(read_logs[p], window) if p in read_logs else _read(p, k, window)
+                ),
+            )
     sigs = [s for s in (_signature(*x) for x in loaded) if s is not None]
     found = runs.group(sigs)
     if len(found) > 1:
@@ -146,7 +172,7 @@ def load_inputs(paths: list[str], progress: Progress | None = None) -> Trace:
             comb.result.problems.extend(e.problems or [LoadProblem(path, str(e))])
     if not comb.result.sources:
         if not comb.result.problems:
-            raise DiagError("nothing to analyze")
+            raise DiagError("nothing to analyze" + (" in the --ranks/--steps window" if window else ""))
         from diag.trace.reader import Unreadable
 
         raise Unreadable(comb.result.problems)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from diag.trace.model import CATEGORICAL, Trace
+
+if TYPE_CHECKING:  # imported where frames are joined: finding the inputs needs no pandas
+    import pandas as pd
 
 
 class Combiner:
@@ -34,6 +35,8 @@ class Combiner:
         self.result.problems.extend(trace.problems)
 
     def trace(self) -> Trace:
+        import pandas as pd
+
         while self.parts:  # drop each kind's parts as soon as they are joined (peak memory)
             kind, dfs = self.parts.popitem()
             df = dfs[0] if len(dfs) == 1 else pd.concat(dfs, ignore_index=True)

@@ -11,7 +11,6 @@ import zlib
 from diag.importers import flight_recorder
 from diag.importers.errors import ImportProblem
 from diag.importers.jsonfile import GZIP_MAGIC
-from diag.importers.logs import MARKERS
 from diag.trace import safeio
 from diag.trace.reader import TRACE_GLOB
 
@@ -56,6 +55,8 @@ def kind_of_file(path: str) -> str:
         return KINETO
     if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:
         raise ImportProblem("binary file: not a diag trace, PyTorch profiler trace or training log")
+    from diag.importers.logs import MARKERS  # here: the log importer needs pandas, JSON inputs do not
+
     if any(m in head for m in MARKERS) or safeio.file_size(path) > len(head):
         return LOG
     raise ImportProblem("not a diag trace, PyTorch profiler trace or DeepSpeed/Megatron log")

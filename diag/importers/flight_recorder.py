@@ -22,12 +22,13 @@ import json
 import os
 import pickle
 import re
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from diag.importers.errors import ImportProblem
 from diag.trace import safeio
+
+if TYPE_CHECKING:  # imported where the frames are built: detecting a dump needs no pandas
+    import pandas as pd
 
 PICKLE_MARK = (b"pg_config", b"entries")
 JSON_MARK = b'"comm_lib_version"'
@@ -125,6 +126,8 @@ def _caller(frames: Any) -> str:
 
 def import_dump(path: str) -> tuple[int, dict[str, Any], dict[str, pd.DataFrame]]:
     """(rank, header, frames) of one rank's dump."""
+    import pandas as pd
+
     dump, rank = load(path), rank_of(path)
     rows = []
     for e in dump["entries"]:

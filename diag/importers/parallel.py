@@ -8,7 +8,7 @@ saves there).
 
 from __future__ import annotations
 
-import multiprocessing
+import functools
 import os
 import pickle
 from collections.abc import Iterator
@@ -17,28 +17,34 @@ from typing import Any
 from diag.importers.errors import ImportProblem
 from diag.importers.jsonfile import release_memory
 from diag.trace.safeio import file_size
+from diag.trace.window import ALL, Window
 
 PARALLEL_BYTES = 32 << 20  # total Kineto bytes above which workers are used
 MAX_WORKERS = 4
 Result = tuple[int, dict[str, Any], dict[str, Any]]
 
 
-def import_one(path: str) -> Result | ImportProblem:
-    """One file's (rank, header, frames), or the problem; never raises for a malformed file."""
+def import_one(path: str, window: Window = ALL) -> Result | ImportProblem | None:
+    """One file's (rank, header, frames), or the problem; never raises for a malformed file. With a
+    window, only its steps' rows, and None for a rank outside it (cut here, in the worker, so the
+    main process receives the window only)."""
     from diag.importers.kineto import import_file
 
     try:
-        return import_file(path)
+        rank, header, frames = import_file(path)
+        if not window:
+            return rank, header, frames
+        return (rank, header, window.frames(frames)) if window.wants_rank(rank) else None
     except ImportProblem as e:
         return e
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         return ImportProblem(f"malformed trace ({type(e).__name__}: {e})")
 
 
-def _detached(path: str) -> Result | ImportProblem:
+def _detached(path: str, window: Window) -> Result | ImportProblem | None:
     """In-process import whose result no longer references the parsed JSON (copied via pickle),
     so the freed parse memory can go back to the OS instead of being pinned by a few strings."""
-    out = pickle.loads(pickle.dumps(import_one(path)))
+    out = pickle.loads(pickle.dumps(import_one(path, window)))
     release_memory()
     return out
 
@@ -52,14 +58,18 @@ def workers_for(paths: list[str]) -> int:
     return min(len(paths), cores - 1, MAX_WORKERS) if cores >= 3 else 0
 
 
-def import_many(paths: list[str]) -> Iterator[tuple[str, Result | ImportProblem]]:
-    """(path, result) in input order."""
+def import_many(
+    paths: list[str], window: Window = ALL
+) -> Iterator[tuple[str, Result | ImportProblem | None]]:
+    """(path, result) in input order; None for a file of a rank outside `window`."""
     n = workers_for(paths)
     if n == 0:
         for p in paths:
-            yield p, _detached(p)
+            yield p, _detached(p, window)
         return
+    import multiprocessing  # here: a small input never pays for importing it
+
     # fork: workers start in milliseconds with diag already imported; a fresh worker every 4 files
     # bounds the heap fragmentation one worker accumulates
     with multiprocessing.get_context("fork").Pool(n, maxtasksperchild=4) as pool:
-        yield from zip(paths, pool.imap(import_one, paths))
+        yield from zip(paths, pool.imap(functools.partial(import_one, window=window), paths))

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from diag.errors import DiagError
+
+if TYPE_CHECKING:  # imported where frames are used: finding the inputs needs no pandas
+    import pandas as pd
 
 GAP_NS = 120 * 10**9  # two traces of one run overlap in time; back-to-back runs still differ in ranks
 EPOCH_NS = 10**17  # times before 1973 are not wall-clock times
@@ -68,6 +69,8 @@ def _argv(argv: Any) -> tuple[str, ...] | None:
 
 
 def _span(frames: dict[str, pd.DataFrame]) -> tuple[int | None, int | None]:
+    import pandas as pd
+
     lo, hi = [], []
     for df in frames.values():
         if "ts" in df.columns and len(df):

@@ -32,6 +32,9 @@ CATEGORICAL = (
 )
 
 
+_EMPTY: dict[str, pd.DataFrame] = {}  # kind -> the empty frame `Trace.frame` copies
+
+
 @dataclass
 class LoadProblem:
     """Something the reader had to skip or could not read; `str()` is the one-line message."""
@@ -60,10 +63,15 @@ class Trace:
         df = self.frames.get(kind)
         if df is not None:
             return df
-        import pandas as pd
+        empty = _EMPTY.get(kind)
+        if empty is None:
+            import pandas as pd
 
-        cols = ["rank", *schema.FIELDS.get(kind, ())]
-        return pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
+            cols = ["rank", *schema.FIELDS.get(kind, ())]
+            empty = _EMPTY[kind] = pd.DataFrame({c: pd.Series(dtype="object") for c in cols})
+        # a shallow copy: a caller adding a column changes its copy only (building a frame of
+        # object Series anew costs ~2 ms, and the rules and report ask for absent kinds ~40 times)
+        return empty.copy(deep=False)
 
     @property
     def ranks(self) -> list[int]:

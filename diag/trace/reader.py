@@ -14,6 +14,7 @@ from diag import schema
 from diag.errors import DiagError
 from diag.trace import safeio, values
 from diag.trace.model import CATEGORICAL, LoadProblem, Trace
+from diag.trace.window import ALL, Window, diag_file_rank
 
 if TYPE_CHECKING:  # imported where frames are built (`diag top` and the exporter tail without it)
     import pandas as pd
@@ -178,11 +179,18 @@ def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df
 
 
-def load_trace(path: str, *, strict: bool = False) -> Trace:
-    """Read every rank file under `path` into a `Trace`. With `strict`, any problem is an error."""
+def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trace:
+    """Read every rank file under `path` into a `Trace`. With `strict`, any problem is an error.
+    With a `window`, a rank-NNNNN.jsonl of another rank is not opened, other ranks' records and
+    steps outside it are dropped (no rank of `path` in the window: a Trace without headers)."""
     trace = Trace(sources=[path])
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    skipped = 0
     for file in trace_files(path):
+        named = diag_file_rank(file) if window.ranks is not None else None
+        if named is not None and not window.wants_rank(named):
+            skipped += 1
+            continue
         header, events, problems = read_file(file)
         trace.problems.extend(problems)
         if header is None:
@@ -204,6 +212,11 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
             )
         if rank is None:
             rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
+        if window.ranks is not None and not window.wants_rank(rank):
+            skipped += 1
+            continue
+        if window.steps:
+            events = [ev for ev in events if window.wants_step(ev.get("step"))]
         merged = trace.headers.setdefault(rank, dict(header))
         for ev in events:
             ev["rank"] = rank
@@ -213,6 +226,8 @@ def load_trace(path: str, *, strict: bool = False) -> Trace:
     if strict and trace.problems:
         raise DiagError(str(trace.problems[0]))
     if not trace.headers:
+        if skipped and not trace.problems:
+            return trace  # every rank outside the window
         raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
     trace.frames = build_frames(by_kind, trace.problems, path)
     return trace

@@ -68,3 +68,20 @@ def test_analyze_json_of_a_tiny_trace_loads_no_ui_torch_or_agent(tmp_path) -> No
         f"    assert main(['analyze', '--json', {str(tmp_path)!r}]) == 0"
     )
     assert loaded_after(code) == {"pandas", "numpy"}
+
+
+def test_the_analyze_entry_and_input_detection_load_no_pandas() -> None:
+    """`diag analyze` parses its options, finds and sizes its inputs and tells their kinds (the
+    progress bar's total, a Kineto file, a Flight Recorder dump) before any frame is built: none of
+    that may pull pandas/numpy (0.3 s of a tiny trace's analysis) or multiprocessing."""
+    code = (
+        "import sys\nimport diag.cli, diag.cli.analyze, diag.importers.parallel\n"
+        "from diag.importers import detect, input_files, size_of\n"
+        "items, problems = input_files(['sample_traces/kineto_gloo_dp', 'sample_traces/zero3'])\n"
+        "assert items and not problems, (items, problems)\n"
+        "assert sum(size_of(p) for p, _ in items) > 0\n"
+        "kinds = {detect.kind_of_file(p) for p, k in items if k is None}\n"
+        "assert detect.KINETO in kinds, kinds\n"
+        "assert 'multiprocessing' not in sys.modules"
+    )
+    assert loaded_after(code) == set()
