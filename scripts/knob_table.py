@@ -6,6 +6,8 @@ version range of every knob that some release lacks.
     git clone https://github.com/NVIDIA/Megatron-LM mlm
     git clone https://github.com/microsoft/DeepSpeed ds              # only for --versions
     .venv-compat/bin/python scripts/knob_table.py --megatron-deepspeed mds --megatron-lm mlm [--deepspeed ds]
+    .venv/bin/python scripts/knob_table.py --ranges-only --megatron-lm mlm --deepspeed ds  # ranges only
+    .venv/bin/ruff format analyzers/knob_table.py
 
 Version ranges (`--deepspeed`): every release tag of Megatron-LM (`core_vX.Y.Z`, the megatron.core
 version a job imports) and DeepSpeed (`vX.Y.Z`) is read with `git show TAG:file` (no checkout) and

@@ -122,3 +122,32 @@ def test_a_planted_bubble_gets_the_flags_of_the_jobs_release(tmp_path):
     assert "--decoder-first-pipeline-num-layers" in got["0.9.0"]
     assert "--decoder-first-pipeline-num-layers" not in got["0.8.0"]
     assert got["0.8.0"]  # the flags 0.8 has are still offered
+
+
+def test_the_registry_drops_a_fix_the_jobs_release_lacks(tmp_path):
+    """Whichever rule made it: a ZeRO++ key (DeepSpeed 0.10+) is dropped for a 0.9 job, kept for 0.10."""
+    from diag.analyzers import base
+
+    from diag.findings import Finding
+
+    def planted(trace, metrics):
+        return [
+            Finding(
+                severity="info",
+                title="t",
+                detail="d",
+                fixes=[
+                    Fix("hpz", ds_config={"zero_optimization": {"zero_hpz_partition_size": 8}}),
+                    Fix("overlap", ds_config={"zero_optimization": {"overlap_comm": True}}),
+                ],
+            )
+        ]
+
+    fn = base.rule("test_knob_filter")(planted)
+    try:
+        for ds, want in (("0.9.0", ["overlap"]), ("0.10.0", ["hpz", "overlap"])):
+            header = {"zero_stage": 3, "deepspeed": ds, "ds_config": {"zero_optimization": {}}}
+            (f,) = fn(Job(header=header).write(str(tmp_path / ds)))
+            assert [x.summary for x in f.fixes] == want
+    finally:
+        del base._RULES["test_knob_filter"]
