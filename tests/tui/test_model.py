@@ -145,7 +145,7 @@ def test_pid_resolution(tmp_path):
         for p in (with_dir, without):
             p.kill()
             p.wait()
-    with pytest.raises(DiagError, match="no process"):
+    with pytest.raises(DiagError, match="no such process"):
         trace_dir_of_pid(with_dir.pid)
     with pytest.raises(DiagError, match="no such trace directory"):
         LiveSource(str(tmp_path / "nope"))
