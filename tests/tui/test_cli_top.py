@@ -102,3 +102,16 @@ def test_a_file_is_not_a_trace_directory(tmp_path, capsys):
     (tmp_path / "f").write_text("")
     assert main(["top", str(tmp_path / "f")]) == 2
     assert "not a trace directory" in capsys.readouterr().err
+
+
+def test_status_of_a_launcher_asks_its_ranks(tmp_path, capsys):
+    code = AGENT_JOB.replace("what='memory'", "what='memory', control=True")
+    job = _launch(code, str(tmp_path), rank=False)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "ready"
+        assert main(["status", str(job.pid)]) == 0
+        out = capsys.readouterr().out
+        assert f"trace {tmp_path}/rank-00000.jsonl" in out and f"pid {job.pid}" not in out, out
+    finally:
+        job.kill()
+        job.wait()
