@@ -111,9 +111,9 @@ def test_perfetto_export_of_agent_trace(tmp_path, capsys):
     assert sorted((e["tid"], e["name"]) for e in spans) == [
         (1, "step 0"),
         (2, "model.layers.0.mlp forward"),
-        (3, "all_reduce"),
+        (10, "all_reduce"),  # the track of its process group, "collectives [dp]"
     ]
-    comm = next(e for e in spans if e["tid"] == 3)
+    comm = next(e for e in spans if e["tid"] == 10)
     assert comm["dur"] == 1000.0 and comm["args"]["bytes"] == 4 << 20
     step = next(e for e in spans if e["tid"] == 1)
     assert comm["ts"] - step["ts"] == 2000.0 and step["ts"] == 0.0  # microseconds from the first event
@@ -209,3 +209,35 @@ def test_fix_blocks_evidence_units_and_merged_ds_config(tmp_path, capsys):
     md = tmp_path / "z3.md"
     assert main(["analyze", str(SAMPLES / "zero3_slow_link"), "-q", "--markdown", str(md)]) == 0
     assert "26.1 KB/s" in md.read_text() and not re.search(r"\de-\d", md.read_text())
+
+
+def test_perfetto_counters_overflow_markers_and_group_tracks(tmp_path):
+    """fp16_overflow: RSS and loss-scale counters, one instant marker per rank and overflowed step,
+    collectives on their process group's track; no device-memory counter where the trace has no
+    device allocator figures (a CPU run: never drawn as 0)."""
+    src = str(SAMPLES / "fp16_overflow")
+    tr = diag.load(src)
+    out = tmp_path / "t.json"
+    assert main(["export", "--perfetto", str(out), src]) == 0
+    ev = json.loads(out.read_text())["traceEvents"]
+    over = tr.overflow[tr.overflow["overflow"].astype(bool)]
+    marks = [e for e in ev if e["ph"] == "i"]
+    assert sorted((e["pid"], e["args"]["step"]) for e in marks) == sorted(zip(over["rank"], over["step"]))
+    assert all(e["tid"] == 1 and "scale" in e["name"] for e in marks)
+    scale = [e for e in ev if e["ph"] == "C" and e["name"] == "loss scale"]
+    assert (
+        len(scale) == tr.overflow["scale_after"].notna().sum() and min(e["args"]["scale"] for e in scale) == 8
+    )
+    rss = [e["args"]["rss"] for e in ev if e["ph"] == "C" and e["name"] == "host RSS"]
+    assert sorted(rss) == sorted(tr.memory["rss"].dropna())
+    assert not [e for e in ev if e["ph"] == "C" and e["name"] == "device memory"]
+    names = {e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    comm_tids = {e["tid"] for e in ev if e.get("cat") == "comm"}
+    assert len(comm_tids) == tr.comms["group"].nunique() and any(n.startswith("collectives [") for n in names)
+
+
+def test_perfetto_refuses_a_kineto_trace_in_one_line(capsys, tmp_path):
+    for src in (SAMPLES / "kineto_gloo_dp", SAMPLES / "kineto_gloo_dp" / "rank0.json.gz"):
+        assert main(["export", "--perfetto", str(tmp_path / "o.json"), str(src)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Kineto" in err and "ui.perfetto.dev" in err, err
