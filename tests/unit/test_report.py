@@ -59,7 +59,7 @@ def test_json_document_is_plain_and_versioned():
 
 def test_html_is_self_contained_with_plots():
     page = html.render(_doc())
-    assert page.count("<svg") == 6 and "<script" not in page and "src=" not in page
+    assert page.count("<svg") == 7 and "<script" not in page and "src=" not in page
     assert "comm &lt;exposed&gt; &amp; slow" in page  # escaped
     assert "Loss scale over steps" in page and "polyline" in page
     assert "rule broken_rule failed" in page
@@ -241,3 +241,52 @@ def test_perfetto_refuses_a_kineto_trace_in_one_line(capsys, tmp_path):
         assert main(["export", "--perfetto", str(tmp_path / "o.json"), str(src)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Kineto" in err and "ui.perfetto.dev" in err, err
+
+
+def test_html_step_timeline_per_rank_marks_overflows(tmp_path):
+    """The per-rank step timeline: one rectangle per rank and step at its time (starts and lengths
+    from diag.load), overflowed steps in red, lanes named by rank."""
+    from diag.report.figures import OVERFLOW_COLOR
+
+    src = str(SAMPLES / "fp16_overflow")
+    page_path = tmp_path / "r.html"
+    assert main(["analyze", src, "--html", str(page_path), "-q"]) == 0
+    svg = re.search(
+        r'<svg[^>]*aria-label="Steps of each rank over time".*?</svg>', page_path.read_text(), flags=re.S
+    ).group(0)
+    root = ElementTree.fromstring(svg)
+    rects = [
+        (r.get("fill"), r.find("{http://www.w3.org/2000/svg}title").text)
+        for r in root.iter("{http://www.w3.org/2000/svg}rect")
+        if r.find("{http://www.w3.org/2000/svg}title") is not None
+    ]
+    st = diag.load(src).steps.dropna(subset=["dur"])
+    assert len(rects) == len(st)
+    over = diag.load(src).overflow
+    hit = {(int(r), int(s)) for r, s in over[over["overflow"].astype(bool)][["rank", "step"]].values}
+    for fill, tip in rects:
+        rank, step = map(int, re.match(r"rank (\d+) step (\d+)", tip).groups())
+        assert (fill == OVERFLOW_COLOR) == ((rank, step) in hit), tip
+    assert "rank 0</text>" in svg and "rank 1</text>" in svg and "overflow step" in svg
+
+
+def test_plot_legends_wrap_above_the_data_and_x_ticks_are_whole_steps():
+    """Many series: the legend takes more rows and the plotting area starts below the last one;
+    every legend entry stays inside the frame."""
+    from diag.report import plots
+
+    series = {
+        f"rank {r} {k}": [(0, 1.0), (3, 2.0)] for r in range(2) for k in ("allocated", "reserved", "rss")
+    }
+    svg = plots.lines(series, "Memory", "step", "MiB", integer_x=True, marks=[1], mark_label="overflow")
+    root = ElementTree.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = {t.text: t for t in root.iter(f"{ns}text")}
+    for name in series:
+        x = float(texts[name].get("x"))
+        assert x + 6.2 * len(name) <= plots.W, name  # inside the frame
+    legend_bottom = max(float(texts[n].get("y")) for n in series)
+    axis_top = min(float(line.get("y1")) for line in root.iter(f"{ns}line"))
+    assert legend_bottom < axis_top  # the legend never over the data
+    ticks = [t.text for t in root.iter(f"{ns}text") if t.get("y") == str(plots.H - plots.B + 14)]
+    assert ticks == ["0", "1", "2", "3"]
