@@ -114,7 +114,8 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
             dots=True,
         ),
         "Loss scale": plots.lines(
-            {"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"]]},
+            # the scale before the first step is dated one step earlier: no step -1 on the axis
+            {"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"] if r["step"] >= 0]},
             "Loss scale over steps",
             "step",
             "loss scale",
