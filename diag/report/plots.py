@@ -53,6 +53,18 @@ def _xticks(xlo: float, xhi: float, integer: bool) -> list[float]:
     return [float(v) for v in range(math.ceil(xlo), math.floor(xhi) + 1, step)] or [xlo]
 
 
+def _nice_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
+    """Round ticks (1, 2 or 5 times a power of ten apart) over [lo, hi]: 0, 20, 40 s, not 0.0971."""
+    span = hi - lo
+    if span <= 0:
+        return [lo]
+    raw = span / most
+    base = 10 ** math.floor(math.log10(raw))
+    step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 10) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
 def _axes(
     xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x: bool = False, top: float = T
 ) -> list[str]:
@@ -199,7 +211,7 @@ def lanes(rows: dict[str, list[Span]], title: str, xlabel: str, legend: dict[str
     body = _axes(xlo, xhi, 0, 1, False, top=top)[:2]
     body += [
         f'<text x="{sx(xv):.1f}" y="{H - B + 14}" font-size="10" text-anchor="middle">{_fmt(xv)}</text>'
-        for xv in _xticks(xlo, xhi, False)
+        for xv in _nice_ticks(xlo, xhi)
     ]
     lane_h = (H - B - top) / len(rows)
     for i, (name, v) in enumerate(rows.items()):

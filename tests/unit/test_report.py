@@ -290,3 +290,11 @@ def test_plot_legends_wrap_above_the_data_and_x_ticks_are_whole_steps():
     assert legend_bottom < axis_top  # the legend never over the data
     ticks = [t.text for t in root.iter(f"{ns}text") if t.get("y") == str(plots.H - plots.B + 14)]
     assert ticks == ["0", "1", "2", "3"]
+
+
+def test_timeline_ticks_are_round_numbers():
+    from diag.report import plots
+
+    assert plots._nice_ticks(0, 0.388) == [0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35]
+    assert plots._nice_ticks(0, 64.3) == [0, 10, 20, 30, 40, 50, 60]
+    assert plots._nice_ticks(3, 3) == [3]
