@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Callable
 
-from diag.errors import FAILURE, DiagError
+from diag.errors import FAILURE, USAGE, DiagError
 from diag.trace import safeio
 from diag.trace.reader import trace_files
 from diag.tui.tail import Chunk, DirTail
@@ -114,7 +114,14 @@ def _ts(ev: dict) -> int:
 def trace_dir_of_pid(pid: int) -> str:
     """The trace directory of a job given a rank's pid or its launcher's (torchrun, deepspeed): the
     first rank whose trace directory is found. A DiagError that says why otherwise."""
-    from diag.procs import ranks_under
+    try:
+        from diag.procs import ranks_under
+    except ImportError:  # psutil comes with diag[attach]: without it, the pid is taken as a rank's
+
+        def ranks_under(pid: int) -> list[tuple[int, int | None]]:
+            if not os.path.exists(f"/proc/{pid}"):
+                raise DiagError(f"no such process: {pid}", USAGE) from None
+            return [(pid, None)]
 
     ranks = ranks_under(pid)  # "no such process" for a pid that is gone
     first: DiagError | None = None
