@@ -46,6 +46,15 @@ __all__ = ["DiagError", "Trace", "__version__", "load"]
 def load(path: str, *, strict: bool = False) -> Trace:
     """Load a diag trace directory (one `rank-*.jsonl` per rank) into pandas frames.
 
+    `trace.steps`, `.layers`, `.comms`, `.memory`, `.overflow`, `.gpu`, ...: one frame per record
+    kind with a `rank` column; times are integer nanoseconds (`ts` since the epoch, `dur`), sizes
+    bytes (see `diag.trace.model.Trace` for every column and unit). `trace.headers[rank]` holds each
+    rank's header, `trace.layout()` the parallel layout, `trace.problems` what could not be read.
+    strict: raise `DiagError` on the first unreadable line instead of skipping it.
+
+        >>> tr = diag.load("diag-trace")
+        >>> tr.steps.groupby("rank")["dur"].median() / 1e6   # ms per step and rank
+
     Imported lazily so that `import diag` inside a training job never pulls in pandas.
     """
     from diag.trace.reader import load_trace

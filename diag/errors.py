@@ -6,8 +6,11 @@ its message on one line, without a traceback, and exits with its code.
 
 from __future__ import annotations
 
-USAGE = 2  # bad input: the convention of argparse and of `diag analyze` on malformed files
-FAILURE = 1  # the operation itself failed (injection refused, process gone)
+USAGE = 2  # bad input: a bad option (argparse's convention), a malformed file, a path or pid that does
+# not exist ("no such file or directory", "no such process"): every command alike
+FAILURE = (
+    1  # the operation on a target that exists failed (injection refused, not attached, exited meanwhile)
+)
 
 
 class DiagError(Exception):

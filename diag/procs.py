@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import psutil
 
-from diag.errors import FAILURE, DiagError
+from diag.errors import USAGE, DiagError
 
 
 def environ_rank(pid: int) -> int | None:
@@ -38,7 +38,7 @@ def ranks_under(pid: int) -> list[tuple[int, int | None]]:
     try:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
-        raise DiagError(f"no such process: {pid}", FAILURE) from None
+        raise DiagError(f"no such process: {pid}", USAGE) from None
     if environ_rank(pid) is not None:
         return [(pid, environ_rank(pid))]
     found: list[tuple[int, int | None]] = []

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         print(_line(res, args.verbose, time.perf_counter() - t0))
         if res.warning:
             print(f"diag: warning: pid {res.pid}: {res.warning}", file=sys.stderr)
-    print(f"trace: {options['trace_dir']}")
+    if results:  # the trace line only where something writes there (never before a failure alone)
+        print(f"trace: {options['trace_dir']}")
     if failed:
         raise DiagError("; ".join(failed), FAILURE)
     if args.duration is not None:

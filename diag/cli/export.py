@@ -3,8 +3,10 @@
 --perfetto OUT.json writes a Perfetto / Chrome JSON timeline; --prometheus [ADDR]:PORT serves live
 Prometheus metrics of the local ranks.
 
---perfetto: each rank is a process with tracks for steps, layers and collectives, plus a device-memory
-counter. Files that cannot be read (one line each on stderr, exit code 2) are left out.
+--perfetto: each rank is a process with tracks for steps (overflowed steps marked), layers and the
+collectives of each process group, plus device memory, host RSS and loss-scale counters. Files that
+cannot be read (one line each on stderr, exit code 2) are left out; a Kineto trace is refused with
+one line (it is already a Perfetto trace).
 
 --prometheus: a per-node exporter. It follows TRACE_DIR's files as they grow (the job's ranks on this
 node write them; nothing is added to the training process) and serves step time, throughput, FLOP/s,
@@ -115,6 +117,28 @@ def _sidecar(trace_dir: str) -> object | None:
     return None
 
 
+def _refuse_kineto(path: str) -> None:
+    """A PyTorch profiler (Kineto) trace is already a Chrome trace: one line that says so, instead
+    of a complaint per line that it is not a diag trace."""
+    from diag.importers.detect import KINETO, ImportProblem, expand, kind_of_file
+
+    try:
+        found = expand(path)
+    except ImportProblem:
+        return  # diag.load says what is wrong with the path
+    kinds = []
+    for file, kind in found:
+        try:
+            kinds.append(kind or kind_of_file(file))
+        except ImportProblem:
+            kinds.append(None)
+    if kinds and KINETO in kinds and all(k in (KINETO, None) for k in kinds):
+        raise DiagError(
+            f"{path}: a PyTorch profiler (Kineto) trace, already in Chrome trace format: open it as it is "
+            "at ui.perfetto.dev (export --perfetto converts diag traces; diag analyze reads Kineto traces)"
+        )
+
+
 def perfetto(args: argparse.Namespace) -> int:
     import sys
 
@@ -122,6 +146,7 @@ def perfetto(args: argparse.Namespace) -> int:
     from diag.report.perfetto import timeline
     from diag.trace.reader import Unreadable
 
+    _refuse_kineto(args.trace_dir)
     try:
         trace = diag.load(args.trace_dir)
     except Unreadable as e:  # nothing readable: one line per bad file

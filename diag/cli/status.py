@@ -16,25 +16,29 @@ from diag.control.client import attached_pids, request
 from diag.errors import FAILURE, DiagError
 from diag.inject.attach import sweep_expired
 from diag.inject.checks import status_fields
+from diag.procs import ranks_under
 
 TIMEOUT_S = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("pid", type=int, nargs="?", help="one attached process (default: all)")
+    parser.add_argument(
+        "pid", type=int, nargs="?", help="an attached rank, or the launcher above the ranks (default: all)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per process")
 
 
 def run(args: argparse.Namespace) -> int:
     sweep_expired()  # payload files of attaches whose payload never ran (past their life)
-    pids = [args.pid] if args.pid is not None else attached_pids()
+    # a launcher's pid (torchrun, deepspeed) stands for its ranks, as in attach / detach / stacks
+    pids = [p for p, _ in ranks_under(args.pid)] if args.pid is not None else attached_pids()
     answers: list[tuple[dict[str, Any] | None, str | None]] = []
     if pids:
         with ThreadPoolExecutor(max_workers=min(16, len(pids))) as pool:
             answers = list(pool.map(_ask, pids))
     errors = [err for _, err in answers if err is not None]
-    if args.pid is not None and errors:
-        raise DiagError(errors[0], FAILURE)
+    if args.pid is not None and errors and len(errors) == len(pids):
+        raise DiagError(errors[0] if len(errors) == 1 else "; ".join(errors), FAILURE)
     try:
         if not pids:
             print("no attached processes")

@@ -2,8 +2,10 @@
 
   diag top                  follow ./diag-trace (or $DIAG_TRACE_DIR)
   diag top <trace-dir>      follow a trace directory as it grows (also ranks on other nodes
-                            over a shared filesystem)
-  diag top <pid>            follow an attached process (its control socket gives the trace)
+                            over a shared filesystem); one that does not exist yet is waited for
+  diag top <pid>            follow a job by a rank's pid or its launcher's (torchrun, deepspeed): an
+                            attached rank's control socket, or the trace file an in-process agent
+                            holds open, gives the trace directory
   diag top <dir> --replay --speed 10   play a finished trace as if live, 10x faster
 
 The GPU-health sidecar (NVML) samples this host's GPUs into <trace-dir>/gpu-<host>.jsonl while
@@ -45,7 +47,7 @@ def resolve(args: argparse.Namespace) -> tuple[object, str]:
         return LiveSource(trace_dir, label=f"pid {target} ({trace_dir})"), trace_dir
     if args.replay:
         return ReplaySource(target, args.speed), target
-    return LiveSource(target), target
+    return LiveSource(target, wait=True), target
 
 
 def gpu_sidecar(trace_dir: str) -> tuple[object | None, list[str]]:

@@ -11,7 +11,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from diag.errors import FAILURE, DiagError
+from diag.errors import FAILURE, USAGE, DiagError
 
 MIN_PYTHON = (3, 10)
 CAP_SYS_PTRACE = 19
@@ -33,7 +33,7 @@ def inspect(pid: int, need_torch: bool = True) -> Target:
     try:
         st = os.stat(f"/proc/{pid}")
     except FileNotFoundError:
-        raise DiagError(f"no such process: {pid}", FAILURE) from None
+        raise DiagError(f"no such process: {pid}", USAGE) from None
     if st.st_uid != os.getuid():
         raise DiagError(f"pid {pid} belongs to another user (uid {st.st_uid}); attach as that user", FAILURE)
     why = not_attachable(pid)

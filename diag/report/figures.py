@@ -1,5 +1,5 @@
-"""The report's four plots from the report document: step time, per-rank breakdown, collective bus
-bandwidth vs message size, loss scale over steps."""
+"""The report's plots from the report document: step time, each rank's steps in time, per-rank
+breakdown, throughput, memory, collective bus bandwidth vs message size, loss scale over steps."""
 
 from __future__ import annotations
 
@@ -56,6 +56,26 @@ def _memory(doc: dict[str, Any]) -> plots.Series:
     return dict(out)
 
 
+STEP_COLORS = ("#4e79a7", "#a0cbe8")  # consecutive steps alternate, so their boundaries show
+OVERFLOW_COLOR = "#e15759"
+
+
+def _step_lanes(doc: dict[str, Any], overflow_steps: list[int]) -> str:
+    """Each rank's steps on one lane, in seconds from the first: gaps, late starts and a straggler
+    show as they happened; overflowed (skipped) steps in red."""
+    over = set(overflow_steps)
+    rows: dict[str, list[plots.Span]] = defaultdict(list)
+    for r in doc.get("step_timeline") or []:
+        hit = r["step"] in over or r.get("applied") is False
+        color = OVERFLOW_COLOR if hit else STEP_COLORS[r["step"] % 2]
+        tip = f"rank {r['rank']} step {r['step']}: {r['dur_ms']:.1f} ms" + (" (overflow)" if hit else "")
+        rows[f"rank {r['rank']}"].append((r["start_ms"] / 1e3, r["dur_ms"] / 1e3, tip, color))
+    legend = {"step (shades alternate)": STEP_COLORS[0]}
+    if any(c == OVERFLOW_COLOR for v in rows.values() for *_, c in v):
+        legend["overflow step"] = OVERFLOW_COLOR
+    return plots.lanes(dict(rows), "Steps of each rank over time", "seconds from the first step", legend)
+
+
 def figures(doc: dict[str, Any]) -> dict[str, str]:
     """title -> inline SVG."""
     m = doc["metrics"]
@@ -73,6 +93,7 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
             marks=overflow_steps,
             mark_label="overflow",
         ),
+        "Steps of each rank over time": _step_lanes(doc, overflow_steps),
         "Time breakdown per rank": plots.stacked_bars(bars, "Time breakdown per rank", unit),
         "Throughput per step": plots.lines(
             _by(per_step, "rank", "step", "tflops", 1.0 if big else 1e3),
@@ -93,7 +114,8 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
             dots=True,
         ),
         "Loss scale": plots.lines(
-            {"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"]]},
+            # the scale before the first step is dated one step earlier: no step -1 on the axis
+            {"loss scale": [(r["step"], r["loss_scale"]) for r in m["loss_scale"] if r["step"] >= 0]},
             "Loss scale over steps",
             "step",
             "loss scale",

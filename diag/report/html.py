@@ -14,7 +14,8 @@ pre{background:#f6f6f6;padding:.5em;overflow-x:auto}td:first-child{text-align:le
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:right}th{background:#f3f3f3}.f{border-left:4px solid #999;padding:.2em 1em;margin:1em 0}
 .critical{border-color:#c00}.warning{border-color:#e90}.info{border-color:#49c}
-.plots{display:flex;flex-wrap:wrap;gap:12px}small{color:#666}"""
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}
+.plots svg{width:100%;height:auto}small{color:#666}"""  # plots share the window's width
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> str:

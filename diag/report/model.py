@@ -145,6 +145,7 @@ def build(
             "throughput": tp,
             "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),
             "steps": trace_doc.steps(tp["per_step"], trace),
+            "step_timeline": trace_doc.step_timeline(trace),
             "memory": trace_doc.memory(trace),
             "overflows": trace_doc.overflows(trace),
             "findings": [f.to_dict() for f in findings],

@@ -1,7 +1,9 @@
 """Small self-made inline SVG charts for the HTML report (no plotting dependency, no scripts).
 
 `lines` draws one polyline (or markers only, `dots=True`) per series; `stacked_bars` one bar per
-category split into parts. Axes are linear, or log10 on x with `logx` (message sizes, labelled in bytes).
+category split into parts; `lanes` one row of spans per lane (each rank's steps in time). Axes are
+linear, or log10 on x with `logx` (message sizes, labelled in bytes). Legends sit above the plotting
+area, wrapped onto as many rows as they need (the area shrinks), never over the data.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ def _fmt(v: float) -> str:
     return f"{v:.0f}" if a >= 100 else f"{v:.3g}"
 
 
-def _frame(title: str, xlabel: str, ylabel: str, body: list[str]) -> str:
+def _frame(title: str, xlabel: str, ylabel: str, body: list[str], top: float = T) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
         f'role="img" aria-label="{escape(title)}"><rect width="{W}" height="{H}" fill="white"/>'
         f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14">{escape(title)}</text>'
         f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">{escape(xlabel)}</text>'
-        f'<text x="14" y="{(H - B + T) / 2}" font-size="11" transform="rotate(-90 14 {(H - B + T) / 2})" '
+        f'<text x="14" y="{(H - B + top) / 2}" font-size="11" transform="rotate(-90 14 {(H - B + top) / 2})" '
         f'text-anchor="middle">{escape(ylabel)}</text>{"".join(body)}</svg>'
     )
 
@@ -51,14 +53,28 @@ def _xticks(xlo: float, xhi: float, integer: bool) -> list[float]:
     return [float(v) for v in range(math.ceil(xlo), math.floor(xhi) + 1, step)] or [xlo]
 
 
-def _axes(xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x: bool = False) -> list[str]:
+def _nice_ticks(lo: float, hi: float, most: int = 8) -> list[float]:
+    """Round ticks (1, 2 or 5 times a power of ten apart) over [lo, hi]: 0, 20, 40 s, not 0.0971."""
+    span = hi - lo
+    if span <= 0:
+        return [lo]
+    raw = span / most
+    base = 10 ** math.floor(math.log10(raw))
+    step = next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 10) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _axes(
+    xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x: bool = False, top: float = T
+) -> list[str]:
     out = [
         f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="#333"/>',
-        f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="#333"/>',
+        f'<line x1="{L}" y1="{top}" x2="{L}" y2="{H - B}" stroke="#333"/>',
     ]
     sx = _scale(xlo, xhi, L, W - R)
     for i in range(5):
-        yv, y = ylo + (yhi - ylo) * i / 4, H - B - (H - B - T) * i / 4
+        yv, y = ylo + (yhi - ylo) * i / 4, H - B - (H - B - top) * i / 4
         out.append(f'<text x="{L - 4}" y="{y + 4}" font-size="10" text-anchor="end">{_fmt(yv)}</text>')
     ticks = _xticks(xlo, xhi, integer_x)
     for i, xv in enumerate(ticks):
@@ -71,17 +87,26 @@ def _axes(xlo: float, xhi: float, ylo: float, yhi: float, logx: bool, integer_x:
     return out
 
 
-def _legend(names: list[str]) -> list[str]:
-    """Legend entries in one row under the title, outside the plotting area (never over data)."""
-    out, x = [], float(L)
+LEGEND_ROW = 13  # px per legend row
+
+
+def _legend(names: list[str], colors: list[str] | None = None, reserve: float = 0) -> tuple[list[str], float]:
+    """Legend entries under the title, wrapped onto rows that fit the width (`reserve` px kept free
+    at the right of the first row); returns them and the top of the plotting area below them."""
+    placed, x, row = [], float(L), 0
     for i, name in enumerate(names):
-        color = PALETTE[i % len(PALETTE)]
-        out.append(
-            f'<rect x="{x:.0f}" y="{T - 16}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{x + 14:.0f}" y="{T - 7}" font-size="10">{escape(name)}</text>'
-        )
-        x += 24 + 6.2 * len(name)
-    return out
+        width = 24 + 6.2 * len(name)
+        limit = W - R - (reserve if row == 0 else 0)
+        if x > L and x + width - 10 > limit:
+            x, row = float(L), row + 1
+        placed.append((x, row, name, (colors or [])[i] if colors else PALETTE[i % len(PALETTE)]))
+        x += width
+    out = [
+        f'<rect x="{x:.0f}" y="{T - 16 + r * LEGEND_ROW}" width="10" height="10" fill="{color}"/>'
+        f'<text x="{x + 14:.0f}" y="{T - 7 + r * LEGEND_ROW}" font-size="10">{escape(name)}</text>'
+        for x, r, name, color in placed
+    ]
+    return out, T + LEGEND_ROW * (row if placed else 0)
 
 
 def lines(
@@ -108,11 +133,13 @@ def lines(
         )
     xlo, xhi = min(p[0] for p in allp), max(p[0] for p in allp)
     ylo, yhi = min(0.0, min(p[1] for p in allp)), max(p[1] for p in allp)
-    sx, sy = _scale(xlo, xhi, L, W - R), _scale(ylo, yhi, H - B, T)
-    body = _axes(xlo, xhi, ylo, yhi, logx, integer_x)
     shown = [m for m in marks or [] if xlo <= m <= xhi]
+    mark_w = 14 + 6.2 * len(mark_label) if shown and mark_label else 0
+    legend, top = _legend(list(pts), reserve=mark_w)
+    sx, sy = _scale(xlo, xhi, L, W - R), _scale(ylo, yhi, H - B, top)
+    body = _axes(xlo, xhi, ylo, yhi, logx, integer_x, top)
     body += [
-        f'<line x1="{sx(m):.1f}" y1="{T}" x2="{sx(m):.1f}" y2="{H - B}" stroke="#c00" '
+        f'<line x1="{sx(m):.1f}" y1="{top}" x2="{sx(m):.1f}" y2="{H - B}" stroke="#c00" '
         f'stroke-dasharray="3,3"><title>{escape(mark_label)} {m:g}</title></line>'
         for m in shown
     ]
@@ -127,13 +154,13 @@ def lines(
                 + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
                 + '"/>'
             )
-    body += _legend(list(pts))
+    body += legend
     if shown and mark_label:
         body.append(
             f'<text x="{W - R}" y="{T - 7}" font-size="10" fill="#c00" text-anchor="end">'
             f"- - {escape(mark_label)}</text>"
         )
-    return _frame(title, xlabel, ylabel, body)
+    return _frame(title, xlabel, ylabel, body, top)
 
 
 def stacked_bars(bars: dict[str, dict[str, float]], title: str, ylabel: str) -> str:
@@ -141,10 +168,11 @@ def stacked_bars(bars: dict[str, dict[str, float]], title: str, ylabel: str) -> 
     if not bars:
         return lines({}, title, "", ylabel)
     parts = list(dict.fromkeys(p for v in bars.values() for p in v))
+    legend, area_top = _legend(parts)
     top = max(sum(v.values()) for v in bars.values()) or 1.0
-    sy = _scale(0, top, H - B, T)
+    sy = _scale(0, top, H - B, area_top)
     width = (W - L - R) / len(bars)
-    body = _axes(0, 1, 0, top, False)[:2]
+    body = _axes(0, 1, 0, top, False, top=area_top)[:2]
     body += [
         f'<text x="{L - 4}" y="{sy(top * i / 4) + 4}" font-size="10" text-anchor="end">'
         f"{_fmt(top * i / 4)}</text>"
@@ -164,5 +192,40 @@ def stacked_bars(bars: dict[str, dict[str, float]], title: str, ylabel: str) -> 
             f'<text x="{x + width * 0.35:.1f}" y="{H - B + 14}" font-size="10" '
             f'text-anchor="middle">{escape(label)}</text>'
         )
-    body += _legend(parts)
-    return _frame(title, "", ylabel, body)
+    body += legend
+    return _frame(title, "", ylabel, body, area_top)
+
+
+Span = tuple[float, float, str, str]  # start, duration, tooltip, color
+
+
+def lanes(rows: dict[str, list[Span]], title: str, xlabel: str, legend: dict[str, str]) -> str:
+    """One horizontal lane per key of `rows` (top to bottom), each span a rectangle from its start
+    for its duration, colored as given and named in its tooltip; `legend`: name -> color."""
+    spans = [s for v in rows.values() for s in v]
+    if not spans:
+        return lines({}, title, xlabel, "")
+    entries, top = _legend(list(legend), list(legend.values()))
+    xlo, xhi = min(s[0] for s in spans), max(s[0] + s[1] for s in spans)
+    sx = _scale(xlo, xhi, L, W - R)
+    body = _axes(xlo, xhi, 0, 1, False, top=top)[:2]
+    body += [
+        f'<text x="{sx(xv):.1f}" y="{H - B + 14}" font-size="10" text-anchor="middle">{_fmt(xv)}</text>'
+        for xv in _nice_ticks(xlo, xhi)
+    ]
+    lane_h = (H - B - top) / len(rows)
+    for i, (name, v) in enumerate(rows.items()):
+        y = top + i * lane_h
+        if lane_h >= 8:
+            body.append(
+                f'<text x="{L - 4}" y="{y + lane_h / 2 + 4:.1f}" font-size="10" '
+                f'text-anchor="end">{escape(name)}</text>'
+            )
+        for start, dur, tip, color in v:
+            body.append(
+                f'<rect x="{sx(start):.2f}" y="{y + lane_h * 0.15:.1f}" '
+                f'width="{max(sx(start + dur) - sx(start), 0.5):.2f}" height="{lane_h * 0.7:.1f}" '
+                f'fill="{color}"><title>{escape(tip)}</title></rect>'
+            )
+    body += entries
+    return _frame(title, xlabel, "", body, top)

@@ -83,3 +83,31 @@ def overflows(trace: Trace) -> list[dict[str, Any]]:
     hit = ov[ov["overflow"].astype("boolean").fillna(False)]
     cols = ["rank", "step", "scale_before", "scale_after", "source"]
     return hit[[c for c in cols if c in hit.columns]].astype(object).to_dict("records")
+
+
+TIMELINE_RANKS, TIMELINE_STEPS = 32, 100  # lanes and steps the step timeline keeps (a readable plot)
+
+
+def step_timeline(trace: Trace) -> list[dict[str, Any]]:
+    """Each rank's steps in time: rank, step, start_ms (from the first step kept), dur_ms, applied;
+    the lowest `TIMELINE_RANKS` ranks and the last `TIMELINE_STEPS` step numbers."""
+    st = trace.steps
+    if st.empty or not {"ts", "dur"} <= set(st.columns):
+        return []
+    st = st.dropna(subset=["ts", "dur", "step"])
+    st = st[st["rank"].isin(sorted(st["rank"].unique())[:TIMELINE_RANKS])]
+    st = st[st["step"].isin(sorted(st["step"].unique())[-TIMELINE_STEPS:])]
+    if st.empty:
+        return []
+    t0 = st["ts"].min()
+    applied = st["applied"] if "applied" in st.columns else pd.Series(True, index=st.index)
+    out = pd.DataFrame(
+        {
+            "rank": st["rank"].astype(int),
+            "step": st["step"].astype(int),
+            "start_ms": ((st["ts"] - t0) / 1e6).round(3),
+            "dur_ms": (st["dur"] / 1e6).round(3),
+            "applied": applied.map(lambda a: a is not False),
+        }
+    )
+    return out.sort_values(["rank", "step"]).astype(object).to_dict("records")

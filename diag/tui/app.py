@@ -69,7 +69,7 @@ class TopApp(App[None]):
         self.apply_s: list[float] = []  # UI thread: applying one view to the widgets
 
     def compose(self) -> ComposeResult:
-        yield Static("waiting for data", id="summary")
+        yield Static(Text(self._waiting()), id="summary")
         yield Sparkline([], id="spark")
         yield Panels(self._gpu_note(), id="panels-box")
         yield Static(Text(self._status()), id="status")
@@ -78,6 +78,20 @@ class TopApp(App[None]):
     def on_mount(self) -> None:
         self.query_one("#ranks-table", SyncTable).focus()
         self.run_worker(self._pump, thread=True, exclusive=True, name="top-pump")
+        self.set_interval(1.0, self._show_waiting)
+
+    def _waiting(self) -> str:
+        return f"{self.source.describe()} | waiting for data"
+
+    def _show_waiting(self) -> None:
+        """Until the first rank: say what is waited for (a directory that appears, the first record);
+        no new view comes while nothing arrives."""
+        if self.view is None:
+            self.query_one("#summary", Static).update(Text(self._waiting()))
+        elif not self.view.ranks:
+            self.query_one("#summary", Static).update(
+                Text(rows.summary_text(self.view, self.source.describe()))
+            )
 
     def _pump(self) -> None:
         worker = get_current_worker()

@@ -137,7 +137,7 @@ def gpu_rows(v: JobView) -> dict[str, tuple[str, ...]]:
 
 def summary_text(v: JobView, source: str) -> str:
     lay = v.layout
-    parts = [f"{v.ranks} ranks on {v.hosts} host(s)"]
+    parts = [f"{v.ranks} ranks on {v.hosts} host(s)" if v.ranks else "waiting for data"]
     par = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if lay.get(k) is not None)
     if par:
         parts.append(par)
@@ -145,6 +145,11 @@ def summary_text(v: JobView, source: str) -> str:
         parts.append(f"ZeRO-{lay['zero_stage']}")
     if lay.get("dtype"):
         parts.append(str(lay["dtype"]))
+    if lay.get("micro_batch") is not None:
+        gbs = f", global {lay['global_batch']}" if lay.get("global_batch") is not None else ""
+        parts.append(f"micro-batch {lay['micro_batch']}{gbs}")
+    if lay.get("roles"):  # the process groups the collectives table names (tp:12 / all_reduce)
+        parts.append("groups " + " ".join(f"{r}({s})" for r, s in sorted(lay["roles"].items())))
     if v.state != "live":  # a followed job that ended, or whose agent detached, is not live any more
         source = f"{v.state.upper()}: {source.removeprefix('live ')}"
     line1 = f"{source} | " + ", ".join(parts)

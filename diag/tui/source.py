@@ -8,22 +8,29 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 
-from diag.errors import FAILURE, DiagError
+from diag.errors import FAILURE, USAGE, DiagError
 from diag.trace import safeio
 from diag.trace.reader import trace_files
 from diag.tui.tail import Chunk, DirTail
 
+RANK_FILE = re.compile(r"(rank|pid)-\d+\.jsonl")  # the names the agent writes (trace.writer)
+
 
 class LiveSource:
-    """Follow a trace directory as its files grow (a local job, or a shared filesystem)."""
+    """Follow a trace directory as its files grow (a local job, or a shared filesystem). With
+    `wait`, a directory that does not exist yet is waited for (`diag top DIR` started before the
+    job); a path that exists but is not a directory is refused."""
 
     live = True
 
-    def __init__(self, trace_dir: str, label: str | None = None) -> None:
-        if not os.path.isdir(trace_dir):
+    def __init__(self, trace_dir: str, label: str | None = None, wait: bool = False) -> None:
+        if os.path.exists(trace_dir) and not os.path.isdir(trace_dir):
+            raise DiagError(f"{trace_dir}: not a trace directory (a file)")
+        if not wait and not os.path.isdir(trace_dir):
             raise DiagError(f"{trace_dir}: no such trace directory")
         self.trace_dir = trace_dir
         self.label = label or trace_dir
@@ -34,6 +41,8 @@ class LiveSource:
         return self.tail.poll()
 
     def describe(self) -> str:
+        if not os.path.isdir(self.trace_dir):
+            return f"live {self.label} (waiting: the directory does not exist yet)"
         return f"live {self.label}"
 
 
@@ -103,11 +112,34 @@ def _ts(ev: dict) -> int:
 
 
 def trace_dir_of_pid(pid: int) -> str:
-    """The trace directory of an attached (or preloaded) process: its control socket's `status`
-    first; else DIAG_TRACE_DIR in its environment, or ./diag-trace of its working directory when
-    a file there has its pid. A DiagError that says why otherwise."""
-    if not os.path.exists(f"/proc/{pid}"):
-        raise DiagError(f"no process {pid}", FAILURE)
+    """The trace directory of a job given a rank's pid or its launcher's (torchrun, deepspeed): the
+    first rank whose trace directory is found. A DiagError that says why otherwise."""
+    try:
+        from diag.procs import ranks_under
+    except ImportError:  # psutil comes with diag[attach]: without it, the pid is taken as a rank's
+
+        def ranks_under(pid: int) -> list[tuple[int, int | None]]:
+            if not os.path.exists(f"/proc/{pid}"):
+                raise DiagError(f"no such process: {pid}", USAGE) from None
+            return [(pid, None)]
+
+    ranks = ranks_under(pid)  # "no such process" for a pid that is gone
+    first: DiagError | None = None
+    for rank_pid, _ in ranks:
+        try:
+            return _rank_trace_dir(rank_pid)
+        except DiagError as e:
+            first = first or e
+    assert first is not None
+    if ranks != [(pid, None)]:
+        raise DiagError(f"pid {pid}: none of its {len(ranks)} rank(s) is attached ({first})", FAILURE)
+    raise first
+
+
+def _rank_trace_dir(pid: int) -> str:
+    """One process's trace directory: its control socket's `status` first; else the trace file
+    it holds open (an agent started in-process, without a control socket); else DIAG_TRACE_DIR in
+    its environment, or ./diag-trace of its working directory when a file there has its pid."""
     try:
         from diag.control.client import request
     except ImportError:
@@ -120,6 +152,9 @@ def trace_dir_of_pid(pid: int) -> str:
                 return str(path)
         except DiagError:
             pass
+    held = _open_trace_dir(pid)
+    if held is not None:
+        return held
     for d, need_pid in _candidate_dirs(pid):
         if (not need_pid and os.path.isdir(d)) or _has_pid(d, pid):
             return d
@@ -128,6 +163,23 @@ def trace_dir_of_pid(pid: int) -> str:
         "(no control socket and no trace file of that pid)",
         FAILURE,
     )
+
+
+def _open_trace_dir(pid: int) -> str | None:
+    """The directory of a rank trace file the process has open for writing (its agent's writer)."""
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if RANK_FILE.fullmatch(os.path.basename(target)) and os.path.isfile(target):
+            return os.path.dirname(target)
+    return None
 
 
 def _candidate_dirs(pid: int) -> list[tuple[str, bool]]:

@@ -103,12 +103,22 @@ def build_view(m: JobModel) -> JobView:
 
 
 def _layout(m: JobModel) -> dict[str, Any]:
-    keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype")
+    """The job's layout as the lowest rank that knows states it, and `roles`: each named process
+    group role (tp, pp, dp, cp, ep, ...; not the default `world`) and its size, from every rank's
+    `groups` record."""
+    keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch", "global_batch")
     out: dict[str, Any] = {}
+    roles: dict[str, int] = {}
     for rank in sorted(m.headers):
         for k in keys:
             if k not in out and m.headers[rank].get(k) is not None:
                 out[k] = m.headers[rank][k]
+        groups = m.headers[rank].get("groups")
+        for g in groups.values() if isinstance(groups, dict) else ():
+            if isinstance(g, dict) and isinstance(g.get("role"), str) and g["role"] != "world":
+                roles.setdefault(g["role"], g.get("size"))
+    if roles:
+        out["roles"] = roles
     return out
 
 

@@ -177,6 +177,7 @@ def test_errors_are_one_line_and_nonzero(target, tmp_path):
             res = diag("attach", pid)
             assert res.returncode != 0
             assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+            assert "trace:" not in res.stdout  # nothing attached: no trace directory to name
         no_gdb = subprocess.run(
             [sys.executable, "-m", "diag", "attach", str(proc.pid), "--method", "gdb"],
             capture_output=True,

@@ -199,3 +199,36 @@ async def test_a_file_the_readers_refuse_gets_a_line(real_trace, tmp_path):
             status = str(app.query_one("#status").render())
             assert "rank-00009.jsonl: a FIFO, not a regular file: refused" in status, status
             assert app.view.ranks == len(diag.load(real_trace).ranks)  # the good files still shown
+
+
+@sync
+async def test_columns_widen_when_cells_outgrow_the_first_rows(tmp_path):
+    """The first rows hold placeholders ("-"): a later, longer cell used to be cut to the width of
+    the first rows (`408.7 MiB / 23.5 GiB (` with 90 columns unused)."""
+    job = SynthJob(str(tmp_path), 2)
+    for f in job.files:
+        f.flush()  # headers only: every cell but rank and host is a placeholder
+    app = TopApp(LiveSource(str(tmp_path)), analyze=None, interval=0.05)
+    async with app.run_test(size=(200, 40)) as pilot:
+        await wait_for(pilot, lambda: app.view is not None and app.view.ranks == 2)
+        table = app.query_one("#ranks-table", SyncTable)
+        assert _cell(app, "ranks-table", "0", "memory peak / capacity") == "-"
+        job.write_step(0)
+        await wait_for(pilot, lambda: app.view.last_step == 0)
+        for col in ("memory peak / capacity", "last collective", "health"):
+            text = max((_cell(app, "ranks-table", str(r), col) for r in (0, 1)), key=len)
+            assert table.columns[col].get_render_width(table) >= len(text) + 2, (col, text)
+        await pilot.press("q")
+    job.close()
+
+
+@sync
+async def test_waits_for_a_trace_directory_that_does_not_exist_yet(tmp_path):
+    later = tmp_path / "not-yet"
+    app = TopApp(LiveSource(str(later), wait=True), analyze=None, interval=0.05)
+    async with app.run_test(size=(150, 40)) as pilot:
+        summary = str(app.query_one("#summary").render())
+        assert "does not exist yet" in summary and "waiting for data" in summary, summary
+        SynthJob(str(later), 2).write_step(0)  # the job starts and creates it
+        await wait_for(pilot, lambda: app.view is not None and app.view.last_step == 0)
+        assert "does not exist yet" not in str(app.query_one("#summary").render())

@@ -145,7 +145,7 @@ def test_pid_resolution(tmp_path):
         for p in (with_dir, without):
             p.kill()
             p.wait()
-    with pytest.raises(DiagError, match="no process"):
+    with pytest.raises(DiagError, match="no such process"):
         trace_dir_of_pid(with_dir.pid)
     with pytest.raises(DiagError, match="no such trace directory"):
         LiveSource(str(tmp_path / "nope"))
@@ -307,3 +307,34 @@ def test_refused_files_reach_the_view(tmp_path):
     m.ingest(DirTail(str(tmp_path)).poll())
     assert build_view(m).refused == ["rank-00001.jsonl: a FIFO, not a regular file: refused"]
     assert build_view(m).ranks == 1
+
+
+def test_header_shows_the_megatron_layout_and_named_groups(tmp_path):
+    """A real megatron-core TP=2 job's records (header, then the layout and groups as meta, as the
+    agent writes them): the header line names TP/PP/DP, the batch and the process groups' roles."""
+    from diag.tui.rows import summary_text
+
+    recs = {
+        r: [
+            {"k": "header", "schema": 1, "rank": r, "world_size": 2, "host": "vm", "pid": 1 + r},
+            {
+                "k": "meta",
+                "ts": 1,
+                "key": "groups",
+                "value": {
+                    "tp:12": {"role": "tp", "size": 2, "ranks": [0, 1]},
+                    "world:0": {"role": "world", "size": 2, "ranks": [0, 1]},
+                },
+            },
+            *({"k": "meta", "ts": 3, "key": k, "value": v} for k, v in (("tp", 2), ("pp", 1), ("dp", 1))),
+            {"k": "meta", "ts": 4, "key": "micro_batch", "value": 4},
+        ]
+        for r in (0, 1)
+    }
+    for r, lines in recs.items():
+        (tmp_path / f"rank-{r:05d}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    m = JobModel()
+    m.ingest(DirTail(str(tmp_path)).poll())
+    line = summary_text(build_view(m), "live x").splitlines()[0]
+    assert "TP=2 PP=1 DP=1" in line and "micro-batch 4" in line and "groups tp(2)" in line, line
+    assert "world" not in line

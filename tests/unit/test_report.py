@@ -59,7 +59,7 @@ def test_json_document_is_plain_and_versioned():
 
 def test_html_is_self_contained_with_plots():
     page = html.render(_doc())
-    assert page.count("<svg") == 6 and "<script" not in page and "src=" not in page
+    assert page.count("<svg") == 7 and "<script" not in page and "src=" not in page
     assert "comm &lt;exposed&gt; &amp; slow" in page  # escaped
     assert "Loss scale over steps" in page and "polyline" in page
     assert "rule broken_rule failed" in page
@@ -111,9 +111,9 @@ def test_perfetto_export_of_agent_trace(tmp_path, capsys):
     assert sorted((e["tid"], e["name"]) for e in spans) == [
         (1, "step 0"),
         (2, "model.layers.0.mlp forward"),
-        (3, "all_reduce"),
+        (10, "all_reduce"),  # the track of its process group, "collectives [dp]"
     ]
-    comm = next(e for e in spans if e["tid"] == 3)
+    comm = next(e for e in spans if e["tid"] == 10)
     assert comm["dur"] == 1000.0 and comm["args"]["bytes"] == 4 << 20
     step = next(e for e in spans if e["tid"] == 1)
     assert comm["ts"] - step["ts"] == 2000.0 and step["ts"] == 0.0  # microseconds from the first event
@@ -209,3 +209,92 @@ def test_fix_blocks_evidence_units_and_merged_ds_config(tmp_path, capsys):
     md = tmp_path / "z3.md"
     assert main(["analyze", str(SAMPLES / "zero3_slow_link"), "-q", "--markdown", str(md)]) == 0
     assert "26.1 KB/s" in md.read_text() and not re.search(r"\de-\d", md.read_text())
+
+
+def test_perfetto_counters_overflow_markers_and_group_tracks(tmp_path):
+    """fp16_overflow: RSS and loss-scale counters, one instant marker per rank and overflowed step,
+    collectives on their process group's track; no device-memory counter where the trace has no
+    device allocator figures (a CPU run: never drawn as 0)."""
+    src = str(SAMPLES / "fp16_overflow")
+    tr = diag.load(src)
+    out = tmp_path / "t.json"
+    assert main(["export", "--perfetto", str(out), src]) == 0
+    ev = json.loads(out.read_text())["traceEvents"]
+    over = tr.overflow[tr.overflow["overflow"].astype(bool)]
+    marks = [e for e in ev if e["ph"] == "i"]
+    assert sorted((e["pid"], e["args"]["step"]) for e in marks) == sorted(zip(over["rank"], over["step"]))
+    assert all(e["tid"] == 1 and "scale" in e["name"] for e in marks)
+    scale = [e for e in ev if e["ph"] == "C" and e["name"] == "loss scale"]
+    assert (
+        len(scale) == tr.overflow["scale_after"].notna().sum() and min(e["args"]["scale"] for e in scale) == 8
+    )
+    rss = [e["args"]["rss"] for e in ev if e["ph"] == "C" and e["name"] == "host RSS"]
+    assert sorted(rss) == sorted(tr.memory["rss"].dropna())
+    assert not [e for e in ev if e["ph"] == "C" and e["name"] == "device memory"]
+    names = {e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    comm_tids = {e["tid"] for e in ev if e.get("cat") == "comm"}
+    assert len(comm_tids) == tr.comms["group"].nunique() and any(n.startswith("collectives [") for n in names)
+
+
+def test_perfetto_refuses_a_kineto_trace_in_one_line(capsys, tmp_path):
+    for src in (SAMPLES / "kineto_gloo_dp", SAMPLES / "kineto_gloo_dp" / "rank0.json.gz"):
+        assert main(["export", "--perfetto", str(tmp_path / "o.json"), str(src)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Kineto" in err and "ui.perfetto.dev" in err, err
+
+
+def test_html_step_timeline_per_rank_marks_overflows(tmp_path):
+    """The per-rank step timeline: one rectangle per rank and step at its time (starts and lengths
+    from diag.load), overflowed steps in red, lanes named by rank."""
+    from diag.report.figures import OVERFLOW_COLOR
+
+    src = str(SAMPLES / "fp16_overflow")
+    page_path = tmp_path / "r.html"
+    assert main(["analyze", src, "--html", str(page_path), "-q"]) == 0
+    svg = re.search(
+        r'<svg[^>]*aria-label="Steps of each rank over time".*?</svg>', page_path.read_text(), flags=re.S
+    ).group(0)
+    root = ElementTree.fromstring(svg)
+    rects = [
+        (r.get("fill"), r.find("{http://www.w3.org/2000/svg}title").text)
+        for r in root.iter("{http://www.w3.org/2000/svg}rect")
+        if r.find("{http://www.w3.org/2000/svg}title") is not None
+    ]
+    st = diag.load(src).steps.dropna(subset=["dur"])
+    assert len(rects) == len(st)
+    over = diag.load(src).overflow
+    hit = {(int(r), int(s)) for r, s in over[over["overflow"].astype(bool)][["rank", "step"]].values}
+    for fill, tip in rects:
+        rank, step = map(int, re.match(r"rank (\d+) step (\d+)", tip).groups())
+        assert (fill == OVERFLOW_COLOR) == ((rank, step) in hit), tip
+    assert "rank 0</text>" in svg and "rank 1</text>" in svg and "overflow step" in svg
+
+
+def test_plot_legends_wrap_above_the_data_and_x_ticks_are_whole_steps():
+    """Many series: the legend takes more rows and the plotting area starts below the last one;
+    every legend entry stays inside the frame."""
+    from diag.report import plots
+
+    series = {
+        f"rank {r} {k}": [(0, 1.0), (3, 2.0)] for r in range(2) for k in ("allocated", "reserved", "rss")
+    }
+    svg = plots.lines(series, "Memory", "step", "MiB", integer_x=True, marks=[1], mark_label="overflow")
+    root = ElementTree.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = {t.text: t for t in root.iter(f"{ns}text")}
+    for name in series:
+        x = float(texts[name].get("x"))
+        assert x + 6.2 * len(name) <= plots.W, name  # inside the frame
+    legend_bottom = max(float(texts[n].get("y")) for n in series)
+    axis_top = min(float(line.get("y1")) for line in root.iter(f"{ns}line"))
+    assert legend_bottom < axis_top  # the legend never over the data
+    ticks = [t.text for t in root.iter(f"{ns}text") if t.get("y") == str(plots.H - plots.B + 14)]
+    assert ticks == ["0", "1", "2", "3"]
+
+
+def test_timeline_ticks_are_round_numbers():
+    from diag.report import plots
+
+    assert plots._nice_ticks(0, 0.388) == [0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35]
+    assert plots._nice_ticks(0, 64.3) == [0, 10, 20, 30, 40, 50, 60]
+    assert plots._nice_ticks(3, 3) == [3]

@@ -100,3 +100,26 @@ def test_load_errors_are_one_line(tmp_path):
     (tmp_path / "rank-00000.jsonl").write_bytes(b"\x00\x01binary")
     with pytest.raises(DiagError, match=r"rank-00000\.jsonl"):
         diag.load(str(tmp_path))
+
+
+def test_load_api_repr_units_and_layer_tree():
+    """The public `diag.load`: a one-line repr (not the frames), integer nanosecond times, and the
+    layer tree's depth / leaf columns (the root is named by its class, its children unprefixed)."""
+    from tests.conftest import ROOT
+
+    tr = diag.load(os.path.join(ROOT, "sample_traces", "megatron_tp2"))
+    text = repr(tr)
+    assert "\n" not in text and len(text) < 200 and "2 rank(s)" in text and f"step {len(tr.steps)}" in text
+    for df in (tr.steps, tr.layers, tr.comms):  # whole nanoseconds (float64 only where one is missing)
+        assert str(df["ts"].dtype) == "int64" and (df["dur"].dropna() % 1 == 0).all()
+    assert str(tr.layers["dur"].dtype) == "int64" and tr.steps["dur"].max() > 1e6  # ns, not ms
+    lay = tr.layers.drop_duplicates("module").set_index("module")
+    assert lay.loc["GPTModel", "depth"] == 0 and not lay.loc["GPTModel", "leaf"]
+    assert lay.loc["decoder", "depth"] == 1 and not lay.loc["decoder", "leaf"]
+    assert lay.loc["decoder.layers.0.mlp.linear_fc1", "leaf"] and lay.loc["output_layer", "leaf"]
+    names = set(lay.index)
+    assert {n for n in names if lay.loc[n, "leaf"]} == {
+        n for n in names if n != "GPTModel" and not any(o.startswith(n + ".") for o in names)
+    }
+    for prop in ("steps", "layers", "comms", "memory", "overflow", "errors", "stats", "gpu", "ranks"):
+        assert getattr(type(tr), prop).__doc__, prop

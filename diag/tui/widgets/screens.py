@@ -11,7 +11,8 @@ from textual.widgets import Static
 
 HELP = """diag top — keys
 
-  1..6 / tab   show panel: ranks, collectives, layers, overflow, GPUs, findings
+  1..6         show panel: ranks, collectives, layers, overflow, GPUs, findings
+  n            next panel (tab moves the focus)
   s            sort the ranks by the next column (rank, step ms, comm, memory, health)
   r            reverse the sort
   p / space    pause (the display freezes; a replay's clock stops)

@@ -43,7 +43,8 @@ class SyncTable(DataTable):
             elif old != cells:
                 for col, new, was in zip(self._columns, cells, old):
                     if new != was:
-                        self.update_cell(key, col, Text(new))
+                        # a column widens when a cell outgrows it (replay's first rows are placeholders)
+                        self.update_cell(key, col, Text(new), update_width=True)
                         self.cell_updates += 1
                 changed = True
             self._cells[key] = cells
