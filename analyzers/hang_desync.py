@@ -99,8 +99,8 @@ def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dic
 
 def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -> Finding | None:
     """Ranks whose process stopped running (stopped, or its heartbeat ended) while the other ranks,
-    still running, have completed no step for >= max(2 s, 5 median steps) and are not ahead by more
-    than STEP_LAG steps: a hang, with the ranks that never arrived named."""
+    still running, have completed no step for >= max(2 s, 5 median steps): a hang, with the ranks
+    that never arrived named."""
     st = metrics.steps
     last = liveness.last_record(trace)
     waiting = [int(r) for r in last.index if int(r) not in frozen]
@@ -111,10 +111,8 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
     peer_end = float(st[st["rank"].isin(waiting)]["end"].max()) if st["rank"].isin(waiting).any() else None
     stall_s = (now - peer_end) / NS if peer_end is not None else 0.0
     max_step = st.groupby("rank")["step"].max()
-    ahead = max((int(max_step.get(r, -1)) for r in waiting), default=-1) - max(
-        (int(max_step.get(r, -1)) for r in frozen), default=-1
-    )
-    if stall_s < max(STALL_S, STALL_STEPS * metrics.median_step_s) or ahead > STEP_LAG:
+    # (how far the others got is no premise: a stopped rank's last 0.2 s of records were never written)
+    if stall_s < max(STALL_S, STALL_STEPS * metrics.median_step_s):
         return None
     where = _where_stuck(metrics, waiting, sorted(frozen))
     ranks = sorted(frozen)
@@ -158,13 +156,13 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's process stopped running (the live watcher saw it stopped, or its agent's
     heartbeat ended >= 3 beats of 2 s before a peer's last record) while the other ranks have
-    completed no step for >= max(2 s, 5 median steps) and are at most 2 steps ahead: a hang, naming
+    completed no step for >= max(2 s, 5 median steps): a hang, naming
     the rank that never arrived and the collective the others wait in (their pending one, or the
     one after their last completed). Also when ranks of one group completed different numbers of
     collectives and their last ones differ (op or size: a desync; unless every member's trace ended
     by a detach, each at its own moment, with ops in flight then recorded as unfinished, not as
-    evidence), when a rank is >= 2 steps behind the furthest (in a running job only for a rank whose
-    process stopped running: between two 0.2 s flushes a fast job's ranks look steps apart), or when
+    evidence), when a rank is >= 2 steps behind the furthest (not in a running job: between two
+    0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise), or when
     a rank went silent >= max(60 s, 20 median steps) before the others' last event. A rank whose
     process died is job_crash's. Fix: run `diag stacks` / py-spy dump on the ranks named, look for a
     rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
@@ -184,8 +182,8 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
     if liveness.live(trace):
         # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
-        # apart between two flushes; behind counts only for a rank whose process stopped running
-        behind = [r for r in behind if r in down]
+        # apart between two flushes; a rank that stopped running is the premise above (_frozen)
+        behind = []
     diverged = _diverged(metrics.comms, detached(trace)) if not trace.comms.empty else {}
     if not (stopped or behind or diverged):
         return []

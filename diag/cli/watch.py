@@ -46,6 +46,7 @@ def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) ->
             continue
         fields = status_fields(pid)
         state = "gone" if fields is None else fields.get("State", "?")[:1]
+        state = "gone" if state in ("Z", "X") else state  # dead, not reaped yet by its launcher
         out[rank] = {"pid": pid, "state": state, "checked_ns": now_ns}
     return out
 
