@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from diag.analyzers import evidence
+from diag.analyzers import evidence, liveness
 from diag.analyzers.base import rule
 
 from diag import schema
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 SILENT_S = 60.0  # a rank silent this long while the others went on ...
 SILENT_STEPS = 20  # ... or this many median steps, whichever is longer
 STEP_LAG = 2  # a rank this many steps behind the furthest one
+STALL_S = 2.0  # peers without a completed step this long (and STALL_STEPS median steps) ...
+STALL_STEPS = 5  # ... while a rank's process is stopped: a hang, not a pause of a duty cycle
 
 
 def last_seen(trace: Trace) -> pd.Series:
@@ -71,15 +73,105 @@ def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int,
     return bad
 
 
+def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
+    """The collective the waiting ranks are stuck in: their pending one (issued, never completed)
+    when the agent wrote it, else the one after their last completed collective; with each rank's
+    count of completed collectives in that group (the frozen ranks' lower count: never arrived)."""
+    c = metrics.comms
+    if c.empty:
+        return {}
+    mine = c[c["rank"].isin(waiting)]
+    pend = liveness.pending_collectives(mine)
+    row = (pend if not pend.empty else mine).sort_values("ts").iloc[-1] if not mine.empty else None
+    if row is None:
+        return {}
+    group = str(row["group"])
+    done = c[(c["group"].astype(str) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
+    counts = {int(r): int(n) for r, n in done.groupby("rank").size().items()}
+    return {
+        "group": group,
+        "collective": str(row["kind"]),
+        "pending": not pend.empty,
+        "step": int(row["step"]),
+        "completed_in_group": counts,
+    }
+
+
+def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -> Finding | None:
+    """Ranks whose process stopped running (stopped, or its heartbeat ended) while the other ranks,
+    still running, have completed no step for >= max(2 s, 5 median steps): a hang, with the ranks
+    that never arrived named."""
+    st = metrics.steps
+    last = liveness.last_record(trace)
+    waiting = [int(r) for r in last.index if int(r) not in frozen]
+    if not frozen or not waiting or st.empty:
+        return None
+    facts = [h["process"]["checked_ns"] for h in trace.headers.values() if isinstance(h.get("process"), dict)]
+    now = max([float(last.max()), *map(float, facts)])
+    peer_end = float(st[st["rank"].isin(waiting)]["end"].max()) if st["rank"].isin(waiting).any() else None
+    stall_s = (now - peer_end) / NS if peer_end is not None else 0.0
+    max_step = st.groupby("rank")["step"].max()
+    # (how far the others got is no premise: a stopped rank's last 0.2 s of records were never written)
+    if stall_s < max(STALL_S, STALL_STEPS * metrics.median_step_s):
+        return None
+    where = _where_stuck(metrics, waiting, sorted(frozen))
+    ranks = sorted(frozen)
+    how = {"stopped": "its process is stopped", "silent": "its process stopped writing (heartbeat)"}
+    whys = "; ".join(f"rank {r}: {how.get(v['how'], v['how'])}" for r, v in sorted(frozen.items()))
+    coll = (
+        f"{where['collective']} in group {where['group']} at step {where['step']}"
+        + ("" if where.get("pending") else " (the one after their last completed)")
+        if where
+        else "their next collective"
+    )
+    return Finding(
+        severity="critical",
+        title=f"hang: ranks {waiting} wait in {coll}; never arrived: rank{'s' if len(ranks) > 1 else ''} "
+        + ", ".join(map(str, ranks)),
+        detail=(
+            f"{whys}. The other ranks have completed no step for {stall_s:.1f} s "
+            f"({stall_s / max(metrics.median_step_s, 1e-9):.0f} median steps)."
+        ),
+        evidence={
+            **where,
+            "waiting": waiting,
+            "never_arrived": ranks,
+            "how": {r: v["how"] for r, v in frozen.items()},
+            "stalled_s": stall_s,
+            "max_step": evidence.by_rank(max_step, int),
+        },
+        ranks=ranks,
+        steps=[where["step"]] if where else [],
+        fixes=[
+            Fix(
+                f"look at rank {ranks[0]}'s process (`diag stacks`, py-spy dump): stopped (SIGSTOP, a "
+                "debugger), swapping, or its host frozen; resume or restart it",
+                env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+            )
+        ],
+    )
+
+
 @rule("hang_desync")
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Fires when ranks of one group completed different numbers of collectives and their last ones
-    differ (op or size: a desync; unless every member's trace ended by a detach, each at its own
-    moment, with ops in flight then recorded as unfinished, not as evidence), when a rank is >= 2
-    steps behind the furthest, or when a rank went silent >= max(60 s, 20 median steps) before the
-    others' last event (stopped emitting: hung or dead). Fix: run `diag attach` / py-spy dump on the
-    ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
+    """Fires when a rank's process stopped running (the live watcher saw it stopped, or its agent's
+    heartbeat ended >= 3 beats of 2 s before a peer's last record) while the other ranks have
+    completed no step for >= max(2 s, 5 median steps): a hang, naming
+    the rank that never arrived and the collective the others wait in (their pending one, or the
+    one after their last completed). Also when ranks of one group completed different numbers of
+    collectives and their last ones differ (op or size: a desync; unless every member's trace ended
+    by a detach, each at its own moment, with ops in flight then recorded as unfinished, not as
+    evidence), when a rank is >= 2 steps behind the furthest (not in a running job: between two
+    0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise), or when
+    a rank went silent >= max(60 s, 20 median steps) before the others' last event. A rank whose
+    process died is job_crash's. Fix: run `diag stacks` / py-spy dump on the ranks named, look for a
+    rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
     TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
+    down = liveness.stopped_running(trace)
+    dead = {r for r, v in down.items() if liveness.died(trace, r, v)}
+    hung = _frozen(trace, metrics, {r: v for r, v in down.items() if r not in dead})
+    if hung is not None:
+        return [hung]
     seen = last_seen(trace)
     if len(seen) < 2:
         return []
@@ -88,10 +180,16 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     st = trace.steps
     max_step = st.groupby("rank")["step"].max() if not st.empty else pd.Series(dtype=int)
     behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
+    if liveness.live(trace):
+        # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
+        # apart between two flushes; a rank that stopped running is the premise above (_frozen)
+        behind = []
     diverged = _diverged(metrics.comms, detached(trace)) if not trace.comms.empty else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})
+    if dead and set(stopped) | set(behind) <= dead and not diverged:
+        return []  # a rank died: dead_rank names it
     what = (
         "ranks stopped emitting"
         if stopped

@@ -3,13 +3,18 @@
 The log importer (`diag.importers.logs.crash`) reads every sign of failure into `log_failure` and marks
 the one its statement leads with (`first`): an OOM over an NCCL timeout over an exception over an
 interrupt over a bare exit code, the earliest of that kind. This rule turns it into a finding, keeping
-each rank's exit code from the launcher lines."""
+each rank's exit code from the launcher lines.
+
+Without a log, the trace itself: a rank whose process died (`liveness.died`: the live watcher saw it
+gone, or its trace was never closed while a peer's agent closed its own after it), named with the
+collective its peers were left in."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
@@ -36,11 +41,13 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
     a launcher's non-zero exit code or signal): always critical. No threshold. Fix: by failure kind (OOM:
     the framework's batch / recompute / parallelism settings; NCCL timeout: the desynced rank's stack)."""
     fail = trace.frame("log_failure")
-    if fail.empty or "first" not in fail.columns:
-        return []
-    chosen = fail[fail["first"].astype("boolean").fillna(False)]
+    chosen = (
+        fail[fail["first"].astype("boolean").fillna(False)]
+        if not fail.empty and "first" in fail.columns
+        else fail.iloc[:0]
+    )
     if chosen.empty:
-        return []
+        return _dead_rank(trace, metrics)
     chosen = chosen.assign(_t=pd.to_numeric(chosen["ts"], errors="coerce")).sort_values(["_t", "line"])
     first = chosen.iloc[0]
     exits = fail[fail["exc"].astype(str) == "exit"]
@@ -95,5 +102,54 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
             ranks=sorted({int(r) for r in fail["rank"] if r >= 0}),
             steps=[step + 1],
             fixes=fixes,
+        )
+    ]
+
+
+def _dead_rank(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """A rank's process died while its peers ran on (no log needed): `liveness.died`."""
+    down = liveness.stopped_running(trace)
+    dead = sorted(r for r, v in down.items() if liveness.died(trace, r, v))
+    if not dead:
+        return []
+    st, c = metrics.steps, metrics.comms
+    step = {r: int(st[st["rank"] == r]["step"].max()) for r in dead if (st["rank"] == r).any()}
+    peers = [int(r) for r in liveness.last_record(trace).index if int(r) not in dead]
+    left = liveness.pending_collectives(c[c["rank"].isin(peers)]) if not c.empty else c
+    where = ""
+    ev: dict[str, Any] = {
+        "dead_ranks": dead,
+        "how": {r: down[r]["how"] for r in dead},
+        "last_completed_step": step,
+        "silent_s": {r: round(down[r]["silent_s"], 3) for r in dead},
+    }
+    if not left.empty:
+        row = left.sort_values("ts").iloc[-1]
+        ev.update(group=str(row["group"]), collective=str(row["kind"]), step=int(row["step"]))
+        where = f"; rank {int(row['rank'])} was left in {row['kind']} (group {row['group']}"
+        where += f", step {ev['step']})"
+    seen = (
+        "its process is gone"
+        if all(down[r]["how"] == "gone" for r in dead)
+        else ("its trace ends without the agent's close while its peers closed theirs after it")
+    )
+    who = ", ".join(map(str, dead))
+    return [
+        Finding(
+            severity="critical",
+            title=f"job crashed: rank {who} died"
+            + (f" after step {step[dead[0]]}" if dead[0] in step else "")
+            + where,
+            detail=f"rank {who}: {seen} (killed: SIGKILL, the OOM killer, a segfault). Its peers' "
+            "collectives then wait for it or fail.",
+            evidence=ev,
+            ranks=dead,
+            steps=sorted({s + 1 for s in step.values()}),
+            fixes=[
+                Fix(
+                    "read the dead rank's stderr and the host's kernel log (dmesg: the OOM killer, a "
+                    "segfault) for why it died; torchrun's summary names its exit code or signal"
+                )
+            ],
         )
     ]

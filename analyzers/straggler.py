@@ -9,6 +9,8 @@ from diag.analyzers import evidence
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics.comms import transfer_dur
+from diag.metrics.steps import NS
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -21,25 +23,74 @@ MIN_STEP_SHARE = 0.25  # and the difference is at least this share of the step
 CONSISTENT = 0.60  # and it is the slowest rank in at least this share of steps
 WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
+# and the gap is this many times the step time's own step-to-step noise (robust sigma: 1.4826 x MAD)
+# on a shared host, CPU contention makes one rank 1.5x slower for a whole short run (ZeRO-2 control
+# at load 16: gap 1.5 sigma) where a real straggler's fixed delay stands out (80 ms: 6-16 sigma)
+NOISE_MARGIN = 3.0
 # with fewer steps (one profiled step), the arrival order at the collectives is the evidence:
 LAST_SHARE = 0.80  # one rank arrives last (the others wait for it) at this share of its collectives
 MIN_ARRIVALS = 20  # of at least this many collectives matched across the ranks
 
 
+def async_tail_wait(c: pd.DataFrame) -> pd.Series:
+    """Seconds each (rank, step) waited for late peers at its last async collective: the op's
+    duration beyond its transfer time (the least duration over the group's members, `transfer_dur`).
+
+    Why the last one: an async collective (DDP's bucket all-reduces, issued and waited by the C++
+    Reducer) overlaps the rank's own work until someone waits for it, which no Python frame shows.
+    The last one issued in a step is waited for right away (DDP's Reducer at the end of backward),
+    so its wait is time the step lost; earlier ones overlap it and the rank's own work."""
+    if c.empty or "async_op" not in c:
+        return pd.Series(dtype=float)
+    flag = c["async_op"].astype("boolean").fillna(False).astype(bool)
+    if not flag.any():
+        return pd.Series(dtype=float)
+    dur = pd.to_numeric(c["dur"], errors="coerce")
+    wait = (dur - transfer_dur(c)).clip(lower=0)
+    a = pd.DataFrame(
+        {
+            "rank": c["rank"],
+            "step": c["step"],
+            "end": pd.to_numeric(c["ts"]) + dur.fillna(0),
+            "wait": wait / NS,
+        }
+    )[flag & dur.notna()]
+    if a.empty:
+        return pd.Series(dtype=float)
+    tail = a.sort_values("end", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
+    return tail.set_index(["rank", "step"])["wait"]
+
+
 def compute_per_step(metrics: Metrics) -> pd.DataFrame:
-    """Step time minus time blocked in collectives: what the rank itself spent (its own work)."""
-    df = metrics.blocked
+    """Step time minus time blocked in collectives (blocking ones, and the wait at the step's last
+    async one, `async_tail_wait`): what the rank itself spent (its own work)."""
+    df, tail = metrics.blocked, async_tail_wait(metrics.comms)
+    if df.empty and not tail.empty:  # no blocking collective at all (plain DDP)
+        df = metrics.steady_steps[["rank", "step", "dur_s"]].assign(exposed_s=0.0)
     if df.empty:
         return df
-    xfer = metrics.exposed["exposed_s"].to_numpy()
+    xfer = metrics.exposed["exposed_s"].to_numpy() if not metrics.exposed.empty else 0.0
+    extra = (
+        pd.Series(list(zip(df["rank"], df["step"]))).map(tail).fillna(0.0).to_numpy()
+        if not tail.empty
+        else 0.0
+    )
     df = df.assign(
-        compute_s=(df["dur_s"] - df["exposed_s"]).clip(lower=0), wait_s=(df["exposed_s"] - xfer).clip(lower=0)
+        compute_s=(df["dur_s"] - df["exposed_s"] - extra).clip(lower=0),
+        wait_s=(df["exposed_s"] - xfer + extra).clip(lower=0),
     )
     st = metrics.trace.steps
     skipped = st[st["applied"].astype(object).eq(False)] if "applied" in st else st.iloc[:0]
     # steps skipped for an fp16 overflow take a different path (no optimizer update) on some ranks
     gone = set(zip(skipped["rank"], skipped["step"]))
     return df[[(r, s) not in gone for r, s in zip(df["rank"], df["step"])]]
+
+
+def step_noise(df: pd.DataFrame) -> float:
+    """The step time's step-to-step noise: robust sigma (1.4826 x MAD) of each step's duration (the
+    ranks' mean: collectives keep them in step)."""
+    per_step = df.groupby("step")["dur_s"].mean()
+    return float(1.4826 * (per_step - per_step.median()).abs().median()) if len(per_step) else 0.0
 
 
 def _last_arrival(metrics: Metrics) -> dict[int, float]:
@@ -142,16 +193,19 @@ def _span_s(c: pd.DataFrame) -> float:
 
 @rule("straggler")
 def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Fires when one rank's median compute time (step minus blocking-collective time; the others
-    wait for it inside collectives, so step times alone look equal) is >= 1.5x the other ranks'
-    median, the gap is >= 25% of the step, it is the slowest in >= 60% of steps, and the other ranks
-    wait in collectives (duration beyond the op's transfer time) for >= 50% of the gap. Steps skipped
-    for an fp16 overflow are left out (their work differs between ranks by design); at least 5 steady
-    applied steps are needed. Fix: check
-    that host (thermal throttling, other processes, a slow disk or data shard), move the job off it,
-    balance the data. recoverable_s: the compute gap per step. With fewer than 5 steps (one profiled
-    step), the arrival order instead: one rank arrives last (shortest duration) at >= 80% of >= 20
-    collectives matched across the ranks, and the others wait for it >= 25% of the step."""
+    """Fires when one rank's median compute time (step minus the time blocked in collectives:
+    blocking ones, and the wait at the step's last async one, e.g. DDP's bucket all-reduces that the
+    C++ Reducer waits for; the others wait for it inside collectives, so step times alone look
+    equal) is >= 1.5x the other ranks' median, the gap is >= 25% of the step and >= 3x the step
+    time's own noise (robust sigma of the step durations: host contention makes a rank slower for a
+    whole short run, but not by a fixed delay that stands out of the noise), it is the slowest in >=
+    60% of steps, and the other ranks wait in collectives (duration beyond the op's transfer time) for
+    >= 50% of the gap. Steps skipped for an fp16 overflow are left out (their work differs between
+    ranks by design); at least 5 steady applied steps are needed. Fix: check that host (thermal
+    throttling, other processes, a slow disk or data shard), move the job off it, balance the data.
+    recoverable_s: the compute gap per step. With fewer than 5 steps (one profiled step), the arrival
+    order instead: one rank arrives last (shortest duration) at >= 80% of >= 20 collectives matched
+    across the ranks, and the others wait for it >= 25% of the step."""
     df = compute_per_step(metrics)
     if metrics.steps.empty or metrics.steps["step"].nunique() < MIN_STEPS:
         return _by_arrival(trace, metrics)
@@ -164,8 +218,10 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     wide = df.pivot_table(index="step", columns="rank", values="compute_s")
     consistent = float((wide.idxmax(axis=1) == slow).mean()) if not wide.empty else 0.0
     waited = float(df[df["rank"] != slow].groupby("rank")["wait_s"].median().median())
+    noise = step_noise(df)
     if (
         others <= 0
+        or gap < NOISE_MARGIN * noise
         or med[slow] < SLOWER * others
         or gap < MIN_STEP_SHARE * step_s
         or consistent < CONSISTENT
@@ -189,6 +245,7 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "slowest_share": consistent,
                 "host": host,
                 "others_wait_s": waited,
+                "step_noise_s": noise,
                 "last_arrival_frac": _last_arrival(metrics),
             },
             ranks=[slow],

@@ -23,6 +23,7 @@ COMMANDS = {
     "status": "diag.cli.status",
     "stacks": "diag.cli.stacks",
     "top": "diag.cli.top",
+    "watch": "diag.cli.watch",
     "analyze": "diag.cli.analyze",
     "diff": "diag.cli.diff",
     "export": "diag.cli.export",

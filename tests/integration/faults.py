@@ -4,9 +4,12 @@ diag in the job from the start, and what diag says of it.
 A cell is one job x one fault. Faults are planted the way they happen: a straggler and an fp16
 overflow storm by the workload's own switches (`--slow-rank`, `--overflow-at`), a hang and a dead
 rank from outside, by SIGSTOP / SIGKILL of one rank's process after a few iterations. The verdicts
-read are `diag analyze`'s findings on the trace (post-mortem, every rule) and, for a hang, `diag
-stacks` on the live launcher (the time from the SIGSTOP to its verdict is measured). A finding of
-severity warning or critical other than the expected one is a false alarm.
+read are `diag analyze`'s findings on the trace (post-mortem, every rule; with the job's own output
+as its log for an injected fault) and, for an injected fault, `diag watch --json` following the live
+trace directory (the time from the signal to its first line naming the expected rule and rank is
+measured). For a fault planted from the first step, the steps it takes: the first step count at
+which the rule, on the trace cut there, names the rank. A finding of severity warning or critical
+other than the expected one is a false alarm, live or post-mortem.
 
 Used by tests/integration/test_fault_matrix.py (one test per cell) and bench/faults.py (the table in
 docs/faults.md).
@@ -25,18 +28,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.analyzers import run_all
+import pandas as pd
+from diag.analyzers import registered_rules, run_all
 
 import diag
 from diag.findings import Finding
+from diag.importers import load_inputs
 from diag.procs import ranks_under
+from diag.trace.model import Trace
 from tests.integration.runs import DDP, GPT, MEGATRON, Runs
 from tests.workloads import launch
 
 ALARM = ("warning", "critical")
 SLOW = ("--slow-rank", "1", "--slow-ms", "80")
 INJECT_AFTER = 6  # iterations printed before a hang / kill is planted
-STACKS_AFTER = 1.0  # seconds from a SIGSTOP to `diag stacks`
+WATCH_FOR = 30.0  # seconds `diag watch` is followed after the fault
+LIVE_GOAL_S = 10.0  # the issue's goal: named within 10 s of the fault
 
 
 @dataclass(frozen=True)
@@ -60,61 +67,16 @@ DDP_ARGS = ("--steps", "12")
 ZERO2 = ("--zero", "2", "--steps", "10")
 TP_ARGS = ("--steps", "13")  # test_agent_megatron's run: shared through the run cache
 LONG = ("--steps", "4000", "--step-sleep", "0.05")  # runs until the fault is planted, then killed
+# DDP's steps take ~10 ms: a 50 ms sleep between them is idle_between_steps' finding; wider layers
+# keep it training (about 30 ms a step) until the fault
+LONG_DDP = ("--steps", "4000", "--hidden", "512")
 
 CELLS: tuple[Cell, ...] = (
     Cell("DDP", "healthy", DDP, DDP_ARGS),
-    Cell(
-        "DDP",
-        "straggler",
-        DDP,
-        (*DDP_ARGS, *SLOW),
-        expect="straggler",
-        rank=1,
-        known_gap=(
-            "DDP's bucket all-reduces are async (the Reducer waits for them in C++), and the blocked-time "
-            "metric the straggler rule reads (diag.metrics.comms.blocking_per_step) counts blocking ops "
-            "only: rank 0's 80 ms waits are invisible, so no rank shows waiting time"
-        ),
-    ),
-    Cell(
-        "DDP",
-        "hang",
-        DDP,
-        LONG,
-        expect="hang_desync",
-        rank=1,
-        inject="stop",
-        known_gap=(
-            "the waiting rank waits for the bucket all-reduce inside Tensor.backward (DDP's Reducer, from "
-            "C++), so `diag stacks` sees no collective frame: 'rank 0: not in a collective', no verdict"
-        ),
-    ),
-    Cell(
-        "DDP",
-        "rank dies",
-        DDP,
-        LONG,
-        expect="hang_desync",
-        rank=1,
-        inject="kill",
-        known_gap=(
-            "no rule names a dead rank from a trace: hang_desync needs 60 s of silence or diverged "
-            "collectives; it fires only when the dead rank's unflushed last 0.2 s leave it >= 2 steps "
-            "behind (by chance: not strict)"
-        ),
-        strict=False,
-    ),
-    Cell(
-        "ZeRO-2",
-        "healthy",
-        GPT,
-        ZERO2,
-        known_gap=(
-            "a false straggler warning on rank 0 in 2 of 5 runs at a load average of 10-16 on the shared "
-            "2-core machine (10 steps; the rule's thresholds were set on a quieter machine): not strict"
-        ),
-        strict=False,
-    ),
+    Cell("DDP", "straggler", DDP, (*DDP_ARGS, *SLOW), expect="straggler", rank=1),
+    Cell("DDP", "hang", DDP, LONG_DDP, expect="hang_desync", rank=1, inject="stop"),
+    Cell("DDP", "rank dies", DDP, LONG_DDP, expect="job_crash", rank=1, inject="kill"),
+    Cell("ZeRO-2", "healthy", GPT, ZERO2),
     Cell("ZeRO-2", "straggler", GPT, (*ZERO2, *SLOW), expect="straggler", rank=1),
     Cell(
         "ZeRO-2 fp16",
@@ -127,6 +89,7 @@ CELLS: tuple[Cell, ...] = (
     Cell("megatron-core TP=2", "healthy", MEGATRON, TP_ARGS),
     Cell("megatron-core TP=2", "straggler", MEGATRON, (*TP_ARGS, *SLOW), expect="straggler", rank=1),
     Cell("megatron-core TP=2", "hang", MEGATRON, LONG, expect="hang_desync", rank=1, inject="stop"),
+    Cell("megatron-core TP=2", "rank dies", MEGATRON, LONG, expect="job_crash", rank=1, inject="kill"),
 )
 
 
@@ -136,40 +99,55 @@ class Outcome:
 
     cell: Cell
     findings: list[Finding] = field(default_factory=list)  # post-mortem, warning or critical
-    live: str | None = None  # `diag stacks` verdict (a hang)
-    live_s: float | None = None  # seconds from the injection to that verdict
+    live: list[dict[str, Any]] = field(default_factory=list)  # `diag watch --json` lines, with "at_s"
+    steps_to_find: int | None = None  # planted from the first step: steps until the rule names it
     note: str = ""
 
     def found(self) -> Finding | None:
-        """The expected finding, naming the right rank, if diag made it post-mortem (a hang: not
-        required, `diag stacks` is the live verdict; a SIGKILL that ends a hung job loses each rank's
-        last 0.2 s of records, and the rule needs 60 s of silence or diverged collectives)."""
+        """The expected finding, naming the right rank, if diag made it post-mortem."""
         for f in self.findings:
             if f.rule == self.cell.expect and (self.cell.rank is None or self.cell.rank in f.ranks):
                 return f
         return None
 
+    def live_found(self) -> dict[str, Any] | None:
+        """The first `diag watch` line with the expected rule naming the right rank."""
+        for e in self.live:
+            if e.get("rule") == self.cell.expect and self.cell.rank in (e.get("ranks") or []):
+                return e
+        return None
+
+    @property
+    def live_s(self) -> float | None:
+        e = self.live_found()
+        return None if e is None else float(e["at_s"])
+
     def live_correct(self) -> bool:
-        """A hang (a stopped rank): `diag stacks` names it as the rank that never arrived."""
-        return self.cell.inject != "stop" or f"never arrived: rank {self.cell.rank}" in (self.live or "")
+        """An injected fault: `diag watch` names the rank with the expected rule within 10 s."""
+        return self.cell.inject is None or (self.live_s is not None and self.live_s <= LIVE_GOAL_S)
 
     def false_alarms(self) -> list[str]:
-        return sorted(
-            {f"{f.rule} ({f.severity}, ranks {f.ranks})" for f in self.findings if f.rule != self.cell.expect}
-        )
+        post = {
+            f"{f.rule} ({f.severity}, ranks {f.ranks})" for f in self.findings if f.rule != self.cell.expect
+        }
+        live = {
+            f"live {e['rule']} ({e['severity']}, ranks {e['ranks']})"
+            for e in self.live
+            if e.get("event") != "cleared" and e.get("rule") != self.cell.expect
+        }
+        return sorted(post | live)
 
     def correct(self) -> bool:
         if self.cell.expect is None:
-            return not self.findings
-        post = self.found() is not None or self.cell.inject == "stop"
+            return not self.findings and not self.live
+        post = self.found() is not None or self.cell.inject is not None
         return post and self.live_correct() and not self.false_alarms()
 
     def row(self) -> dict[str, Any]:
         f = self.found()
         c = self.cell
         expected = f"{c.expect or 'nothing'}" + (f" naming rank {c.rank}" if c.rank is not None else "")
-        if c.inject == "stop":
-            expected = f"`diag stacks`: rank {c.rank} never arrived (post-mortem {c.expect} allowed)"
+        first = self.live_found()
         return {
             "job": c.job,
             "fault": c.fault,
@@ -177,9 +155,10 @@ class Outcome:
             "post_mortem": ", ".join(sorted({x.rule for x in self.findings})) or "nothing",
             "severity": f.severity if f is not None else None,
             "named_ranks": f.ranks if f is not None else None,
-            "live_asked": c.inject == "stop",
-            "live": self.live,
-            "live_s": None if self.live_s is None else round(self.live_s, 1),
+            "live_asked": c.inject is not None,
+            "live": first["title"] if first else None,
+            "live_s": self.live_s,
+            "steps_to_find": self.steps_to_find,
             "false_alarms": self.false_alarms(),
             "correct": self.correct(),
             "known_gap": self.cell.known_gap,
@@ -187,10 +166,28 @@ class Outcome:
         }
 
 
-def alarms(trace_dir: str) -> list[Finding]:
-    findings, failures = run_all(diag.load(trace_dir))
+def alarms(paths: list[str]) -> list[Finding]:
+    """Warnings and criticals of every rule on the inputs (a trace directory, the job's log)."""
+    findings, failures = run_all(load_inputs(paths))
     assert failures == {}, failures
     return [f for f in findings if f.severity in ALARM]
+
+
+def steps_to_find(trace_dir: str, rule: str, rank: int | None) -> int | None:
+    """The fewest steps after which `rule`, on the trace cut there, names `rank` (None: never):
+    how soon a fault planted from the first step is named (the issue: a straggler within 5 steps)."""
+    trace = diag.load(trace_dir)
+    fn = registered_rules()[rule][0]
+    last = int(trace.steps["step"].max()) if not trace.steps.empty else -1
+    for k in range(1, last + 1):
+        frames = {
+            kind: df[pd.to_numeric(df["step"], errors="coerce") <= k] if "step" in df else df
+            for kind, df in trace.frames.items()
+        }
+        cut = Trace(headers=trace.headers, frames=frames, sources=trace.sources)
+        if any(rank is None or rank in f.ranks for f in fn(cut)):
+            return k + 1  # steps are counted from 0
+    return None
 
 
 def run_cell(cell: Cell, runs: Runs, folder: str) -> Outcome:
@@ -198,7 +195,10 @@ def run_cell(cell: Cell, runs: Runs, folder: str) -> Outcome:
     if cell.inject is None:
         job = runs.get(cell.module, list(cell.args), diag=True)
         assert job.trace_dir is not None
-        return Outcome(cell, alarms(job.trace_dir))
+        out = Outcome(cell, alarms([job.trace_dir]))
+        if cell.expect is not None:
+            out.steps_to_find = steps_to_find(job.trace_dir, cell.expect, cell.rank)
+        return out
     return _run_injected(cell, folder)
 
 
@@ -211,9 +211,18 @@ def _follow(job: subprocess.Popen[str], seen: list[int], lines: list[str]) -> No
                 seen.append(int(line.rsplit("iteration ", 1)[1]))
 
 
+def _read_watch(watch: subprocess.Popen[str], events: list[dict[str, Any]]) -> None:
+    """`diag watch --json` lines as they come, each stamped with when it arrived (monotonic)."""
+    assert watch.stdout is not None
+    for line in watch.stdout:
+        with contextlib.suppress(ValueError):
+            events.append({**json.loads(line), "at": time.monotonic()})
+
+
 def _run_injected(cell: Cell, folder: str) -> Outcome:
-    """Start the job with the agent in-process, plant the fault from outside on `cell.rank` once it
-    trains, read `diag stacks` live (a hang), then end the job and analyze its trace."""
+    """Start the job with the agent in-process and `diag watch --json` on its trace directory, plant
+    the fault from outside on `cell.rank` once it trains, time the watcher's verdict, then end the
+    job and analyze its trace with its output as the log."""
     os.makedirs(folder, exist_ok=True)
     trace = os.path.join(folder, "trace")
     env = {"XDG_RUNTIME_DIR": folder}
@@ -232,66 +241,80 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
     )
     seen: list[int] = []
     lines: list[str] = []
+    events: list[dict[str, Any]] = []
     threading.Thread(target=_follow, args=(job, seen, lines), daemon=True).start()
     out = Outcome(cell)
     pids: dict[int | None, int] = {}
+    watch: subprocess.Popen[str] | None = None
     try:
         deadline = time.monotonic() + 180
         while not seen or max(seen) < INJECT_AFTER:
             assert job.poll() is None, "the job exited before the fault:\n" + "".join(lines[-30:])
             assert time.monotonic() < deadline, "the job never trained"
             time.sleep(0.1)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "diag", "watch", trace, "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=launch.ROOT,
+            env=launch.job_env(env),
+        )
+        threading.Thread(target=_read_watch, args=(watch, events), daemon=True).start()
         pids = {rank: pid for pid, rank in ranks_under(job.pid)}
+        time.sleep(3.0)  # the watcher has started and read the healthy start: a baseline
         t0 = time.monotonic()
         assert cell.rank is not None
         os.kill(pids[cell.rank], signal.SIGSTOP if cell.inject == "stop" else signal.SIGKILL)
-        if cell.inject == "stop":
-            time.sleep(STACKS_AFTER)
-            res = subprocess.run(
-                [sys.executable, "-m", "diag", "stacks", str(job.pid), "--json"],
-                capture_output=True,
-                text=True,
-                cwd=launch.ROOT,
-                timeout=90,
-                env=launch.job_env(env),
-            )
-            out.live_s = time.monotonic() - t0
-            out.live = (
-                json.loads(res.stdout).get("verdict")
-                if res.returncode == 0
-                else f"exit {res.returncode}: {res.stderr.strip()[-300:]}"
-            )
-        else:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                job.wait(timeout=120)  # the peers fail in their next collective; torchrun ends
-            out.note = f"job exit {job.poll()}"
+        until = t0 + WATCH_FOR
+        while time.monotonic() < until and not any(
+            e.get("rule") == cell.expect and cell.rank in (e.get("ranks") or []) for e in events
+        ):
+            time.sleep(0.2)
+        time.sleep(2.0)  # anything else it says right after (a false alarm)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.wait(timeout=0.1 if cell.inject == "stop" else 30)
+        out.note = f"job exit {job.poll()}"
     finally:
         for pid in [job.pid, *pids.values()]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         job.wait()
-    out.findings = alarms(trace)
+        if watch is not None:
+            watch.kill()
+            watch.wait()
+    out.live = [{**e, "at_s": round(e["at"] - t0, 1)} for e in events if e["at"] >= t0]
+    baseline = [e for e in events if e["at"] < t0 and e.get("event") != "cleared"]
+    if baseline:
+        out.note += f"; before the fault: {[e['rule'] for e in baseline]}"
+        out.live += [{**e, "at_s": round(e["at"] - t0, 1)} for e in baseline]
+    log = os.path.join(folder, "job.log")
+    with open(log, "w") as f:
+        f.writelines(lines)
+    out.findings = alarms([trace, log])
     return out
 
 
 def render(rows: list[dict[str, Any]]) -> str:
     """The matrix as a markdown table."""
     head = (
-        "| job | fault | expected | post-mortem (`diag analyze`) | live (`diag stacks`) | "
+        "| job | fault | expected | live (`diag watch --json`) | post-mortem (`diag analyze`) | "
         "false alarms | correct |\n|---|---|---|---|---|---|---|\n"
     )
     body = []
     for r in rows:
-        live = (
-            "—" if not r["live_asked"] else f"{r['live'] or 'no verdict'} ({r['live_s']} s after the fault)"
-        )
+        if r["live_asked"]:
+            live = f"{r['live']} ({r['live_s']} s after the fault)" if r["live"] else "no verdict in 30 s"
+        elif r["steps_to_find"] is not None:
+            live = f"named after {r['steps_to_find']} steps"
+        else:
+            live = "—" if r["expected"] == "nothing" else "not named"
         post = r["post_mortem"]
         if r["severity"]:
             post += f" ({r['severity']}, ranks {r['named_ranks']})"
         gap = f": {r['known_gap']}" if r["known_gap"] else ""
         ok = ("yes" + (f", by chance{gap}" if gap else "")) if r["correct"] else "**no**" + gap
         body.append(
-            f"| {r['job']} | {r['fault']} | {r['expected']} | {post} | {live} | "
+            f"| {r['job']} | {r['fault']} | {r['expected']} | {live} | {post} | "
             f"{', '.join(r['false_alarms']) or 'none'} | {ok} |"
         )
     return head + "\n".join(body) + "\n"

@@ -1,8 +1,10 @@
 """The fault matrix (issue 17; cells in tests/integration/faults.py): every planted fault in a real
 2-rank job is named, with the right rank, and nothing else is said; every healthy control is silent.
 
-`DIAG_FAULT_TABLE=PATH` writes the matrix as markdown at the end (docs/faults.md is made so, by
-`python -m bench.faults`). A cell diag does not get right yet is a strict xfail with the reason.
+An injected fault (SIGSTOP, SIGKILL) is judged live: `diag watch --json` on the running job's trace
+directory names the expected rule and rank within 10 s of the signal. `DIAG_FAULT_TABLE=PATH` writes
+the matrix as markdown at the end (docs/faults.md is made so, by `python -m bench.faults`). A cell
+diag does not get right yet is a strict xfail with the reason.
 """
 
 from __future__ import annotations
@@ -39,12 +41,11 @@ def _param(cell: Cell) -> Any:
 def test_cell(cell: Cell, runs: Runs, tmp_path) -> None:
     out = run_cell(cell, runs, str(tmp_path))
     ROWS.append(out.row())
-    assert out.false_alarms() == [] if cell.expect else out.findings == [], out.row()
-    if cell.expect is not None and cell.inject != "stop":
+    assert out.false_alarms() == [], out.row()
+    if cell.expect is None:
+        assert out.findings == [] and out.live == [], out.row()
+    elif cell.inject is None:
         assert out.found() is not None, out.row()
-    if cell.inject == "stop":
-        assert out.live_correct(), out.live
-        # the issue's goal is 10 s; `diag stacks` itself (two py-spy samples a rank and the trace
-        # join) took 6.6-8.7 s of it at a load average of 10 on the shared 2-core machine
-        assert out.live_s is not None and out.live_s < 15, out.live_s
+    else:  # `diag watch` names the rank within the issue's 10 s (timed from the signal)
+        assert out.live_correct(), out.row()
     assert out.correct()

@@ -29,10 +29,17 @@ def test_any_other_alarm_is_false_and_a_control_must_get_none():
     assert not Outcome(HEALTHY, [finding("straggler", [0])]).correct()
 
 
+def _line(rule: str, ranks: list[int], at_s: float) -> dict:
+    return {"event": "new", "rule": rule, "severity": "critical", "ranks": ranks, "at_s": at_s, "title": rule}
+
+
 def test_a_hang_is_judged_by_the_live_verdict():
-    good = "rank 0 stuck in all_reduce; never arrived: rank 1 (in train_loop (common.py:132))"
-    assert Outcome(HANG, [], live=good, live_s=3.0).correct()  # post-mortem not required
-    assert not Outcome(HANG, [], live=None, live_s=3.0).correct()
-    assert not Outcome(HANG, [], live=good.replace("rank 1", "rank 0"), live_s=3.0).correct()
-    row = Outcome(HANG, [], live=None, live_s=3.0).row()
-    assert "no verdict (3.0 s after the fault)" in render([row])
+    good = _line("hang_desync", [1], 4.0)
+    assert Outcome(HANG, [], live=[good]).correct()  # post-mortem not required
+    assert not Outcome(HANG, [], live=[]).correct()
+    assert not Outcome(HANG, [], live=[_line("hang_desync", [0], 4.0)]).correct()  # the wrong rank
+    assert not Outcome(HANG, [], live=[_line("hang_desync", [1], 12.0)]).correct()  # past 10 s
+    wrong = Outcome(HANG, [], live=[good, _line("straggler", [0], 1.0)])
+    assert wrong.false_alarms() == ["live straggler (critical, ranks [0])"] and not wrong.correct()
+    assert "no verdict in 30 s" in render([Outcome(HANG, [], live=[]).row()])
+    assert "hang_desync (4.0 s after the fault)" in render([Outcome(HANG, [], live=[good]).row()])

@@ -1,0 +1,101 @@
+"""Whether each rank's process still runs, as far as a trace can tell: shared by hang_desync and
+dead_rank (rules do not import each other).
+
+Three measured signs, none of them silence alone:
+- the agent's close: `agent.stop()` always writes `unfinished_at_detach` (the comms collector's
+  count of ops in flight), so a trace without it ended without the agent closing it (a kill, a
+  crash of the interpreter, or the job is still running);
+- the heartbeat: the agent's writer thread writes a stats record every 2 s whatever the training
+  thread does (blocked in a collective included), so a rank whose records stop while a peer's go
+  on is a process that stopped running (SIGSTOP, a dead process, a frozen interpreter);
+- the process itself, looked at by a live watcher on the ranks' host (`diag watch` adds
+  `headers[rank]["process"] = {"pid", "state", "checked_ns"}`: state "gone", or a /proc State letter).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from diag import schema
+from diag.metrics.steps import NS
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
+HEARTBEAT_S = 2.0  # the agent's stats period (diag.agent.runtime.STATS_INTERVAL_S)
+SILENT_BEATS = 3  # a rank this many heartbeats behind a peer's latest record stopped running
+
+
+def live(trace: Trace) -> bool:
+    """A trace read while the job runs (`diag top`, `diag watch`): its files end mid-flush."""
+    watched = any(isinstance(h.get("process"), dict) for h in trace.headers.values())
+    return watched or "diag top" in trace.sources
+
+
+def closed(trace: Trace) -> set[int]:
+    """Ranks whose agent closed their trace (the close marker is in its metadata)."""
+    return {r for r, h in trace.headers.items() if schema.META_UNFINISHED_AT_DETACH in h}
+
+
+def process_state(trace: Trace, rank: int) -> str | None:
+    """The live watcher's look at a rank's process: "gone", a /proc State letter, None unknown."""
+    fact = trace.headers.get(rank, {}).get("process")
+    return str(fact.get("state")) if isinstance(fact, dict) and fact.get("state") else None
+
+
+def last_record(trace: Trace) -> pd.Series:
+    """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory."""
+    parts = []
+    for kind in (schema.STEP, schema.COMM, schema.STATS, schema.ERROR, schema.MEMORY, schema.LAYER):
+        df = trace.frame(kind)
+        if not df.empty and "ts" in df:
+            parts.append(pd.to_numeric(df["ts"], errors="coerce").groupby(df["rank"]).max())
+    if not parts:
+        return pd.Series(dtype="float64")
+    s = pd.concat(parts, axis=1).max(axis=1)
+    return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)]
+
+
+def stopped_running(trace: Trace) -> dict[int, dict[str, Any]]:
+    """Ranks whose process stopped running while a peer's went on: its heartbeat ended >= 3 beats
+    before a peer's last record (not closed by its agent), or the watcher saw it gone / stopped.
+    Each with how: {"how": "gone" | "stopped" | "silent", "silent_s": seconds behind the newest peer}."""
+    last = last_record(trace)
+    if len(last) < 2:
+        return {}
+    shut = closed(trace)
+    out: dict[int, dict[str, Any]] = {}
+    for rank, t in last.items():
+        rank = int(rank)
+        peers = last.drop(rank)
+        behind = (float(peers.max()) - float(t)) / NS
+        state = process_state(trace, rank)
+        if state == "gone" and rank not in shut:
+            out[rank] = {"how": "gone", "silent_s": max(behind, 0.0)}
+        elif state in ("T", "t"):
+            out[rank] = {"how": "stopped", "silent_s": max(behind, 0.0)}
+        elif rank not in shut and behind >= SILENT_BEATS * HEARTBEAT_S and state not in ("R", "S", "D"):
+            out[rank] = {"how": "silent", "silent_s": behind}
+    alive = set(last.index.astype(int)) - set(out)
+    return out if alive else {}  # every rank quiet: the job ended (or the whole host stopped)
+
+
+def died(trace: Trace, rank: int, how: dict[str, Any]) -> bool:
+    """A rank that stopped running is dead, not stopped: the watcher saw its process gone, or (a
+    finished trace) its trace was never closed while a peer's agent closed its own after it (the
+    peers' collectives failed on the dead connection and the job shut down)."""
+    if how["how"] == "gone":
+        return True
+    if how["how"] != "silent":
+        return False
+    return bool(closed(trace) - {rank})
+
+
+def pending_collectives(c: pd.DataFrame) -> pd.DataFrame:
+    """Collectives issued and never completed (the agent writes their duration as null once it gave
+    up waiting, after 10 s or when it closed): where a rank is stuck."""
+    if c.empty:
+        return c
+    return c[pd.to_numeric(c["dur"], errors="coerce").isna()]

@@ -1,0 +1,145 @@
+"""Follow a live job's findings as a stream: each new or changed finding printed once (--json: one line).
+
+  diag watch                 follow ./diag-trace (or $DIAG_TRACE_DIR)
+  diag watch <trace-dir>     follow a trace directory as it grows
+  diag watch <pid>           follow an attached process (its control socket gives the trace)
+  diag watch <dir> --json    one JSON object a line: what alerting, exporters and bench/faults read
+
+Every `--interval` seconds it reads what the ranks wrote, runs every rule on the trace so far, and
+prints a finding when it first appears, when its severity or named ranks change, and once when it
+clears. Each rank's process on this host is looked at too (gone, or stopped): the rules name a
+rank whose process died or froze (dead_rank, hang_desync). Ends when the job's processes are gone
+(after a last analysis), at --duration, or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from diag.errors import USAGE, DiagError
+
+ENDED_GRACE_S = 2.0  # after the job's processes are gone: one more read of what they flushed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", nargs="?", help="trace directory or pid (default: ./diag-trace)")
+    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+    parser.add_argument("--interval", type=float, default=1.0, help="analysis period, seconds (default 1)")
+    parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+
+
+def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) -> dict[int, dict[str, Any]]:
+    """Per rank whose process runs on this host: whether it is still there and its state letter
+    (R, S, T: stopped, Z: zombie, gone), as the rules read them (`schema`-free header key `process`)."""
+    from diag.inject.checks import status_fields
+
+    out = {}
+    for rank, h in headers.items():
+        pid = h.get("pid")
+        if rank < 0 or h.get("host") != host or not isinstance(pid, int) or h.get("sidecar"):
+            continue
+        fields = status_fields(pid)
+        state = "gone" if fields is None else fields.get("State", "?")[:1]
+        state = "gone" if state in ("Z", "X") else state  # dead, not reaped yet by its launcher
+        out[rank] = {"pid": pid, "state": state, "checked_ns": now_ns}
+    return out
+
+
+def event_of(f: Any, kind: str, t0: float) -> dict[str, Any]:
+    """One line of the stream: the finding's rule, severity, ranks, group, collective and step."""
+    ev = f.evidence or {}
+    return {
+        "event": kind,
+        "time": round(time.time(), 3),
+        "since_start_s": round(time.monotonic() - t0, 2),
+        "rule": f.rule,
+        "severity": f.severity,
+        "ranks": list(f.ranks),
+        "group": ev.get("group"),
+        "collective": ev.get("collective"),
+        "step": ev.get("step", f.steps[-1] if f.steps else None),
+        "title": f.title,
+    }
+
+
+class Stream:
+    """Which findings were printed, to print each new or changed one once."""
+
+    def __init__(self, out: Any, as_json: bool) -> None:
+        self.out, self.as_json = out, as_json
+        self.shown: dict[str, tuple[Any, ...]] = {}
+        self.t0 = time.monotonic()
+
+    def update(self, findings: list[Any]) -> int:
+        """Print what changed since the last analysis; returns the number of lines printed."""
+        seen, lines = {}, []
+        for f in findings:
+            if f.severity not in ("warning", "critical"):
+                continue
+            ev = f.evidence or {}
+            key = f.rule
+            sig = (f.severity, tuple(f.ranks), ev.get("group"), ev.get("collective"))
+            seen[key] = sig
+            if key not in self.shown:
+                lines.append(event_of(f, "new", self.t0))
+            elif self.shown[key] != sig:
+                lines.append(event_of(f, "changed", self.t0))
+        for key in set(self.shown) - set(seen):
+            lines.append({"event": "cleared", "time": round(time.time(), 3), "rule": key})
+        self.shown = seen
+        for line in lines:
+            self.out.write((json.dumps(line) if self.as_json else _text(line)) + "\n")
+        self.out.flush()
+        return len(lines)
+
+
+def _text(e: dict[str, Any]) -> str:
+    if e["event"] == "cleared":
+        return f"{time.strftime('%H:%M:%S')} cleared {e['rule']}"
+    where = ", ".join(
+        f"{k} {e[k]}" for k in ("group", "collective", "step") if e.get(k) is not None and e.get(k) != ""
+    )
+    return (
+        f"{time.strftime('%H:%M:%S')} {e['event']} {e['severity'].upper()} {e['rule']} ranks {e['ranks']}: "
+        f"{e['title']}" + (f" [{where}]" if where else "")
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from diag.analyzers import run_all
+    from diag.tui import jobstate
+    from diag.tui.model import JobModel
+    from diag.tui.source import LiveSource, trace_dir_of_pid
+
+    if args.interval <= 0:
+        raise DiagError("--interval must be > 0", USAGE)
+    target = args.target or os.environ.get("DIAG_TRACE_DIR") or "diag-trace"
+    if target.isdigit() and not os.path.isdir(target):
+        target = trace_dir_of_pid(int(target))
+    source, model, state = LiveSource(target), JobModel(), jobstate.JobState()
+    stream, host = Stream(sys.stdout, args.json), socket.gethostname()
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    analyzed, ended_at = -1, None
+    while True:
+        model.ingest(source.poll())
+        facts = process_facts(model.headers, host, time.time_ns())
+        if model.events and (model.version != analyzed or facts):
+            analyzed = model.version
+            trace = model.to_trace()
+            for rank, fact in facts.items():
+                trace.headers.setdefault(rank, {})["process"] = fact
+            findings, _ = run_all(trace)
+            stream.update(findings)
+        if model.headers and state.check(model.headers) == "ended":
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at >= ENDED_GRACE_S:
+                return 0
+        if deadline is not None and time.monotonic() >= deadline:
+            return 0
+        time.sleep(args.interval)

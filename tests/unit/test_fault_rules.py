@@ -1,0 +1,130 @@
+"""The fault matrix's rules on small traces (issue 17): a straggler behind async collectives (DDP),
+step-time noise that is no straggler, a stopped rank (hang) and a dead rank (crash) named from its
+process and heartbeat, not from silence alone."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diag import schema
+from tests.unit.synth_trace import MS, Job, fired
+
+
+def _ddp(slow_ms: float = 60) -> Job:
+    """DDP-like: one async bucket all-reduce per step, no blocking collective. Rank 1 issues it
+    `slow_ms` late (its own work is longer); rank 0's op lasts until rank 1 arrives."""
+    job = Job(steps=10, step_ms=100)
+    for s in range(job.steps):
+        job.comm(0, s, at_ms=30, dur_ms=5 + slow_ms, async_op=True)
+        job.comm(1, s, at_ms=30 + slow_ms, dur_ms=5, async_op=True)
+    return job
+
+
+def test_straggler_behind_async_collectives(tmp_path):
+    (f,) = fired(_ddp().write(str(tmp_path / "a")), "straggler")
+    assert f.ranks == [1] and abs(f.evidence["others_wait_s"] - 0.060) < 0.002
+    assert fired(_ddp(slow_ms=0).write(str(tmp_path / "b")), "straggler") == []
+
+
+def _blocking_straggler(tmp_path, swing_ms: float) -> list:
+    """Rank 1 works 60 ms longer a step, rank 0 waits for it in a blocking all-reduce; every step's
+    duration (both ranks alike) swings by -2, -1, 0, 1, 2 x `swing_ms` (robust sigma 1.48 x it)."""
+    job = Job(steps=10, step_ms=110)
+    for s in range(job.steps):
+        job.comm(0, s, at_ms=40, dur_ms=65)
+        job.comm(1, s, at_ms=100, dur_ms=5)
+    trace = job.write(str(tmp_path))
+    st = trace.frames["step"]
+    swing = [(s % 5 - 2) * swing_ms * MS for s in st["step"]]
+    trace.frames["step"] = st.assign(dur=pd.to_numeric(st["dur"]) + swing)
+    return fired(trace, "straggler")
+
+
+def test_straggler_needs_a_gap_above_the_step_time_noise(tmp_path):
+    (f,) = _blocking_straggler(tmp_path / "steady", swing_ms=0)
+    assert f.ranks == [1] and f.evidence["step_noise_s"] == 0
+    # the same 60 ms gap where steps swing by up to +-50 ms (sigma 37 ms): contention, no one slow rank
+    assert _blocking_straggler(tmp_path / "noisy", swing_ms=25) == []
+
+
+def _stuck(job: Job, end_ms: float, closed: set[int] = frozenset(), beats_to: dict[int, float] | None = None):
+    """Heartbeats (stats) every 2 s up to each rank's `beats_to` ms, and the agent's close marker."""
+    for r in range(job.ranks):
+        t = 0.0
+        while t <= (beats_to or {}).get(r, end_ms):
+            job.add(r, schema.STATS, ts=job.start(r, 0) + int(t * MS), captured={}, dropped={}, errors={})
+            t += 2000
+        if r in closed:
+            at = job.start(r, 0) + int(end_ms * MS)
+            job.add(r, schema.META, ts=at, key=schema.META_UNFINISHED_AT_DETACH, value=0)
+
+
+def _hung_job() -> Job:
+    """Rank 1 stops after step 5; rank 0 issues step 6's all-reduce, which never completes."""
+    job = Job(steps=6, step_ms=100)
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=50, dur_ms=5))
+    job.comm(0, 6, at_ms=50, dur_ms=5)
+    job.events[0][-1]["dur"] = None
+    return job
+
+
+def test_stopped_rank_is_a_hang_naming_it_and_the_collective(tmp_path):
+    job = _hung_job()
+    _stuck(job, end_ms=12000, beats_to={1: 600})
+    trace = job.write(str(tmp_path))
+    now = job.start(0, 0) + 12000 * MS
+    trace.headers[0]["process"] = {"pid": 1000, "state": "S", "checked_ns": now}
+    trace.headers[1]["process"] = {"pid": 1001, "state": "T", "checked_ns": now}
+    (f,) = fired(trace, "hang_desync")
+    assert f.ranks == [1] and f.evidence["never_arrived"] == [1] and f.evidence["waiting"] == [0]
+    ev = f.evidence
+    assert (ev["collective"], ev["group"], ev["pending"]) == ("all_reduce", "world", True)
+    assert fired(trace, "job_crash") == []
+    # the same trace a moment after the stop (peers stalled < 2 s): nothing yet
+    for r in (0, 1):
+        trace.headers[r]["process"]["checked_ns"] = job.start(0, 6) + 500 * MS
+    trace.frames["stats"] = trace.stats[pd.to_numeric(trace.stats["ts"]) <= job.start(0, 6)]
+    assert fired(trace, "hang_desync") == []
+
+
+def test_post_mortem_hang_from_the_heartbeat(tmp_path):
+    """Everything killed in the end (no close): rank 1's heartbeat ended 10 s before rank 0's."""
+    job = _hung_job()
+    _stuck(job, end_ms=12000, beats_to={1: 600})
+    (f,) = fired(job.write(str(tmp_path)), "hang_desync")
+    assert f.ranks == [1] and f.evidence["how"] == {1: "silent"}
+
+
+def test_dead_rank_named_from_its_missing_process(tmp_path):
+    job = _hung_job()
+    _stuck(job, end_ms=1200, closed={0}, beats_to={1: 600})
+    trace = job.write(str(tmp_path))
+    # post-mortem, its peer closed 0.6 s later: a kill or a crash of the peer's making? not said
+    assert fired(trace, "job_crash") == [] and fired(trace, "hang_desync") == []
+    now = job.start(0, 0) + 1500 * MS
+    trace.headers[0]["process"] = {"pid": 1000, "state": "gone", "checked_ns": now}
+    trace.headers[1]["process"] = {"pid": 1001, "state": "gone", "checked_ns": now}
+    (f,) = fired(trace, "job_crash")
+    assert f.ranks == [1] and f.evidence["how"] == {1: "gone"} and f.evidence["collective"] == "all_reduce"
+    assert fired(trace, "hang_desync") == []
+
+
+def test_dead_rank_post_mortem_when_peers_waited_for_it(tmp_path):
+    """Its peer's heartbeat went on 10 s (stuck in the collective), then closed: rank 1 died."""
+    job = _hung_job()
+    _stuck(job, end_ms=10600, closed={0}, beats_to={1: 600})
+    (f,) = fired(job.write(str(tmp_path)), "job_crash")
+    assert f.ranks == [1] and f.evidence["how"] == {1: "silent"}
+
+
+def test_live_ranks_a_flush_apart_are_not_behind(tmp_path):
+    """A running job read between two flushes: rank 1's last 2 steps not written yet, both running."""
+    job = Job(steps=8, step_ms=30)
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=20, dur_ms=2))
+    trace = job.write(str(tmp_path))
+    trace.frames["step"] = trace.steps[(trace.steps["rank"] == 0) | (trace.steps["step"] < 6)]
+    assert len(fired(trace, "hang_desync")) == 1  # a finished trace: behind is behind
+    now = job.start(0, 8)
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "R", "checked_ns": now}
+    assert fired(trace, "hang_desync") == []
