@@ -27,15 +27,24 @@ class Pending(ABC):
         """The resolved value; only called after `ready()` returned True."""
 
 
+_KINDS: dict[type, bool] = {}  # type -> is it a Pending (an ABC isinstance costs ~1 us a field)
+
+
+def _is_pending(value: Any) -> bool:
+    kind = type(value)
+    known = _KINDS.get(kind)
+    if known is None:
+        known = _KINDS[kind] = issubclass(kind, Pending)
+    return known
+
+
 def unresolved(rec: tuple[Any, ...]) -> bool:
     """True when some field of the record is a Pending that is not ready yet."""
-    return any(isinstance(v, Pending) and not v.ready() for v in rec)
+    return any(_is_pending(v) and not v.ready() for v in rec)
 
 
 def resolve(rec: tuple[Any, ...], give_up: bool = False) -> tuple[Any, ...]:
     """The record with every Pending replaced by its value (or None when giving up)."""
-    if not any(isinstance(v, Pending) for v in rec):
+    if not any(map(_is_pending, rec)):
         return rec
-    return tuple(
-        (None if give_up and not v.ready() else v.value()) if isinstance(v, Pending) else v for v in rec
-    )
+    return tuple((None if give_up and not v.ready() else v.value()) if _is_pending(v) else v for v in rec)
