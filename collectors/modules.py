@@ -2,9 +2,10 @@
 
 Lets a collective (comms) or a layer record (layers) name the module it belongs to, on TRACKED steps
 only: every per-layer sampled step, every `attribute_every`-th step (agent option,
-see `AgentOptions`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
+see `AgentOptions`; 1 = every step, 0 = sampled steps only), the job's first `attribute_every`
 steps (step numbers are the job's: a short job is attributed throughout, an attach mid-run is not),
-and every step until the first step boundary (an attach into a loop the steps collector does not
+the step after one whose collective found no match (comms asks: the job's pattern changed), and
+every step until the first step boundary (an attach into a loop the steps collector does not
 know). Any global module hook sends
 every module call through torch's slow `Module.__call__` path (~1.5 us) and each backward hook costs
 ~3.6 us to register, so a step listener installs the global hooks at the start of a tracked step and
@@ -56,6 +57,7 @@ _Tensor = torch.Tensor
 MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
 _META_KEY = "diag_modules"  # our key in autograd Node.metadata
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP  # one meta record per tracked step (value: the step)
+MISS_GAP = 10  # steps between two tracked steps asked for by unmatched collectives (`again`)
 
 
 def ensure_installed(agent: AgentAPI, undo: Undo) -> ModuleTracker:
@@ -92,6 +94,8 @@ class ModuleTracker:
         self._task = -1  # graph task whose end-of-backward callback is queued
         self._lock = threading.Lock()
         self.every = agent.options.attribute_every
+        self.again = False  # a collective found no match on an untracked step: track the next one
+        self._last_again = -MISS_GAP
         self._handles: tuple[Any, Any] | None = None  # the global forward hooks while tracking
         self._switch = threading.Lock()
         guard = agent.guard
@@ -122,9 +126,21 @@ class ModuleTracker:
     # ---- tracked steps ------------------------------------------------------------------------
     def tracked(self, step: int) -> bool:
         """Attribute this step? Sampled steps always (layers needs the tracker); else the job's first
-        N steps (short jobs and tests get every step) and every Nth after them."""
+        N steps (short jobs and tests get every step) and every Nth after them; and the step after
+        one whose collective had no match to take its module from (`again`: the job's pattern
+        changed), at most one such step in MISS_GAP."""
         every = self.every
-        return bool(self.agent.sampled) or (every > 0 and (step < every or step % every == 0))
+        if self.agent.sampled or (every > 0 and (step < every or step % every == 0)):
+            self.again = False
+            return True
+        if self.again and step - self._last_again >= MISS_GAP:
+            self.again, self._last_again = False, step
+            return True
+        return False
+
+    def track_again(self) -> None:
+        """A collective of an untracked step had no match (comms): track the next step."""
+        self.again = True
 
     def on_step(self, step: int) -> None:
         """Step boundary (step listener): hooks on for a tracked step, off for an untracked one."""
@@ -161,20 +177,26 @@ class ModuleTracker:
         entry = self.names.get(id(mod))
         if entry is None or entry[0]() is not mod:
             entry = self.entry_of(mod)
-        name = entry[1]
+        self.begin(entry[1], entry[2], args)
+
+    def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
+        entry = self.names.get(id(mod))
+        self.end(entry[1] if entry is not None else None, args, output)
+
+    def begin(self, name: str, leaf: bool, args: tuple[Any, ...]) -> None:
+        """A module (or a named window, collectors/windows.py) starts its forward."""
         outermost = not self.stack
         self.stack.append(name)
         lis = self.listener
         if lis is not None and (lis.active or outermost):
             lis.fwd(name, outermost, args)
         # parameter-less leaves (activations, dropout) are skipped in backward unless sampled
-        track = torch.is_grad_enabled() and (not entry[2] or (lis is not None and lis.active))
+        track = torch.is_grad_enabled() and (not leaf or (lis is not None and lis.active))
         self._track.append(track)
 
-    def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
+    def end(self, name: str | None, args: tuple[Any, ...], output: Any) -> None:
+        """A module (or a named window) ends its forward: its backward window is hooked."""
         stack = self.stack
-        entry = self.names.get(id(mod))
-        name = entry[1] if entry is not None else None
         if name is None or not stack or (stack[-1] != name and not self._unwind(name)):
             return  # started mid-forward (attach): this call's pre-hook never ran
         stack.pop()
@@ -190,7 +212,7 @@ class ModuleTracker:
         out_node = _first_node(output)
         if out_node is None or out_node is in_node:
             return  # no gradient flows through, or an identity module: nothing to attribute
-        path = (*self.stack, name)
+        path = (*stack, name)
         self._on_node(out_node).append((self._enter, path))
         if in_node is not None:
             self._on_node(in_node).append((self._exit, path))

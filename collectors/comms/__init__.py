@@ -48,9 +48,10 @@ class Matched:
     """Modules of the last tracked step's collectives by (op, bytes, group) and occurrence; the
     current step's occurrences so far."""
 
-    __slots__ = ("learning", "seen", "step", "template")
+    __slots__ = ("learning", "miss", "seen", "step", "template")
 
-    def __init__(self) -> None:
+    def __init__(self, miss: Callable[[], None] = lambda: None) -> None:
+        self.miss = miss  # called when a collective finds no match: the tracker tracks the next step
         self.step: int | None = None
         self.seen: dict[Key, int] = {}
         self.template: dict[tuple[Key, int], str] = {}
@@ -67,19 +68,22 @@ class Matched:
         if module is not None:
             self.learning[(key, n)] = module
             return module
-        return self.template.get((key, n))
+        found = self.template.get((key, n))
+        if found is None:
+            self.miss()
+        return found
 
 
 def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> None:
     """Wrap every collective method of `ProcessGroup` (those this torch has)."""
     from torch.distributed import ProcessGroup
 
-    _track_modules(agent, undo)
+    tracker = _track_modules(agent, undo)
     timing = timing or CommTiming(agent)
     timing.install(undo)
     groups = Groups(lambda seen: _new_group(agent, seen))
     undo.call(groups.clear, "comms: group cache")
-    matched = Matched()
+    matched = Matched(tracker.track_again if tracker is not None else lambda: None)
     agent.set_meta(schema.META_ATTRIBUTION, "matched")
     flop_seam = _flop_mode_seam()
 
@@ -109,13 +113,14 @@ def _new_group(agent: Any, seen: dict[str, dict[str, Any]]) -> None:
         agent.set_meta(role, size)
 
 
-def _track_modules(agent: AgentAPI, undo: Undo) -> None:
-    """Module attribution needs `agent.module_stack` maintained (shared with the layers collector)."""
+def _track_modules(agent: AgentAPI, undo: Undo) -> Any:
+    """Module attribution needs `agent.module_stack` maintained (shared with the layers collector);
+    the tracker, or None without torch's module hooks."""
     try:
         from diag.collectors import modules
     except ImportError:
-        return
-    modules.ensure_installed(agent, undo)
+        return None
+    return modules.ensure_installed(agent, undo)
 
 
 def _recorder(

@@ -126,12 +126,13 @@ def test_module_and_step_attribution(group, tmp_path) -> None:
 
 
 def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path) -> None:
-    """Default attribute_every=10: the job's first 10 steps and every 10th track the module; the
-    others (module hooks off) take their match's in the last tracked step, the same op, bytes and
-    group (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None."""
+    """attribute_every=10: the job's first 10 steps and every 10th track the module; the others
+    (module hooks off) take their match's in the last tracked step, the same op, bytes and group
+    (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None, and the
+    step after it is tracked (22; at most one such step in 10: not 24)."""
     net = _Net()
-    ag = agent.start(str(tmp_path), what=("comms",))
-    for step, rows in ((9, 2), (17, 2), (20, 2), (21, 3), (30, 2)):
+    ag = agent.start(str(tmp_path), what=("comms",), attribute_every=10)
+    for step, rows in ((9, 2), (17, 2), (20, 2), (21, 3), (22, 2), (23, 5), (24, 5), (30, 5), (31, 5)):
         ag.begin_step(step)
         net(torch.ones(rows, 4))
     path = ag.status()["trace_file"]
@@ -142,13 +143,17 @@ def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path
         (17, "sync"),
         (20, "sync"),
         (21, None),
+        (22, "sync"),
+        (23, None),
+        (24, None),
         (30, "sync"),
+        (31, "sync"),
     ]
     with open(path) as f:
         meta = [r for r in map(json.loads, f) if r["k"] == schema.META]
     assert [m["value"] for m in meta if m.get("key") == "attribute_every"] == [10]
     # step 0: the install's step (before any boundary every step is attributed)
-    assert [m["value"] for m in meta if m.get("key") == "attributed_step"] == [0, 9, 20, 30]
+    assert [m["value"] for m in meta if m.get("key") == "attributed_step"] == [0, 9, 20, 22, 30]
 
 
 def test_unwaited_work_does_not_leak(group, tmp_path) -> None:
