@@ -336,14 +336,14 @@ class Agent:
         self._held = []
         out = []
         for since, rec in candidates:
-            if _pending.unresolved(rec):
-                if final or now - since > _pending.MAX_HOLD_S:
-                    self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
-                    out.append(_pending.resolve(rec, give_up=True))
-                else:
-                    self._held.append((since, rec))
+            done = _pending.settle(rec)
+            if done is not None:
+                out.append(done)
+            elif final or now - since > _pending.MAX_HOLD_S:
+                self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
+                out.append(_pending.resolve(rec, give_up=True))
             else:
-                out.append(_pending.resolve(rec))
+                self._held.append((since, rec))
         return out
 
     def _new_errors(self) -> list[dict[str, Any]]:
