@@ -97,6 +97,7 @@ class ModuleTracker:
         self.again = False  # a collective found no match on an untracked step: track the next one
         self._last_again = -MISS_GAP
         self._handles: tuple[Any, Any] | None = None  # the global forward hooks while tracking
+        self.tracking = False  # the hooks are on: module_stack is kept on this step
         self._switch = threading.Lock()
         guard = agent.guard
         self._hooks = guard("modules", self._pre, "fwd-pre"), guard("modules", self._post, "fwd-post")
@@ -162,9 +163,11 @@ class ModuleTracker:
                     register_module_forward_pre_hook(pre),
                     register_module_forward_hook(post, always_call=True),
                 )
+            self.tracking = True
 
     def _hooks_off(self) -> None:
         with self._switch:
+            self.tracking = False
             handles, self._handles = self._handles, None
             if handles is not None:
                 for handle in handles:

@@ -42,36 +42,42 @@ _now = time.perf_counter_ns
 
 State = tuple[int, int, Any, Later]
 Key = tuple[str, int, str]
+_NO_MATCH = object()
 
 
 class Matched:
     """Modules of the last tracked step's collectives by (op, bytes, group) and occurrence; the
     current step's occurrences so far."""
 
-    __slots__ = ("learning", "miss", "seen", "step", "template")
+    __slots__ = ("learning", "miss", "seen", "step", "template", "tracking")
 
-    def __init__(self, miss: Callable[[], None] = lambda: None) -> None:
-        self.miss = miss  # called when a collective finds no match: the tracker tracks the next step
+    def __init__(self, tracker: Any = None) -> None:
+        # is this step tracked (the module stack is kept)? a collective with no match asks the
+        # tracker to track the next step
+        self.tracking: Callable[[], bool] = (lambda: tracker.tracking) if tracker else (lambda: False)
+        self.miss: Callable[[], None] = tracker.track_again if tracker else (lambda: None)
         self.step: int | None = None
         self.seen: dict[Key, int] = {}
         self.template: dict[tuple[Key, int], str] = {}
         self.learning: dict[tuple[Key, int], str] = {}
 
-    def module(self, step: int, key: Key, module: str | None) -> str | None:
-        """`module` as tracked (learned for later steps), else the match's from the last tracked step."""
+    def module(self, step: int, key: Key, module: str | None, tracked: bool) -> str | None:
+        """`module` as tracked (learned for later steps; None: issued outside any module, as the
+        optimizer's collectives are), else the match's from the last tracked step."""
         if step != self.step:
             self.step, self.seen = step, {}
             if self.learning:
                 self.template, self.learning = self.learning, {}
         n = self.seen.get(key, 0)
         self.seen[key] = n + 1
-        if module is not None:
+        if tracked:
             self.learning[(key, n)] = module
             return module
-        found = self.template.get((key, n))
-        if found is None:
+        found = self.template.get((key, n), _NO_MATCH)
+        if found is _NO_MATCH:
             self.miss()
-        return found
+            return None
+        return found  # type: ignore[return-value]
 
 
 def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> None:
@@ -83,7 +89,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     timing.install(undo)
     groups = Groups(lambda seen: _new_group(agent, seen))
     undo.call(groups.clear, "comms: group cache")
-    matched = Matched(tracker.track_again if tracker is not None else lambda: None)
+    matched = Matched(tracker)
     agent.set_meta(schema.META_ATTRIBUTION, "matched")
     flop_seam = _flop_mode_seam()
 
@@ -128,7 +134,7 @@ def _recorder(
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(before, after) of one kind of call: the payload and clock read before it, the record emitted
     and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels."""
-    start, op, module_of = timing.start, spec.op, matched.module
+    start, op, module_of, tracking = timing.start, spec.op, matched.module, matched.tracking
 
     def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
         x = payload_arg(spec, args, kwargs)
@@ -142,7 +148,7 @@ def _recorder(
         stack = agent.module_stack
         step = agent.step
         nbytes = nbytes * size if spec.times_n else nbytes
-        module = module_of(step, (op, nbytes, group), stack[-1] if stack else None)
+        module = module_of(step, (op, nbytes, group), stack[-1] if stack else None, tracking())
         agent.emit(
             (_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later, module, async_op)
         )
