@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from diag.collectors.windows import Windows
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from diag import schema
@@ -88,6 +90,7 @@ class ModuleTracker:
         self.stack: list[str] = agent.module_stack
         self.names: dict[int, Entry] = {}
         self.layer_numbers: dict[str, int] = {}  # stacked layers whose model-wide index differs
+        self.roots: set[str] = set()  # names of the module trees' roots (their class names)
         self.live = False
         self.listener: Any = None  # has .active, .fwd(name, outermost, args), .fwd_end(name), .bwd(old, new)
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
@@ -101,12 +104,15 @@ class ModuleTracker:
         self._switch = threading.Lock()
         guard = agent.guard
         self._hooks = guard("modules", self._pre, "fwd-pre"), guard("modules", self._post, "fwd-post")
+        self.windows: Windows | None = None  # named windows around functions (collectors/windows.py)
 
     def install(self, undo: Undo) -> None:
         agent = self.agent
         agent.state.put(self)
         self.live = True
         undo.call(self._uninstall, "modules.state")
+        self.windows = Windows(self, agent, undo)
+        self.windows.scan()
         agent.set_meta(schema.META_ATTRIBUTE_EVERY, self.every)
         self._hooks_on(agent.step)  # until the first step boundary: always on
         listener = agent.guard("modules", self.on_step, "step")
@@ -144,7 +150,10 @@ class ModuleTracker:
         self.again = True
 
     def on_step(self, step: int) -> None:
-        """Step boundary (step listener): hooks on for a tracked step, off for an untracked one."""
+        """Step boundary (step listener): hooks on for a tracked step, off for an untracked one;
+        windows for functions of a framework imported since the last boundary."""
+        if self.windows is not None and len(sys.modules) != self.windows.modules_seen:
+            self.windows.scan()
         if self.tracked(step):
             self._hooks_on(step)
         else:
@@ -319,6 +328,9 @@ class ModuleTracker:
             return entry
 
     def _index(self, root: Any) -> None:
+        if self.windows is not None:
+            self.windows.pipeline(root)
+        self.roots.add(type(root).__name__)
         self.names[id(root)] = _entry(root, type(root).__name__)
         renumbered: dict[str, int] = {}
         for name, sub in root.named_modules(remove_duplicate=True):
