@@ -42,7 +42,6 @@ _now = time.perf_counter_ns
 
 State = tuple[int, int, Any, Later]
 Key = tuple[str, int, str]
-_NO_MATCH = object()
 
 
 class Matched:
@@ -58,8 +57,8 @@ class Matched:
         self.miss: Callable[[], None] = tracker.track_again if tracker else (lambda: None)
         self.step: int | None = None
         self.seen: dict[Key, int] = {}
-        self.template: dict[tuple[Key, int], str] = {}
-        self.learning: dict[tuple[Key, int], str] = {}
+        self.template: dict[tuple[Key, int], str | None] = {}
+        self.learning: dict[tuple[Key, int], str | None] = {}
 
     def module(self, step: int, key: Key, module: str | None, tracked: bool) -> str | None:
         """`module` as tracked (learned for later steps; None: issued outside any module, as the
@@ -73,11 +72,11 @@ class Matched:
         if tracked:
             self.learning[(key, n)] = module
             return module
-        found = self.template.get((key, n), _NO_MATCH)
-        if found is _NO_MATCH:
-            self.miss()
-            return None
-        return found  # type: ignore[return-value]
+        at = (key, n)
+        if at in self.template:
+            return self.template[at]
+        self.miss()
+        return None
 
 
 def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> None:
