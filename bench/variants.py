@@ -21,6 +21,7 @@ from tests.workloads import common, gpt_ds, shims
 from tests.workloads.gpt import batch
 
 NEVER = 10**9  # layers_every for "agent on, never sampled" (the always-on cost between samples)
+FIRST_STEP = 1000
 SELF_TIMED = "diag, not sampled, self-timed"  # also reports the agent's own time (hooks + writer)
 
 
@@ -123,6 +124,9 @@ def main(argv: list[str]) -> NoReturn:
     rng, step = random.Random(ours.seed), 0
     run_block(engine, args, rank, step, ours.block)  # warm-up
     step += ours.block
+    # DeepSpeed numbers the steps from here (the agent's step numbers): past the job's first
+    # `attribute_every` steps, which the agent tracks throughout, as a long run is
+    engine.global_steps = FIRST_STEP
     times: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in table}
     own: list[int] = []  # the self-timed variant: the agent's own ns over each block's counted steps
     for _ in range(ours.rounds):

@@ -2,9 +2,10 @@
 
 Lets a collective (comms) or a layer record (layers) name the module it belongs to, on TRACKED steps
 only: every per-layer sampled step, every `attribute_every`-th step (agent option,
-see `AgentOptions`; 1 = every step, 0 = sampled steps only) and the job's first `attribute_every`
+see `AgentOptions`; 1 = every step, 0 = sampled steps only), the job's first `attribute_every`
 steps (step numbers are the job's: a short job is attributed throughout, an attach mid-run is not),
-and every step until the first step boundary (an attach into a loop the steps collector does not
+the step after one whose collective found no match (comms asks: the job's pattern changed), and
+every step until the first step boundary (an attach into a loop the steps collector does not
 know). Any global module hook sends
 every module call through torch's slow `Module.__call__` path (~1.5 us) and each backward hook costs
 ~3.6 us to register, so a step listener installs the global hooks at the start of a tracked step and
@@ -37,12 +38,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import sys
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from diag.collectors.windows import Windows
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from diag import schema
@@ -56,6 +59,7 @@ _Tensor = torch.Tensor
 MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
 _META_KEY = "diag_modules"  # our key in autograd Node.metadata
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP  # one meta record per tracked step (value: the step)
+MISS_GAP = 10  # steps between two tracked steps asked for by unmatched collectives (`again`)
 
 
 def ensure_installed(agent: AgentAPI, undo: Undo) -> ModuleTracker:
@@ -86,22 +90,29 @@ class ModuleTracker:
         self.stack: list[str] = agent.module_stack
         self.names: dict[int, Entry] = {}
         self.layer_numbers: dict[str, int] = {}  # stacked layers whose model-wide index differs
+        self.roots: set[str] = set()  # names of the module trees' roots (their class names)
         self.live = False
         self.listener: Any = None  # has .active, .fwd(name, outermost, args), .fwd_end(name), .bwd(old, new)
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
         self._task = -1  # graph task whose end-of-backward callback is queued
         self._lock = threading.Lock()
         self.every = agent.options.attribute_every
+        self.again = False  # a collective found no match on an untracked step: track the next one
+        self._last_again = -MISS_GAP
         self._handles: tuple[Any, Any] | None = None  # the global forward hooks while tracking
+        self.tracking = False  # the hooks are on: module_stack is kept on this step
         self._switch = threading.Lock()
         guard = agent.guard
         self._hooks = guard("modules", self._pre, "fwd-pre"), guard("modules", self._post, "fwd-post")
+        self.windows: Windows | None = None  # named windows around functions (collectors/windows.py)
 
     def install(self, undo: Undo) -> None:
         agent = self.agent
         agent.state.put(self)
         self.live = True
         undo.call(self._uninstall, "modules.state")
+        self.windows = Windows(self, agent, undo)
+        self.windows.scan()
         agent.set_meta(schema.META_ATTRIBUTE_EVERY, self.every)
         self._hooks_on(agent.step)  # until the first step boundary: always on
         listener = agent.guard("modules", self.on_step, "step")
@@ -122,12 +133,27 @@ class ModuleTracker:
     # ---- tracked steps ------------------------------------------------------------------------
     def tracked(self, step: int) -> bool:
         """Attribute this step? Sampled steps always (layers needs the tracker); else the job's first
-        N steps (short jobs and tests get every step) and every Nth after them."""
+        N steps (short jobs and tests get every step) and every Nth after them; and the step after
+        one whose collective had no match to take its module from (`again`: the job's pattern
+        changed), at most one such step in MISS_GAP."""
         every = self.every
-        return bool(self.agent.sampled) or (every > 0 and (step < every or step % every == 0))
+        if self.agent.sampled or (every > 0 and (step < every or step % every == 0)):
+            self.again = False
+            return True
+        if self.again and step - self._last_again >= MISS_GAP:
+            self.again, self._last_again = False, step
+            return True
+        return False
+
+    def track_again(self) -> None:
+        """A collective of an untracked step had no match (comms): track the next step."""
+        self.again = True
 
     def on_step(self, step: int) -> None:
-        """Step boundary (step listener): hooks on for a tracked step, off for an untracked one."""
+        """Step boundary (step listener): hooks on for a tracked step, off for an untracked one;
+        windows for functions of a framework imported since the last boundary."""
+        if self.windows is not None and len(sys.modules) != self.windows.modules_seen:
+            self.windows.scan()
         if self.tracked(step):
             self._hooks_on(step)
         else:
@@ -146,9 +172,11 @@ class ModuleTracker:
                     register_module_forward_pre_hook(pre),
                     register_module_forward_hook(post, always_call=True),
                 )
+            self.tracking = True
 
     def _hooks_off(self) -> None:
         with self._switch:
+            self.tracking = False
             handles, self._handles = self._handles, None
             if handles is not None:
                 for handle in handles:
@@ -161,20 +189,26 @@ class ModuleTracker:
         entry = self.names.get(id(mod))
         if entry is None or entry[0]() is not mod:
             entry = self.entry_of(mod)
-        name = entry[1]
+        self.begin(entry[1], entry[2], args)
+
+    def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
+        entry = self.names.get(id(mod))
+        self.end(entry[1] if entry is not None else None, args, output)
+
+    def begin(self, name: str, leaf: bool, args: tuple[Any, ...]) -> None:
+        """A module (or a named window, collectors/windows.py) starts its forward."""
         outermost = not self.stack
         self.stack.append(name)
         lis = self.listener
         if lis is not None and (lis.active or outermost):
             lis.fwd(name, outermost, args)
         # parameter-less leaves (activations, dropout) are skipped in backward unless sampled
-        track = torch.is_grad_enabled() and (not entry[2] or (lis is not None and lis.active))
+        track = torch.is_grad_enabled() and (not leaf or (lis is not None and lis.active))
         self._track.append(track)
 
-    def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
+    def end(self, name: str | None, args: tuple[Any, ...], output: Any) -> None:
+        """A module (or a named window) ends its forward: its backward window is hooked."""
         stack = self.stack
-        entry = self.names.get(id(mod))
-        name = entry[1] if entry is not None else None
         if name is None or not stack or (stack[-1] != name and not self._unwind(name)):
             return  # started mid-forward (attach): this call's pre-hook never ran
         stack.pop()
@@ -190,7 +224,7 @@ class ModuleTracker:
         out_node = _first_node(output)
         if out_node is None or out_node is in_node:
             return  # no gradient flows through, or an identity module: nothing to attribute
-        path = (*self.stack, name)
+        path = (*stack, name)
         self._on_node(out_node).append((self._enter, path))
         if in_node is not None:
             self._on_node(in_node).append((self._exit, path))
@@ -294,6 +328,9 @@ class ModuleTracker:
             return entry
 
     def _index(self, root: Any) -> None:
+        if self.windows is not None:
+            self.windows.pipeline(root)
+        self.roots.add(type(root).__name__)
         self.names[id(root)] = _entry(root, type(root).__name__)
         renumbered: dict[str, int] = {}
         for name, sub in root.named_modules(remove_duplicate=True):

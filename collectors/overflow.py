@@ -70,16 +70,18 @@ class _Overflow:
         self.mg_before, self.mg_after = g(NAME, self._mg_before), g(NAME, self._mg_after)
         self.mg_step_after = g(NAME, self._mg_step_after)
 
-    def patch_loaded(self, _step: int = 0) -> None:
+    def patch_loaded(self, _step: int = 0) -> bool:
         """Wrap what is imported now; also a step listener and a writer-thread listener, for
         modules imported later (before the job's first step: its first fp16 steps may overflow)."""
         if len(self.done) == 2 or len(sys.modules) == self.modules_seen:
-            return  # nothing imported since the last complete scan
+            return True  # nothing imported since the last complete scan
         with self._patching:
             count = len(sys.modules)
             self._patch_loaded()
             if settled(self.done, WATCHED):
                 self.modules_seen = count
+                return True
+        return False
 
     def _patch_loaded(self) -> None:
         cls = engine_class()

@@ -112,16 +112,18 @@ class _Steps:
         self.torch_post = agent.guard(NAME, self._torch_post, "torch-post")
 
     # ---- patching --------------------------------------------------------------------------
-    def patch_loaded(self) -> None:
+    def patch_loaded(self) -> bool:
         """Wrap what is imported now; called at install, by the writer thread every flush (a
         framework imported after install: `diag run`) and at each torch step."""
         if len(self.done) == 2 or len(sys.modules) == self.modules_seen:
-            return  # nothing imported since the last complete scan (a step and a flush each ask)
+            return True  # nothing imported since the last complete scan (a step and a flush each ask)
         with self._patching:
             count = len(sys.modules)
             self._patch_loaded()
             if settled(self.done, WATCHED):
                 self.modules_seen = count
+                return True
+        return False
 
     def _patch_loaded(self) -> None:
         cls = engine_class()

@@ -170,11 +170,13 @@ def bandwidths(op: str, nbytes: int, dur_ns: int, group_size: int) -> tuple[floa
     return alg, alg * bus_factor(op, group_size)
 
 
+_KEYS = {kind: ("k", *fields) for kind, fields in FIELDS.items()}  # a record's keys, its kind's first
+
+
 def to_json(rec: tuple[Any, ...], wall0_ns: int, perf0_ns: int) -> dict[str, Any]:
     """Turn a hot-path tuple into the JSON object written to the trace (writer thread only)."""
     kind = rec[0]
-    out: dict[str, Any] = {"k": kind}
-    out.update(zip(FIELDS[kind], rec[1:]))
+    out: dict[str, Any] = dict(zip(_KEYS[kind], rec))
     ts = out.get("ts")
     if isinstance(ts, int):
         out["ts"] = wall0_ns + (ts - perf0_ns)

@@ -48,38 +48,47 @@ class Matched:
     """Modules of the last tracked step's collectives by (op, bytes, group) and occurrence; the
     current step's occurrences so far."""
 
-    __slots__ = ("learning", "seen", "step", "template")
+    __slots__ = ("learning", "miss", "seen", "step", "template", "tracking")
 
-    def __init__(self) -> None:
+    def __init__(self, tracker: Any = None) -> None:
+        # is this step tracked (the module stack is kept)? a collective with no match asks the
+        # tracker to track the next step
+        self.tracking: Callable[[], bool] = (lambda: tracker.tracking) if tracker else (lambda: False)
+        self.miss: Callable[[], None] = tracker.track_again if tracker else (lambda: None)
         self.step: int | None = None
         self.seen: dict[Key, int] = {}
-        self.template: dict[tuple[Key, int], str] = {}
-        self.learning: dict[tuple[Key, int], str] = {}
+        self.template: dict[tuple[Key, int], str | None] = {}
+        self.learning: dict[tuple[Key, int], str | None] = {}
 
-    def module(self, step: int, key: Key, module: str | None) -> str | None:
-        """`module` as tracked (learned for later steps), else the match's from the last tracked step."""
+    def module(self, step: int, key: Key, module: str | None, tracked: bool) -> str | None:
+        """`module` as tracked (learned for later steps; None: issued outside any module, as the
+        optimizer's collectives are), else the match's from the last tracked step."""
         if step != self.step:
             self.step, self.seen = step, {}
             if self.learning:
                 self.template, self.learning = self.learning, {}
         n = self.seen.get(key, 0)
         self.seen[key] = n + 1
-        if module is not None:
+        if tracked:
             self.learning[(key, n)] = module
             return module
-        return self.template.get((key, n))
+        at = (key, n)
+        if at in self.template:
+            return self.template[at]
+        self.miss()
+        return None
 
 
 def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> None:
     """Wrap every collective method of `ProcessGroup` (those this torch has)."""
     from torch.distributed import ProcessGroup
 
-    _track_modules(agent, undo)
+    tracker = _track_modules(agent, undo)
     timing = timing or CommTiming(agent)
     timing.install(undo)
     groups = Groups(lambda seen: _new_group(agent, seen))
     undo.call(groups.clear, "comms: group cache")
-    matched = Matched()
+    matched = Matched(tracker)
     agent.set_meta(schema.META_ATTRIBUTION, "matched")
     flop_seam = _flop_mode_seam()
 
@@ -109,13 +118,14 @@ def _new_group(agent: Any, seen: dict[str, dict[str, Any]]) -> None:
         agent.set_meta(role, size)
 
 
-def _track_modules(agent: AgentAPI, undo: Undo) -> None:
-    """Module attribution needs `agent.module_stack` maintained (shared with the layers collector)."""
+def _track_modules(agent: AgentAPI, undo: Undo) -> Any:
+    """Module attribution needs `agent.module_stack` maintained (shared with the layers collector);
+    the tracker, or None without torch's module hooks."""
     try:
         from diag.collectors import modules
     except ImportError:
-        return
-    modules.ensure_installed(agent, undo)
+        return None
+    return modules.ensure_installed(agent, undo)
 
 
 def _recorder(
@@ -123,7 +133,7 @@ def _recorder(
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(before, after) of one kind of call: the payload and clock read before it, the record emitted
     and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels."""
-    start, op, module_of = timing.start, spec.op, matched.module
+    start, op, module_of, tracking = timing.start, spec.op, matched.module, matched.tracking
 
     def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
         x = payload_arg(spec, args, kwargs)
@@ -137,7 +147,7 @@ def _recorder(
         stack = agent.module_stack
         step = agent.step
         nbytes = nbytes * size if spec.times_n else nbytes
-        module = module_of(step, (op, nbytes, group), stack[-1] if stack else None)
+        module = module_of(step, (op, nbytes, group), stack[-1] if stack else None, tracking())
         agent.emit(
             (_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later, module, async_op)
         )

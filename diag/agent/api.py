@@ -50,7 +50,8 @@ class AgentAPI(Protocol):
     sampled: bool  # is the current step a per-layer sampled step
     module_stack: list[str]  # qualified names of the modules running now (fwd or bwd)
     step_listeners: list[Callable[[int], None]]  # called with each new step index
-    idle_listeners: list[Callable[[], None]]  # called by the writer thread every flush (guarded)
+    # called (guarded) by the writer thread at a flush after imports, until each returns True (settled)
+    idle_listeners: list[Callable[[], bool | None]]
     engine: Any  # the DeepSpeed engine once seen, else None
     state: CollectorState
 

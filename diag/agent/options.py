@@ -29,8 +29,9 @@ class AgentOptions:
     layers_every: per-layer time and FLOPs on every Nth step (the always-on setting; 1 = every step;
         0 when the layers collector is off and the option is not given).
     attribute_every: name the running module in comms records on the job's first N steps, every Nth
-        step after them and sampled steps (1 = every step, 0 = sampled steps only; other steps skip
-        module tracking, ~5 us per module call).
+        step after them, sampled steps and the step after one whose collective matched nothing
+        (1 = every step, 0 = sampled steps only); other steps skip module tracking (~5 us per module
+        call) and give each collective its match's module from the last tracked step.
     flops_every: count FLOPs on the first sample of each input signature and every Nth after it,
         reuse them on the others (1 = count on every sample).
     ring_capacity: records buffered before drops (at ~200 B a record the default caps the agent near
@@ -46,7 +47,7 @@ class AgentOptions:
     trace_dir: str | None = None
     what: tuple[str, ...] = ALL_COLLECTORS
     layers_every: int = 50
-    attribute_every: int = 10
+    attribute_every: int = 100
     flops_every: int = 4
     ring_capacity: int = 200_000
     self_time: bool = False

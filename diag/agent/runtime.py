@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import time
 import traceback
@@ -54,7 +55,7 @@ class Agent:
         self.step_listeners: list[Callable[[int], None]] = []
         # run by the writer thread every flush: collectors that wrap a framework imported after the
         # agent started (`diag run`) patch it before the job's first step, not at its first boundary
-        self.idle_listeners: list[Callable[[], None]] = []
+        self.idle_listeners: list[Callable[[], bool | None]] = []
         self._idle_lock = threading.Lock()  # no patching while stop() undoes
         self.engine: Any = None  # the DeepSpeed engine once seen
         self.state = CollectorState()  # what collectors keep for each other (module tracker, ...)
@@ -76,6 +77,9 @@ class Agent:
         self._file: TraceFileWriter | None = None
         self._lock = threading.Lock()
         self._errors_written: dict[ErrorKey, int] = {}
+        self._error_count = 0  # errors recorded so far (the writer formats them when it grows)
+        self._errors_done = 0  # ... and when it last did
+        self._idle_modules = -1  # len(sys.modules) when every idle listener last said it was settled
         self._last_stats = 0.0
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
@@ -155,6 +159,7 @@ class Agent:
 
     def record_error(self, collector: str, where: str, exc: BaseException) -> None:
         key = (collector, where, type(exc).__name__)
+        self._error_count += 1
         n = self.errors.get(key, 0) + 1
         self.errors[key] = n
         if n == 1 and len(self.error_messages) < MAX_ERROR_MESSAGES:
@@ -273,6 +278,8 @@ class Agent:
 
     # ---- writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.self_time:
+            self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
         while not self._stop.is_set():
             self._flush_now.wait(FLUSH_INTERVAL_S)
             self._flush_now.clear()
@@ -281,13 +288,25 @@ class Agent:
                 self._flush(final=False)
             except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
                 self.record_error("agent", "writer", exc)
-            if self.idle_listeners:
-                with self._idle_lock:
-                    for listener in list(self.idle_listeners):
-                        listener()  # guarded by the collector that registered it
+            self._run_idle_listeners()
             self.writer_cpu_ns += time.thread_time_ns() - c0
 
+    def _run_idle_listeners(self) -> None:
+        """Each flush, while something was imported since every listener last said it was settled
+        (returned True: a framework it waits for is patched or absent, none half-imported)."""
+        count = len(sys.modules)
+        if not self.idle_listeners or count == self._idle_modules:
+            return
+        with self._idle_lock:
+            settled = [listener() for listener in list(self.idle_listeners)]  # each guarded
+        if all(done is True for done in settled):
+            self._idle_modules = count
+
     def _flush(self, final: bool) -> None:
+        now = time.monotonic()
+        stats_due = final or now - self._last_stats >= STATS_INTERVAL_S
+        if not (stats_due or len(self.ring) or self._held or self._error_count != self._errors_done):
+            return  # an idle flush: nothing to write (most flushes between a long step's records)
         with self._lock:
             if self._file is None:
                 return
@@ -300,9 +319,10 @@ class Agent:
                     objs.append(schema.to_json(rec, self._wall0, self._perf0))
                 except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
                     self.record_error("agent", f"format:{kind}", exc)
-            objs.extend(self._new_errors())
-            now = time.monotonic()
-            if final or now - self._last_stats >= STATS_INTERVAL_S:
+            if self._error_count != self._errors_done:
+                self._errors_done = self._error_count
+                objs.extend(self._new_errors())
+            if stats_due:
                 self._last_stats = now
                 objs.append(schema.to_json(self._stats_record(), self._wall0, self._perf0))
             self._file.write_objects(objs)
@@ -316,14 +336,14 @@ class Agent:
         self._held = []
         out = []
         for since, rec in candidates:
-            if _pending.unresolved(rec):
-                if final or now - since > _pending.MAX_HOLD_S:
-                    self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
-                    out.append(_pending.resolve(rec, give_up=True))
-                else:
-                    self._held.append((since, rec))
+            done = _pending.settle(rec)
+            if done is not None:
+                out.append(done)
+            elif final or now - since > _pending.MAX_HOLD_S:
+                self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
+                out.append(_pending.resolve(rec, give_up=True))
             else:
-                out.append(_pending.resolve(rec))
+                self._held.append((since, rec))
         return out
 
     def _new_errors(self) -> list[dict[str, Any]]:

@@ -112,3 +112,23 @@ def test_microbatches_are_counted_from_the_sends(which: str, request: pytest.Fix
     assert got.ideal_fraction == pytest.approx(1 / (truth + 1))
     measured = float(got.fraction_by_rank.max())
     assert abs(measured - got.ideal_fraction) <= 0.1, (which, got.fraction_by_rank.to_dict())
+
+
+def test_tied_logits_function_has_a_window_and_the_root_adds_up(runs: Runs) -> None:
+    """Issue 9: the output logits computed by a TiedLayerSpec's `forward_fn` (a function, as in
+    Megatron-DeepSpeed's GPTModelPipe) were in no record: the last stage's root had more FLOPs than
+    its children and the biggest matmul was lost. Its window carries 2*tokens*hidden*vocab forward
+    and twice that backward, and each stage's root is the sum of its children (it has no ops of its
+    own), forward and backward."""
+    job = runs.get(PIPE, ["--tied", "--micro-batches", "2", "--steps", "2", "--layers-every", "1"])
+    m = job.result["model"]
+    logits = 2 * (m["batch"] * m["seq"] * 2) * m["hidden"] * m["vocab"]  # 2 micro-batches a step
+    layers = job.trace.layers
+    assert set(layers["step"]) >= {1, 2}
+    for (rank, step, phase), rows in layers.groupby(["rank", "step", "phase"]):
+        flops = rows.groupby("module")["flops"].sum().to_dict()
+        children = [n for n in flops if n.startswith("module.") and n.count(".") == 1]
+        assert flops["module"] == sum(flops[n] for n in children), (rank, step, phase, flops)
+        if "module.tied_logits" in flops:
+            assert flops["module.tied_logits"] == logits * (1 if phase == "fwd" else 2)
+    assert (layers["module"] == "module.tied_logits").any()

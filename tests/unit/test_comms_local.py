@@ -126,29 +126,40 @@ def test_module_and_step_attribution(group, tmp_path) -> None:
 
 
 def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path) -> None:
-    """Default attribute_every=10: the job's first 10 steps and every 10th track the module; the
-    others (module hooks off) take their match's in the last tracked step, the same op, bytes and
-    group (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None."""
+    """attribute_every=10: the job's first 10 steps and every 10th track the module; the others
+    (module hooks off) take their match's in the last tracked step, the same op, bytes and group
+    (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None, and the
+    step after it is tracked (22; at most one such step in 10: not 24). A collective issued outside
+    any module (an optimizer's) matches its tracked twin's None: no step is tracked for it (46)."""
     net = _Net()
-    ag = agent.start(str(tmp_path), what=("comms",))
-    for step, rows in ((9, 2), (17, 2), (20, 2), (21, 3), (30, 2)):
+    ag = agent.start(str(tmp_path), what=("comms",), attribute_every=10)
+    steps = ((9, 2), (17, 2), (20, 2), (21, 3), (22, 2), (23, 5), (24, 5), (30, 5), (45, 5), (46, 5))
+    for step, rows in steps:
         ag.begin_step(step)
         net(torch.ones(rows, 4))
+        dist.all_reduce(torch.ones(1))
     path = ag.status()["trace_file"]
     agent.stop()
     recs = _comm_lines(path)
-    assert [(r["step"], r["module"]) for r in recs] == [
+    modules = [r["module"] for r in recs if r["op"] == "all_reduce" and r["bytes"] > 4]
+    assert list(zip([s for s, _ in steps], modules)) == [
         (9, "sync"),
         (17, "sync"),
         (20, "sync"),
         (21, None),
+        (22, "sync"),
+        (23, None),
+        (24, None),
         (30, "sync"),
+        (45, "sync"),
+        (46, "sync"),
     ]
+    assert [r["module"] for r in recs if r["bytes"] == 4] == [None] * len(steps)
     with open(path) as f:
         meta = [r for r in map(json.loads, f) if r["k"] == schema.META]
     assert [m["value"] for m in meta if m.get("key") == "attribute_every"] == [10]
     # step 0: the install's step (before any boundary every step is attributed)
-    assert [m["value"] for m in meta if m.get("key") == "attributed_step"] == [0, 9, 20, 30]
+    assert [m["value"] for m in meta if m.get("key") == "attributed_step"] == [0, 9, 20, 22, 30]
 
 
 def test_unwaited_work_does_not_leak(group, tmp_path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -346,3 +347,49 @@ def test_windows_nest_when_a_child_forward_raises(tmp_path) -> None:
     assert truth.module_tree_problems(recs) == []
     fwd = {(r["step"], r["module"]): r["flops"] for r in recs if r["phase"] == "fwd"}
     assert fwd[(1, "0")] == fwd[(1, "0.fc")] == 2 * 4 * 8 * 8
+
+
+def test_megatron_logits_function_gets_a_named_window(tmp_path) -> None:
+    """Issue 9: Megatron-DeepSpeed computes the output logits in `parallel_lm_logits`, a function
+    that GPTModel's forward calls through its module's globals: no module hook saw the biggest
+    matmul, and the root's FLOPs were more than its children's. The function, wherever a loaded
+    `megatron` module holds it, runs in a window named after it: 2*tokens*hidden*vocab forward,
+    twice that backward, and the root is its children's sum; stop puts the function back."""
+    import types
+
+    lm = types.ModuleType("megatron._diag_test_language_model")
+
+    def parallel_lm_logits(input_: torch.Tensor, weight: torch.Tensor, parallel_output: bool) -> torch.Tensor:
+        return torch.nn.functional.linear(input_, weight)
+
+    lm.parallel_lm_logits = parallel_lm_logits  # type: ignore[attr-defined]
+
+    class GPTModel(torch.nn.Module):
+        def __init__(self, vocab: int, d: int) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, d)
+            self.block = torch.nn.Linear(d, d)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return lm.parallel_lm_logits(self.block(self.embed(ids)), self.embed.weight, True)
+
+    tokens, d, vocab = 4 * 8, 16, 32
+    model = GPTModel(vocab, d)
+    sys.modules[lm.__name__] = lm
+    try:
+        ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1)
+        ag.begin_step(0)
+        model(torch.randint(0, vocab, (4, 8))).sum().backward()
+        assert lm.parallel_lm_logits is not parallel_lm_logits
+        diag_agent.stop()
+    finally:
+        del sys.modules[lm.__name__]
+    assert lm.parallel_lm_logits is parallel_lm_logits
+    got = {(r["module"], r["phase"]): r["flops"] for r in events(str(tmp_path), schema.LAYER)}
+    logits, block = 2 * tokens * d * vocab, 2 * tokens * d * d
+    assert got[("block", "fwd")] == block
+    assert got[("parallel_lm_logits", "fwd")] == logits
+    assert got[("parallel_lm_logits", "bwd")] == 2 * logits  # input and weight gradients
+    for phase in ("fwd", "bwd"):
+        children = got[("embed", phase)] + got[("block", phase)] + got[("parallel_lm_logits", phase)]
+        assert got[("GPTModel", phase)] == children

@@ -99,6 +99,21 @@ class Head(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class FinalNorm(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.ln_f = nn.LayerNorm(hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(x)
+
+
+def tied_logits(embed: Embed, x: torch.Tensor) -> torch.Tensor:
+    """The output logits with the input embedding's weight, as a TiedLayerSpec's `forward_fn` (the
+    way Megatron-DeepSpeed's GPTModelPipe computes them): a function, which no module hook sees."""
+    return F.linear(x, embed.wte.weight)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -118,18 +133,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="least wall time of each block's forward and of its backward (see Paced)",
     )
+    p.add_argument(
+        "--tied",
+        action="store_true",
+        help="tie the output layer to the embedding (TiedLayerSpec with a forward_fn, as GPTModelPipe)",
+    )
     p.set_defaults(layers=4, batch=2)
     return p.parse_args(argv)
 
 
 def build(args: argparse.Namespace) -> Any:
-    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
-    layers = [
-        LayerSpec(Embed, args.vocab, args.hidden, args.seq),
-        *[LayerSpec(PacedBlock, args.hidden, args.heads, args.pace_ms) for _ in range(args.layers)],
-        LayerSpec(Head, args.vocab, args.hidden),
-    ]
+    blocks = [LayerSpec(PacedBlock, args.hidden, args.heads, args.pace_ms) for _ in range(args.layers)]
+    if args.tied:  # [Embed, B0, B1] | [B2, B3, FinalNorm, logits]: the embedding lives on both stages
+        embed = ("embed", Embed, args.vocab, args.hidden, args.seq)
+        layers = [
+            TiedLayerSpec(*embed, tied_weight_attr="wte.weight"),
+            *blocks,
+            LayerSpec(FinalNorm, args.hidden),
+            TiedLayerSpec(*embed, forward_fn=tied_logits, tied_weight_attr="wte.weight"),
+        ]
+    else:
+        layers = [
+            LayerSpec(Embed, args.vocab, args.hidden, args.seq),
+            *blocks,
+            LayerSpec(Head, args.vocab, args.hidden),
+        ]
     # uniform partitioning by layer count: [Embed, B0, B1] | [B2, B3, Head] for 4 blocks
     return PipelineModule(
         layers=layers,
