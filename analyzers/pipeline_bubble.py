@@ -1,9 +1,11 @@
 """Pipeline bubble above the schedule's (p-1)/m: stages idle waiting for activations or gradients.
 
 The micro-batch count m is measured from the pipeline's own sends: in every non-interleaved schedule
-(GPipe, 1F1B; DeepSpeed's PipelineEngine, Megatron's) a first or last stage sends exactly one message
-per micro-batch per step (activations forward, or gradients back), a middle stage two. The fewest
-steady sends per step over the ranks is therefore m, whatever the configuration says. The recorded
+(GPipe, 1F1B; DeepSpeed's PipelineEngine, Megatron's) a first or last stage sends exactly one tensor
+per micro-batch per step (activations forward, or gradients back), a middle stage two. Only the
+step's largest messages count: DeepSpeed's engine under Megatron-DeepSpeed sends a 72-byte shape
+message before every activation and gradient (measured on its pretrain_gpt.py at TP=2 x PP=2). The
+fewest steady sends per step over the ranks is therefore m, whatever the configuration says. The recorded
 setting (num_microbatches, gradient_accumulation_steps, ...) is used only where sends are not
 recorded one by one (NCCL SendRecv kernels of a GPU trace) or the schedule is interleaved."""
 
@@ -145,14 +147,16 @@ def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target:
 
 
 def sends_per_step(metrics: Metrics) -> pd.Series:
-    """rank -> sends per steady step (the median over its steady steps), for the ranks whose count
-    is the same on every steady step; the warm-up step is left out (DeepSpeed's PipelineEngine also
-    sends tensor shapes on its first step)."""
+    """rank -> tensors sent per steady step: the sends of the step's largest message size (shape
+    messages left out), for the ranks whose count is the same on every steady step; the warm-up
+    step is left out (DeepSpeed's PipelineEngine also sends tensor shapes on its first step)."""
     c = metrics.comms
     steady = metrics.steady_steps
     if c.empty or steady.empty:
         return pd.Series(dtype="int64")
     sends = c[c["op"] == "send"]
+    largest = sends.groupby(["rank", "step"], observed=True)["bytes"].transform("max")
+    sends = sends[sends["bytes"] == largest]
     keys = steady.set_index(["rank", "step"]).index
     counts = sends.groupby(["rank", "step"], observed=True).size().reindex(keys, fill_value=0)
     by_rank = counts.groupby(level="rank")
