@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 TOLERANCE = 0.05  # measured bubble may exceed (p-1)/m by this much (timing noise)
 MIN_BUBBLE = 0.10  # and must be at least this large to matter
-SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches
+SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches (the fix's own target, 4(p-1))
 
 
 def microbatches(trace: Trace) -> int | None:
@@ -78,7 +78,9 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
                     ds_config={"gradient_accumulation_steps": target},
                 )
             )
-    if deepspeed_pipeline(trace):
+    # Megatron-DeepSpeed's GPTModelPipe hard-codes partition_method='type:transformer' (no argument):
+    # the balancing fix is for a PipelineModule the user builds
+    if deepspeed_pipeline(trace) and job.framework != framework.MEGATRON_DEEPSPEED:
         fixes.append(
             Fix(
                 "balance the stages: PipelineModule(partition_method='parameters', or "
@@ -244,7 +246,7 @@ def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
 def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
     the step, Megatron's definition) exceeds (p-1)/m + 0.05 and is >= 0.10, or when the schedule's own
-    (p-1)/m >= 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
+    (p-1)/m > 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
     (the configured value where sends are not recorded one by one). Fix, where it changes the job's
     setting and its framework has the knob: microbatches up to 4(p-1) (DeepSpeed
     gradient_accumulation_steps, Megatron-LM --global-batch-size); Megatron-LM only:
@@ -256,7 +258,7 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     p, m, by_rank = got.p, got.m, got.by_rank
     measured, ideal = float(by_rank.max()), got.ideal
-    if measured < MIN_BUBBLE or (measured <= ideal + TOLERANCE and ideal < SCHEDULE_LIMIT):
+    if measured < MIN_BUBBLE or (measured <= ideal + TOLERANCE and ideal <= SCHEDULE_LIMIT):
         return []
     compute = got.step_s / (1 + measured)
     counted = "counted from the pipeline's sends" if got.m_source == "sends" else "as configured"
