@@ -1,9 +1,11 @@
 """Pipeline bubble above the schedule's (p-1)/m: stages idle waiting for activations or gradients.
 
 The micro-batch count m is measured from the pipeline's own sends: in every non-interleaved schedule
-(GPipe, 1F1B; DeepSpeed's PipelineEngine, Megatron's) a first or last stage sends exactly one message
-per micro-batch per step (activations forward, or gradients back), a middle stage two. The fewest
-steady sends per step over the ranks is therefore m, whatever the configuration says. The recorded
+(GPipe, 1F1B; DeepSpeed's PipelineEngine, Megatron's) a first or last stage sends exactly one tensor
+per micro-batch per step (activations forward, or gradients back), a middle stage two. Only the
+step's largest messages count: DeepSpeed's engine under Megatron-DeepSpeed sends a 72-byte shape
+message before every activation and gradient (measured on its pretrain_gpt.py at TP=2 x PP=2). The
+fewest steady sends per step over the ranks is therefore m, whatever the configuration says. The recorded
 setting (num_microbatches, gradient_accumulation_steps, ...) is used only where sends are not
 recorded one by one (NCCL SendRecv kernels of a GPU trace) or the schedule is interleaved."""
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 TOLERANCE = 0.05  # measured bubble may exceed (p-1)/m by this much (timing noise)
 MIN_BUBBLE = 0.10  # and must be at least this large to matter
-SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches
+SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches (the fix's own target, 4(p-1))
 
 
 def microbatches(trace: Trace) -> int | None:
@@ -76,7 +78,9 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
                     ds_config={"gradient_accumulation_steps": target},
                 )
             )
-    if deepspeed_pipeline(trace):
+    # Megatron-DeepSpeed's GPTModelPipe hard-codes partition_method='type:transformer' (no argument):
+    # the balancing fix is for a PipelineModule the user builds
+    if deepspeed_pipeline(trace) and job.framework != framework.MEGATRON_DEEPSPEED:
         fixes.append(
             Fix(
                 "balance the stages: PipelineModule(partition_method='parameters', or "
@@ -145,14 +149,16 @@ def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target:
 
 
 def sends_per_step(metrics: Metrics) -> pd.Series:
-    """rank -> sends per steady step (the median over its steady steps), for the ranks whose count
-    is the same on every steady step; the warm-up step is left out (DeepSpeed's PipelineEngine also
-    sends tensor shapes on its first step)."""
+    """rank -> tensors sent per steady step: the sends of the step's largest message size (shape
+    messages left out), for the ranks whose count is the same on every steady step; the warm-up
+    step is left out (DeepSpeed's PipelineEngine also sends tensor shapes on its first step)."""
     c = metrics.comms
     steady = metrics.steady_steps
     if c.empty or steady.empty:
         return pd.Series(dtype="int64")
     sends = c[c["op"] == "send"]
+    largest = sends.groupby(["rank", "step"], observed=True)["bytes"].transform("max")
+    sends = sends[sends["bytes"] == largest]
     keys = steady.set_index(["rank", "step"]).index
     counts = sends.groupby(["rank", "step"], observed=True).size().reindex(keys, fill_value=0)
     by_rank = counts.groupby(level="rank")
@@ -240,7 +246,7 @@ def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
 def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
     the step, Megatron's definition) exceeds (p-1)/m + 0.05 and is >= 0.10, or when the schedule's own
-    (p-1)/m >= 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
+    (p-1)/m > 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
     (the configured value where sends are not recorded one by one). Fix, where it changes the job's
     setting and its framework has the knob: microbatches up to 4(p-1) (DeepSpeed
     gradient_accumulation_steps, Megatron-LM --global-batch-size); Megatron-LM only:
@@ -253,7 +259,7 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     p, m, by_rank = got.p, got.m, got.by_rank
     measured, ideal = float(by_rank.max()), got.ideal
-    if measured < MIN_BUBBLE or (measured <= ideal + TOLERANCE and ideal < SCHEDULE_LIMIT):
+    if measured < MIN_BUBBLE or (measured <= ideal + TOLERANCE and ideal <= SCHEDULE_LIMIT):
         return []
     compute = got.step_s / (1 + measured)
     cost = Cost(got.step_s - compute, got.step_s)

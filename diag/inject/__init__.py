@@ -19,7 +19,7 @@ from diag.errors import FAILURE, DiagError
 from diag.inject.checks import Target
 from diag.inject.failure import InjectFailed
 
-__all__ = ["AUTO_ORDER", "METHODS", "InjectFailed", "inject"]
+__all__ = ["AUTO_ORDER", "METHODS", "InjectFailed", "inject", "risks"]
 
 METHODS = ("remote_exec", "ptrace", "pyinjector", "hypno", "gdb")
 AUTO_ORDER = ("remote_exec", "ptrace")  # no malloc in the stopped thread
@@ -27,6 +27,30 @@ MALLOC_RISK = (
     "makes the ptrace-stopped thread call malloc (dlopen/strdup), which deadlocks the "
     "rank if it was stopped inside malloc; the automatic order uses only remote_exec and ptrace"
 )
+
+
+# pyinjector (kubo/injector, which also injects hypno's library here) restores the stopped thread's
+# general-purpose registers, not its AVX state (diag's ptrace injector saves NT_X86_XSTATE), and the
+# dlopen it runs goes through glibc's AVX string functions. Measured on Megatron-DeepSpeed's
+# pretrain_gpt.py (TP=2, fp16): attached with pyinjector at iteration 65, iteration 67 overflowed
+# and every loss after it differed from the untouched run; ptrace attaches (four runs) and a hypno
+# attach before it left them bit-identical.
+XSTATE_RISK = (
+    "does not restore the stopped thread's AVX registers (only its general-purpose ones), so an "
+    "attach that lands inside a vectorized kernel can change the job's numbers (seen: an fp16 overflow "
+    "the untouched run did not have)"
+)
+
+
+def risks(method: str) -> list[str]:
+    """What a method named with --method risks in the target, worst first (nothing for the
+    automatic order)."""
+    if method in AUTO_ORDER:
+        return []
+    out = [f"--method {method} {MALLOC_RISK}"]
+    if method in ("pyinjector", "hypno"):
+        out.append(f"--method {method} {XSTATE_RISK}")
+    return out
 
 
 def _injector(method: str) -> Callable[[Target, str], str | None]:
@@ -61,7 +85,7 @@ def inject(
             tried.append(f"{name}: {e}")
             continue
         if name not in AUTO_ORDER:
-            warning = "; ".join(w for w in (f"--method {name} {MALLOC_RISK}", warning) if w)
+            warning = "; ".join(w for w in (*risks(name), warning) if w)
         return name, time.perf_counter() - t0, warning
     hint = (
         ""

@@ -294,6 +294,27 @@ def test_megatron_deepspeed_pipeline_bubble_names_no_megatron_lm_flags(tmp_path)
     assert [x.ds_config for x in f.fixes] == [{"gradient_accumulation_steps": 4}]
 
 
+def test_megatron_deepspeed_pipeline_engine_gets_no_partition_method_fix(tmp_path):
+    """Megatron-DeepSpeed's GPTModelPipe runs DeepSpeed's engine with partition_method hard-coded to
+    'type:transformer' (no argument), 4 micro-batches over 2 stages (its pretrain_gpt.py at TP=2 x
+    PP=2, measured: bubble 0.30 of compute): nothing the job can set is left to name."""
+    header = {**HEADERS["megatron-deepspeed"], "pp": 2, "pipeline_engine": "deepspeed"}
+    job = Job(header={**header, "gradient_accumulation_steps": 4})
+
+    def step(r: int, s: int) -> None:
+        for i in range(4):
+            job.comm(r, s, op="send", nbytes=4096, at_ms=5 * i, dur_ms=1, group_ranks=[0, 1])
+        job.comm(r, s, op="recv", at_ms=30, dur_ms=30, group_ranks=[0, 1])
+
+    job.each_step(step)
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    assert f.evidence["microbatches"] == 4 and f.fixes == [], [x.summary for x in f.fixes]
+    few = Job(header={**header, "gradient_accumulation_steps": 2})  # the micro-batch fix stays
+    few.each_step(lambda r, s: few.comm(r, s, op="recv", at_ms=30, dur_ms=30, group_ranks=[0, 1]))
+    (g,) = fired(few.write(str(tmp_path / "few")), "pipeline_bubble")
+    assert [x.ds_config["gradient_accumulation_steps"] for x in g.fixes] == [4]
+
+
 def test_pipeline_bubble_fixes_skip_what_the_job_has(tmp_path):
     """4 microbatches over 2 stages already meet 4(p-1); one layer per stage cannot be interleaved."""
     argv = [

@@ -142,6 +142,19 @@ def test_the_automatic_order_never_uses_an_injector_that_mallocs_in_the_stopped_
     assert "pyinjector:" not in str(err.value) and "gdb:" not in str(err.value)
 
 
+def test_named_injectors_warn_of_what_they_risk_in_the_target():
+    """pyinjector (and hypno, on the same library) restore no AVX state: on Megatron-DeepSpeed's
+    pretrain_gpt.py an attach with it was followed by an fp16 overflow the untouched run did not
+    have (issue 9's verification). The automatic order warns of nothing; gdb saves the full state."""
+    from diag.inject import AUTO_ORDER, risks
+
+    assert all(risks(m) == [] for m in AUTO_ORDER)
+    for method in ("pyinjector", "hypno"):
+        said = " ".join(risks(method))
+        assert "malloc" in said and "AVX" in said and "numbers" in said, said
+    assert "malloc" in " ".join(risks("gdb")) and "AVX" not in " ".join(risks("gdb"))
+
+
 def test_expired_or_orphaned_payload_files_are_swept(tmp_path):
     from diag.inject.attach import sweep_expired
 

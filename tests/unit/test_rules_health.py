@@ -200,6 +200,23 @@ def test_pipeline_bubble_takes_the_fewest_sends_over_stages(tmp_path):
     assert f.evidence["microbatches_configured"] is None  # nothing recorded: counted all the same
 
 
+def test_pipeline_bubble_leaves_shape_messages_out_of_the_count(tmp_path):
+    """Megatron-DeepSpeed's pipeline (DeepSpeed's engine, TP=2 x PP=2, measured): a 72-byte int64
+    shape message before every 4096-byte activation or gradient; 4 micro-batches, 8 sends a step."""
+    job = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 4})
+
+    def step(r: int, s: int) -> None:
+        for i in range(4):
+            job.comm(r, s, op="send", nbytes=72, at_ms=10 * i, dur_ms=1, group_ranks=[0, 1])
+            job.comm(r, s, op="send", nbytes=4096, at_ms=10 * i + 2, dur_ms=1, group_ranks=[0, 1])
+        job.comm(r, s, op="recv", at_ms=50, dur_ms=40, group_ranks=[0, 1])
+
+    job.each_step(step)
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    assert (f.evidence["microbatches"], f.evidence["microbatches_source"]) == (4, "sends")
+    assert f.evidence["sends_per_step_by_rank"] == {0: 4, 1: 4}
+
+
 def test_hang_desync_rank_stopped_and_diverged(tmp_path):
     job = healthy()
     job.comm(0, 7, op="broadcast", nbytes=8, at_ms=90, dur_ms=1)  # rank 0 alone in one more collective
