@@ -86,13 +86,20 @@ def _stragglers(metrics: Metrics, findings: list[Finding]) -> pd.DataFrame:
 
 
 def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any, str | None]:
-    """(TFLOP/s per GPU, MFU, which) for the summary: measured, else the model view, else the log's."""
+    """(TFLOP/s per GPU, MFU, which) for the summary: measured, else the model view (on the trace's
+    step times, else on the log's own iteration times), else the figure the log printed. A printed
+    0.00 is a value below the log's rounding, not a measurement: it is never the headline."""
     if tp["measured"]["tflops_per_gpu"] is not None:
         return tp["measured"]["tflops_per_gpu"], tp["measured"]["mfu"], "measured"
-    if tp["model"] and tp["model"]["tflops_per_gpu"] is not None:
-        return tp["model"]["tflops_per_gpu"], tp["model"]["mfu"], "model"
+    model = tp["model"] or {}
+    if model.get("tflops_per_gpu") is not None:
+        return model["tflops_per_gpu"], model["mfu"], "model"
+    if model.get("tflops_on_log_times") is not None:
+        return model["tflops_on_log_times"], None, "model on the log's times"
     printed = log["tflops"].median() if "tflops" in log.columns else None
-    return printed, None, ("log" if printed is not None else None)
+    if printed is None or pd.isna(printed) or printed <= 0:
+        return None, None, None
+    return printed, None, "log"
 
 
 def build(

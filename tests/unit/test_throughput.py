@@ -206,3 +206,16 @@ def test_cpu_trace_says_no_peak_and_bad_options_are_one_line(tmp_path, capsys):
     assert main(["analyze", tr_dir, "--model", "layers=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--peak-tflops must be" in err[0] and "--model: missing" in err[1]
+
+
+def test_a_log_printing_tflops_0_00_is_not_headlined_as_zero(capsys):
+    """Megatron-DeepSpeed prints TFLOPs with 2 decimals: a tiny CPU job prints 0.00 on most lines
+    (the real pretrain_gpt.py run's report said "0 FLOP/s per GPU"). The headline is the model view on
+    the log's own iteration times; a printed 0.00 alone is no headline at all."""
+    log = import_log(MDS_LOG).frames["log_step"]
+    assert (log["tflops"] == 0.0).any()  # the premise: the log does print 0.00 lines
+    assert main(["analyze", MDS_LOG, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["summary"]
+    assert s["tflops_source"] == "model on the log's times" and s["tflops_median"] > 0.005
+    zero = {"measured": {"tflops_per_gpu": None, "mfu": None}, "model": None}
+    assert report_model._headline(zero, log.assign(tflops=0.0)) == (None, None, None)
