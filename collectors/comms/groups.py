@@ -1,11 +1,12 @@
 """Process-group identity for comm records: name, size and global ranks, resolved once per group.
 
 The name is the group's role where the job's framework holds it (`tp`, `pp`, `dp`, `cp`, `ep`, ...
-from megatron's parallel_state, `dp`, `ep`, `sp`, ... from DeepSpeed's groups, `world` for the
-default group) joined to c10d's group name, which is the same on every member rank and tells the
-TP groups of different ranks apart: `tp:1`, `dp:5`, `world:0`; a group no framework holds keeps the
-bare c10d name. Cached by `id(pg)` with a weak reference to check identity, so a destroyed group is
-neither kept alive nor confused with a new one that reuses its address.
+from megatron's parallel_state, `dp`, `ep`, `sp`, ... from DeepSpeed's groups, `pp`/`tp`/`dp`/`mp`
+from the grid of DeepSpeed's PipelineEngine, `world` for the default group) joined to c10d's group
+name, which is the same on every member rank and tells the TP groups of different ranks apart:
+`tp:1`, `dp:5`, `world:0`; a group no framework holds keeps the bare c10d name. Cached by `id(pg)`
+with a weak reference to check identity, so a destroyed group is neither kept alive nor confused
+with a new one that reuses its address.
 """
 
 from __future__ import annotations
@@ -38,14 +39,31 @@ ROLES = (
     ("deepspeed.utils.groups", "_SEQUENCE_DATA_PARALLEL_GROUP", "sp_dp"),
     ("deepspeed.utils.groups", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "zero_hpz"),
     ("deepspeed.utils.groups", "_WORLD_GROUP", "world"),
+    # DeepSpeed's PipelineEngine builds its own groups on a PipelineParallelGrid, which its p2p module
+    # keeps as `_grid`: "model" there is the pipeline x tensor slice of one data-parallel replica
+    ("deepspeed.runtime.pipe.p2p", "_groups", "pp"),
+    ("deepspeed.runtime.pipe.p2p", "_grid.pp_proc_group", "pp"),
+    ("deepspeed.runtime.pipe.p2p", "_grid.slice_proc_group", "tp"),
+    ("deepspeed.runtime.pipe.p2p", "_grid.dp_proc_group", "dp"),
+    ("deepspeed.runtime.pipe.p2p", "_grid.ds_model_proc_group", "mp"),
 )
+
+
+def _held(module: str, path: str) -> Any:
+    """The object at `path` (dotted attributes) in the loaded `module`, None where any part is missing."""
+    held: Any = sys.modules.get(module)
+    for attr in path.split("."):
+        held = getattr(held, attr, None)
+    return held
 
 
 def role_of(pg: Any) -> str | None:
     """The role the job's framework gives `pg`, `world` for the default group, else None."""
-    for module, attr, role in ROLES:
-        held = getattr(sys.modules.get(module), attr, None)
-        if held is pg or (isinstance(held, dict) and any(g is pg for g in held.values())):
+    for module, path, role in ROLES:
+        held = _held(module, path)
+        if isinstance(held, dict):
+            held = list(held.values())
+        if held is pg or (isinstance(held, list | tuple) and any(g is pg for g in held)):
             return role
     dist = sys.modules.get("torch.distributed")
     try:

@@ -132,3 +132,12 @@ def test_tied_logits_function_has_a_window_and_the_root_adds_up(runs: Runs) -> N
         if "module.tied_logits" in flops:
             assert flops["module.tied_logits"] == logits * (1 if phase == "fwd" else 2)
     assert (layers["module"] == "module.tied_logits").any()
+
+
+def test_the_pipeline_engines_own_groups_are_named(few: Job) -> None:
+    """Issue 9 item 7 under PP: the PipelineEngine's grid groups (kept by deepspeed.runtime.pipe.p2p)
+    carry their role: the stage-to-stage broadcasts run on `pp:N`, not a bare id."""
+    groups = few.trace.layout()["groups"]
+    pp = [name for name, g in groups.items() if g["role"] == "pp"]
+    assert pp and all(name.startswith("pp:") and groups[name]["size"] == 2 for name in pp), groups
+    assert (few.trace.comms["group"].isin(pp) & (few.trace.comms["op"] == "broadcast")).any()
