@@ -40,6 +40,7 @@ RULE_MODULES: list[str] = [
     "diag.analyzers.launch_bound",
     "diag.analyzers.job_crash",
     "diag.analyzers.loss_spike",
+    "diag.analyzers.loss_climb",
     "diag.analyzers.nan_loss",
     "diag.analyzers.throughput_drop",
     "diag.analyzers.collective_desync",
