@@ -1,8 +1,10 @@
-"""`diag top` at 256 synthetic ranks refreshed at 1 Hz: the UI's own CPU use and refresh latency.
+"""`diag top` at 256 (or 1,024) synthetic ranks refreshed at 1 Hz: the UI's CPU use and latency.
 
 A synthetic job appends one step per rank per second to 256 rank files (a real 256-rank job does
 not fit a 2-core machine); the app follows the directory live, headless, at its default 1 s
-interval. Printed: CPU seconds of the UI per wall second (the writer's own CPU subtracted), the
+interval. Printed: CPU seconds of the UI per wall second (the writer's own CPU subtracted) and per
+refresh (the same figure where the machine keeps up; on a loaded machine refreshes arrive late,
+stretching the wall time, so the per-refresh figure is the one to compare with the 1 s period), the
 worker's time per refresh (poll + ingest + view), the UI thread's time per refresh (table cell
 updates), and write-to-screen latency, as fractions of the 1 s refresh period.
 
@@ -51,6 +53,7 @@ async def measure(ranks: int, seconds: int, interval: float) -> dict[str, float]
     return {
         "ranks": rows,
         "cpu_per_wall": cpu / wall,
+        "cpu_per_refresh": cpu / seconds,
         "tick_p50": _p(app.pump.tick_s, 0.5),
         "tick_p95": _p(app.pump.tick_s, 0.95),
         "apply_p50": _p(app.apply_s, 0.5),
@@ -72,6 +75,10 @@ def main() -> None:
     per = r["interval"]
     print(f"diag top, {r['ranks']} ranks, {r['events']} events over {a.seconds} refreshes")
     print(f"  UI CPU use:               {r['cpu_per_wall']:.2f} core-seconds per second")
+    print(
+        f"  UI CPU per refresh:       {r['cpu_per_refresh']:.2f} core-seconds "
+        f"({r['cpu_per_refresh'] / per:.2f} of the period; goal < 0.5)"
+    )
     print(
         f"  worker per refresh:       p50 {r['tick_p50'] * 1e3:.1f} ms, p95 "
         f"{r['tick_p95'] * 1e3:.1f} ms ({r['tick_p95'] / per:.3f} of the period)"

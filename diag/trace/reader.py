@@ -47,13 +47,16 @@ def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     (diag/tui/tail.py), which feeds it complete lines as they are appended."""
     try:
         obj = values.loads(line)
+        why = values.problem(obj) if isinstance(obj, dict) else None
+        if why is not None:  # read again as the stdlib reads it: the reason it names stands
+            obj = values.loads(line, exact=True)
+            why = values.problem(obj) if isinstance(obj, dict) else None
     except values.BadValue as e:
         return None, f"a record that {e}"
     except (ValueError, UnicodeDecodeError):
         return None, "not valid JSON"
     if not isinstance(obj, dict) or not isinstance(obj.get("k"), str):
         return None, "not a diag record"
-    why = values.problem(obj)
     if why is not None:
         return None, f"a record that {why}"
     return obj, None
