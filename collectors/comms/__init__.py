@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from diag.collectors.comms import dispatch
 from diag.collectors.comms.groups import Groups
 from diag.collectors.comms.ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
@@ -168,17 +169,21 @@ def _wrapper(
     guarded_after = agent.guard(NAME, parts[1], name)
     flop_mode_on_top, below_it = flop_seam
     mark = dispatch.marked
+    below_autograd = torch._C._AutoDispatchBelowAutograd
 
     def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
         state = guarded_before(args, kwargs)
         outer = getattr(mark, "on", False)
         mark.on = True  # the c10d kernel below leaves this call to us
         try:
-            if flop_mode_on_top():  # a sampled step: run the collective below diag's FLOP counter,
-                with below_it():  # which counts nothing in it, or torch.profiler records it twice
+            # below autograd, as the dispatcher kernel would run it (c10d ops have only autograd's
+            # fallback there): the kernel, a Python re-entry of ~100 us a call, is skipped
+            with below_autograd():
+                if flop_mode_on_top():  # a sampled step: run it below diag's FLOP counter, which
+                    with below_it():  # counts nothing in it, or torch.profiler records it twice
+                        work = original(pg, *args, **kwargs)
+                else:
                     work = original(pg, *args, **kwargs)
-            else:
-                work = original(pg, *args, **kwargs)
         finally:
             mark.on = outer
         if state is not None:

@@ -151,10 +151,6 @@ class TraceFileWriter:
     def _write_whole(self, data: bytes) -> tuple[int, str | None]:
         """(lines written, error or None): on a failure the file is cut back to the end of its
         last whole line, so what fitted stays and nothing is torn."""
-        try:
-            start = os.fstat(self._fd).st_size  # O_APPEND: the write lands at the end
-        except OSError as e:
-            return 0, errno.errorcode.get(e.errno or 0, str(e))
         done, view = 0, memoryview(data)
         try:
             while done < len(data):
@@ -162,8 +158,8 @@ class TraceFileWriter:
             return data.count(b"\n"), None
         except OSError as e:
             good = data.rfind(b"\n", 0, done) + 1
-            try:
-                os.ftruncate(self._fd, start + good)
+            try:  # O_APPEND and one writer: the batch's `done` bytes are the file's last ones
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size - done + good)
             except OSError:
                 pass  # cannot cut back: the reader reports the torn line as such
             return data.count(b"\n", 0, good), errno.errorcode.get(e.errno or 0, str(e))
