@@ -29,6 +29,7 @@ steps overflow and never reach a torch optimizer step), and at the next torch op
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import weakref
@@ -82,6 +83,21 @@ def engine_class() -> Any:
     return getattr(sys.modules.get(DS_ENGINE), "DeepSpeedEngine", None)
 
 
+def live_engines(cls: type) -> list[Any]:
+    """The engines of `cls` (or a subclass: PipelineEngine) that exist already: an attach lands
+    inside a running job, whose step in progress must carry its number before its next forward.
+    One gc pass over the referrers of the classes, at install only (as the module tree walk does)."""
+    classes: set[type] = set()
+    todo = [cls]
+    while todo:
+        c = todo.pop()
+        if c not in classes:
+            classes.add(c)
+            todo.extend(c.__subclasses__())
+    found = gc.get_referrers(*classes)
+    return [o for o in found if type(o) in classes and hasattr(o, "global_steps")]
+
+
 def settled(done: set[str], watched: dict[str, str]) -> bool:
     """Nothing half-imported among `watched` ({done key: module name}): each module is absent, or
     it was patched. A module is in sys.modules while its body still runs (the classes not yet
@@ -132,6 +148,8 @@ class _Steps:
             name = "_take_model_step" if hasattr(cls, "_take_model_step") else "step"
             self.undo.patch(cls, name, self._wrap_engine(getattr(cls, name)))
             self.undo.patch(cls, "forward", self._wrap_forward(cls.forward))
+            for engine in live_engines(cls):  # attached inside a step: number it now, not at 0
+                self.sight(engine)
         if "megatron" not in self.done and MEGATRON_OPTIMIZER in sys.modules:
             self.done.add("megatron")
             for mcls in megatron_step_classes():

@@ -39,3 +39,38 @@ def test_deepspeed_steps_attached_midrun_number_like_the_job(tmp_path):
         assert list(mem["step"]) == list(steps["step"])
         assert (mem["rss"] > 10 * 2**20).all() and (mem["device"] == "cpu").all()
         assert res["status"]["errors"] == {}
+
+
+def _attach_inside_a_step(rank: int, trace: str) -> dict[str, Any]:
+    """The agent starts after the first step's forward and before its backward (an attach that lands
+    inside a step): the backward's gradient all-reduce belongs to that step."""
+    import deepspeed
+    import torch
+
+    from diag import agent
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config())
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(3):
+        loss = engine(torch.randn(2, 8, generator=gen)).pow(2).mean()
+        if step == 0:
+            agent.start(trace, what="steps,comms")
+        engine.backward(loss)
+        engine.step()
+    return {"global_steps": int(engine.global_steps)}
+
+
+@pytest.mark.slow
+def test_an_attach_inside_a_step_numbers_that_steps_collectives(tmp_path):
+    """Megatron-DeepSpeed attached mid-step recorded the step's collectives as step 0 (issue 9)."""
+    trace = str(tmp_path / "trace")
+    results = run_ranks(tmp_path, _attach_inside_a_step, trace)
+    tr = diag.load(trace)
+    for rank, res in enumerate(results):
+        steps = sorted(tr.steps[tr.steps["rank"] == rank]["step"])
+        comms = tr.comms[tr.comms["rank"] == rank]
+        assert steps == [1, 2, 3] == list(range(1, res["global_steps"] + 1)), steps
+        assert not comms.empty and set(comms["step"]) <= set(steps), sorted(set(comms["step"]))
+        assert (comms["step"] == 1).any()  # the first step's all-reduce, issued after the attach

@@ -131,7 +131,8 @@ agent.start(sys.argv[1], what=("steps", "overflow"))
 assert "deepspeed" not in sys.modules
 from deepspeed.runtime.engine import DeepSpeedEngine as E
 deadline = time.monotonic() + 10
-while not hasattr(E._take_model_step, "__wrapped__") and time.monotonic() < deadline:
+wrapped = lambda: hasattr(E._take_model_step, "__wrapped__") and hasattr(E.backward, "__wrapped__")
+while not wrapped() and time.monotonic() < deadline:  # each collector patches in its own late scan
     time.sleep(0.02)
 print(hasattr(E._take_model_step, "__wrapped__"), hasattr(E.backward, "__wrapped__"))
 agent.stop()
