@@ -64,7 +64,9 @@ class Cell:
 
 
 DDP_ARGS = ("--steps", "12")
-ZERO2 = ("--zero", "2", "--steps", "10")
+# 16 steps: at a load average of 25 on the shared 2-core machine, 10 steps' step-time noise hid a
+# planted straggler from the straggler rule's noise margin in one run of two
+ZERO2 = ("--zero", "2", "--steps", "16")
 TP_ARGS = ("--steps", "13")  # test_agent_megatron's run: shared through the run cache
 LONG = ("--steps", "4000", "--step-sleep", "0.05")  # runs until the fault is planted, then killed
 # DDP's steps take ~10 ms: a 50 ms sleep between them is idle_between_steps' finding; wider layers
@@ -85,7 +87,7 @@ CELLS: tuple[Cell, ...] = (
         ("--zero", "2", "--dtype", "fp16", "--steps", "14", "--overflow-at", "3,4,5,6,7,8,9,10"),
         expect="overflow_storm",
     ),
-    Cell("ZeRO-3", "healthy", GPT, ("--zero", "3", "--steps", "8")),
+    Cell("ZeRO-3", "healthy", GPT, ("--zero", "3", "--steps", "12")),
     Cell("megatron-core TP=2", "healthy", MEGATRON, TP_ARGS),
     Cell("megatron-core TP=2", "straggler", MEGATRON, (*TP_ARGS, *SLOW), expect="straggler", rank=1),
     Cell("megatron-core TP=2", "hang", MEGATRON, LONG, expect="hang_desync", rank=1, inject="stop"),
