@@ -163,12 +163,15 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     by a detach, each at its own moment, with ops in flight then recorded as unfinished, not as
     evidence), when a rank is >= 2 steps behind the furthest (not in a running job: between two
     0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise), or when
-    a rank went silent >= max(60 s, 20 median steps) before the others' last event. A rank whose
-    process died is job_crash's. Fix: run `diag stacks` / py-spy dump on the ranks named, look for a
-    rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
+    a rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
+    died (its process gone, or the launcher's log says a signal ended it): the others wait for it
+    or diverge because of it, and job_crash names it. Fix: run `diag stacks` / py-spy dump on the
+    ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
     TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
     down = liveness.stopped_running(trace)
-    dead = {r for r, v in down.items() if liveness.died(trace, r, v)}
+    dead = {r for r, v in down.items() if liveness.died(trace, r, v)} | liveness.killed_in_log(trace)
+    if dead:
+        return []  # a rank died: the others wait for it or diverge because of it (job_crash names it)
     hung = _frozen(trace, metrics, {r: v for r, v in down.items() if r not in dead})
     if hung is not None:
         return [hung]
@@ -188,8 +191,6 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})
-    if dead and set(stopped) | set(behind) <= dead and not diverged:
-        return []  # a rank died: dead_rank names it
     what = (
         "ranks stopped emitting"
         if stopped

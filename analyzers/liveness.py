@@ -99,3 +99,13 @@ def pending_collectives(c: pd.DataFrame) -> pd.DataFrame:
     if c.empty:
         return c
     return c[pd.to_numeric(c["dur"], errors="coerce").isna()]
+
+
+def killed_in_log(trace: Trace) -> set[int]:
+    """Ranks the launcher's log reports ended by a signal (torchrun: `exitcode: -9`, SIGKILL)."""
+    fail = trace.frame("log_failure")
+    if fail.empty or "signal" not in fail.columns:
+        return set()
+    sig = fail["signal"].astype(object)
+    hit = fail[sig.notna() & (sig.astype(str) != "") & (fail["exc"].astype(str) == "exit")]
+    return {int(r) for r in hit["rank"] if r == r and int(r) >= 0}

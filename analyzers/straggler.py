@@ -23,9 +23,10 @@ MIN_STEP_SHARE = 0.25  # and the difference is at least this share of the step
 CONSISTENT = 0.60  # and it is the slowest rank in at least this share of steps
 WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
-# and the gap is this many times the step time's own step-to-step noise (robust sigma: 1.4826 x MAD)
-# on a shared host, CPU contention makes one rank 1.5x slower for a whole short run (ZeRO-2 control
-# at load 16: gap 1.5 sigma) where a real straggler's fixed delay stands out (80 ms: 6-16 sigma)
+# and the gap is this many times its noise (`step_noise`: robust sigmas of the step time and of the
+# per-step gap, the lesser): on a shared host, CPU contention made one rank of a ZeRO-2 control 1.5-1.9x
+# slower for a whole run (gap 2.0-2.7 sigma at load 13-16), where planted 80 ms stragglers stood at
+# 6-19 sigma of one or the other
 NOISE_MARGIN = 3.0
 # with fewer steps (one profiled step), the arrival order at the collectives is the evidence:
 LAST_SHARE = 0.80  # one rank arrives last (the others wait for it) at this share of its collectives
@@ -86,11 +87,25 @@ def compute_per_step(metrics: Metrics) -> pd.DataFrame:
     return df[[(r, s) not in gone for r, s in zip(df["rank"], df["step"])]]
 
 
-def step_noise(df: pd.DataFrame) -> float:
-    """The step time's step-to-step noise: robust sigma (1.4826 x MAD) of each step's duration (the
-    ranks' mean: collectives keep them in step)."""
-    per_step = df.groupby("step")["dur_s"].mean()
-    return float(1.4826 * (per_step - per_step.median()).abs().median()) if len(per_step) else 0.0
+def _sigma(x: pd.Series) -> float:
+    """Robust sigma: 1.4826 x the median absolute deviation (one load spike does not move it)."""
+    return float(1.4826 * (x - x.median()).abs().median()) if len(x) else 0.0
+
+
+def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
+    """The noise the compute gap must stand out of: the lesser of the step time's step-to-step noise
+    (each step's duration, the ranks' mean: collectives keep them in step) and, given the slow rank,
+    the noise of the per-step gap itself (its compute minus the others' median). Host contention
+    moves both by as much as the gap it makes; a straggler's fixed delay is steady in the gap even
+    when load spikes make the step times swing."""
+    noise = _sigma(df.groupby("step")["dur_s"].mean())
+    if slow is None:
+        return noise
+    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+    if slow not in wide or wide.shape[1] < 2:
+        return noise
+    gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
+    return min(noise, _sigma(gap)) if len(gap) else noise
 
 
 def _last_arrival(metrics: Metrics) -> dict[int, float]:
@@ -196,9 +211,9 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when one rank's median compute time (step minus the time blocked in collectives:
     blocking ones, and the wait at the step's last async one, e.g. DDP's bucket all-reduces that the
     C++ Reducer waits for; the others wait for it inside collectives, so step times alone look
-    equal) is >= 1.5x the other ranks' median, the gap is >= 25% of the step and >= 3x the step
-    time's own noise (robust sigma of the step durations: host contention makes a rank slower for a
-    whole short run, but not by a fixed delay that stands out of the noise), it is the slowest in >=
+    equal) is >= 1.5x the other ranks' median, the gap is >= 25% of the step and >= 3x its noise (the
+    lesser robust sigma of the step durations and of the per-step gap: host contention makes a rank
+    slower for a whole short run, but not by a fixed delay that stands out of both), it is the slowest in >=
     60% of steps, and the other ranks wait in collectives (duration beyond the op's transfer time) for
     >= 50% of the gap. Steps skipped for an fp16 overflow are left out (their work differs between
     ranks by design); at least 5 steady applied steps are needed. Fix: check that host (thermal
@@ -218,7 +233,7 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     wide = df.pivot_table(index="step", columns="rank", values="compute_s")
     consistent = float((wide.idxmax(axis=1) == slow).mean()) if not wide.empty else 0.0
     waited = float(df[df["rank"] != slow].groupby("rank")["wait_s"].median().median())
-    noise = step_noise(df)
+    noise = step_noise(df, slow)
     if (
         others <= 0
         or gap < NOISE_MARGIN * noise

