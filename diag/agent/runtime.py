@@ -339,7 +339,9 @@ class Agent:
             done = _pending.settle(rec)
             if done is not None:
                 out.append(done)
-            elif final or now - since > _pending.MAX_HOLD_S:
+            elif final:  # stopping (detach): in flight, not failed; the job completes it unseen
+                out.append(_pending.resolve(rec, give_up=True))
+            elif now - since > _pending.MAX_HOLD_S:
                 self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
                 out.append(_pending.resolve(rec, give_up=True))
             else:

@@ -226,6 +226,23 @@ def test_ops_in_flight_at_detach_are_unfinished_not_errors(group, tmp_path) -> N
     ]
 
 
+def test_an_op_issued_while_the_agent_stops_is_no_error(group, tmp_path) -> None:
+    """The real Megatron-DeepSpeed detach: a collective issued after the comms collector had counted
+    its ops in flight (between its stop step and the unpatching of its wrappers) still reached the
+    writer's final flush pending, and was written as "pending-timeout ... op never completed"."""
+    ag = agent.start(str(tmp_path), what=("steps",))
+    timing = CommTiming(ag)
+    comms.install(ag, ag.undo, timing=timing)
+    later = Later(timing.cpu, ag.now())  # never bound: issued after the in-flight ops were counted
+    ag.emit((schema.COMM, 0, "all_reduce", 32, "float32", "0", 1, (0,), later.token, later, None, True))
+    path = ag.status()["trace_file"]
+    agent.stop()
+    with open(path) as f:
+        recs = [json.loads(line) for line in f]
+    assert [r for r in recs if r["k"] == schema.ERROR] == []
+    assert [(r["op"], r["dur"]) for r in recs if r["k"] == schema.COMM] == [("all_reduce", None)]
+
+
 def test_collectives_from_cpp_recorded_once_and_dispatcher_restored(group, tmp_path) -> None:
     """A call that reaches the c10d dispatcher without a Python wrapper (the op itself, as DDP's
     Reducer makes it) is recorded by the dispatcher kernel; one through the wrapped method is
