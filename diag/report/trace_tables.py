@@ -129,7 +129,7 @@ def overflow_table(doc: dict[str, Any]) -> list[Table]:
             ["rank", "step", "loss scale", "source"],
             [
                 [
-                    str(r["rank"]),
+                    "-" if r["rank"] is None or r["rank"] < 0 else str(r["rank"]),  # -1: no rank printed
                     str(r["step"]),
                     f"{_g(r.get('scale_before'))} -> {_g(r.get('scale_after'))}",
                     str(r.get("source") or "-"),

@@ -77,3 +77,28 @@ def test_calibration_or_a_few_skips_in_a_log_are_not_every_step(tmp_path):
     for n, skipped in ((12, {2, 3}), (12, set(range(1, 13)))):
         trace = load_inputs([_megatron_log(tmp_path / f"t{len(skipped)}.log", skipped, n=n)])
         assert [f for f in fired(trace, "overflow_storm") if "every step" in f.title] == []
+
+
+MDS_LINE = (
+    " iteration {i:8d}/      40 | consumed samples:            {s} | elapsed time per iteration (ms): 352.1 |"
+    " learning rate: 1.000E-04 | global batch size:     2 | loss scale: {scale:.1f} | actual seqlen:    64 |"
+    " number of skipped iterations:   {k} | number of nan iterations:   0 | TFLOPs: 0.00 |\n"
+)
+
+
+def test_counted_overflows_take_their_loss_scale_from_the_iteration_lines(tmp_path):
+    """Megatron-DeepSpeed prints no overflow line, only `number of skipped iterations` and the loss
+    scale after each iteration's update: a skipped iteration's scale is `previous -> its own`, and
+    its rank (none printed) shows as '-', not -1 (the real pretrain_gpt.py log read '-1 | ? -> ?')."""
+    log = tmp_path / "mds.log"
+    scales = [2.0**30, 2.0**29, 2.0**28, 2.0**28]
+    log.write_text(
+        "".join(MDS_LINE.format(i=i + 1, s=2 * i + 2, scale=sc, k=int(i < 3)) for i, sc in enumerate(scales))
+    )
+    doc = model.build(load_inputs([str(log)]), [], {})
+    got = [(r["step"], r["scale_before"], r["scale_after"]) for r in doc["overflows"]]
+    assert got == [(1, None, 2.0**30), (2, 2.0**30, 2.0**29), (3, 2.0**29, 2.0**28)]
+    from diag.report.trace_tables import overflow_table
+
+    ((_, _, rows),) = overflow_table(doc)
+    assert rows[1][:3] == ["-", "2", "1.07374e+09 -> 5.36871e+08"]

@@ -162,7 +162,15 @@ class Records:
         return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 
     def overflow_frame(self) -> pd.DataFrame:
+        """Skipped steps; a scale the overflow line did not print is the one the step lines give:
+        after = that iteration's logged loss scale (printed after its update), before = the
+        previous iteration's (Megatron prints only counters, no overflow lines)."""
         from diag.importers.logs.overflow import reconcile
+
+        def logged(step: int | None) -> float | None:
+            rec = self.steps.get(step) if step is not None else None
+            scale = rec.get("loss_scale") if rec else None
+            return float(scale) if scale is not None and scale > 0 else None  # -1: DeepSpeed's own
 
         rows = [
             {
@@ -170,8 +178,8 @@ class Records:
                 "step": o.step,
                 "ts": o.ts,
                 "overflow": True,
-                "scale_before": o.before,
-                "scale_after": o.after,
+                "scale_before": o.before if o.before is not None else logged((o.step or 0) - 1),
+                "scale_after": o.after if o.after is not None else logged(o.step),
                 "skipped_steps": None,
                 "source": o.source,
             }
