@@ -16,7 +16,6 @@ from diag.control.client import attached_pids, request
 from diag.errors import FAILURE, DiagError
 from diag.inject.attach import sweep_expired
 from diag.inject.checks import status_fields
-from diag.procs import ranks_under
 
 TIMEOUT_S = 3.0
 
@@ -31,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     sweep_expired()  # payload files of attaches whose payload never ran (past their life)
     # a launcher's pid (torchrun, deepspeed) stands for its ranks, as in attach / detach / stacks
-    pids = [p for p, _ in ranks_under(args.pid)] if args.pid is not None else attached_pids()
+    pids = _ranks(args.pid) if args.pid is not None else attached_pids()
     answers: list[tuple[dict[str, Any] | None, str | None]] = []
     if pids:
         with ThreadPoolExecutor(max_workers=min(16, len(pids))) as pool:
@@ -52,6 +51,16 @@ def run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return FAILURE if errors else 0
+
+
+def _ranks(pid: int) -> list[int]:
+    """The rank processes under `pid` (itself when it is a rank). psutil only here: a bare `status`
+    runs on the interpreter's stdlib alone (tests/reliability runs it as another user, isolated)."""
+    try:
+        from diag.procs import ranks_under
+    except ImportError:  # no psutil: the pid as given
+        return [pid]
+    return [p for p, _ in ranks_under(pid)]
 
 
 def _ask(pid: int) -> tuple[dict[str, Any] | None, str | None]:
