@@ -68,9 +68,11 @@ DDP_ARGS = ("--steps", "12")
 # planted straggler from the straggler rule's noise margin in one run of two
 ZERO2 = ("--zero", "2", "--steps", "16")
 TP_ARGS = ("--steps", "13")  # test_agent_megatron's run: shared through the run cache
-LONG = ("--steps", "4000", "--step-sleep", "0.05")  # runs until the fault is planted, then killed
-# DDP's steps take ~10 ms: a 50 ms sleep between them is idle_between_steps' finding; wider layers
-# keep it training (about 30 ms a step) until the fault
+# runs until the fault is planted, then killed; no sleep between steps: on a quiet machine a TP step
+# takes ~50 ms, and a 50 ms sleep between them is idle_between_steps' finding (CI: "46% of wall time
+# idles between steps" in both TP fault cells). Likewise DDP's steps take ~10 ms; wider layers keep it
+# training (about 30 ms a step) until the fault
+LONG = ("--steps", "4000")
 LONG_DDP = ("--steps", "4000", "--hidden", "512")
 
 CELLS: tuple[Cell, ...] = (
