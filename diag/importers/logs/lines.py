@@ -10,11 +10,13 @@ when a reader asks for it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import re
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from typing import IO
 
 from diag.importers.errors import ImportProblem
 from diag.trace import safeio
@@ -117,10 +119,10 @@ def num(text: str | None) -> float | None:
         return None
 
 
-def read_lines(path: str) -> Iterator[Line]:
-    """The file's lines (gzip by content), decoded leniently; `ImportProblem` for a binary file, a
-    file that is not regular (a FIFO would block), or one past the readers' limits (a gzip bomb, a
-    line that never ends: `diag.trace.safeio`)."""
+@contextlib.contextmanager
+def open_log(path: str) -> Iterator[IO[bytes]]:
+    """A log's bytes, gunzipped when its content is gzip; `ImportProblem` for a file that is not
+    regular (a FIFO would block) or a binary file that is not gzip. Both log readers open this way."""
     try:
         f = safeio.open_regular(path)
     except safeio.InputError as e:
@@ -128,10 +130,18 @@ def read_lines(path: str) -> Iterator[Line]:
     with f:
         head = f.read(4096)
         f.seek(0)
-        binary = gzip.open(f) if head[:2] == b"\x1f\x8b" else f
-        if head[:2] != b"\x1f\x8b" and b"\x00" in head:
+        gz = head[:2] == b"\x1f\x8b"
+        if not gz and b"\x00" in head:
             raise ImportProblem("binary file, not a training log")
-        stream = io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="\n")  # type: ignore[arg-type]
+        yield gzip.open(f) if gz else f  # type: ignore[misc]
+
+
+def read_lines(path: str) -> Iterator[Line]:
+    """The file's lines (gzip by content), decoded leniently; `ImportProblem` for a binary file, a
+    file that is not regular (a FIFO would block), or one past the readers' limits (a gzip bomb, a
+    line that never ends: `diag.trace.safeio`)."""
+    with open_log(path) as binary:
+        stream = io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline="\n")
         limit, max_line = safeio.max_input_bytes(), safeio.max_line_bytes()
         total = no = 0
         try:

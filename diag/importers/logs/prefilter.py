@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from diag.importers.errors import ImportProblem
-from diag.importers.logs.lines import Line, peel
+from diag.importers.logs.lines import Line, open_log, peel
 from diag.trace import safeio
 
 CHUNK = 4 << 20  # bytes read at a time
@@ -94,17 +94,7 @@ def keyword_lines(
     """The lines of `path` that hold a keyword, and every line while `busy()`; `rank_seen(rank, host)`
     for the launcher prefix of every line, in order of first appearance in each chunk. Same limits
     and problems as `lines.read_lines`."""
-    try:
-        f = safeio.open_regular(path)
-    except safeio.InputError as e:
-        raise ImportProblem(str(e)) from None
-    with f:
-        head = f.read(4096)
-        f.seek(0)
-        gz = head[:2] == b"\x1f\x8b"
-        if not gz and b"\x00" in head:
-            raise ImportProblem("binary file, not a training log")
-        stream = gzip.open(f) if gz else f
+    with open_log(path) as stream:
         try:
             yield from _lines(stream, busy, rank_seen)  # type: ignore[arg-type]
         except (EOFError, OSError, gzip.BadGzipFile) as e:
