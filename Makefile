@@ -28,7 +28,8 @@ COMPAT_TESTS = tests/integration tests/unit/test_overflow.py tests/unit/test_ste
 	./scripts/setup_compat.sh
 	touch $@
 
-# the fault matrix (about 3 minutes of real jobs) runs in `make test` only, to keep CI's total down
+# the short fault matrix (one job: healthy, straggler, hang) runs in `make test` only, to keep CI's total down;
+# the whole matrix: `python -m bench.faults`
 test-compat: .venv-compat/.installed
 	.venv-compat/bin/python -m pytest -q $(COMPAT_TESTS) --ignore=tests/integration/test_fault_matrix.py
 

@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         *(["-k", args.k] if args.k else []),
     ]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "DIAG_FAULT_TABLE": table})
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, "DIAG_FAULT_TABLE": table, "DIAG_FULL_MATRIX": "1"}
+    )
     took = time.monotonic() - t0
     if not os.path.exists(table):
         print("no cell ran", file=sys.stderr)

@@ -4,7 +4,9 @@
 An injected fault (SIGSTOP, SIGKILL) is judged live: `diag watch --json` on the running job's trace
 directory names the expected rule and rank within 10 s of the signal. `DIAG_FAULT_TABLE=PATH` writes
 the matrix as markdown at the end (docs/faults.md is made so, by `python -m bench.faults`). A cell
-diag does not get right yet is a strict xfail with the reason.
+diag does not get right yet is a strict xfail with the reason. `make test` runs the short matrix the
+issue asks of CI (one job: healthy, straggler, hang); `DIAG_FULL_MATRIX=1` (set by bench.faults) runs
+every cell.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.faults import CELLS, Cell, render, run_cell
+from tests.integration.faults import CELLS, FULL, Cell, render, run_cell
 from tests.integration.runs import Runs
 
 pytestmark = pytest.mark.slow
@@ -34,6 +36,8 @@ def _table():
 
 def _param(cell: Cell) -> Any:
     marks = [pytest.mark.xfail(strict=cell.strict, reason=cell.known_gap)] if cell.known_gap else []
+    if not cell.ci and not os.environ.get(FULL):
+        marks.append(pytest.mark.skip(reason=f"full matrix only ({FULL}=1, or python -m bench.faults)"))
     return pytest.param(cell, id=cell.name, marks=marks)
 
 
