@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from diag import schema
 from diag.metrics import breakdown, comms, step_split, steps
 
 if TYPE_CHECKING:
@@ -58,7 +59,13 @@ class Metrics:
     def step_split(self) -> pd.DataFrame:
         """Per rank, over steady (sampled) steps of a diag trace: compute / exposed communication /
         other time (`step_split.step_split`)."""
-        return step_split.step_split(self.steady_steps, self.trace.comms, self.trace.layers)
+        marks = self.trace.frame(schema.STEP)
+        # the GPU split's span ends where the last profiled step begins (HTA's cut, `activity`)
+        per_rank = marks["rank"].value_counts().items() if len(marks) else []
+        counts = {int(r): max(n - 1, 1) for r, n in per_rank}
+        return step_split.step_split(
+            self.steady_steps, self.trace.comms, self.trace.layers, self.breakdown, self.overlap, counts
+        )
 
     @cached_property
     def step_times(self) -> pd.DataFrame:

@@ -11,6 +11,13 @@ backward interval. Per step:
 Compute is known only on sampled steps, so the split is taken over the rank's steady sampled steps
 (their times include any FLOP counting); without sampled steps, over all steady steps with compute
 unknown (None) and `other` holding it.
+
+A rank with a GPU kernel timeline (Kineto) is split on that timeline instead ("GPU timeline"), with
+the very figures the temporal breakdown, the overlap table and the exposed_comm rule use: over the
+profiled span (HTA's cut), compute = the compute kernels' union, exposed communication = the
+communication kernels' union not under compute, other = the rest (idle, memcpy). Host-side blocking
+time means nothing there: a collective's host op returns at launch while its kernel runs on its own
+stream, so one report could otherwise show two exposed-communication figures for one rank.
 """
 
 from __future__ import annotations
@@ -80,18 +87,59 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
     }
 
 
-def step_split(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
-    """One row per rank with steady steps (`Metrics.steady_steps`, `trace.comms`, `trace.layers`)."""
-    if steady_steps.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
-    rows = [
-        _rank(
-            int(rank),
-            st,
-            blocking[blocking["rank"] == rank],
-            layers[layers["rank"] == rank] if len(layers) else layers,
-        )
-        for rank, st in steady_steps.groupby("rank")
-    ]
+def _gpu_rank(rank: int, steps: int, span: pd.Series, ov: pd.DataFrame) -> dict[str, object]:
+    """One rank's split on its GPU timeline (`breakdown.temporal_breakdown` / `comm_overlap` rows)."""
+    total, compute = int(span["total_ns"]), int(span["compute_ns"])
+    comm = int(ov["comm_ns"].iloc[0] - ov["overlap_ns"].iloc[0]) if len(ov) else 0
+    other = total - compute - comm
+
+    def pct(v: int) -> float | None:
+        return round(100 * v / total, 2) if total else None
+
+    return {
+        "rank": rank,
+        "basis": "GPU timeline",
+        "steps": steps,
+        "total_ns": total,
+        "compute_ns": compute,
+        "comm_ns": comm,
+        "other_ns": other,
+        "compute_pct": pct(compute),
+        "comm_pct": pct(comm),
+        "other_pct": pct(other),
+    }
+
+
+def step_split(
+    steady_steps: pd.DataFrame,
+    comms: pd.DataFrame,
+    layers: pd.DataFrame,
+    breakdown: pd.DataFrame | None = None,
+    overlap: pd.DataFrame | None = None,
+    step_counts: dict[int, int] | None = None,
+) -> pd.DataFrame:
+    """One row per rank with steady steps (`Metrics.steady_steps`, `trace.comms`, `trace.layers`);
+    ranks whose `breakdown` row (`Metrics.breakdown`) comes from GPU kernels are split on that timeline
+    (with `overlap`, `Metrics.overlap`; `step_counts`: profiled steps in the span per rank)."""
+    gpu = breakdown[breakdown["source"] == "gpu"] if breakdown is not None and len(breakdown) else None
+    gpu_ranks = set(gpu["rank"].astype(int)) if gpu is not None else set()
+    rows = []
+    for rank in sorted(gpu_ranks):
+        ov = overlap if overlap is not None else pd.DataFrame(columns=["rank", "source"])
+        ov = ov[(ov["rank"] == rank) & (ov["source"] == "gpu")]
+        span = gpu[gpu["rank"] == rank].iloc[0]  # type: ignore[index]
+        rows.append(_gpu_rank(rank, (step_counts or {}).get(rank, 0), span, ov))
+    if not steady_steps.empty:
+        blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
+        rows += [
+            _rank(
+                int(rank),
+                st,
+                blocking[blocking["rank"] == rank],
+                layers[layers["rank"] == rank] if len(layers) else layers,
+            )
+            for rank, st in steady_steps.groupby("rank")
+            if int(rank) not in gpu_ranks
+        ]
+    rows.sort(key=lambda r: int(r["rank"]))  # type: ignore[call-overload]
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -50,3 +50,20 @@ def test_all_to_all_is_classified_as_such(sample):
     _, trace = sample
     kinds = Metrics(trace).comms["kind"].astype(str).value_counts()
     assert kinds.get("all_to_all", 0) >= 40
+
+
+def test_step_split_is_the_gpu_timeline_the_rule_uses(sample):
+    """One report, one exposed-communication figure: a GPU trace's step split is taken on its kernel
+    timeline, equal to the breakdown's compute share and to the exposed_comm rule's figure (on
+    hta_dlrm_8rank the host-side split said 37.8% where the rule measured 18.3%)."""
+    from diag.analyzers.exposed_comm import timeline_exposed
+
+    name, trace = sample
+    rank = HTA[name][0]
+    m = Metrics(trace)
+    row = m.step_split.set_index("rank").loc[rank]
+    assert row["basis"] == "GPU timeline"
+    assert row["compute_pct"] == pytest.approx(HTA[name][1][1], abs=0.01)
+    rule = timeline_exposed(m).loc[rank]
+    assert row["comm_pct"] == pytest.approx(100 * rule["exposed_s"] / rule["dur_s"], abs=0.01)
+    assert row["compute_ns"] + row["comm_ns"] + row["other_ns"] == row["total_ns"]
