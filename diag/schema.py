@@ -95,6 +95,24 @@ META_ATTRIBUTED_STEP = "attributed_step"  # one meta record per step whose comms
 
 # Megatron arguments its own TFLOPs formula reads (diag/metrics/model_flops.py): the agent copies them
 # from the job's parsed arguments into the header's "model", the log importer from the arguments dump
+# the job's layout as trace headers and log start-up dumps state it (`Trace.layout`, the log importer);
+# a header may add where it ran (host, device, ds_config), which a log's dump does not carry
+LAYOUT_KEYS = (
+    "world_size",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "zero_stage",
+    "dtype",
+    "micro_batch",
+    "global_batch",
+    "grad_accum",
+    "model",
+)
+HEADER_KEYS = (*LAYOUT_KEYS, "ds_config", "host", "device_name")
+
 MEGATRON_MODEL_ARGS = (
     "num_layers",
     "hidden_size",

@@ -158,27 +158,10 @@ class Trace:
 
     def layout(self) -> dict[str, Any]:
         """The job's layout as the headers agree on it (from the lowest rank that knows)."""
-        keys = (
-            "world_size",
-            "tp",
-            "pp",
-            "dp",
-            "cp",
-            "ep",
-            "zero_stage",
-            "dtype",
-            "micro_batch",
-            "global_batch",
-            "grad_accum",
-            "ds_config",
-            "host",
-            "device_name",
-            "model",
-        )
         out: dict[str, Any] = {}
         groups: dict[str, Any] = {}  # every rank's process groups by name (role, size, ranks)
         for rank in self.ranks:
-            for k in keys:
+            for k in schema.HEADER_KEYS:
                 if k not in out and self.headers[rank].get(k) is not None:
                     out[k] = self.headers[rank][k]
             seen = self.headers[rank].get("groups")

@@ -51,20 +51,6 @@ MARKERS = (
     b"dist_world_size",
     b"DeepSpeedEngine configuration",
 )
-LAYOUT_KEYS = (
-    "world_size",
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "ep",
-    "zero_stage",
-    "dtype",
-    "micro_batch",
-    "global_batch",
-    "grad_accum",
-    "model",
-)
 
 
 @dataclass
@@ -159,7 +145,7 @@ def import_log(path: str, every_line: bool = False) -> LogImport:
         raise ImportProblem(
             "no DeepSpeed/Megatron/HF Trainer progress, overflow, layout or error lines found"
         )
-    layout = {k: rec.layout[k] for k in LAYOUT_KEYS if rec.layout.get(k) is not None}
+    layout = {k: rec.layout[k] for k in schema.LAYOUT_KEYS if rec.layout.get(k) is not None}
     if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):
         layout["world_size"] = layout["tp"] * layout["pp"] * layout["dp"] * layout.get("cp", 1)
     world = layout.get("world_size")
