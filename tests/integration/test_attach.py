@@ -19,6 +19,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from tests.workloads import launch
 
 pytestmark = pytest.mark.slow
 
@@ -64,14 +65,7 @@ while True:
 
 
 def diag(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diag", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    return launch.diag_cli(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

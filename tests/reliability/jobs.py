@@ -6,12 +6,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from tests.conftest import ROOT
 from tests.workloads import launch
 
 MODULE = "tests.reliability.held_job"
@@ -51,19 +49,6 @@ def run_fixed(folder: str, args: list[str], env: dict[str, str] | None = None) -
     out = os.path.join(folder, "result.json")
     launch.run(MODULE, [*ARGS, *args, "--out", out], env=env)
     return read_json(out)
-
-
-def diag_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diag", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=launch.job_env(env),
-    )
 
 
 @dataclass

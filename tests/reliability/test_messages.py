@@ -18,7 +18,7 @@ import pytest
 
 from diag.errors import DiagError
 from diag.inject import checks
-from tests.conftest import ROOT
+from tests.workloads import launch
 
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(120)\n"
 AGENT = """import sys, time
@@ -40,9 +40,7 @@ def _python(
 
 
 def _diag(*args: str, env: dict[str, str], **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diag", *args], text=True, cwd=ROOT, env=env, timeout=120, **kw
-    )
+    return launch.diag_cli(*args, env=env, **kw)
 
 
 def _state(pid: int, want: str) -> None:

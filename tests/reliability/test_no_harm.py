@@ -16,6 +16,7 @@ from diag import load
 from diag.agent import ALL_COLLECTORS
 from diag.control.client import request
 from tests.reliability import jobs
+from tests.workloads import launch
 
 pytestmark = pytest.mark.slow
 # memory is a step listener: with the steps hook raising, no step boundary ever reaches it
@@ -24,7 +25,7 @@ CALLED = set(ALL_COLLECTORS) - {"memory"}
 
 def _statuses(held: jobs.Held) -> list[dict[str, Any]]:
     """`diag status --json` (every attached process of this user), one dict per rank."""
-    res = jobs.diag_cli("status", "--json", env=held.env)
+    res = launch.diag_cli("status", "--json", env=held.env)
     assert res.returncode == 0, res.stderr
     return sorted((json.loads(line) for line in res.stdout.splitlines()), key=lambda s: s["rank"])
 
@@ -71,7 +72,7 @@ def test_slow_hooks_and_a_full_disk(tmp_path, baseline, runtime_env, tiny_tmpfs)
         while not all(request(pid, "status")["lines_lost"] > 0 for pid, _ in held.ranks()):
             assert time.monotonic() < deadline, "the 64 kB trace disk never filled"
             time.sleep(0.2)
-        text = jobs.diag_cli("status", env=held.env)
+        text = launch.diag_cli("status", env=held.env)
         assert text.returncode == 0, text.stderr
         assert text.stdout.count("lines lost (ENOSPC)") == 2, text.stdout
         for st in _statuses(held):

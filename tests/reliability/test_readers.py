@@ -34,15 +34,7 @@ def _limit_memory() -> None:
 
 
 def diag_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diag", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd=launch.ROOT,
-        env=launch.job_env(env),
-        preexec_fn=_limit_memory,
-    )
+    return launch.diag_cli(*args, env=env, timeout=TIMEOUT_S, preexec_fn=_limit_memory)
 
 
 def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

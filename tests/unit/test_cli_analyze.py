@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from tests.unit.kineto_samples import CPU_RANKS, GPT_DS, ROOT
+from tests.unit.kineto_samples import CPU_RANKS, GPT_DS
+from tests.workloads import launch
 
 
 def _diag(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    return subprocess.run(
-        [sys.executable, "-m", "diag", "analyze", *args], capture_output=True, text=True, env=env, timeout=120
-    )
+    return launch.diag_cli("analyze", *args)
 
 
 def _truncated_gzip(path):

@@ -6,22 +6,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
 
 from tests.unit.kineto_samples import CPU_RANKS, GPU_RANKS, ROOT
+from tests.workloads import launch
 
 S = os.path.join(ROOT, "sample_traces")
 HEALTHY, ZERO3 = os.path.join(S, "healthy"), os.path.join(S, "zero3")
 
 
 def _diag(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "COLUMNS": "160"}
-    return subprocess.run(
-        [sys.executable, "-m", "diag", "diff", *args], capture_output=True, text=True, env=env, timeout=180
-    )
+    return launch.diag_cli("diff", *args, env={"COLUMNS": "160"}, timeout=180)
 
 
 def test_terminal_json_markdown_html(tmp_path):

@@ -6,22 +6,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from diag.importers import load_inputs
 from diag.importers.runs import MixedRuns
-from tests.unit.kineto_samples import ROOT
 from tests.unit.kineto_synth import Kineto
 from tests.unit.synth_trace import Job
+from tests.workloads import launch
 
 
 def _diag(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    return subprocess.run(
-        [sys.executable, "-m", "diag", "analyze", *args], capture_output=True, text=True, env=env, timeout=120
-    )
+    return launch.diag_cli("analyze", *args)
 
 
 def _rank(path, rank: int, world: int, t0: float) -> str:

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,6 +38,17 @@ def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
     path = out.get("PYTHONPATH", "")
     out["PYTHONPATH"] = ROOT + (os.pathsep + path if path else "")
     return out
+
+
+def diag_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """`python -m diag ARGS` from the checkout with the job environment (`job_env`) plus `env`,
+    output captured as text unless `kw` says otherwise (the one way the tests run the CLI)."""
+    opts: dict[str, Any] = {"capture_output": True, **kw} if not ({"stdout", "stderr"} & set(kw)) else kw
+    return subprocess.run(
+        [sys.executable, "-m", "diag", *args], text=True, timeout=timeout, cwd=ROOT, env=job_env(env), **opts
+    )
 
 
 def run(
