@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from diag.metrics import intervals
+from diag.metrics.activity import ByRank
 
 COLUMNS = [
     "rank",
@@ -85,13 +86,9 @@ def step_split(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataF
     if steady_steps.empty:
         return pd.DataFrame(columns=COLUMNS)
     blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
+    mine, lay = ByRank(blocking), ByRank(layers)
     rows = [
-        _rank(
-            int(rank),
-            st,
-            blocking[blocking["rank"] == rank],
-            layers[layers["rank"] == rank] if len(layers) else layers,
-        )
+        _rank(int(rank), st, mine[rank], lay[rank] if len(layers) else layers)
         for rank, st in steady_steps.groupby("rank")
     ]
     return pd.DataFrame(rows, columns=COLUMNS)
