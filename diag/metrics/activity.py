@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 _NOT_COMPUTE = ("ProfilerStep", "c10d::", "record_param_comms", "gloo:", "Optimizer.", "##")
 
 
-def _cut(trace: Trace, rank: int) -> int | None:
-    steps = trace.frame(schema.STEP)
-    starts = steps.loc[steps["rank"] == rank, "ts"]
+def _cut(steps: pd.DataFrame) -> int | None:
+    """The start of a rank's last step (`steps`: its rows of the step frame)."""
+    starts = steps["ts"]
     return int(starts.max()) if len(starts) >= 2 else None
 
 
@@ -83,10 +83,11 @@ class Activities:
         self.kernels = ByRank(trace.frame("kernel"))
         self.ops = ByRank(trace.frame("cpu_op"))
         self.comms = ByRank(trace.frame(schema.COMM))
+        self.steps = ByRank(trace.frame(schema.STEP))
 
     def __call__(self, rank: int) -> tuple[pd.DataFrame, str]:
         """(intervals ts/end/kind, "gpu" or "cpu") of one rank."""
-        cut = _cut(self.trace, rank)
+        cut = _cut(self.steps[rank])
         kernels = self.kernels.df
         mine = self.kernels[rank] if "kind" in kernels.columns else kernels.iloc[:0]
         if len(mine):
