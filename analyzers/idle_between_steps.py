@@ -10,6 +10,7 @@ from diag.analyzers import evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics.activity import ByRank
 from diag.metrics.steps import NS, steady
 
 if TYPE_CHECKING:
@@ -55,8 +56,9 @@ def _comm_within(metrics: Metrics, st: pd.DataFrame) -> np.ndarray:
     c = metrics.comms
     if c.empty or "ts" not in c:
         return out
+    by_rank = ByRank(c)
     for rank, rows in st.groupby("rank").indices.items():
-        mine = c[c["rank"] == rank]
+        mine = by_rank[rank]
         if mine.empty:
             continue
         a = mine["ts"].to_numpy(dtype=float)

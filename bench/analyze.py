@@ -24,6 +24,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -164,9 +165,17 @@ def _tree_memory(ps: psutil.Process) -> tuple[int, int]:
     return rss, pss
 
 
-def _watch(cmd: list[str], what: str) -> tuple[str, float, int, int]:
-    """(stdout, wall seconds from start to exit, peak RSS-sum, peak PSS-sum) of one command."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _watch(cmd: list[str], what: str) -> tuple[str, float, int, int, float]:
+    """(stdout, wall seconds from start to exit, peak RSS-sum, peak PSS-sum, CPU seconds of the
+    process and the workers it waited for) of one command. The CPU time is what a loaded machine
+    does not inflate: wall time there includes waiting for a core."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
     ps, peak_rss, peak_pss = psutil.Process(proc.pid), 0, 0
@@ -183,12 +192,12 @@ def _watch(cmd: list[str], what: str) -> tuple[str, float, int, int]:
     reader.join()
     if proc.returncode not in (0, 1):  # diag analyze exits 1 when a finding says the job failed
         raise SystemExit(f"{what} failed ({proc.returncode})")
-    return "".join(out), wall, peak_rss, peak_pss
+    return "".join(out), wall, peak_rss, peak_pss, _children_cpu() - cpu0
 
 
 def measure(tool: str, folder: str) -> dict[str, float]:
     """Run one worker; its result plus the peak RSS-sum and PSS-sum (bytes) of its process tree."""
-    out, wall, peak_rss, peak_pss = _watch(
+    out, wall, peak_rss, peak_pss, cpu = _watch(
         [sys.executable, "-m", "bench.analyze", "--worker", tool, folder], tool
     )
     return {
@@ -196,19 +205,25 @@ def measure(tool: str, folder: str) -> dict[str, float]:
         "wall": wall,
         "peak_rss": peak_rss,
         "peak_pss": peak_pss,
+        "cpu": cpu,
     }
 
 
 def measure_cli(folder: str) -> dict[str, float]:
     """`diag analyze --json` as a user runs it: wall time with process start, peak memory."""
-    _, wall, peak_rss, peak_pss = _watch([sys.executable, "-m", "diag", "analyze", "--json", folder], "diag")
-    return {"wall": wall, "peak_rss": peak_rss, "peak_pss": peak_pss}
+    _, wall, peak_rss, peak_pss, cpu = _watch(
+        [sys.executable, "-m", "diag", "analyze", "--json", folder], "diag"
+    )
+    return {"wall": wall, "peak_rss": peak_rss, "peak_pss": peak_pss, "cpu": cpu}
 
 
 def sweep(folder: str, sizes_mib: list[float], ranks: int, steps: int, hta_max_mib: float) -> None:
-    """One table over total input sizes: wall time with process start and peak PSS of each tool."""
+    """One table over total input sizes: wall time with process start and peak PSS of each tool,
+    and their CPU seconds (process start included; the fair figure on a loaded machine)."""
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(
         f"{'input MiB':>9} {'ranks':>5} {'diag s':>7} {'HTA s':>7} {'speed-up':>8} "
+        f"{'diag CPU':>8} {'HTA CPU':>8} {'CPU ratio':>9} "
         f"{'diag PSS MiB':>12} {'HTA PSS MiB':>11} {'diag PSS/input':>14}",
         flush=True,
     )
@@ -222,11 +237,15 @@ def sweep(folder: str, sizes_mib: list[float], ranks: int, steps: int, hta_max_m
         hta_s = f"{theirs['wall']:7.2f}" if theirs else f"{'-':>7}"
         ratio = f"{theirs['wall'] / ours['wall']:7.1f}x" if theirs else f"{'-':>8}"
         hta_m = f"{theirs['peak_pss'] / 2**20:11.0f}" if theirs else f"{'-':>11}"
+        hta_c = f"{theirs['cpu']:8.2f}" if theirs else f"{'-':>8}"
+        cpu_ratio = f"{theirs['cpu'] / ours['cpu']:8.1f}x" if theirs else f"{'-':>9}"
         print(
             f"{size / 2**20:9.1f} {n:5d} {ours['wall']:7.2f} {hta_s} {ratio} "
+            f"{ours['cpu']:8.2f} {hta_c} {cpu_ratio} "
             f"{ours['peak_pss'] / 2**20:12.0f} {hta_m} {ours['peak_pss'] / size:14.2f}",
             flush=True,
         )
+    print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 def _size(traces: str) -> int:

@@ -58,8 +58,8 @@ def _enclosing_host_op(host: pd.DataFrame, launch: np.ndarray) -> list[str | Non
     if h.empty:
         return [None] * len(launch)
     i = _last_start(h["ts"].to_numpy(), launch)
-    ends = (h["ts"] + h["dur"]).to_numpy()
-    return [h["op"].iloc[j] if j >= 0 and t >= 0 and t <= ends[j] else None for j, t in zip(i, launch)]
+    ends, hop = (h["ts"] + h["dur"]).to_numpy(), h["op"].to_numpy()
+    return [hop[j] if j >= 0 and t >= 0 and t <= ends[j] else None for j, t in zip(i, launch)]
 
 
 def _bytes(a: dict[str, Any], dtype: object) -> float:
@@ -82,7 +82,8 @@ def _from_param_comms(kernels: pd.DataFrame, host: pd.DataFrame, world: int) -> 
     nccl = names.str.match(COMM_KERNEL_RE).to_numpy() | names.str.match(r"(?i)^rccl").to_numpy()
     fixed = names.map(kernel_op).to_numpy()
     use = (i >= 0) & (launch >= 0) & (nccl | (launch <= ends[np.clip(i, 0, None)] if len(ends) else False))
-    args = [rpc["args"].iloc[j] or {} if ok else {} for j, ok in zip(i, use)]
+    rpc_args = rpc["args"].to_numpy()
+    args = [rpc_args[j] or {} if ok else {} for j, ok in zip(i, use)]
     enclosing = _enclosing_host_op(host, launch)
     ops = []
     for a, host_op, kop in zip(args, enclosing, fixed):

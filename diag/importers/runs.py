@@ -74,6 +74,10 @@ def _span(frames: dict[str, pd.DataFrame]) -> tuple[int | None, int | None]:
     lo, hi = [], []
     for df in frames.values():
         if "ts" in df.columns and len(df):
+            if df["ts"].dtype == "int64":  # imported Kineto frames: no conversion to pay for
+                lo.append(int(df["ts"].min()))
+                hi.append(int(df["ts"].max()))
+                continue
             ts = pd.to_numeric(df["ts"], errors="coerce").dropna()
             if len(ts):
                 lo.append(int(ts.min()))

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 _NOT_COMPUTE = ("ProfilerStep", "c10d::", "record_param_comms", "gloo:", "Optimizer.", "##")
 
 
-def _cut(trace: Trace, rank: int) -> int | None:
-    steps = trace.frame(schema.STEP)
-    starts = steps.loc[steps["rank"] == rank, "ts"]
+def _cut(steps: pd.DataFrame) -> int | None:
+    """The start of a rank's last step (`steps`: its rows of the step frame)."""
+    starts = steps["ts"]
     return int(starts.max()) if len(starts) >= 2 else None
 
 
@@ -59,15 +59,44 @@ def cpu_activity(ops: pd.DataFrame, comms: pd.DataFrame, cut: int | None) -> pd.
     return df[df["ts"] < cut] if cut is not None else df
 
 
+class ByRank:
+    """A frame's rows of one rank at a time, split in one pass on first use: a mask per rank
+    scans the whole frame once per rank (quadratic in the ranks of a many-rank trace)."""
+
+    def __init__(self, df: pd.DataFrame) -> None:
+        self.df = df
+        self._parts: dict[int, pd.DataFrame] | None = None
+
+    def __getitem__(self, rank: int) -> pd.DataFrame:
+        if self._parts is None:
+            groups = self.df.groupby("rank", sort=False).indices if len(self.df) else {}
+            self._parts = {r: self.df.iloc[i] for r, i in groups.items()}
+        got = self._parts.get(rank)
+        return got if got is not None else self.df.iloc[:0]
+
+
+class Activities:
+    """`activity` of every rank of one trace, each frame split by rank once."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.kernels = ByRank(trace.frame("kernel"))
+        self.ops = ByRank(trace.frame("cpu_op"))
+        self.comms = ByRank(trace.frame(schema.COMM))
+        self.steps = ByRank(trace.frame(schema.STEP))
+
+    def __call__(self, rank: int) -> tuple[pd.DataFrame, str]:
+        """(intervals ts/end/kind, "gpu" or "cpu") of one rank."""
+        cut = _cut(self.steps[rank])
+        kernels = self.kernels.df
+        mine = self.kernels[rank] if "kind" in kernels.columns else kernels.iloc[:0]
+        if len(mine):
+            return gpu_activity(mine, cut), "gpu"
+        if "tid" not in self.ops.df.columns:
+            return pd.DataFrame(columns=["ts", "end", "kind"]), "none"
+        return cpu_activity(self.ops[rank], self.comms[rank], cut), "cpu"
+
+
 def activity(trace: Trace, rank: int) -> tuple[pd.DataFrame, str]:
-    """(intervals ts/end/kind, "gpu" or "cpu") of one rank."""
-    cut = _cut(trace, rank)
-    kernels = trace.frame("kernel")
-    mine = kernels[kernels["rank"] == rank] if "kind" in kernels.columns else kernels.iloc[:0]
-    if len(mine):
-        return gpu_activity(mine, cut), "gpu"
-    ops = trace.frame("cpu_op")
-    comms = trace.frame(schema.COMM)
-    if "tid" not in ops.columns:
-        return pd.DataFrame(columns=["ts", "end", "kind"]), "none"
-    return cpu_activity(ops[ops["rank"] == rank], comms[comms["rank"] == rank], cut), "cpu"
+    """(intervals ts/end/kind, "gpu" or "cpu") of one rank (`Activities` for many ranks)."""
+    return Activities(trace)(rank)

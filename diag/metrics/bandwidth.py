@@ -12,11 +12,20 @@ from diag import schema
 
 def bus_factors(ops: pd.Series, group_sizes: pd.Series) -> np.ndarray:
     """nccl-tests' algbw -> busbw factor of every row (`schema.bus_factor`; a missing size counts as 0)."""
-    sizes = pd.to_numeric(group_sizes, errors="coerce").fillna(0).astype("int64")
-    pairs = pd.DataFrame({"op": ops.astype(str).to_numpy(), "n": sizes.to_numpy()})
-    codes, uniques = pd.MultiIndex.from_frame(pairs).factorize()
-    table = np.array([schema.bus_factor(op, int(n)) for op, n in uniques], dtype=float)
-    return table[codes] if len(codes) else np.empty(0, float)
+    if len(ops) == 0:
+        return np.empty(0, float)
+    sizes = pd.to_numeric(group_sizes, errors="coerce").fillna(0).astype("int64").to_numpy()
+    # each column factorized alone, then the pairs seen: a MultiIndex costs ~3 ms a call, which a
+    # many-rank import pays once per rank file
+    op_codes, op_names = pd.factorize(ops.astype(str).to_numpy())
+    n_codes, n_values = pd.factorize(sizes)
+    pair = op_codes.astype(np.int64) * len(n_values) + n_codes
+    seen, codes = np.unique(pair, return_inverse=True)
+    table = np.array(
+        [schema.bus_factor(op_names[p // len(n_values)], int(n_values[p % len(n_values)])) for p in seen],
+        dtype=float,
+    )
+    return table[codes.reshape(-1)]
 
 
 def _numbers(values: pd.Series) -> np.ndarray:

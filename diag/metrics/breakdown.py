@@ -20,7 +20,7 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import bandwidth, intervals
-from diag.metrics.activity import activity
+from diag.metrics.activity import Activities
 from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ def _ranks(trace: Trace) -> list[int]:
 def temporal_breakdown(trace: Trace) -> pd.DataFrame:
     """One row per rank: idle / compute / non-compute time (ns) and % of the active span."""
     rows = []
+    activity = Activities(trace)
     for rank in _ranks(trace):
-        act, source = activity(trace, rank)
+        act, source = activity(rank)
         if act.empty:
             continue
         every = _union(act)
@@ -65,8 +66,9 @@ def temporal_breakdown(trace: Trace) -> pd.DataFrame:
 def comm_overlap(trace: Trace) -> pd.DataFrame:
     """One row per rank with collectives: % of communication time hidden under computation."""
     rows = []
+    activity = Activities(trace)
     for rank in _ranks(trace):
-        act, source = activity(trace, rank)
+        act, source = activity(rank)
         comm = _union(act[act["kind"] == COMM])
         if len(comm[0]) == 0:
             continue

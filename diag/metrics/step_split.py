@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from diag.metrics import intervals
+from diag.metrics.activity import ByRank
 
 COLUMNS = [
     "rank",
@@ -131,13 +132,9 @@ def step_split(
         rows.append(_gpu_rank(rank, (step_counts or {}).get(rank, 0), span, ov))
     if not steady_steps.empty:
         blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
+        mine, lay = ByRank(blocking), ByRank(layers)
         rows += [
-            _rank(
-                int(rank),
-                st,
-                blocking[blocking["rank"] == rank],
-                layers[layers["rank"] == rank] if len(layers) else layers,
-            )
+            _rank(int(rank), st, mine[rank], lay[rank] if len(layers) else layers)
             for rank, st in steady_steps.groupby("rank")
             if int(rank) not in gpu_ranks
         ]

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from diag import schema
 from diag.metrics import breakdown, intervals
+from diag.metrics.activity import ByRank
 from diag.trace.model import Trace
 
 spans = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 15)), max_size=12)
@@ -143,3 +144,13 @@ def test_one_stage_computes_each_figure_once(monkeypatch):
         "stragglers": 1,
         "step_times": 1,
     }
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 99)), max_size=25), st.integers(0, 4))
+def test_by_rank_holds_what_a_mask_selects(rows, rank):
+    """The per-rank split the breakdown reads (one pass) is exactly the mask it replaced: same rows
+    in the same order with their index, and an empty frame with the columns for an absent rank."""
+    df = pd.DataFrame(rows, columns=["rank", "ts"]).iloc[::-1]
+    got = ByRank(df)[rank]
+    pd.testing.assert_frame_equal(got, df[df["rank"] == rank])
