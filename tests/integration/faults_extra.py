@@ -42,7 +42,7 @@ EXTRA_CELLS: tuple[Cell, ...] = (
             "named right (rank 1, group world:0, the step, broadcast vs all_reduce) but after 10 s: the "
             "agent writes a call's record once it completes or once it gives up waiting for it (10 s, "
             "diag.agent.pending.MAX_HOLD_S), so a call that never completes is on disk 10 s after its "
-            "issue at the earliest (16.7 s at a load average of 14)"
+            "issue at the earliest (15.7-16.7 s at a load average of 14-17)"
         ),
     ),
     Cell(
