@@ -31,6 +31,7 @@ RULE_MODULES: list[str] = [
     "diag.analyzers.tp_cross_node",
     "diag.analyzers.overflow_storm",
     "diag.analyzers.memory_pressure",
+    "diag.analyzers.memory_growth",
     "diag.analyzers.embedding_comm",
     "diag.analyzers.straggler",
     "diag.analyzers.exposed_comm",
@@ -44,6 +45,7 @@ RULE_MODULES: list[str] = [
     "diag.analyzers.nan_loss",
     "diag.analyzers.throughput_drop",
     "diag.analyzers.collective_desync",
+    "diag.analyzers.collective_mismatch",
 ]
 
 RuleFn = Callable[["Trace", Metrics], list[Finding]]

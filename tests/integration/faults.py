@@ -45,6 +45,7 @@ FULL = "DIAG_FULL_MATRIX"  # set (to 1) to run every cell, not only the short CI
 INJECT_AFTER = 6  # iterations printed before a hang / kill is planted
 WATCH_FOR = 30.0  # seconds `diag watch` is followed after the fault
 LIVE_GOAL_S = 10.0  # the goal: named within 10 s of the fault
+SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL, "usr1": signal.SIGUSR1}  # Cell.inject
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,9 @@ class Cell:
     args: tuple[str, ...]
     expect: str | None = None  # the rule that must fire (None: no finding at all)
     rank: int | None = None  # the rank it must name
-    inject: str | None = None  # "stop" (hang) or "kill" (a rank dies), from outside, on `rank`
+    inject: str | None = (
+        None  # "stop" (hang), "kill" (a rank dies) or "usr1" (a workload's switch), on `rank`
+    )
     known_gap: str | None = None  # why diag does not get this cell right yet (an xfail reason)
     strict: bool = True  # the gap shows on every run (a strict xfail)
     ci: bool = False  # in the short matrix `make test` runs; the rest: DIAG_FULL_MATRIX=1 (bench.faults)
@@ -310,7 +313,7 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
         time.sleep(5.0)  # the watcher has started and read the healthy start: a baseline
         t0 = time.monotonic()
         assert cell.rank is not None
-        os.kill(pids[cell.rank], signal.SIGSTOP if cell.inject == "stop" else signal.SIGKILL)
+        os.kill(pids[cell.rank], SIGNALS[cell.inject])
         until = t0 + WATCH_FOR
         while time.monotonic() < until and not any(
             e.get("rule") == cell.expect and cell.rank in (e.get("ranks") or []) for e in events
@@ -318,7 +321,7 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
             time.sleep(0.2)
         time.sleep(2.0)  # anything else it says right after (a false alarm)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            job.wait(timeout=0.1 if cell.inject == "stop" else 30)
+            job.wait(timeout=30 if cell.inject == "kill" else 0.1)
         out.note = f"job exit {job.poll()}"
     finally:
         for pid in [job.pid, *pids.values()]:

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from tests.workloads import truth
+from tests.workloads import planted, truth
 
 
 def base_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -128,12 +128,14 @@ def train_loop(
     wall clock (ns) right after each optimizer step: the job's own iteration `step` is its index."""
     losses, times, ends = [], [], []
     slow = getattr(args, "slow_rank", None) == dist.get_rank()
+    faults = planted.Planted(args)
     for step in range(args.steps):
         t0 = time.perf_counter()
         if slow:
             time.sleep(args.slow_ms / 1000)
         opt.zero_grad(set_to_none=True)
         loss = loss_at(step)
+        faults.after_forward(loss)
         loss.backward()
         opt.step()
         ends.append(time.time_ns())

@@ -10,12 +10,13 @@ from typing import Any, NoReturn
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.workloads import common
+from tests.workloads import common, planted
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.base_parser(__doc__)
     common.add_slow_args(p)
+    planted.add_args(p)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=8)

@@ -1,0 +1,152 @@
+"""A desync from diag's own collective records (no Flight Recorder needed): in one process group, the
+ranks' k-th collective of a step differs in op or size, i.e. one rank took a rank-dependent branch
+around a collective. On NCCL and gloo the calls then never match: the group hangs in them (or, with
+sizes that happen to fit, reduces garbage), and the timeout, if any, names neither rank nor call.
+
+Collectives are aligned per (group, step, k-th of that step in that group, in issue order), so ranks
+that attached at different moments still line up (each rank's first recorded step may be partial and
+is left out unless every rank's trace starts at step 0). In a live trace a record whose duration is
+still unknown is held back by the agent for up to 10 s while later ones are written, so only
+records that are final are compared: older than the rank's latest record by that hold, or already
+given up on (a null duration: the call never completed). Point-to-point ops are left out (their
+peers differ by rank), and all-to-all sizes (uneven splits are normal)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from diag.analyzers import liveness
+from diag.analyzers.base import rule
+
+from diag.findings import Finding, Fix
+from diag.metrics.steps import NS
+from diag.vocab import P2P
+
+if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
+    from diag.trace.model import Trace
+
+HOLD_S = 10.0  # the agent's longest hold of a record whose duration is pending (agent.pending.MAX_HOLD_S)
+ANY_SIZE = ("all_to_all",)  # ops whose per-rank sizes differ in a healthy job
+
+
+def _final(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
+    """The records no held-back record can precede any more (all of them in a finished trace)."""
+    if not liveness.live(trace):
+        return c
+    last = liveness.last_record(trace)
+    stuck = c[pd.to_numeric(c["dur"], errors="coerce").isna()].groupby("rank")["ts"].max()
+    until = c["rank"].map(lambda r: max(float(last.get(r, 0)) - HOLD_S * NS, float(stuck.get(r, 0))))
+    return c[c["ts"].astype(float) <= until]
+
+
+def _aligned(c: pd.DataFrame) -> pd.DataFrame:
+    """Each record's position: its group, step and index among that rank's calls in them."""
+    c = c.sort_values("ts", kind="stable")
+    first = c.groupby("rank")["step"].min()
+    if not (first == 0).all():  # a trace that began mid-job (attach): the first step may be partial
+        c = c[c["step"] > c["rank"].map(first)]
+    return c.assign(k=c.groupby(["group", "step", "rank"]).cumcount())
+
+
+def _sig(row: Any) -> tuple[str, int | None]:
+    nbytes = row["bytes"]
+    size = None if row["kind"] in ANY_SIZE or nbytes != nbytes or nbytes is None else int(nbytes)
+    return (str(row["kind"]), size)
+
+
+def _culprits(at: pd.DataFrame, c: pd.DataFrame) -> tuple[list[int], tuple[str, int | None]]:
+    """The ranks whose call differs and the call the others made: a strict majority's; between equal
+    camps, the call the group made at this position in earlier steps (the ranks that left it)."""
+    sigs = {int(r): _sig(row) for r, row in at.set_index("rank").iterrows()}
+    camps: dict[tuple[str, int | None], list[int]] = {}
+    for r, s in sigs.items():
+        camps.setdefault(s, []).append(r)
+    big = max(camps.values(), key=len)
+    if sum(len(v) == len(big) for v in camps.values()) == 1:
+        usual = next(s for s, v in camps.items() if v is big)
+    else:
+        step, k, group = int(at["step"].iloc[0]), int(at["k"].iloc[0]), at["group"].iloc[0]
+        before = c[(c["group"] == group) & (c["k"] == k) & (c["step"] < step)]
+        seen = {_sig(row) for _, row in before.iterrows()}
+        known = [s for s in camps if s in seen]
+        if len(known) != 1:
+            return sorted(sigs), ("", None)  # no way to tell which side left the usual call
+        usual = known[0]
+    return sorted(r for r, s in sigs.items() if s != usual), usual
+
+
+def _size(n: int | None) -> str:
+    return "?" if n is None else f"{n} B"
+
+
+@rule("collective_mismatch")
+def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """Fires (critical) when, in one process group, every member recorded its k-th collective of a step
+    and they differ in op or byte size (diag's own records, final ones only in a live trace; not p2p,
+    not all-to-all sizes). Names the ranks outside a strict majority, or, between equal camps, the
+    ranks that left the call the group made at that position in earlier steps (all members when
+    that cannot be told), with the group, step and each rank's call. Fix: the named ranks' code path
+    around that call (a rank-dependent branch, a data-dependent shape). Live, a record is compared once
+    final: 10 s older than its rank's latest record (the agent's hold), or never completed."""
+    c = metrics.comms
+    if c.empty or "group" not in c or "step" not in c:
+        return []
+    c = c[~c["kind"].isin(P2P)].dropna(subset=["step", "ts"])
+    c = c.assign(group=c["group"].astype(str), step=pd.to_numeric(c["step"]).astype(int))
+    c = _aligned(_final(trace, c))
+    out = []
+    for group, g in c.groupby("group", sort=True):
+        members = g["rank"].nunique()
+        if members < 2:
+            continue
+        for (step, k), at in g.groupby(["step", "k"], sort=True):
+            if at["rank"].nunique() < members or len({_sig(r) for _, r in at.iterrows()}) == 1:
+                continue
+            out.append(_finding(str(group), int(step), int(k), at, g))
+            break
+    return out
+
+
+def _finding(group: str, step: int, k: int, at: pd.DataFrame, g: pd.DataFrame) -> Finding:
+    ranks, usual = _culprits(at, g)
+    calls = {
+        int(r): {"op": op, "bytes": n}
+        for r, (op, n) in ((r, _sig(row)) for r, row in at.set_index("rank").iterrows())
+    }
+    odd = calls[ranks[0]]
+    others = sorted(set(calls) - set(ranks))
+    said = (
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} called {odd['op']} "
+        f"({_size(odd['bytes'])}) where rank{'s' if len(others) > 1 else ''} "
+        f"{', '.join(map(str, others))} called {usual[0]} ({_size(usual[1])})"
+        if others
+        else "ranks called "
+        + "; ".join(f"rank {r}: {v['op']} ({_size(v['bytes'])})" for r, v in calls.items())
+    )
+    return Finding(
+        severity="critical",
+        title=f"collective mismatch in group {group} at step {step}: {said}",
+        detail=(
+            f"call #{k + 1} of step {step} in group {group} differs between ranks: the calls cannot "
+            "match, so the group hangs in them (or reduces mismatched buffers)"
+        ),
+        evidence={
+            "group": group,
+            "step": step,
+            "index_in_step": k,
+            "collective": odd["op"],
+            "calls": calls,
+            "expected": {"op": usual[0], "bytes": usual[1]} if others else None,
+        },
+        ranks=ranks,
+        steps=[step],
+        fixes=[
+            Fix(
+                f"look at rank {ranks[0]}'s code path at step {step} (`diag stacks`, py-spy dump): a "
+                "rank-dependent branch around a collective, or a data-dependent tensor shape",
+                env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+            )
+        ],
+    )

@@ -1,0 +1,111 @@
+"""memory_growth and collective_mismatch (issue 17's memory-growth and desync faults) on small traces:
+a planted case named with its rank and step, the healthy look-alike silent."""
+
+from __future__ import annotations
+
+from diag import schema
+from tests.unit.synth_trace import MS, Job, fired
+
+MIB = 1 << 20
+
+
+def _memory(per_step: dict[int, list[float]], counter: str = "rss") -> Job:
+    """Per rank, one memory record a step with `counter` (bytes) as given."""
+    job = Job(steps=len(next(iter(per_step.values()))), step_ms=50)
+    for r, values in per_step.items():
+        for s, v in enumerate(values):
+            fields = {"allocated": None, "reserved": None, "peak": None, "rss": None, counter: int(v)}
+            job.add(
+                r,
+                schema.MEMORY,
+                step=s,
+                ts=job.start(r, s) + 49 * MS,
+                device="cpu",
+                capacity=8 << 30,
+                module=None,
+                **fields,
+            )
+    return job
+
+
+def test_memory_growing_every_step_is_named_with_its_rank(tmp_path):
+    flat = [300 * MIB + (s < 2) * s * 40 * MIB for s in range(14)]  # warm-up growth, then flat
+    leak = [300 * MIB + s * 4 * MIB for s in range(14)]
+    (f,) = fired(_memory({0: flat, 1: leak}).write(str(tmp_path / "a")), "memory_growth")
+    assert f.ranks == [1] and f.steps == [2, 13] and f.evidence["counter"] == "rss"
+    assert f.evidence["growth"][1]["per_step_bytes"] == 4 * MIB
+    assert f.evidence["steps_to_capacity"] == (8 * 1024 - 352) // 4
+    # device memory is read first where the allocator's counter is there
+    (g,) = fired(_memory({0: leak, 1: leak}, "allocated").write(str(tmp_path / "b")), "memory_growth")
+    assert g.ranks == [0, 1] and g.evidence["counter"] == "allocated"
+
+
+def test_memory_flat_noisy_small_or_short_is_silent(tmp_path):
+    creep = [300 * MIB + s * 16 * 1024 for s in range(14)]  # 16 KiB a step: a healthy job's RSS
+    noisy = [300 * MIB + (s % 3) * 8 * MIB for s in range(14)]  # up and down: not a leak
+    short = [300 * MIB + s * 4 * MIB for s in range(9)]  # 7 steps after the warm-up: too few
+    for name, v in (("creep", creep), ("noisy", noisy), ("short", short)):
+        assert fired(_memory({0: v, 1: v}).write(str(tmp_path / name)), "memory_growth") == [], name
+
+
+def _loss_sync(odd: dict[int, tuple[str, int]] | None = None, steps: int = 6) -> Job:
+    """DDP-like steps: a bucket all-reduce, then the loss all-reduce (4 B); `odd` replaces rank r's
+    loss call at the last step (a broadcast instead: a desync), which never completes."""
+    job = Job(steps=steps, step_ms=100)
+    for r in range(2):
+        for s in range(steps):
+            job.comm(r, s, nbytes=33280, at_ms=20, async_op=True, group="world:0")
+            op, n = (odd or {}).get(r, ("all_reduce", 4)) if s == steps - 1 else ("all_reduce", 4)
+            job.comm(r, s, op=op, nbytes=n, at_ms=60, group="world:0")
+    return job
+
+
+def test_a_rank_calling_a_different_collective_is_named(tmp_path):
+    job = _loss_sync({1: ("broadcast", 4)})
+    (f,) = fired(job.write(str(tmp_path / "a")), "collective_mismatch")
+    assert f.ranks == [1] and f.steps == [5] and f.severity == "critical"
+    assert f.evidence["group"] == "world:0" and f.evidence["collective"] == "broadcast"
+    assert f.evidence["calls"] == {0: {"op": "all_reduce", "bytes": 4}, 1: {"op": "broadcast", "bytes": 4}}
+    assert f.evidence["expected"] == {"op": "all_reduce", "bytes": 4}
+    # a different size, on rank 0 this time
+    (g,) = fired(_loss_sync({0: ("all_reduce", 8)}).write(str(tmp_path / "b")), "collective_mismatch")
+    assert g.ranks == [0] and g.evidence["calls"][0]["bytes"] == 8
+
+
+def test_matching_collectives_p2p_and_a_partial_first_step_are_silent(tmp_path):
+    assert fired(_loss_sync().write(str(tmp_path / "a")), "collective_mismatch") == []
+    # a pipeline's sends and receives differ by rank by design
+    job = _loss_sync()
+    job.comm(0, 3, op="send", nbytes=1024, at_ms=80, group="world:0")
+    job.comm(1, 3, op="recv", nbytes=1024, at_ms=80, group="world:0")
+    assert fired(job.write(str(tmp_path / "b")), "collective_mismatch") == []
+    # attached mid-step 2: rank 0 saw only that step's loss all-reduce, rank 1 both calls
+    job = Job(steps=6, step_ms=100)
+    for r in range(2):
+        for s in range(2, 6):
+            if not (r == 0 and s == 2):
+                job.comm(r, s, nbytes=33280, at_ms=20, group="world:0")
+            job.comm(r, s, nbytes=4, at_ms=60, group="world:0")
+    assert fired(job.write(str(tmp_path / "c")), "collective_mismatch") == []
+
+
+def _live(trace):
+    for r in trace.headers:
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "S", "checked_ns": 0}
+    return trace
+
+
+def test_live_only_final_records_are_compared(tmp_path):
+    """A live trace: the agent holds a record whose duration is pending (up to 10 s) while later
+    ones are written, so a rank's file can lack a call its peer's has; the calls that never
+    completed (null duration, written once given up) are final."""
+    job = _loss_sync()
+    job.events[1] = [e for e in job.events[1] if not (e["step"] == 5 and e["bytes"] == 33280)]  # held
+    assert fired(_live(job.write(str(tmp_path / "held"))), "collective_mismatch") == []
+    assert fired(job.write(str(tmp_path / "held_done")), "collective_mismatch") != []  # a finished trace
+    job = _loss_sync({1: ("broadcast", 4)})
+    for r in range(2):
+        job.events[r][-1]["dur"] = None  # the two calls never completed: given up on after 10 s
+        job.add(r, schema.STATS, ts=job.start(r, 5) + 11_000 * MS, captured={}, dropped={}, errors={})
+    (f,) = fired(_live(job.write(str(tmp_path / "stuck"))), "collective_mismatch")
+    assert f.ranks == [1] and f.evidence["step"] == 5
