@@ -29,6 +29,24 @@ COMMANDS = {
     "export": "diag.cli.export",
 }
 
+# a missing third-party module -> the extra that installs it (pyproject.toml's optional-dependencies)
+EXTRAS = {
+    "pandas": "analyze",
+    "rich": "analyze",
+    "orjson": "analyze",
+    "psutil": "attach",
+    "py_spy": "attach",
+    "textual": "tui",
+    "prometheus_client": "prometheus",
+}
+
+
+def _missing(name: str, e: ModuleNotFoundError) -> str:
+    """One line for a command whose optional dependency is not installed."""
+    extra = EXTRAS.get((e.name or "").split(".")[0])
+    how = f": pip install 'diag[{extra}]'" if extra else ""
+    return f"diag {name}: error: needs {e.name}, which is not installed{how}"
+
 
 def _summary(module_name: str) -> str | None:
     """First docstring line of a command module without importing it (keeps --help fast)."""
@@ -66,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(COMMANDS[name])
     except ModuleNotFoundError as e:
-        print(f"diag: error: command {name!r} is not available ({e.name} missing)", file=sys.stderr)
+        print(_missing(name, e), file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog=f"diag {name}", description=module.__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -79,3 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:  # an optional extra the command needs (imports are lazy)
+        if (e.name or "").split(".")[0] not in EXTRAS:
+            raise
+        print(_missing(name, e), file=sys.stderr)
+        return 2

@@ -1,0 +1,34 @@
+"""A command whose optional extra is not installed says which in one line (exit 2), never a traceback:
+`pip install diag` alone has no pandas, and `diag analyze` / `diag watch` imported it lazily, so a user
+got ModuleNotFoundError's traceback (seen on a fresh install from the wheel)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.workloads.launch import ROOT
+
+# sys.modules[name] = None makes `import name` raise ModuleNotFoundError, as if it were not installed
+CODE = "import sys; sys.modules[{mod!r}] = None; from diag.cli import main; sys.exit(main({argv!r}))"
+SAMPLE = f"{ROOT}/sample_traces/healthy"
+
+
+@pytest.mark.parametrize(
+    ("mod", "argv", "extra"),
+    [
+        ("pandas", ["analyze", SAMPLE], "analyze"),
+        ("pandas", ["watch", SAMPLE, "--json", "--duration", "1"], "analyze"),
+        ("prometheus_client", ["export", "--prometheus", "127.0.0.1:0", SAMPLE], "prometheus"),
+    ],
+)
+def test_missing_extra_is_one_line(mod: str, argv: list[str], extra: str) -> None:
+    res = subprocess.run(
+        [sys.executable, "-c", CODE.format(mod=mod, argv=argv)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"pip install 'diag[{extra}]'" in lines[0] and mod in lines[0], lines
