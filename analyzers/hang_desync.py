@@ -164,13 +164,15 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     evidence), when a rank is >= 2 steps behind the furthest (not in a running job: between two
     0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise), or when
     a rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
-    died (its process gone, or the launcher's log says a signal ended it): the others wait for it
+    died (its process gone without its agent's close: checked first, since under load a killed
+    rank's lost last records read as a divergence before they read as silence; or the launcher's log
+    says a signal ended it): the others wait for it
     or diverge because of it, and job_crash names it. Fix: run `diag stacks` / py-spy dump on the
     ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
     TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
     down = liveness.stopped_running(trace)
     dead = {r for r, v in down.items() if liveness.died(trace, r, v)} | liveness.killed_in_log(trace)
-    if dead:
+    if dead or liveness.gone(trace):
         return []  # a rank died: the others wait for it or diverge because of it (job_crash names it)
     hung = _frozen(trace, metrics, {r: v for r, v in down.items() if r not in dead})
     if hung is not None:

@@ -113,6 +113,26 @@ def test_dead_rank_named_from_its_missing_process(tmp_path):
     assert fired(trace, "hang_desync") == []
 
 
+def test_killed_rank_is_a_crash_not_a_desync_when_every_process_is_gone(tmp_path):
+    """A live run: rank 1 killed (its last collectives never flushed: it looks behind in its group),
+    rank 0 waited in the next bucket's all-reduce (heartbeat at 2 s) until the launcher ended it, no close:
+    every process is gone. A crash of rank 1 (its records end first), no hang or desync."""
+    job = _hung_job()
+    job.comm(0, 6, at_ms=60, dur_ms=5, nbytes=1 << 10)  # the next bucket, another size
+    job.events[0][-1]["dur"] = None
+    _stuck(job, end_ms=2000, beats_to={0: 2000, 1: 0})
+    trace = job.write(str(tmp_path))
+    now = job.start(0, 0) + 2100 * MS
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "gone", "checked_ns": now}
+    assert fired(trace, "hang_desync") == []
+    (f,) = fired(trace, "job_crash")
+    assert f.ranks == [1] and f.evidence["how"] == {1: "gone"} and f.evidence["collective"] == "all_reduce"
+    # both ranks' records end within 0.5 s of each other: who died first is not known, nothing said
+    trace.frames["stats"] = trace.stats[trace.stats["rank"] == 1]
+    assert fired(trace, "job_crash") == [] and fired(trace, "hang_desync") == []
+
+
 def test_dead_rank_post_mortem_when_peers_waited_for_it(tmp_path):
     """Its peer's heartbeat went on 10 s (stuck in the collective), then closed: rank 1 died."""
     job = _hung_job()
