@@ -21,6 +21,7 @@ SILENT_STEPS = 20  # ... or this many median steps, whichever is longer
 STEP_LAG = 2  # a rank this many steps behind the furthest one
 STALL_S = 2.0  # peers without a completed step this long (and STALL_STEPS median steps) ...
 STALL_STEPS = 5  # ... while a rank's process is stopped: a hang, not a pause of a duty cycle
+SETTLED_S = 1.0  # a running job: collectives compared up to this long before every rank's last record
 
 
 def last_seen(trace: Trace) -> pd.Series:
@@ -71,6 +72,19 @@ def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int,
         if len(ranks) > 1 and len(counts) > 1 and len(lasts) > 1:
             bad[group] = ranks
     return bad
+
+
+def settled(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
+    """A running job's collectives that every rank has had time to write: issued >= 1 s before the
+    earliest of the ranks' last records. Each rank writes its records every 0.2 s, a collective when
+    it completes, and a throttled rank (stopped 40 ms of every 100 ms) lags further: read as they
+    are, its peer's newer collectives of another size looked like a desync of ranks [0, 1]. A real
+    desync stays: the ranks' heartbeats go on while both wait in different collectives."""
+    last = liveness.last_record(trace)
+    if c.empty or last.empty:
+        return c
+    horizon = float(last.min()) - SETTLED_S * NS
+    return c[pd.to_numeric(c["ts"], errors="coerce") <= horizon]
 
 
 def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
@@ -156,17 +170,17 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's process stopped running (the live watcher saw it stopped, or its agent's
     heartbeat ended >= 3 beats of 2 s before a peer's last record) while the other ranks have
-    completed no step for >= max(2 s, 5 median steps): a hang, naming
-    the rank that never arrived and the collective the others wait in (their pending one, or the
-    one after their last completed). Also when ranks of one group completed different numbers of
-    collectives and their last ones differ (op or size: a desync; unless every member's trace ended
-    by a detach, each at its own moment, with ops in flight then recorded as unfinished, not as
-    evidence), when a rank is >= 2 steps behind the furthest (not in a running job: between two
-    0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise), or when
-    a rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
-    died (its process gone without its agent's close: checked first, since under load a killed
-    rank's lost last records read as a divergence before they read as silence; or the launcher's log
-    says a signal ended it): the others wait for it
+    completed no step for >= max(2 s, 5 median steps): a hang, naming the rank that never arrived
+    and the collective the others wait in (their pending one, or the one after their last
+    completed). Also when ranks of one group completed different numbers of collectives and their
+    last ones differ (op or size: a desync; unless every member's trace ended by a detach, each at
+    its own moment, with ops in flight then recorded as unfinished, not as evidence; in a running
+    job, over the collectives every rank has had 1 s to write), when a rank is >= 2 steps behind the
+    furthest (not in a running job: between two 0.2 s flushes a fast job's ranks look steps apart; a
+    stopped rank is the first premise), or when a rank went silent >= max(60 s, 20 median steps)
+    before the others' last event. Not when a rank died (its process gone without its agent's close:
+    checked first, since under load a killed rank's lost last records read as a divergence before
+    they read as silence; or the launcher's log says a signal ended it): the others wait for it
     or diverge because of it, and job_crash names it. Fix: run `diag stacks` / py-spy dump on the
     ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
     TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
@@ -189,7 +203,8 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
         # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
         # apart between two flushes; a rank that stopped running is the premise above (_frozen)
         behind = []
-    diverged = _diverged(metrics.comms, detached(trace)) if not trace.comms.empty else {}
+    comms = settled(trace, metrics.comms) if liveness.live(trace) else metrics.comms
+    diverged = _diverged(comms, detached(trace)) if not comms.empty else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})

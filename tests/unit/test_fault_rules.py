@@ -152,3 +152,27 @@ def test_live_ranks_a_flush_apart_are_not_behind(tmp_path):
     for r in (0, 1):
         trace.headers[r]["process"] = {"pid": 1000 + r, "state": "R", "checked_ns": now}
     assert fired(trace, "hang_desync") == []
+
+
+def test_live_collectives_a_flush_apart_are_no_desync(tmp_path):
+    """A running ZeRO-2 job, rank 1 throttled (stopped 40 ms of every 100 ms): its newest collectives
+    are not written yet while rank 0's next ones, of another size, are; no desync. A real one, with
+    both ranks' heartbeats going on for seconds after it, is still named."""
+    job = Job(steps=8, step_ms=100)
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=20, dur_ms=5))
+    for at in (40, 60):  # rank 0's next collectives: the reduce-scatter of another bucket
+        job.comm(0, 7, op="reduce_scatter", nbytes=1 << 12, at_ms=at, dur_ms=5)
+    _stuck(job, end_ms=800)
+    trace = job.write(str(tmp_path))
+    now = job.start(0, 7) + 70 * MS
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "R", "checked_ns": now}
+    assert fired(trace, "hang_desync") == []
+    # the same divergence with both ranks' heartbeats 4 s on (waiting in different collectives)
+    for r in (0, 1):
+        job.add(r, schema.STATS, ts=job.start(0, 7) + 4000 * MS, captured={}, dropped={}, errors={})
+    trace = job.write(str(tmp_path / "stuck"))
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "S", "checked_ns": now + 4000 * MS}
+    (f,) = fired(trace, "hang_desync")
+    assert f.ranks == [0, 1] and f.evidence["diverged_groups"]
