@@ -21,7 +21,6 @@ SILENT_STEPS = 20  # ... or this many median steps, whichever is longer
 STEP_LAG = 2  # a rank this many steps behind the furthest one
 STALL_S = 2.0  # peers without a completed step this long (and STALL_STEPS median steps) ...
 STALL_STEPS = 5  # ... while a rank's process is stopped: a hang, not a pause of a duty cycle
-SETTLED_S = 1.0  # a running job: collectives compared up to this long before every rank's last record
 
 
 def last_seen(trace: Trace) -> pd.Series:
@@ -74,17 +73,18 @@ def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int,
     return bad
 
 
-def settled(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
-    """A running job's collectives that every rank has had time to write: issued >= 1 s before the
-    earliest of the ranks' last records. Each rank writes its records every 0.2 s, a collective when
-    it completes, and a throttled rank (stopped 40 ms of every 100 ms) lags further: read as they
-    are, its peer's newer collectives of another size looked like a desync of ranks [0, 1]. A real
-    desync stays: the ranks' heartbeats go on while both wait in different collectives."""
+def still_moving(trace: Trace, c: pd.DataFrame, median_step_s: float) -> bool:
+    """A running job whose ranks still complete collectives: the newest one ended less than max(2 s,
+    5 median steps) before the earliest of the ranks' last records. Its ranks' counts differ at any
+    moment (each writes every 0.2 s; a throttled rank, stopped 40 ms of every 100 ms, issues each
+    collective later than its peer, which waits in it): a ZeRO-2 job read so looked desynced, ranks
+    [0, 1]. A real desync stops them: both wait in different collectives while heartbeats go on."""
     last = liveness.last_record(trace)
     if c.empty or last.empty:
-        return c
-    horizon = float(last.min()) - SETTLED_S * NS
-    return c[pd.to_numeric(c["ts"], errors="coerce") <= horizon]
+        return False
+    ends = pd.to_numeric(c["ts"], errors="coerce") + pd.to_numeric(c["dur"], errors="coerce")
+    quiet_s = (float(last.min()) - float(ends.max())) / NS
+    return quiet_s < max(STALL_S, STALL_STEPS * median_step_s)
 
 
 def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     completed). Also when ranks of one group completed different numbers of collectives and their
     last ones differ (op or size: a desync; unless every member's trace ended by a detach, each at
     its own moment, with ops in flight then recorded as unfinished, not as evidence; in a running
-    job, over the collectives every rank has had 1 s to write), when a rank is >= 2 steps behind the
+    job, once no collective completed for max(2 s, 5 median steps)), when a rank is >= 2 steps behind the
     furthest (not in a running job: between two 0.2 s flushes a fast job's ranks look steps apart; a
     stopped rank is the first premise), or when a rank went silent >= max(60 s, 20 median steps)
     before the others' last event. Not when a rank died (its process gone without its agent's close:
@@ -203,8 +203,9 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
         # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
         # apart between two flushes; a rank that stopped running is the premise above (_frozen)
         behind = []
-    comms = settled(trace, metrics.comms) if liveness.live(trace) else metrics.comms
-    diverged = _diverged(comms, detached(trace)) if not comms.empty else {}
+    comms = metrics.comms
+    moving = liveness.live(trace) and still_moving(trace, comms, metrics.median_step_s)
+    diverged = _diverged(comms, detached(trace)) if not comms.empty and not moving else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})

@@ -156,8 +156,9 @@ def test_live_ranks_a_flush_apart_are_not_behind(tmp_path):
 
 def test_live_collectives_a_flush_apart_are_no_desync(tmp_path):
     """A running ZeRO-2 job, rank 1 throttled (stopped 40 ms of every 100 ms): its newest collectives
-    are not written yet while rank 0's next ones, of another size, are; no desync. A real one, with
-    both ranks' heartbeats going on for seconds after it, is still named."""
+    are not written (issued) yet while rank 0's next ones, of another size, are; the ranks still
+    complete collectives: no desync. A real one, no collective completing while both ranks'
+    heartbeats go on for seconds, is still named."""
     job = Job(steps=8, step_ms=100)
     job.each_step(lambda r, s: job.comm(r, s, at_ms=20, dur_ms=5))
     for at in (40, 60):  # rank 0's next collectives: the reduce-scatter of another bucket
