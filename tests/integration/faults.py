@@ -133,7 +133,9 @@ CELLS: tuple[Cell, ...] = (
             "ms a step, slowest in 82% of the throttled steps, rank 0 waits 40 ms a step), but the "
             "stops land on some steps and not others: the step-time noise the straggler rule measures "
             "is 38 ms, and it asks a gap of 3x that (37 ms here): no finding in 30 s "
-            "(analyzers/straggler.py is another helper's)"
+            "(analyzers/straggler.py is another helper's). Post-mortem, in 1 run of 2 (bench.faults, "
+            "load 15): hang_desync on ranks [0, 1], the collective counts of a trace whose ranks were "
+            "all SIGKILLed mid-training (no close, each rank's last 0.2 s flush lost unequally)"
         ),
         strict=False,
     ),
