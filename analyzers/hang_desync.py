@@ -73,6 +73,20 @@ def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int,
     return bad
 
 
+def still_moving(trace: Trace, c: pd.DataFrame, median_step_s: float) -> bool:
+    """A running job whose ranks still complete collectives: the newest one ended less than max(2 s,
+    5 median steps) before the earliest of the ranks' last records. Its ranks' counts differ at any
+    moment (each writes every 0.2 s; a throttled rank, stopped 40 ms of every 100 ms, issues each
+    collective later than its peer, which waits in it): a ZeRO-2 job read so looked desynced, ranks
+    [0, 1]. A real desync stops them: both wait in different collectives while heartbeats go on."""
+    last = liveness.last_record(trace)
+    if c.empty or last.empty:
+        return False
+    ends = pd.to_numeric(c["ts"], errors="coerce") + pd.to_numeric(c["dur"], errors="coerce")
+    quiet_s = (float(last.min()) - float(ends.max())) / NS
+    return quiet_s < max(STALL_S, STALL_STEPS * median_step_s)
+
+
 def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
     """The collective the waiting ranks are stuck in: their pending one (issued, never completed)
     when the agent wrote it, else the one after their last completed collective; with each rank's
@@ -156,21 +170,23 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's process stopped running (the live watcher saw it stopped, or its agent's
     heartbeat ended >= 3 beats of 2 s before a peer's last record) while the other ranks have
-    completed no step for >= max(2 s, 5 median steps): a hang, naming
-    the rank that never arrived and the collective the others wait in (their pending one, or the
-    one after their last completed). Also when ranks of one group completed different numbers of
-    collectives and their last ones differ (op or size: a desync; unless every member's trace ended
-    by a detach, each at its own moment, with ops in flight then recorded as unfinished, not as
-    evidence), when a rank is >= 2 steps behind the furthest (not in a running job: between two
-    0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise), or when
-    a rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
-    died (its process gone, or the launcher's log says a signal ended it): the others wait for it
+    completed no step for >= max(2 s, 5 median steps): a hang, naming the rank that never arrived
+    and the collective the others wait in (their pending one, or the one after their last
+    completed). Also when ranks of one group completed different numbers of collectives and their
+    last ones differ (op or size: a desync; unless every member's trace ended by a detach, each at
+    its own moment, with ops in flight then recorded as unfinished, not as evidence; in a running
+    job, once no collective completed for max(2 s, 5 median steps)), when a rank is >= 2 steps behind the
+    furthest (not in a running job: between two 0.2 s flushes a fast job's ranks look steps apart; a
+    stopped rank is the first premise), or when a rank went silent >= max(60 s, 20 median steps)
+    before the others' last event. Not when a rank died (its process gone without its agent's close:
+    checked first, since under load a killed rank's lost last records read as a divergence before
+    they read as silence; or the launcher's log says a signal ended it): the others wait for it
     or diverge because of it, and job_crash names it. Fix: run `diag stacks` / py-spy dump on the
     ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
     TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
     down = liveness.stopped_running(trace)
     dead = {r for r, v in down.items() if liveness.died(trace, r, v)} | liveness.killed_in_log(trace)
-    if dead:
+    if dead or liveness.gone(trace):
         return []  # a rank died: the others wait for it or diverge because of it (job_crash names it)
     hung = _frozen(trace, metrics, {r: v for r, v in down.items() if r not in dead})
     if hung is not None:
@@ -187,7 +203,9 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
         # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
         # apart between two flushes; a rank that stopped running is the premise above (_frozen)
         behind = []
-    diverged = _diverged(metrics.comms, detached(trace)) if not trace.comms.empty else {}
+    comms = metrics.comms
+    moving = liveness.live(trace) and still_moving(trace, comms, metrics.median_step_s)
+    diverged = _diverged(comms, detached(trace)) if not comms.empty and not moving else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})

@@ -18,6 +18,7 @@ from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics.steps import NS
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -107,9 +108,14 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
 
 
 def _dead_rank(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """A rank's process died while its peers ran on (no log needed): `liveness.died`."""
+    """A rank's process died while its peers ran on (no log needed): `liveness.died`; or, every
+    process gone now (the launcher ended the survivors), the ranks whose records ended first."""
     down = liveness.stopped_running(trace)
     dead = sorted(r for r, v in down.items() if liveness.died(trace, r, v))
+    if not down:  # every rank quiet: each process gone, those whose records end first died first
+        last = liveness.last_record(trace)
+        dead = sorted(liveness.first_gone(trace))
+        down = {r: {"how": "gone", "silent_s": (float(last.max()) - float(last[r])) / NS} for r in dead}
     if not dead:
         return []
     st, c = metrics.steps, metrics.comms

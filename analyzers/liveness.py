@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 HEARTBEAT_S = 2.0  # the agent's stats period (diag.agent.runtime.STATS_INTERVAL_S)
 SILENT_BEATS = 3  # a rank this many heartbeats behind a peer's latest record stopped running
+FIRST_BY_S = 0.5  # every process gone: a rank whose records end this long (2.5 of the agent's 0.2 s
+# flushes) before the others' died first
 
 
 def live(trace: Trace) -> bool:
@@ -56,6 +58,27 @@ def last_record(trace: Trace) -> pd.Series:
         return pd.Series(dtype="float64")
     s = pd.concat(parts, axis=1).max(axis=1)
     return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)]
+
+
+def gone(trace: Trace) -> set[int]:
+    """Ranks whose process the live watcher saw gone (exited, or a zombie) without their agent
+    closing the trace: killed or crashed. Checked before any silence: under load a killed rank's
+    missing records read as a lag or a divergence before its heartbeat is 3 beats late."""
+    return {r for r in trace.headers if process_state(trace, r) == "gone"} - closed(trace)
+
+
+def first_gone(trace: Trace) -> set[int]:
+    """Of ranks all quiet now (every process gone, none closed: the launcher ended the survivors),
+    those that died first: their records end >= 0.5 s before every other gone rank's (the
+    survivors wrote on, failing in or waiting at the collective the dead rank left), else none."""
+    dead = gone(trace)
+    last = last_record(trace)
+    last = last[last.index.map(lambda r: int(r) in dead)]
+    if len(last) < 2:
+        return set()
+    cut = float(last.min()) + FIRST_BY_S * NS
+    early = {int(r) for r, t in last.items() if t <= cut}
+    return early if len(early) < len(last) else set()
 
 
 def stopped_running(trace: Trace) -> dict[int, dict[str, Any]]:

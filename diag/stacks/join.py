@@ -15,22 +15,49 @@ class Progress:
     completed: int
     last_op: str | None
     last_step: int | None
+    last_group: str | None = None
+    pending: tuple[str, str | None, int | None] | None = None  # (op, group, step) issued, not completed
 
 
 def progress(trace_file: str) -> Progress:
     """Completed collectives in one rank's trace file (read with the tolerant trace reader). A record
     with a null duration was issued but never completed (written when the agent gave up waiting):
-    that is the collective a rank is stuck in, not one it finished."""
+    that is the collective a rank is stuck in, not one it finished (kept when it is the newest)."""
     from diag.trace.reader import read_file
 
     _, events, _ = read_file(trace_file)
-    comms = [e for e in events if e.get("k") == "comm" and e.get("dur") is not None]
+    mine = [e for e in events if e.get("k") == "comm"]
+    comms = [e for e in mine if e.get("dur") is not None]
     last = comms[-1] if comms else {}
-    return Progress(len(comms), last.get("op"), last.get("step"))
+    tail = mine[-1] if mine else {}
+    pending = (
+        (str(tail.get("op")), tail.get("group"), tail.get("step"))
+        if tail and tail.get("dur") is None
+        else None
+    )
+    return Progress(len(comms), last.get("op"), last.get("step"), last.get("group"), pending)
+
+
+def waits_in(st: RankStack, prog: Progress | None) -> str | None:
+    """The collective a rank waits in: the one on its stack, else the one its trace says it issued
+    and never completed (a collective issued from C++, DDP's reducer: no Python frame shows it)."""
+    return collective_of(st.frames) or (prog.pending[0] if prog is not None and prog.pending else None)
+
+
+def _where_in(prog: Progress | None) -> str:
+    """The waited-in collective's group and step (its pending record), or the last completed one's."""
+    if prog is None:
+        return ""
+    if prog.pending:
+        _, group, step = prog.pending
+        return "".join(f"{k} {v}, " for k, v in (("group", group), ("step", step)) if v is not None)
+    if prog.last_op and prog.last_group is not None:
+        return f"after {prog.last_op} in group {prog.last_group} at step {prog.last_step}, "
+    return ""
 
 
 def describe(st: RankStack, prog: Progress | None) -> str:
-    coll = collective_of(st.frames)
+    coll = waits_in(st, prog)
     where = user_frame(st.frames)
     done = (
         ""
@@ -42,13 +69,15 @@ def describe(st: RankStack, prog: Progress | None) -> str:
     )
     if coll:
         nth = f" (its collective #{prog.completed + 1} since diag started)" if prog is not None else ""
-        return f"{st.label}: waiting in {coll}{nth}{done}"
+        via = "" if collective_of(st.frames) else " (issued from C++, per its trace)"
+        return f"{st.label}: waiting in {coll}{via}{nth}{done}"
     return f"{st.label}: not in a collective, in {where.short() if where else '?'}{done}"
 
 
 def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
-    """Who is stuck in which collective, and who never arrived; None when nothing is wrong."""
-    inside = {st.pid: collective_of(st.frames) for st in stacks}
+    """Who is stuck in which collective (its group and step), and who never arrived; None when
+    nothing is wrong."""
+    inside = {st.pid: waits_in(st, progs.get(st.pid)) for st in stacks}
     waiting = [st for st in stacks if inside[st.pid]]
     absent = [st for st in stacks if not inside[st.pid]]
     if not waiting:
@@ -70,8 +99,9 @@ def verdict(stacks: list[RankStack], progs: dict[int, Progress]) -> str | None:
     stuck = ", ".join(st.label for st in waiting)
     never = "; ".join(f"{st.label} (in {_where(st)})" for st in absent)
     nth = ""
-    if waiting[0].pid in progs:
-        nth = f" (collective #{progs[waiting[0].pid].completed + 1} since diag started)"
+    first = progs.get(waiting[0].pid)
+    if first is not None:
+        nth = f" ({_where_in(first)}collective #{first.completed + 1} since diag started)"
     return f"{stuck} stuck in {ops[0]}{nth}; never arrived: {never}"
 
 

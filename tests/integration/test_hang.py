@@ -157,3 +157,41 @@ def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         job.wait()
+
+
+def test_stacks_names_a_collective_issued_from_cpp_with_its_group_and_step(tmp_path):
+    """Issue 17: plain DDP's bucket all-reduces come from its C++ reducer, so a rank waiting in one
+    shows `backward` on its stack, no collective. With rank 1 SIGSTOPped past the agent's 10 s
+    give-up, rank 0's trace holds the all-reduce it issued and never completed: `diag stacks` names
+    it, its group and step, and rank 1 as never arrived."""
+    trace = tmp_path / "trace"
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    args = ["--steps", "4000", "--hidden", "512", "--log-iterations", "--diag", "--trace-dir", str(trace)]
+    job = launch.popen("tests.workloads.ddp", [*args, "--out", str(tmp_path / "r.json")], env=env)
+    pids: dict[int | None, int] = {}
+    try:
+        assert job.stdout is not None
+        for line in job.stdout:  # a few iterations trained
+            if line.startswith("iteration 5"):
+                break
+        assert job.poll() is None, "the job ended before training"
+        pids = {rank: pid for pid, rank in ranks_under(job.pid)}
+        os.kill(pids[1], signal.SIGSTOP)
+        time.sleep(12)  # past the agent's 10 s wait: rank 0's pending all-reduce is written
+        res = subprocess.run(
+            [sys.executable, "-m", "diag", "stacks", str(job.pid), "--trace-dir", str(trace), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=90,
+            env=launch.job_env(env),
+        )
+        assert res.returncode == 0, res.stderr
+        found = json.loads(res.stdout)["verdict"] or ""
+        assert found.startswith("rank 0 stuck in all_reduce (group world"), found
+        assert ", step " in found and "never arrived: rank 1" in found, found
+    finally:
+        for pid in [job.pid, *pids.values()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        job.wait()

@@ -43,3 +43,30 @@ def test_a_hang_is_judged_by_the_live_verdict():
     assert wrong.false_alarms() == ["live straggler (critical, ranks [0])"] and not wrong.correct()
     assert "no verdict in 30 s" in render([Outcome(HANG, [], live=[]).row()])
     assert "hang_desync (4.0 s after the fault)" in render([Outcome(HANG, [], live=[good]).row()])
+
+
+def test_throttle_stops_a_process_part_of_the_time_and_leaves_it_running():
+    """The throttled-rank cell's duty cycle (40 ms stopped in every 100 ms), on a real busy process:
+    seen stopped (T) and running between the stops, and running on after stop() (never left stopped)."""
+    import subprocess
+    import sys
+    import time
+
+    from diag.inject.checks import status_fields
+    from tests.integration.faults import Throttle
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        throttle = Throttle(busy.pid)
+        states = set()
+        for _ in range(40):
+            states.add((status_fields(busy.pid) or {}).get("State", "?")[:1])
+            time.sleep(0.013)
+        throttle.stop()
+        assert "T" in states and states & {"R", "S"}
+        time.sleep(0.05)
+        assert (status_fields(busy.pid) or {}).get("State", "?")[:1] in ("R", "S")
+    finally:
+        busy.kill()
+        busy.wait()

@@ -113,6 +113,26 @@ def test_dead_rank_named_from_its_missing_process(tmp_path):
     assert fired(trace, "hang_desync") == []
 
 
+def test_killed_rank_is_a_crash_not_a_desync_when_every_process_is_gone(tmp_path):
+    """A live run: rank 1 killed (its last collectives never flushed: it looks behind in its group),
+    rank 0 waited in the next bucket's all-reduce (heartbeat at 2 s) until the launcher ended it, no close:
+    every process is gone. A crash of rank 1 (its records end first), no hang or desync."""
+    job = _hung_job()
+    job.comm(0, 6, at_ms=60, dur_ms=5, nbytes=1 << 10)  # the next bucket, another size
+    job.events[0][-1]["dur"] = None
+    _stuck(job, end_ms=2000, beats_to={0: 2000, 1: 0})
+    trace = job.write(str(tmp_path))
+    now = job.start(0, 0) + 2100 * MS
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "gone", "checked_ns": now}
+    assert fired(trace, "hang_desync") == []
+    (f,) = fired(trace, "job_crash")
+    assert f.ranks == [1] and f.evidence["how"] == {1: "gone"} and f.evidence["collective"] == "all_reduce"
+    # both ranks' records end within 0.5 s of each other: who died first is not known, nothing said
+    trace.frames["stats"] = trace.stats[trace.stats["rank"] == 1]
+    assert fired(trace, "job_crash") == [] and fired(trace, "hang_desync") == []
+
+
 def test_dead_rank_post_mortem_when_peers_waited_for_it(tmp_path):
     """Its peer's heartbeat went on 10 s (stuck in the collective), then closed: rank 1 died."""
     job = _hung_job()
@@ -132,3 +152,28 @@ def test_live_ranks_a_flush_apart_are_not_behind(tmp_path):
     for r in (0, 1):
         trace.headers[r]["process"] = {"pid": 1000 + r, "state": "R", "checked_ns": now}
     assert fired(trace, "hang_desync") == []
+
+
+def test_live_collectives_a_flush_apart_are_no_desync(tmp_path):
+    """A running ZeRO-2 job, rank 1 throttled (stopped 40 ms of every 100 ms): its newest collectives
+    are not written (issued) yet while rank 0's next ones, of another size, are; the ranks still
+    complete collectives: no desync. A real one, no collective completing while both ranks'
+    heartbeats go on for seconds, is still named."""
+    job = Job(steps=8, step_ms=100)
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=20, dur_ms=5))
+    for at in (40, 60):  # rank 0's next collectives: the reduce-scatter of another bucket
+        job.comm(0, 7, op="reduce_scatter", nbytes=1 << 12, at_ms=at, dur_ms=5)
+    _stuck(job, end_ms=800)
+    trace = job.write(str(tmp_path))
+    now = job.start(0, 7) + 70 * MS
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "R", "checked_ns": now}
+    assert fired(trace, "hang_desync") == []
+    # the same divergence with both ranks' heartbeats 4 s on (waiting in different collectives)
+    for r in (0, 1):
+        job.add(r, schema.STATS, ts=job.start(0, 7) + 4000 * MS, captured={}, dropped={}, errors={})
+    trace = job.write(str(tmp_path / "stuck"))
+    for r in (0, 1):
+        trace.headers[r]["process"] = {"pid": 1000 + r, "state": "S", "checked_ns": now + 4000 * MS}
+    (f,) = fired(trace, "hang_desync")
+    assert f.ranks == [0, 1] and f.evidence["diverged_groups"]

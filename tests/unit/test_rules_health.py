@@ -154,6 +154,34 @@ def test_idle_lead_in_before_first_forward(tmp_path):
     assert fired(fast.write(str(tmp_path / "fast")), "idle_between_steps") == []
 
 
+def test_idle_lead_in_on_one_sampled_step_is_not_an_input_stall(tmp_path):
+    """Layers sampled every 50 steps give one measured lead-in in a short job: a 15 ms descheduling
+    of that one step under load (a fault-matrix run) is no input pipeline; 3 steady such steps are."""
+
+    def layers(sampled: set[int]) -> Job:
+        job = Job(steps=8, gap_ms=0)
+        for r in range(job.ranks):
+            for s in range(job.steps):
+                lead = 25 if (r == 1 and s in sampled) else 1
+                if s in sampled:
+                    job.add(
+                        r,
+                        schema.LAYER,
+                        step=s,
+                        module="m",
+                        phase="fwd",
+                        ts=job.start(r, s) + int(lead * MS),
+                        dur=20 * MS,
+                        flops=0,
+                        mem_delta=None,
+                    )
+        return job
+
+    assert fired(layers({5}).write(str(tmp_path / "one")), "idle_between_steps") == []
+    (f,) = fired(layers({2, 3, 5, 7}).write(str(tmp_path / "three")), "idle_between_steps")
+    assert f.ranks == [1]
+
+
 def test_pipeline_bubble_above_schedule(tmp_path):
     job = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 8})
     job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=40 if r else 10, group_ranks=[0, 1]))

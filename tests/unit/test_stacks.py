@@ -63,6 +63,25 @@ def test_verdict_names_stuck_rank_collective_and_absent_rank():
     assert verdict(stacks(IN_LOADER, IN_LOADER), {}) is None
 
 
+def test_verdict_names_the_group_and_step_and_a_collective_issued_from_cpp():
+    """Issue 17: the hang verdict names the collective's group and step. DDP's reducer issues its
+    all-reduce from C++: rank 0's stack shows `backward`, no collective; its trace's pending record
+    (issued, never completed) says which one it waits in."""
+    in_backward = [("backward", "/venv/lib/python3.11/site-packages/torch/_tensor.py", 581), *IN_LOADER]
+    sts = stacks(in_backward, IN_LOADER)
+    stuck = Progress(120, "all_reduce", 56, "world:0", ("all_reduce", "world:0", 57))
+    behind = Progress(119, "all_reduce", 56, "world:0")
+    assert verdict(sts, {100: Progress(120, "all_reduce", 56, "world:0"), 101: behind}) is None
+    text = verdict(sts, {100: stuck, 101: behind})
+    assert text == (
+        "rank 0 stuck in all_reduce (group world:0, step 57, collective #121 since diag started); "
+        "never arrived: rank 1 (in next_batch (train.py:22))"
+    )
+    assert "waiting in all_reduce (issued from C++, per its trace)" in describe(sts[0], stuck)
+    on_stack = verdict(stacks(IN_ALL_REDUCE, IN_LOADER), {100: Progress(5, "all_reduce", 4, "tp:12")})
+    assert on_stack is not None and "(after all_reduce in group tp:12 at step 4, collective #6" in on_stack
+
+
 def test_verdict_reports_ranks_in_different_collectives():
     broadcast = [("broadcast", C10D, 2800), *IN_ALL_REDUCE[1:]]
     assert "different collectives" in (verdict(stacks(IN_ALL_REDUCE, broadcast), {}) or "")
@@ -81,7 +100,7 @@ def test_progress_counts_completed_collectives_in_a_trace(tmp_path):
         ]
     )
     w.close()
-    assert progress(w.path) == Progress(2, "all_reduce", 1)
+    assert progress(w.path) == Progress(2, "all_reduce", 1, pending=("all_gather", None, 2))
 
 
 def test_diag_frames_are_not_on_the_stacks():

@@ -148,6 +148,8 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
         iterations.append(int(engine.global_steps))  # DeepSpeed logs `step=N`, Megatron `iteration N`
         if engine.skipped_steps != skipped_before:
             skipped.append(int(engine.global_steps))
+        if args.log_iterations:
+            print(f"iteration {step}", flush=True)
         losses.append(loss.item())
         scales.append(loss_scale(engine) if dtype is torch.half else None)
         if args.step_sleep:
