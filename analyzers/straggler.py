@@ -22,11 +22,15 @@ SLOWER = 1.50  # the rank's median compute time vs the median of the other ranks
 MIN_STEP_SHARE = 0.25  # and the difference is at least this share of the step
 CONSISTENT = 0.60  # and it is the slowest rank in at least this share of steps
 WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
-MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
-# and the gap is this many times its noise (`step_noise`: robust sigmas of the step time and of the
-# per-step gap, the lesser): on a shared host, CPU contention made one rank of a ZeRO-2 control 1.5-1.9x
-# slower for a whole run (gap 2.0-2.7 sigma at load 13-16), where planted 80 ms stragglers stood at
-# 6-19 sigma of one or the other
+# steady, applied steps compared; fewer is no evidence of a persistent straggler. Not fewer: at load
+# 15-17 a healthy DDP control's rank 0 was 1.6-13x slower on each of its first 4 compared steps (its
+# peer waited 13-42 ms of 15-45 ms steps) before the gap fell to 4-7 ms; planted 80 ms stragglers were
+# named after the job's 5th-6th step with 3 compared, after its 7th-8th with 5
+MIN_STEPS = 5
+# and the gap is this many times its noise (`step_noise`: the robust sigma of the per-step gap): CPU
+# contention on the shared host made a ZeRO-2 control's rank 0 1.6x slower from mid-run (load 12, gap
+# 1.4 sigma of itself) and a DDP control's rank 0 slower on every step (load 17, 1.6 sigma); planted 80 ms
+# stragglers stood at 4.2-20 sigma of their gap
 NOISE_MARGIN = 3.0
 # with fewer steps (one profiled step), the arrival order at the collectives is the evidence:
 LAST_SHARE = 0.80  # one rank arrives last (the others wait for it) at this share of its collectives
@@ -99,19 +103,23 @@ def _sigma(x: pd.Series) -> float:
 
 
 def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
-    """The noise the compute gap must stand out of: the lesser of the step time's step-to-step noise
-    (each step's duration, the ranks' mean: collectives keep them in step) and, given the slow rank,
-    the noise of the per-step gap itself (its compute minus the others' median). Host contention
-    moves both by as much as the gap it makes; a straggler's fixed delay is steady in the gap even
-    when load spikes make the step times swing."""
-    noise = _sigma(df.groupby("step")["dur_s"].mean())
-    if slow is None:
-        return noise
-    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
-    if slow not in wide or wide.shape[1] < 2:
-        return noise
-    gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
-    return min(noise, _sigma(gap)) if len(gap) else noise
+    """The noise the compute gap must stand out of: the robust sigma of the per-step gap itself (the
+    slow rank's compute minus the others' median), given the slow rank; else of the step time.
+
+    Why the gap's own noise, not the step time's: a rank that is itself slow (a slow device, extra
+    work, a fixed delay) carries its excess on every step, so the gap is steady even when load makes
+    every step swing. A rank slowed by a shared, overloaded host carries an excess that depends on
+    whom the scheduler favours from step to step: the gap appears mid-run, grows and shrinks, and it
+    is the peer's work that changes (measured on a ZeRO-2 control at load 12: rank 1's compute fell
+    from 110 to 65 ms at step 8 while rank 0's stayed at 120 ms; gap 1.4 sigma of itself, 3.6 of the
+    step time; planted 80 ms stragglers 5.3-7.2 sigma of their gap)."""
+    if slow is not None:
+        wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+        if slow in wide and wide.shape[1] >= 2:
+            gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
+            if len(gap):
+                return _sigma(gap)
+    return _sigma(df.groupby("step")["dur_s"].mean())
 
 
 def _last_arrival(metrics: Metrics) -> dict[int, float]:
@@ -214,8 +222,16 @@ def _fix(host: str) -> Fix:
 
 
 def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Few steps (a single profiled step): a rank the others wait for at most collectives."""
-    arr = arrivals(metrics.comms)
+    """A single profiled step: a rank the others wait for at most collectives. Only then: over 2-4
+    steps of a job diag follows from its start, the first steps are warm-up whose set-up work lands on
+    one rank (a TP=2 job's rank 0 kept its peer waiting 256 ms in steps 0-1, then the planted 80 ms
+    straggler on rank 1 took over), and arrival counts are not the wait (rank 0 arrived last at 69% of
+    step 2's all-reduces, its peer waited 7 ms; rank 1 at 31%, 86 ms)."""
+    c = metrics.comms
+    first = c.groupby("rank")["step"].transform("min") if not c.empty else None
+    if first is not None and c["step"].nunique() > 1:  # a warm-up step before the one recorded
+        c = c[c["step"] > first]
+    arr = arrivals(c)
     arr = arr[arr["collectives"] >= MIN_ARRIVALS]
     late = arr[arr["last_share"] >= LAST_SHARE]
     if arr["rank"].nunique() < 2 or len(late) != 1:
@@ -337,23 +353,25 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     blocking ones, and the wait at the step's last async one, e.g. DDP's bucket all-reduces that the
     C++ Reducer waits for; the others wait for it inside collectives, so step times alone look
     equal) is >= 1.5x the other ranks' median, the gap is >= 25% of the step and >= 3x its noise (the
-    lesser robust sigma of the step durations and of the per-step gap: host contention makes a rank
-    slower for a whole short run, but not by a fixed delay that stands out of both), it is the slowest in >=
-    60% of steps, and the other ranks wait in collectives (duration beyond the op's transfer time) for
-    >= 50% of the gap. Steps skipped for an fp16 overflow are left out (their work differs between
-    ranks by design); at least 5 steady applied steps are needed. Fix: check that host (thermal
-    throttling, other processes, a slow disk or data shard), move the job off it, balance the data.
-    With fewer than 5 steps (one profiled step), the arrival order instead: one rank arrives last
-    (shortest duration) at >= 80% of >= 20 collectives matched across the ranks, and the others wait
-    for it >= 25% of the step. GPU traces where neither fires: one rank's compute kernels take >= 1.2x
-    the others' median on the same kernels (names and count) over >= 3 steady steps, it is the
-    slowest on >= 60% of them, its per-step excess >= 3x that excess's noise, and the others waited
-    for it on some step.
+    robust sigma of the per-step gap: a rank itself slow carries a steady excess, one slowed by a
+    shared overloaded host an excess that comes and goes with the scheduler, `step_noise`), it is the
+    slowest in >= 60% of steps, and the other ranks wait in collectives (duration beyond the op's
+    transfer time) for >= 50% of the gap. Steps skipped for an fp16 overflow are left out (their work
+    differs between ranks by design); at least 5 steady applied steps are compared. Fix: check that
+    host (thermal throttling, other processes, a slow disk or data shard), move the job off it, balance
+    the data.
+    With one step (one profiled step), the arrival order instead: one rank arrives last (shortest
+    duration) at >= 80% of >= 20 collectives matched across the ranks, and the others wait for it
+    >= 25% of the step. GPU traces where neither fires: one rank's compute kernels take >= 1.2x the
+    others' median on the same kernels (names and count) over >= 3 steady steps, it is the slowest
+    on >= 60% of them, its per-step excess >= 3x that excess's noise, and the others waited for it
+    on some step.
     Priced as a what-if replay (`what_if`): per step, the others' wait for it, at most its excess,
     summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step."""
     df = compute_per_step(metrics)
     if metrics.steps.empty or metrics.steps["step"].nunique() < MIN_STEPS:
-        return _by_arrival(trace, metrics) or _by_kernels(trace, metrics)
+        one = metrics.steps.empty or metrics.steps["step"].nunique() <= 1
+        return (_by_arrival(trace, metrics) if one else []) or _by_kernels(trace, metrics)
     if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
         return _by_kernels(trace, metrics)
     med = df.groupby("rank")["compute_s"].median()
