@@ -8,7 +8,7 @@ import pandas as pd
 from diag.analyzers import evidence
 from diag.analyzers.base import rule
 
-from diag.findings import Finding, Fix
+from diag.findings import Cost, Finding, Fix
 from diag.metrics.comms import transfer_dur
 from diag.metrics.steps import NS
 
@@ -22,15 +22,25 @@ SLOWER = 1.50  # the rank's median compute time vs the median of the other ranks
 MIN_STEP_SHARE = 0.25  # and the difference is at least this share of the step
 CONSISTENT = 0.60  # and it is the slowest rank in at least this share of steps
 WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
-MIN_STEPS = 5  # steady, applied steps compared; fewer is no evidence of a persistent straggler
-# and the gap is this many times its noise (`step_noise`: robust sigmas of the step time and of the
-# per-step gap, the lesser): on a shared host, CPU contention made one rank of a ZeRO-2 control 1.5-1.9x
-# slower for a whole run (gap 2.0-2.7 sigma at load 13-16), where planted 80 ms stragglers stood at
-# 6-19 sigma of one or the other
+# steady, applied steps compared; fewer is no evidence of a persistent straggler. Not fewer: at load
+# 15-17 a healthy DDP control's rank 0 was 1.6-13x slower on each of its first 4 compared steps (its
+# peer waited 13-42 ms of 15-45 ms steps) before the gap fell to 4-7 ms; planted 80 ms stragglers were
+# named after the job's 5th-6th step with 3 compared, after its 7th-8th with 5
+MIN_STEPS = 5
+# and the gap is this many times its noise (`step_noise`: the robust sigma of the per-step gap): CPU
+# contention on the shared host made a ZeRO-2 control's rank 0 1.6x slower from mid-run (load 12, gap
+# 1.4 sigma of itself) and a DDP control's rank 0 slower on every step (load 17, 1.6 sigma); planted 80 ms
+# stragglers stood at 4.2-20 sigma of their gap
 NOISE_MARGIN = 3.0
 # with fewer steps (one profiled step), the arrival order at the collectives is the evidence:
 LAST_SHARE = 0.80  # one rank arrives last (the others wait for it) at this share of its collectives
 MIN_ARRIVALS = 20  # of at least this many collectives matched across the ranks
+# GPU (Kineto) traces: the compute kernels' time per step is the rank's own work, whatever it waits
+# for on the host or in collectives. Ranks that run the same compute kernels on a step (same names,
+# same count: data parallelism) differ there only by their inputs or their device; GPUs of one model
+# running identical kernels differ by a few percent
+KERNEL_SLOWER = 1.20  # the rank's median compute-kernel time per step vs the other ranks' median
+MIN_KERNEL_STEPS = 3  # compared steps (with their same kernels on every rank) at least
 
 
 def async_tail_wait(c: pd.DataFrame) -> pd.Series:
@@ -93,19 +103,23 @@ def _sigma(x: pd.Series) -> float:
 
 
 def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
-    """The noise the compute gap must stand out of: the lesser of the step time's step-to-step noise
-    (each step's duration, the ranks' mean: collectives keep them in step) and, given the slow rank,
-    the noise of the per-step gap itself (its compute minus the others' median). Host contention
-    moves both by as much as the gap it makes; a straggler's fixed delay is steady in the gap even
-    when load spikes make the step times swing."""
-    noise = _sigma(df.groupby("step")["dur_s"].mean())
-    if slow is None:
-        return noise
-    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
-    if slow not in wide or wide.shape[1] < 2:
-        return noise
-    gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
-    return min(noise, _sigma(gap)) if len(gap) else noise
+    """The noise the compute gap must stand out of: the robust sigma of the per-step gap itself (the
+    slow rank's compute minus the others' median), given the slow rank; else of the step time.
+
+    Why the gap's own noise, not the step time's: a rank that is itself slow (a slow device, extra
+    work, a fixed delay) carries its excess on every step, so the gap is steady even when load makes
+    every step swing. A rank slowed by a shared, overloaded host carries an excess that depends on
+    whom the scheduler favours from step to step: the gap appears mid-run, grows and shrinks, and it
+    is the peer's work that changes (measured on a ZeRO-2 control at load 12: rank 1's compute fell
+    from 110 to 65 ms at step 8 while rank 0's stayed at 120 ms; gap 1.4 sigma of itself, 3.6 of the
+    step time; planted 80 ms stragglers 5.3-7.2 sigma of their gap)."""
+    if slow is not None:
+        wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+        if slow in wide and wide.shape[1] >= 2:
+            gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
+            if len(gap):
+                return _sigma(gap)
+    return _sigma(df.groupby("step")["dur_s"].mean())
 
 
 def _last_arrival(metrics: Metrics) -> dict[int, float]:
@@ -151,9 +165,73 @@ def arrivals(c: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def what_if(wait: pd.DataFrame, gap: pd.Series, slow: int) -> pd.Series:
+    """Seconds each step would have been shorter had `slow` kept pace with its peers (the what-if
+    replay of ByteDance's straggler study, from the trace alone): its own work the others' median
+    (`gap`: its excess per step) would have spared them their wait for it, and the step ends when the
+    last rank leaves the collective. So the step loses the others' wait (their median `wait_s`:
+    duration in collectives beyond the transfer) but never more than the slow rank's excess: waits
+    beyond it are other causes (noise, another late rank), and excess nobody waited for (the others
+    were busy too) cost nothing. Steps where `slow` was no slower lose 0."""
+    others = wait[wait["rank"] != slow].groupby("step")["wait_s"].median()
+    lost = pd.concat([gap.clip(lower=0), others], axis=1, join="inner").min(axis=1)
+    return lost.clip(lower=0)
+
+
+def _cost(lost: pd.Series, step_s: pd.Series) -> Cost:
+    """The time lost over the compared steps, of their total duration (the ranks' mean per step)."""
+    at = step_s.reindex(lost.index).dropna()
+    return Cost(float(lost.sum()), float(at.sum()), f"over {len(at)} steps")
+
+
+def _priced(
+    trace: Trace, slow: int, lost: pd.Series, step_s: pd.Series, title: str, said: str, ev: dict, steps: list
+) -> Finding:
+    """The finding, priced by the what-if (`lost` per step, of the steps' time `step_s`): its
+    severity from that share, the time lost stated in the detail and the evidence."""
+    cost = _cost(lost, step_s)
+    hit = lost[lost > 0]
+    host = trace.headers.get(slow, {}).get("host", "?")
+    return Finding(
+        severity=cost.severity,
+        title=title,
+        detail=(
+            f"rank {slow} (host {host}) {said} Had it kept pace with its peers, {len(hit)} step(s) would be "
+            f"shorter: it {cost.text}."
+        ),
+        evidence={
+            **ev,
+            "host": host,
+            **cost.evidence(),
+            "affected_steps": [int(s) for s in hit.index][:20],
+            "lost_per_step_s": {int(s): float(v) for s, v in lost.items()},
+        },
+        ranks=[slow],
+        steps=[int(s) for s in steps][:20],
+        recoverable_s=float(lost.mean()) if not lost.empty else None,
+        fixes=[_fix(host)],
+    )
+
+
+def _fix(host: str) -> Fix:
+    return Fix(
+        f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
+        "exclude it or rebalance",
+        env={"NCCL_DEBUG": "INFO"},
+    )
+
+
 def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Few steps (a single profiled step): a rank the others wait for at most collectives."""
-    arr = arrivals(metrics.comms)
+    """A single profiled step: a rank the others wait for at most collectives. Only then: over 2-4
+    steps of a job diag follows from its start, the first steps are warm-up whose set-up work lands on
+    one rank (a TP=2 job's rank 0 kept its peer waiting 256 ms in steps 0-1, then the planted 80 ms
+    straggler on rank 1 took over), and arrival counts are not the wait (rank 0 arrived last at 69% of
+    step 2's all-reduces, its peer waited 7 ms; rank 1 at 31%, 86 ms)."""
+    c = metrics.comms
+    first = c.groupby("rank")["step"].transform("min") if not c.empty else None
+    if first is not None and c["step"].nunique() > 1:  # a warm-up step before the one recorded
+        c = c[c["step"] > first]
+    arr = arrivals(c)
     arr = arr[arr["collectives"] >= MIN_ARRIVALS]
     late = arr[arr["last_share"] >= LAST_SHARE]
     if arr["rank"].nunique() < 2 or len(late) != 1:
@@ -166,16 +244,18 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
     if step_s <= 0 or waited < MIN_STEP_SHARE * step_s:
         return []
     host = trace.headers.get(slow, {}).get("host", "?")
+    # every wait the others had at the collectives it arrived last at is time the step lost
+    cost = Cost(waited * nsteps, step_s * nsteps, f"over {nsteps} step(s)")
     return [
         Finding(
-            severity="warning",
+            severity=cost.severity,
             title=f"rank {slow} is a straggler: the others wait for it at {row['last_share']:.0%} of "
             "collectives",
             detail=(
                 f"rank {slow} (host {host}) arrived last at {row['last_share']:.0%} of "
                 f"{int(row['collectives'])} collectives; the other ranks waited {waited * 1e3:.1f} ms for it "
-                f"per step ({waited / step_s:.0%} of the step). Judged from arrival order: too few steps "
-                "to compare each rank's own work."
+                f"per step ({waited / step_s:.0%} of the step): had it kept pace, it {cost.text}. Judged "
+                "from arrival order: too few steps to compare each rank's own work."
             ),
             evidence={
                 "last_share": float(row["last_share"]),
@@ -185,16 +265,77 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "steps": nsteps,
                 "host": host,
                 "last_arrival_frac": evidence.by_rank(arr.set_index("rank")["last_share"]),
+                **cost.evidence(),
             },
             ranks=[slow],
             recoverable_s=waited,
-            fixes=[
-                Fix(
-                    f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
-                    "exclude it or rebalance",
-                    env={"NCCL_DEBUG": "INFO"},
-                )
-            ],
+            fixes=[_fix(host)],
+        )
+    ]
+
+
+def kernel_compute(metrics: Metrics) -> pd.DataFrame:
+    """GPU traces: seconds of compute kernels per (step, rank), over the steady steps on which every
+    rank ran the same compute kernels (names and count): equal work, so a longer time is the rank's
+    inputs or device, not its role (a pipeline stage, rank 0's extra kernels)."""
+    k = metrics.trace.frame("kernel")
+    if k.empty or "kind" not in k:
+        return pd.DataFrame()
+    k = k[(k["kind"].astype(str) == "compute") & k["step"].notna()]
+    steady = metrics.steady_steps
+    if not steady.empty:
+        k = k[
+            pd.Series(list(zip(k["rank"], k["step"])), index=k.index).isin(
+                set(zip(steady["rank"], steady["step"]))
+            )
+        ]
+    if k.empty or k["rank"].nunique() < 2:
+        return pd.DataFrame()
+    kinds = k.groupby(["step", "rank"], observed=True)["name"].agg(lambda s: tuple(sorted(s.astype(str))))
+    same = kinds.groupby(level="step").agg(lambda s: s.nunique() == 1 and len(s) == k["rank"].nunique())
+    t = k.groupby(["step", "rank"], observed=True)["dur"].sum().unstack("rank") / NS
+    return t.loc[same[same].index].dropna()
+
+
+def _by_kernels(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """GPU traces where waits hide the gap (many small collectives, host noise of a few ms): a rank
+    whose compute kernels take >= 1.2x the others' on the same kernels, on most steps, by a fixed
+    excess well out of its noise, which its peers waited for on some step."""
+    t = kernel_compute(metrics)
+    if t.shape[0] < MIN_KERNEL_STEPS or t.shape[1] < 2:
+        return []
+    med = t.median()
+    slow = int(med.idxmax())
+    others = float(med.drop(slow).median())
+    gap = t[slow] - t.drop(columns=slow).median(axis=1)
+    consistent = float((t.idxmax(axis=1) == slow).mean())
+    if others <= 0 or med[slow] < KERNEL_SLOWER * others or consistent < CONSISTENT:
+        return []
+    if float(gap.median()) < NOISE_MARGIN * _sigma(gap):
+        return []
+    df = compute_per_step(metrics)
+    lost = what_if(df, gap, slow) if not df.empty else pd.Series(dtype=float)
+    if lost.empty or lost.sum() <= 0:  # nobody waited for it: its excess cost nothing
+        return []
+    return [
+        _priced(
+            trace,
+            slow,
+            lost,
+            metrics.steady_steps.groupby("step")["dur_s"].mean(),
+            f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' GPU compute time",
+            f"spends {med[slow] * 1e3:.2f} ms a step in compute kernels against {others * 1e3:.2f} ms on "
+            f"the other ranks, running the same kernels ({t.shape[0]} steps compared; the slowest on "
+            f"{consistent:.0%}).",
+            {
+                "kernel_compute_s": evidence.by_rank(med),
+                "ratio": float(med[slow] / others),
+                "gap_s": float(gap.median()),
+                "gap_noise_s": _sigma(gap),
+                "slowest_share": consistent,
+                "steps_compared": int(t.shape[0]),
+            },
+            list(t.index[t.idxmax(axis=1) == slow]),
         )
     ]
 
@@ -212,20 +353,27 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     blocking ones, and the wait at the step's last async one, e.g. DDP's bucket all-reduces that the
     C++ Reducer waits for; the others wait for it inside collectives, so step times alone look
     equal) is >= 1.5x the other ranks' median, the gap is >= 25% of the step and >= 3x its noise (the
-    lesser robust sigma of the step durations and of the per-step gap: host contention makes a rank
-    slower for a whole short run, but not by a fixed delay that stands out of both), it is the slowest in >=
-    60% of steps, and the other ranks wait in collectives (duration beyond the op's transfer time) for
-    >= 50% of the gap. Steps skipped for an fp16 overflow are left out (their work differs between
-    ranks by design); at least 5 steady applied steps are needed. Fix: check that host (thermal
-    throttling, other processes, a slow disk or data shard), move the job off it, balance the data.
-    recoverable_s: the compute gap per step. With fewer than 5 steps (one profiled step), the arrival
-    order instead: one rank arrives last (shortest duration) at >= 80% of >= 20 collectives matched
-    across the ranks, and the others wait for it >= 25% of the step."""
+    robust sigma of the per-step gap: a rank itself slow carries a steady excess, one slowed by a
+    shared overloaded host an excess that comes and goes with the scheduler, `step_noise`), it is the
+    slowest in >= 60% of steps, and the other ranks wait in collectives (duration beyond the op's
+    transfer time) for >= 50% of the gap. Steps skipped for an fp16 overflow are left out (their work
+    differs between ranks by design); at least 5 steady applied steps are compared. Fix: check that
+    host (thermal throttling, other processes, a slow disk or data shard), move the job off it, balance
+    the data.
+    With one step (one profiled step), the arrival order instead: one rank arrives last (shortest
+    duration) at >= 80% of >= 20 collectives matched across the ranks, and the others wait for it
+    >= 25% of the step. GPU traces where neither fires: one rank's compute kernels take >= 1.2x the
+    others' median on the same kernels (names and count) over >= 3 steady steps, it is the slowest
+    on >= 60% of them, its per-step excess >= 3x that excess's noise, and the others waited for it
+    on some step.
+    Priced as a what-if replay (`what_if`): per step, the others' wait for it, at most its excess,
+    summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step."""
     df = compute_per_step(metrics)
     if metrics.steps.empty or metrics.steps["step"].nunique() < MIN_STEPS:
-        return _by_arrival(trace, metrics)
+        one = metrics.steps.empty or metrics.steps["step"].nunique() <= 1
+        return (_by_arrival(trace, metrics) if one else []) or _by_kernels(trace, metrics)
     if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
-        return []
+        return _by_kernels(trace, metrics)
     med = df.groupby("rank")["compute_s"].median()
     slow = int(med.idxmax())
     others = float(med.drop(slow).median())
@@ -242,36 +390,27 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
         or consistent < CONSISTENT
         or waited < WAITED * gap
     ):
-        return []
-    host = trace.headers.get(slow, {}).get("host", "?")
+        return _by_kernels(trace, metrics)
+    lost = what_if(df, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
     return [
-        Finding(
-            severity="warning",
-            title=f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
-            detail=(
-                f"rank {slow} (host {host}) needs {med[slow] * 1e3:.1f} ms of its own work per step "
-                f"against {others * 1e3:.1f} ms elsewhere; the other ranks wait for it in collectives."
-            ),
-            evidence={
+        _priced(
+            trace,
+            slow,
+            lost,
+            df.groupby("step")["dur_s"].mean(),
+            f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
+            f"needs {med[slow] * 1e3:.1f} ms of its own work per step against {others * 1e3:.1f} ms "
+            "elsewhere; the other ranks wait for it in collectives.",
+            {
                 "compute_s": evidence.by_rank(med),
                 "ratio": float(med[slow] / others),
                 "gap_s": gap,
                 "step_s": step_s,
                 "slowest_share": consistent,
-                "host": host,
                 "others_wait_s": waited,
                 "step_noise_s": noise,
                 "last_arrival_frac": _last_arrival(metrics),
             },
-            ranks=[slow],
-            steps=[int(s) for s in wide.index[wide.idxmax(axis=1) == slow]][:20],
-            recoverable_s=gap,
-            fixes=[
-                Fix(
-                    f"inspect host {host}: other processes, CPU/GPU throttling, a slow data shard; "
-                    "exclude it or rebalance",
-                    env={"NCCL_DEBUG": "INFO"},
-                )
-            ],
+            list(wide.index[wide.idxmax(axis=1) == slow]),
         )
     ]

@@ -82,8 +82,9 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     take >= 25% of the median step and their median busbw is < 25% of the nominal inter-node link
     (25 GB/s on GPU jobs, 1.25 GB/s on CPU/gloo). Fix: ZeRO++ hpZ + quantized weights/gradients,
     larger stage3_prefetch_bucket_size, ZeRO-2, NCCL_ALGO=Ring. recoverable_s: the time the same bytes
-    would save at the nominal link bandwidth. Severity: the cross-node share of the step (its >= 25%
-    premise makes it critical)."""
+    would save at the nominal link bandwidth; `what_if_lost_s` that summed over the steps (each step's
+    cross-node time beyond it). Severity: the cross-node share of the step (its >= 25% premise makes
+    it critical)."""
     if config.zero_stage(trace) != 3:
         return []
     c = metrics.comms
@@ -104,9 +105,14 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     nsteps = max(per["step"].nunique(), 1)
     nranks = max(rows["rank"].nunique(), 1)
-    ideal_s = float(rows["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
+    # the bytes of the compared (steady) steps, not the warm-up step's too
+    steady = rows[rows["step"].isin(per["step"])]
+    ideal_s = float(steady["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
     per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
     cost = Cost(cross_s, step_s)
+    # the what-if: each step had the same bytes moved at the nominal link, summed over the steps (at
+    # most: compute may overlap part of the gathers)
+    lost = (per.groupby("step")["comm_s"].median() - ideal_s).clip(lower=0)  # the ranks' median per step
     return [
         Finding(
             severity=cost.severity,
@@ -114,7 +120,9 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
             detail=(
                 f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts run at a "
                 f"median bus bandwidth of {busbw:.3g} GB/s against a nominal {link:g} GB/s link: this "
-                f"{cost.text}."
+                f"{cost.text}. Had the link run at {link:g} GB/s, the same bytes would take "
+                f"{ideal_s * 1e3:.1f} ms a step: the {len(lost)} steps would be up to "
+                f"{float(lost.sum()) * 1e3:.1f} ms shorter in all."
             ),
             evidence={
                 **cost.evidence(),
@@ -127,6 +135,9 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "ops": len(rows),
                 "bytes_per_step_per_rank": float(rows["bytes"].sum()) / nsteps / nranks,
                 "hosts": sorted(set(host_of.values())),
+                "ideal_step_comm_s": ideal_s,
+                "what_if_lost_s": float(lost.sum()),
+                "what_if_steps": len(lost),
             },
             ranks=sorted(int(r) for r in rows["rank"].unique()),
             layers=sorted({str(m) for m in rows["module"].dropna()})[:10],

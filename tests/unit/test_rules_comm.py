@@ -97,6 +97,10 @@ def test_zero3_slow_link_fires_across_hosts(tmp_path):
     assert g.fixes[0].ds_config["zero_optimization"]["zero_hpz_partition_size"] == 2
     assert f.fixes[1].ds_config["zero_optimization"]["stage3_prefetch_bucket_size"] == int(2e8)  # 4x 5e7
     assert 0 < f.recoverable_s < f.evidence["cross_node_comm_s"]
+    # what-if: 4 x 8 MiB a step at the nominal 1.25 GB/s take 26.8 ms against 45 ms, on 7 steps
+    assert f.evidence["ideal_step_comm_s"] == pytest.approx(4 * (8 << 20) / 1.25e9, rel=1e-6)
+    assert f.evidence["what_if_lost_s"] == pytest.approx(7 * (0.045 - 4 * (8 << 20) / 1.25e9), rel=1e-3)
+    assert "the 7 steps would be up to 127.1 ms shorter in all" in f.detail
 
 
 @pytest.mark.parametrize("hosts,dur_ms", [(["a", "a"], 15), (["a", "b"], 5)])
