@@ -338,6 +338,16 @@ def test_nccl_watchdog_timeouts_name_the_desynced_rank():
     assert "exit code -6 (SIGABRT)" in p.message
 
 
+def test_mpi_launch_world_size_and_a_rich_boxed_traceback():
+    """An mpiexec launch (no DeepSpeed launcher: each rank prints `Discovered MPI settings ... world_size=4`)
+    that dies in a `rich` boxed traceback before step 1, as ALCF's Megatron-DeepSpeed runs print."""
+    res = _load("ds_mpi_rich_traceback.log")
+    assert res.ranks == [0, 1, 2, 3] and _layout(res)["world_size"] == 4
+    p = _failure(res)
+    assert p.line == 17 and p.message.startswith("job failed before step 1: TypeError")
+    assert "WarmupLR.step() got an unexpected keyword argument 'increment'" in p.message
+
+
 def test_a_traceback_the_job_survived_is_not_a_crash():
     res = _load("caught_exception_then_trains.log")
     assert not res.problems and list(_steps(res).index) == [10, 20, 30]

@@ -11,7 +11,9 @@ overflows, the engine's config dump, the launcher's world layout and `see_memory
   `[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: ...`
 - config dump `  world_size ......... 2`, `train_micro_batch_size_per_gpu  4`, `zero_optimization_stage 1`,
   `fp16_enabled True` / `float16_config  enabled=True ...`, `bfloat16_enabled` / `bfloat16_config`
-- launcher `dist_world_size=16`, `global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1]})`
+- launcher `dist_world_size=16`, `global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1]})`;
+  an MPI launch (mpiexec, no DeepSpeed launcher): `Discovered MPI settings of world_rank=3, local_rank=3,
+  world_size=24, master_addr=..., master_port=29500` from each rank
 - `MA 1.2 GB         Max_MA 2.3 GB         CA 3.4 GB         Max_CA 3 GB`
 """
 
@@ -56,6 +58,7 @@ _CONFIG = re.compile(
     r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$"
 )
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
+_MPI = re.compile(r"Discovered MPI settings of world_rank=(\d+),.*?\bworld_size=(\d+)")
 _GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
 _JSON_BODY = re.compile(r'^\s+"|^\s*[}\]]')  # a line of DeepSpeed's indented JSON dump
@@ -139,6 +142,11 @@ class DeepSpeedReader:
             elif m := _CONFIG.match(body):
                 self._config(ln, m.group(1), m.group(2))
                 return True
+        if "Discovered MPI settings" in t and (m := _MPI.search(t)):
+            if ln.rank < 0:
+                ln.rank = int(m.group(1))
+            self.rec.set_layout(world_size=int(m.group(2)) or None)
+            return True
         if "dist_world_size=" in t:
             self.rec.set_layout(world_size=_int(t.split("dist_world_size=", 1)[1].split()[0]) or None)
             return True
