@@ -236,6 +236,15 @@ def test_megatron_lm_interval_counts_and_memory():
     assert mem["allocated"] == pytest.approx(9554.87939453125 * MiB)
 
 
+def test_figures_printed_with_their_running_mean():
+    """`elapsed time per iteration (ms): 4480.6/6816.5`: this interval's figure, then the mean so far."""
+    st = _steps(_load("megatron_primus_running_means.log"))
+    assert list(st["iter_ms"]) == [9152.4, 4480.6, 4471.2]
+    assert list(st["tflops"]) == [301.7, 616.3, 617.6]
+    assert list(st["tokens_per_sec_per_gpu"]) == [7161.1, 14627.9, 14658.6]
+    assert list(st["loss"]) == [11.88201, 11.60393, 11.2137] and st.loc[3, "grad_norm"] == 12.431
+
+
 def test_nemo_progress_bar():
     res = _load("nemo_llama_sft.log")
     st = _steps(res)
