@@ -293,6 +293,19 @@ def test_hf_bar_without_dicts_gives_steps(tmp_path):
     assert list(st.index) == [1, 2, 4] and list(st["iter_ms"]) == [225280.0, 220730.0, 219640.0]
 
 
+def test_hf_step_logs_with_the_runtime_so_far():
+    """`include_num_input_tokens_seen` puts `train_runtime` (seconds so far) in every step's dict: each
+    is a step (not the run summary), its time the runtime between two logs, not tqdm's moving average
+    (13.22 s/it at step 2 still carries step 1's 27 s start-up)."""
+    res = _load("hf_tokens_seen_runtime.log")
+    st = _steps(res)
+    assert list(st["loss"]) == [2.5586, 2.8427, 2.6978, 2.7241, 2.5838, 2.5221]
+    assert st.loc[1, "iter_ms"] == 27200.0  # no log before it: the bar's rate
+    assert [round(x) for x in st["iter_ms"][1:]] == [3530, 3550, 3540, 4200, 3530]
+    run = res.frames["log_run"].set_index("key")["value"]
+    assert run["train_runtime"] == 49.4295 and run["train_loss"] == 2.6549
+
+
 def test_hf_rate_in_iterations_per_second(tmp_path):
     path = tmp_path / "x.log"
     path.write_text(
