@@ -152,6 +152,16 @@ def test_skipped_counter_adds_the_overflows_no_line_printed(tmp_path):
     assert list(ov["step"]) == [*range(1, 11), 11, 12] and set(ov["source"]) == {"log_counter"}
 
 
+def test_two_engines_in_one_process_count_the_first_engines_skips():
+    """DeepSpeed-Chat's RLHF step trains an actor and a critic engine: each prints `step=N, skipped=K`
+    (actor 4, critic 3 at step 10): the counters are not one job's, and the first engine's count holds."""
+    res = _load("ds_chat_actor_critic.log")
+    st = _steps(res)
+    assert list(st.index) == [10, 20] and list(st["skipped_total"]) == [4, 4]
+    assert list(st["lr"]) == [5.79e-07, 5.79e-07]  # the actor's, not the critic's 3.5e-07
+    assert list(res.frames["overflow"]["step"]) == [1, 2, 3, 4]  # not a fifth at 11 from the critic's 3
+
+
 def test_pipeline_engine_lines():
     res = _load("ds_pipeline.log")
     st = _steps(res)

@@ -79,6 +79,8 @@ class DeepSpeedReader:
         self.rec = rec
         self.in_config = False
         self.counter: tuple[int, int] | None = None  # last (step, cumulative skipped)
+        self.printed: int | None = None  # the step the last `step=` line named, and which engine printed it
+        self.engine = 0
         self.grad_iter: int | None = None  # fp16 optimizers' own `Grad overflow on iteration N`
         self.json: list[str] | None = None  # the user config's lines after `json = {`, until it parses
 
@@ -120,6 +122,13 @@ class DeepSpeedReader:
         return self._layout(ln, t)
 
     def _step(self, ln: Line, step: int, skipped: int, lr: str | None) -> bool:
+        # several engines in one process (DeepSpeed-Chat's RLHF: actor and critic) print `step=N` one
+        # after the other, each its own counter: the k-th line with the same N is engine k's; the first
+        # engine's count the job's (summing them would count one training step twice)
+        self.engine = self.engine + 1 if self.printed == step else 0
+        self.printed = step
+        if self.engine:
+            return True
         if self.counter is not None and step > self.counter[0] and skipped >= self.counter[1]:
             self.rec.skip_counts.append((self.counter[0] + 1, step, skipped - self.counter[1]))
         elif self.counter is None and step > 0 and skipped:
