@@ -152,6 +152,16 @@ def test_skipped_counter_adds_the_overflows_no_line_printed(tmp_path):
     assert list(ov["step"]) == [*range(1, 11), 11, 12] and set(ov["source"]) == {"log_counter"}
 
 
+def test_two_engines_in_one_process_count_the_first_engines_skips():
+    """DeepSpeed-Chat's RLHF step trains an actor and a critic engine: each prints `step=N, skipped=K`
+    (actor 4, critic 3 at step 10): the counters are not one job's, and the first engine's count holds."""
+    res = _load("ds_chat_actor_critic.log")
+    st = _steps(res)
+    assert list(st.index) == [10, 20] and list(st["skipped_total"]) == [4, 4]
+    assert list(st["lr"]) == [5.79e-07, 5.79e-07]  # the actor's, not the critic's 3.5e-07
+    assert list(res.frames["overflow"]["step"]) == [1, 2, 3, 4]  # not a fifth at 11 from the critic's 3
+
+
 def test_pipeline_engine_lines():
     res = _load("ds_pipeline.log")
     st = _steps(res)
@@ -236,6 +246,15 @@ def test_megatron_lm_interval_counts_and_memory():
     assert mem["allocated"] == pytest.approx(9554.87939453125 * MiB)
 
 
+def test_figures_printed_with_their_running_mean():
+    """`elapsed time per iteration (ms): 4480.6/6816.5`: this interval's figure, then the mean so far."""
+    st = _steps(_load("megatron_primus_running_means.log"))
+    assert list(st["iter_ms"]) == [9152.4, 4480.6, 4471.2]
+    assert list(st["tflops"]) == [301.7, 616.3, 617.6]
+    assert list(st["tokens_per_sec_per_gpu"]) == [7161.1, 14627.9, 14658.6]
+    assert list(st["loss"]) == [11.88201, 11.60393, 11.2137] and st.loc[3, "grad_norm"] == 12.431
+
+
 def test_nemo_progress_bar():
     res = _load("nemo_llama_sft.log")
     st = _steps(res)
@@ -282,6 +301,19 @@ def test_hf_bar_without_dicts_gives_steps(tmp_path):
     )
     st = _steps(import_log(str(path)))
     assert list(st.index) == [1, 2, 4] and list(st["iter_ms"]) == [225280.0, 220730.0, 219640.0]
+
+
+def test_hf_step_logs_with_the_runtime_so_far():
+    """`include_num_input_tokens_seen` puts `train_runtime` (seconds so far) in every step's dict: each
+    is a step (not the run summary), its time the runtime between two logs, not tqdm's moving average
+    (13.22 s/it at step 2 still carries step 1's 27 s start-up)."""
+    res = _load("hf_tokens_seen_runtime.log")
+    st = _steps(res)
+    assert list(st["loss"]) == [2.5586, 2.8427, 2.6978, 2.7241, 2.5838, 2.5221]
+    assert st.loc[1, "iter_ms"] == 27200.0  # no log before it: the bar's rate
+    assert [round(x) for x in st["iter_ms"][1:]] == [3530, 3550, 3540, 4200, 3530]
+    run = res.frames["log_run"].set_index("key")["value"]
+    assert run["train_runtime"] == 49.4295 and run["train_loss"] == 2.6549
 
 
 def test_hf_rate_in_iterations_per_second(tmp_path):
@@ -336,6 +368,16 @@ def test_nccl_watchdog_timeouts_name_the_desynced_rank():
     assert "ALLREDUCE SeqNum=48211 on rank(s) 0-1, 3 (timeout 600000 ms)" in p.message
     assert "desync: ALLGATHER SeqNum=48210 on rank(s) 2 differ" in p.message
     assert "exit code -6 (SIGABRT)" in p.message
+
+
+def test_mpi_launch_world_size_and_a_rich_boxed_traceback():
+    """An mpiexec launch (no DeepSpeed launcher: each rank prints `Discovered MPI settings ... world_size=4`)
+    that dies in a `rich` boxed traceback before step 1, as ALCF's Megatron-DeepSpeed runs print."""
+    res = _load("ds_mpi_rich_traceback.log")
+    assert res.ranks == [0, 1, 2, 3] and _layout(res)["world_size"] == 4
+    p = _failure(res)
+    assert p.line == 17 and p.message.startswith("job failed before step 1: TypeError")
+    assert "WarmupLR.step() got an unexpected keyword argument 'increment'" in p.message
 
 
 def test_a_traceback_the_job_survived_is_not_a_crash():

@@ -49,6 +49,7 @@ MARKERS = (
     b"ChildFailedError",
     b"Watchdog caught",
     b"dist_world_size",
+    b"Discovered MPI settings",
     b"DeepSpeedEngine configuration",
 )
 

@@ -1,9 +1,9 @@
 """Failed ranks, from the log alone, and the one statement that says what happened.
 
 Signs read (each with the rank its prefix or text names):
-- a Python traceback's closing `ExcType: message` line (`RuntimeError`, `torch.OutOfMemoryError`,
-  `torch.distributed.DistBackendError`, ...); `CUDA out of memory` (tried / free / capacity, both the
-  pre-2.1 and the current wording) makes it an OOM;
+- a Python traceback's (or rich's boxed traceback's) closing `ExcType: message` line (`RuntimeError`,
+  `torch.OutOfMemoryError`, `torch.distributed.DistBackendError`, ...); `CUDA out of memory` (tried /
+  free / capacity, both the pre-2.1 and the current wording) makes it an OOM;
 - torch's NCCL watchdog: `[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5,
   OpType=ALLREDUCE, NumelIn=..., NumelOut=..., Timeout(ms)=600000) ran for 600081 milliseconds`;
 - launchers' exit codes: torchrun's `ChildFailedError` report (`rank : 1 (local_rank: 1)` /
@@ -54,6 +54,7 @@ _TORCHRUN = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \
 _DS_EXIT = re.compile(r"exits with return code = (-?\d+)")
 _LOCAL = re.compile(r"--local_rank=(\d+)")
 _CHILD = re.compile(r"^\s*(time|rank|exitcode|host|traceback)\s*:\s*(.*)$")
+_RICH_TB = "Traceback (most recent call last)"  # rich's boxed traceback: `╭─── Traceback (...) ───╮`
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
@@ -65,7 +66,7 @@ class CrashReader:
 
     def line(self, ln: Line) -> bool:
         t = ln.text
-        if t.startswith("Traceback (most recent call last)"):
+        if t.startswith("Traceback (most recent call last)") or (t.startswith("╭") and _RICH_TB in t):
             self.open_tb[ln.rank] = ln.no
             return True
         if "ChildFailedError" in t and not t[:1].isspace():  # torchrun's report of its ranks' exit codes

@@ -11,7 +11,9 @@ overflows, the engine's config dump, the launcher's world layout and `see_memory
   `[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: ...`
 - config dump `  world_size ......... 2`, `train_micro_batch_size_per_gpu  4`, `zero_optimization_stage 1`,
   `fp16_enabled True` / `float16_config  enabled=True ...`, `bfloat16_enabled` / `bfloat16_config`
-- launcher `dist_world_size=16`, `global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1]})`
+- launcher `dist_world_size=16`, `global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1]})`;
+  an MPI launch (mpiexec, no DeepSpeed launcher): `Discovered MPI settings of world_rank=3, local_rank=3,
+  world_size=24, master_addr=..., master_port=29500` from each rank
 - `MA 1.2 GB         Max_MA 2.3 GB         CA 3.4 GB         Max_CA 3 GB`
 """
 
@@ -56,6 +58,7 @@ _CONFIG = re.compile(
     r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$"
 )
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
+_MPI = re.compile(r"Discovered MPI settings of world_rank=(\d+),.*?\bworld_size=(\d+)")
 _GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
 _JSON_BODY = re.compile(r'^\s+"|^\s*[}\]]')  # a line of DeepSpeed's indented JSON dump
@@ -76,6 +79,8 @@ class DeepSpeedReader:
         self.rec = rec
         self.in_config = False
         self.counter: tuple[int, int] | None = None  # last (step, cumulative skipped)
+        self.printed: int | None = None  # the step the last `step=` line named, and which engine printed it
+        self.engine = 0
         self.grad_iter: int | None = None  # fp16 optimizers' own `Grad overflow on iteration N`
         self.json: list[str] | None = None  # the user config's lines after `json = {`, until it parses
 
@@ -117,6 +122,13 @@ class DeepSpeedReader:
         return self._layout(ln, t)
 
     def _step(self, ln: Line, step: int, skipped: int, lr: str | None) -> bool:
+        # several engines in one process (DeepSpeed-Chat's RLHF: actor and critic) print `step=N` one
+        # after the other, each its own counter: the k-th line with the same N is engine k's; the first
+        # engine's count the job's (summing them would count one training step twice)
+        self.engine = self.engine + 1 if self.printed == step else 0
+        self.printed = step
+        if self.engine:
+            return True
         if self.counter is not None and step > self.counter[0] and skipped >= self.counter[1]:
             self.rec.skip_counts.append((self.counter[0] + 1, step, skipped - self.counter[1]))
         elif self.counter is None and step > 0 and skipped:
@@ -139,6 +151,11 @@ class DeepSpeedReader:
             elif m := _CONFIG.match(body):
                 self._config(ln, m.group(1), m.group(2))
                 return True
+        if "Discovered MPI settings" in t and (m := _MPI.search(t)):
+            if ln.rank < 0:
+                ln.rank = int(m.group(1))
+            self.rec.set_layout(world_size=int(m.group(2)) or None)
+            return True
         if "dist_world_size=" in t:
             self.rec.set_layout(world_size=_int(t.split("dist_world_size=", 1)[1].split()[0]) or None)
             return True

@@ -3,7 +3,9 @@
 - log dicts `{'loss': 0.86, 'grad_norm': 1.2, 'learning_rate': 6.6e-05, 'epoch': 0.11}` (recent releases
   print the values as strings: `{'loss': '65.88', ...}`); eval dicts `{'eval_loss': ...}`; the run
   summary `{'train_runtime': 85.46, 'train_samples_per_second': 11.7, 'train_steps_per_second': 1.17,
-  'train_loss': 0.50, 'epoch': 1.0}`. The dicts name no step: the step is the training progress bar's
+  'train_loss': 0.50, 'epoch': 1.0}` (with `include_num_input_tokens_seen` every step's dict also holds
+  `train_runtime`, the seconds trained so far: its step time is the time between two of them). The dicts
+  name no step: the step is the training progress bar's
   count just before (`100/200 [03:38<03:38,  2.18s/it]`, whose rate is the step time), else their order.
   The training bar (its total is `Total optimization steps`) is a step record of its own at each count
   it shows, with its rate as the step time: a run logging no dicts (`logging_steps` > its steps) still
@@ -44,6 +46,7 @@ class HFReader:
         self.total: int | None = None  # Total optimization steps: which progress bar is training's
         self.bar: dict[int, tuple[int, float | None]] = {}  # bar total -> (count, ms per step)
         self.dicts = 0
+        self.runtime: tuple[int, float] | None = None  # (step, train_runtime) of the last step log
 
     def line(self, ln: Line) -> bool:
         t = ln.text
@@ -81,14 +84,14 @@ class HFReader:
         f = _figures(_BARE_NONFINITE.sub(r"'\1'", text))
         if f is None:
             return False
-        if "train_runtime" in f:
+        if "train_runtime" in f and "loss" not in f:  # the run's summary (a step's log has its loss)
             self.rec.run.update({k: f[k] for k in _RUN if f.get(k) is not None})  # type: ignore[misc]
             return True
         bar = self._train_bar()
         if "loss" in f:
             self.dicts += 1
         step = bar[0] if bar else max(self.dicts, 1)
-        self.rec.step(
+        rec = self.rec.step(
             ln,
             step,
             loss=f.get("loss"),
@@ -98,6 +101,13 @@ class HFReader:
             eval_loss=f.get("eval_loss"),
             iter_ms=bar[1] if bar and "loss" in f else None,
         )
+        runtime = f.get("train_runtime")  # the seconds trained so far (`include_num_input_tokens_seen`)
+        if runtime is not None and "loss" in f:
+            if self.runtime is not None and step > self.runtime[0] and runtime >= self.runtime[1]:
+                # the time between two logs over the steps between them: the bar's rate is a moving
+                # average, which carries the first step's start-up into the next ones
+                rec["iter_ms"] = (runtime - self.runtime[1]) / (step - self.runtime[0]) * 1e3
+            self.runtime = (step, runtime)
         return True
 
 

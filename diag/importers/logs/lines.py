@@ -114,6 +114,10 @@ def num(text: str | None) -> float | None:
     if text is None:
         return None
     try:
+        return float(text)  # most figures: float() skips the blanks around them itself
+    except ValueError:
+        pass
+    try:
         return float(text.strip().strip("'\""))
     except ValueError:
         return None

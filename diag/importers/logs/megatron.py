@@ -5,7 +5,9 @@
   loss scale: 65536.0 | grad norm: 3.3 | number of skipped iterations: 1 | number of nan iterations: 0 |`
   (Megatron-DeepSpeed adds `samples per second:`, `tokens per gpu per second (tgs):`, `TFLOPs:`, and
   some forks spell the loss `lm-loss:`). `loss scale: -1.0` is DeepSpeed managing the scale: no scale.
-  `number of skipped iterations` counts the iterations since the previous line.
+  `number of skipped iterations` counts the iterations since the previous line. AMD's Primus trainer
+  prints `elapsed time per iteration (ms): 4000.0/3900.0` (this interval / the running mean), the same
+  for TFLOP/s and `tokens per GPU (tokens/s/GPU):`: the first is the figure.
 - `validation loss at iteration 100 | lm loss value: 5.1E+00 | lm loss PPL: 1.6E+02 |`
 - `[Rank 0] (after 10 iterations) memory (MB) | allocated: 1.2 | max allocated: 3.4 | reserved: 5.6 |`
 - the arguments dump between `---- arguments ----` and `---- end of arguments ----`, and
@@ -50,6 +52,7 @@ _KEYS = {
     "number of nan iterations": "nan_iters",
     "samples per second": "samples_per_sec",
     "tokens per gpu per second (tgs)": "tokens_per_sec_per_gpu",
+    "tokens per gpu (tokens/s/gpu)": "tokens_per_sec_per_gpu",
     "tokens per second": "tokens_per_sec",
 }
 _FIELD_KEYS: dict[str, str] = {}  # a field name as printed -> its column ("": none), remembered
@@ -139,7 +142,10 @@ class MegatronReader:
             if key is None:
                 key = _FIELD_KEYS[k] = _KEYS.get(k.strip().lower(), "") if len(_FIELD_KEYS) < 4096 else ""
             if key and key not in f:
-                f[key] = num(v)
+                x = num(v)
+                if x is None and "/" in v:  # `4000.0/3900.0`: this interval's figure / the running mean
+                    x = num(v.split("/", 1)[0])
+                f[key] = x
         if f.get("loss_scale") is not None and f["loss_scale"] < 0:  # type: ignore[operator]
             f["loss_scale"] = None  # -1: DeepSpeed manages the scale, Megatron does not know it
         skipped = f.get("skipped_iters")

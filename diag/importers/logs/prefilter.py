@@ -47,6 +47,7 @@ KEYWORDS = (
     b"DeepSpeedEngine configuration",
     b"print]",
     b"dist_world_size=",
+    b"Discovered MPI settings",
     b"global_rank_mapping=",
     b"ZeRO stage",
     b"Max_MA",

@@ -4,12 +4,15 @@
   printed (a DeepSpeed `step=` line, its timer line and a PipelineEngine line merge into one).
 - overflows: each skipped step once, however many ranks printed it (see `Overflows`).
 - layout: world size, TP/PP/DP, ZeRO stage, dtype, batch sizes from the start-up dumps.
+- memory: bounded reductions (`MemoryRows`), not every line: a long multi-rank log prints one per rank
+  and step.
 - failures: see `crash`.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,9 @@ STEP_COLUMNS = (
 MB, GB = 1 << 20, 1 << 30
 _MEMORY_ROW = ("rank", "step", "ts", "device", "allocated", "reserved", "peak")
 SAME_STEP_NS = 100_000_000  # ranks print one step's overflow within this of each other
+MEMORY_RANKS = 8  # ranks whose memory timeline a log keeps (the lowest); the others keep their peaks
+MEMORY_ROWS = 512  # rows a kept rank's timeline holds at least, at most twice this
+_PEAK_COLUMNS = (4, 5, 6)  # allocated, reserved, peak in a memory row
 
 
 @dataclass
@@ -84,7 +90,7 @@ class Records:
         self.hosts: dict[int, str] = {}
         self.host_ranks: dict[str, list[int]] = {}  # DeepSpeed launcher: host -> its global ranks
         self.layout: dict[str, Any] = {}
-        self.memory: list[tuple[Any, ...]] = []  # rank, step, ts, device, allocated, reserved, peak
+        self.memory = MemoryRows()
         self.run: dict[str, float] = {}
         self.args: dict[str, str] = {}  # Megatron's arguments dump, as printed (framework detection)
         self.ds_config: dict[str, Any] | None = None  # DeepSpeed's `json = {` user config
@@ -150,7 +156,7 @@ class Records:
         reserved: float | None = None,
     ) -> None:
         # a tuple per line (the frame's columns), not a dict: a long log holds many
-        self.memory.append(
+        self.memory.add(
             (line.rank, self.last_step if step is None else step, line.ts, "log", allocated, reserved, peak)
         )
 
@@ -188,10 +194,85 @@ class Records:
         return pd.DataFrame(rows, columns=["rank", *schema.FIELDS[schema.OVERFLOW]])
 
     def memory_frame(self) -> pd.DataFrame:
-        rows = pd.DataFrame(self.memory, columns=list(_MEMORY_ROW))
+        rows = pd.DataFrame(self.memory.rows(), columns=list(_MEMORY_ROW))
         for c in ("capacity", "rss", "module"):
             rows[c] = None
         return rows[["rank", *schema.FIELDS[schema.MEMORY]]]
+
+
+class MemoryRows:
+    """Memory rows in bounded space, whatever the log's length and ranks: what the report and rules
+    read of them. Each rank's highest allocated, reserved and peak (the first row holding each) and
+    its last row; and the timeline of the lowest `MEMORY_RANKS` ranks, thinned evenly (every k-th
+    row, k doubling whenever `2 * MEMORY_ROWS` are held). A log with fewer rows keeps every one."""
+
+    def __init__(self) -> None:
+        self.n = 0  # rows added: each row's place, so the kept ones come out in the log's order
+        self.kept: dict[int, tuple[int, tuple[Any, ...]]] = {}  # place -> (place, row) of the rows kept
+        self.timeline: dict[int, tuple[int, list[int]]] = {}  # rank -> (stride, places of its rows kept)
+        self.seen: dict[int, int] = {}  # rank -> its rows added
+        self.marks: dict[int, list[int | None]] = {}  # rank -> places of its highest columns, and last
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        rank, place = row[0], self.n
+        self.n += 1
+        k = self.seen.get(rank, 0)
+        self.seen[rank] = k + 1
+        marks = self.marks.get(rank)
+        if marks is None:
+            marks = self.marks[rank] = [None] * (len(_PEAK_COLUMNS) + 1)
+        old = set(marks)
+        for i, c in enumerate(_PEAK_COLUMNS):
+            v = row[c]
+            if v is not None and v == v and (marks[i] is None or v > self.kept[marks[i]][1][c]):  # type: ignore[index]
+                marks[i] = place
+        marks[-1] = place
+        self.kept[place] = (place, row)
+        if not self._in_timeline(rank, k, place):
+            old.add(place)
+        self._forget(old, rank)
+
+    def _in_timeline(self, rank: int, k: int, place: int) -> bool:
+        line = self.timeline.get(rank)
+        if line is None:
+            if len(self.timeline) >= MEMORY_RANKS:
+                top = max(self.timeline)
+                if rank > top:
+                    return False
+                _, places = self.timeline.pop(top)  # a lower rank's timeline replaces the highest's
+                self._forget(set(places), top)
+            line = self.timeline[rank] = (1, [])
+        stride, places = line
+        if k % stride:
+            return False
+        places.append(place)
+        if len(places) >= 2 * MEMORY_ROWS:
+            dropped = set(places[1::2])
+            self.timeline[rank] = (2 * stride, places[::2])
+            self._forget(dropped, rank)
+        return True
+
+    def _forget(self, places: set[int | None], rank: int) -> None:
+        """Drop the rows at `places` that neither the rank's marks nor its timeline still hold."""
+        held = set(self.marks.get(rank, ()))
+        line = self.timeline.get(rank)
+        for p in places:
+            if p is None or p in held or p not in self.kept:
+                continue
+            if line is not None and _holds(line[1], p):
+                continue
+            del self.kept[p]
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [row for _, row in sorted(self.kept.values(), key=lambda pr: pr[0])]
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+
+def _holds(places: list[int], place: int) -> bool:
+    i = bisect_left(places, place)
+    return i < len(places) and places[i] == place
 
 
 def _same_step(prev: Overflow, key: int | None, ts: int | None) -> bool:
