@@ -87,6 +87,19 @@ def still_moving(trace: Trace, c: pd.DataFrame, median_step_s: float) -> bool:
     return quiet_s < max(STALL_S, STALL_STEPS * median_step_s)
 
 
+def beating(trace: Trace) -> bool:
+    """Every rank's agent wrote heartbeats (diag's own trace, stats every 2 s until its process
+    stopped): where its records end, its process stopped, whatever was left unflushed."""
+    st = trace.frame(schema.STATS)
+    return not st.empty and set(trace.ranks) <= set(st["rank"].astype(int))
+
+
+def quiet_s(metrics: Metrics) -> float:
+    """How long peers must have made no progress for a lag or a divergence to be a hang, not the
+    agent's unflushed last 0.2 s of a job killed all at once: max(2 s, 5 median steps)."""
+    return max(STALL_S, STALL_STEPS * metrics.median_step_s)
+
+
 def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
     """The collective the waiting ranks are stuck in: their pending one (issued, never completed)
     when the agent wrote it, else the one after their last completed collective; with each rank's
@@ -175,13 +188,16 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     completed). Also when ranks of one group completed different numbers of collectives and their
     last ones differ (op or size: a desync; unless every member's trace ended by a detach, each at
     its own moment, with ops in flight then recorded as unfinished, not as evidence; in a running
-    job, once no collective completed for max(2 s, 5 median steps)), when a rank is >= 2 steps behind the
-    furthest (not in a running job: between two 0.2 s flushes a fast job's ranks look steps apart; a
-    stopped rank is the first premise), or when a rank went silent >= max(60 s, 20 median steps)
-    before the others' last event. Not when a rank died (its process gone without its agent's close:
-    checked first, since under load a killed rank's lost last records read as a divergence before
-    they read as silence; or the launcher's log says a signal ended it): the others wait for it
-    or diverge because of it, and job_crash names it. Fix: run `diag stacks` / py-spy dump on the
+    job, or in a diag trace with every rank's heartbeats, once no collective completed for max(2 s,
+    5 median steps)), when a rank is >= 2 steps behind the furthest (not in a running job: between
+    two 0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise; in a
+    diag trace with heartbeats, only if the others' processes went on that long after it: a job
+    killed all at once loses each rank's last flush, a different number of steps each), or when a
+    rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
+    died (its process gone without its agent's close: checked first, since under load a killed
+    rank's lost last records read as a divergence before they read as silence; or the launcher's
+    log says a signal ended it): the others wait for it or diverge because of it, and job_crash
+    names it. Fix: run `diag stacks` / py-spy dump on the
     ranks named, look for a rank-dependent branch around a collective; NCCL_ASYNC_ERROR_HANDLING /
     TORCH_NCCL_ASYNC_ERROR_HANDLING turn a hang into an error with the op named."""
     down = liveness.stopped_running(trace)
@@ -203,8 +219,19 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
         # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
         # apart between two flushes; a rank that stopped running is the premise above (_frozen)
         behind = []
+    elif behind and beating(trace):
+        # a job killed all at once (SIGTERM, scancel) loses each rank's last flush, a different
+        # number of steps each: behind only if the others' processes went on, quiet, after it
+        others_end = liveness.last_record(trace)
+        behind = [
+            r
+            for r in behind
+            if float(others_end.drop(r, errors="ignore").max()) - float(seen.get(r, 0))
+            >= quiet_s(metrics) * NS
+        ]
     comms = metrics.comms
-    moving = liveness.live(trace) and still_moving(trace, comms, metrics.median_step_s)
+    settled = liveness.live(trace) or beating(trace)  # records end where processes stopped
+    moving = settled and still_moving(trace, comms, metrics.median_step_s)
     diverged = _diverged(comms, detached(trace)) if not comms.empty and not moving else {}
     if not (stopped or behind or diverged):
         return []

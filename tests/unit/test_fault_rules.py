@@ -177,3 +177,28 @@ def test_live_collectives_a_flush_apart_are_no_desync(tmp_path):
         trace.headers[r]["process"] = {"pid": 1000 + r, "state": "S", "checked_ns": now + 4000 * MS}
     (f,) = fired(trace, "hang_desync")
     assert f.ranks == [0, 1] and f.evidence["diverged_groups"]
+
+
+def _killed_all_at_once(tmp_path, name: str, others_on_s: float) -> list:
+    """A 2-rank diag trace with heartbeats whose rank 1 lost its last 8 steps (its last 0.2 s flush,
+    never written: the job was SIGTERMed all at once); rank 0's process went on `others_on_s` after
+    rank 1's last record (its heartbeat says so)."""
+    job = Job(steps=40, step_ms=10)
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=5, dur_ms=1) if not (r == 1 and s >= 32) else None)
+    for r in (0, 1):
+        job.add(r, schema.STATS, ts=job.start(r, 0), captured=1, dropped=0, errors=0)
+    end1 = job.start(1, 32)
+    job.add(1, schema.STATS, ts=end1, captured=2, dropped=0, errors=0)
+    job.add(0, schema.STATS, ts=max(job.start(0, 40), end1 + int(others_on_s * 1000 * MS)), captured=2)
+    trace = job.write(str(tmp_path / name))
+    trace.frames["step"] = trace.steps[(trace.steps["rank"] != 1) | (trace.steps["step"] < 32)]
+    return fired(trace, "hang_desync")
+
+
+def test_a_job_killed_all_at_once_is_no_hang(tmp_path):
+    """Post-mortem, a public DDP program SIGTERMed while healthy read as 'ranks fell behind ([1])':
+    the killed ranks' unflushed last records differ by steps, not by time. Behind only if the
+    others' processes went on, quiet, for max(2 s, 5 median steps) after it."""
+    assert _killed_all_at_once(tmp_path, "end", others_on_s=0.05) == []
+    (f,) = _killed_all_at_once(tmp_path, "hang", others_on_s=5.0)
+    assert f.evidence["behind"] == [1]
