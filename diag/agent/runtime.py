@@ -27,6 +27,7 @@ from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
+from diag.agent.wakeup import Wakeup
 from diag.trace.writer import TraceFileWriter, rank_file_name
 
 FLUSH_INTERVAL_S = 0.2
@@ -72,7 +73,7 @@ class Agent:
         self._wall0 = time.time_ns()
         self._perf0 = time.perf_counter_ns()
         self._stop = threading.Event()
-        self._flush_now = threading.Event()
+        self._flush_now = Wakeup()
         self._thread: threading.Thread | None = None
         self._file: TraceFileWriter | None = None
         self._lock = threading.Lock()
@@ -282,7 +283,6 @@ class Agent:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
         while not self._stop.is_set():
             self._flush_now.wait(FLUSH_INTERVAL_S)
-            self._flush_now.clear()
             c0 = time.thread_time_ns()
             try:
                 self._flush(final=False)
