@@ -108,8 +108,11 @@ class LayerRecorder:
         if self.active:
             self._open(name, "fwd")
 
-    def fwd_end(self, name: str) -> None:
-        self._close(name, "fwd")
+    def fwd_end(self, name: str, raised: bool = False) -> None:
+        if raised:  # a forward that raised (its caller may retry it): no record
+            self.open.pop((name, "fwd"), None)
+        else:
+            self._close(name, "fwd")
 
     def bwd(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
         common = 0

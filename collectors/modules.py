@@ -55,6 +55,7 @@ from diag.agent.undo import Undo
 Path = tuple[str, ...]
 Entry = tuple[weakref.ref, str, bool]
 _graph_task_id = torch._C._current_graph_task_id
+_exc_info = sys.exc_info
 _Tensor = torch.Tensor
 MAX_NAMES = 100_000  # cached names before dead (ephemeral) modules are dropped
 _META_KEY = "diag_modules"  # our key in autograd Node.metadata
@@ -92,9 +93,11 @@ class ModuleTracker:
         self.layer_numbers: dict[str, int] = {}  # stacked layers whose model-wide index differs
         self.roots: set[str] = set()  # names of the module trees' roots (their class names)
         self.live = False
-        self.listener: Any = None  # has .active, .fwd(name, outermost, args), .fwd_end(name), .bwd(old, new)
+        # has .active, .fwd(name, outermost, args), .fwd_end(name, raised), .bwd(old, new)
+        self.listener: Any = None
         self._track: list[bool] = []  # per running module: attribute its backward? (parallel to stack)
         self._task = -1  # graph task whose end-of-backward callback is queued
+        self._handling: dict[int, BaseException] = {}  # id(module) -> exception handled at its call
         self._lock = threading.Lock()
         self.every = agent.options.attribute_every
         self.again = False  # a collective found no match on an untracked step: track the next one
@@ -183,17 +186,25 @@ class ModuleTracker:
                     handle.remove()
                 self.stack.clear()  # without the post-hook nothing would pop what is open now
                 self._track.clear()
+                self._handling.clear()
 
     # ---- forward (hot path: every module call of every step) --------------------------------
     def _pre(self, mod: Any, args: tuple[Any, ...]) -> None:
         entry = self.names.get(id(mod))
         if entry is None or entry[0]() is not mod:
             entry = self.entry_of(mod)
+        handling = _exc_info()[1]
+        if handling is not None:  # called from an except block (a retry): not this call's error
+            self._handling[id(mod)] = handling
         self.begin(entry[1], entry[2], args)
 
     def _post(self, mod: Any, args: tuple[Any, ...], output: Any) -> None:
         entry = self.names.get(id(mod))
-        self.end(entry[1] if entry is not None else None, args, output)
+        # torch runs the always_call post-hook inside its except block when the forward raised:
+        # an exception other than the one handled at the call is this forward's own
+        exc = _exc_info()[1]
+        held = self._handling.pop(id(mod), None) if self._handling else None
+        self.end(entry[1] if entry is not None else None, args, output, exc is not None and exc is not held)
 
     def begin(self, name: str, leaf: bool, args: tuple[Any, ...]) -> None:
         """A module (or a named window, collectors/windows.py) starts its forward."""
@@ -206,8 +217,10 @@ class ModuleTracker:
         track = torch.is_grad_enabled() and (not leaf or (lis is not None and lis.active))
         self._track.append(track)
 
-    def end(self, name: str | None, args: tuple[Any, ...], output: Any) -> None:
-        """A module (or a named window) ends its forward: its backward window is hooked."""
+    def end(self, name: str | None, args: tuple[Any, ...], output: Any, raised: bool = False) -> None:
+        """A module (or a named window) ends its forward: its backward window is hooked. One that
+        `raised` leaves no record (Megatron-DeepSpeed calls `self_attention` with a keyword, catches
+        the TypeError and calls it again: one forward, not a 0-FLOP one before it)."""
         stack = self.stack
         if name is None or not stack or (stack[-1] != name and not self._unwind(name)):
             return  # started mid-forward (attach): this call's pre-hook never ran
@@ -215,8 +228,8 @@ class ModuleTracker:
         track = self._track.pop() if self._track else False
         lis = self.listener
         if lis is not None and lis.active:
-            lis.fwd_end(name)
-        if not track:
+            lis.fwd_end(name, raised)
+        if not track or raised:
             return
         # the input's node as of now: an in-place op on a view of it (Megatron's masked_fill_)
         # replaces the node it had at the pre-hook, which would then never see a gradient

@@ -60,7 +60,7 @@ class Windows:
             try:
                 out = fn(*args, **kwargs)
             except BaseException:
-                end(name, args, None)
+                end(name, args, None, True)
                 raise
             end(name, args, out)
             return out

@@ -72,11 +72,18 @@ def _scalar_tensor(value: Any) -> Any:
 
 
 def host_float(value: Any) -> float | None:
-    """A number that is already on the host (a float, a CPU scalar tensor); None for anything else."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    """A number that is already on the host (a float, a CPU scalar tensor); None for anything else.
+    Runs every step on the loss and the grad norm: a CPU tensor is read with `item()` (~0.7 us),
+    not `float(t.detach())` and `t.device.type` (~4 us more)."""
+    kind = type(value)
+    if kind is float or kind is int:
+        return float(value)
+    if value is None or kind is bool:
+        return None
+    if isinstance(value, (int, float)):
         return float(value)
     tensor = _scalar_tensor(value)
-    return float(tensor.detach()) if tensor is not None and tensor.device.type == "cpu" else None
+    return float(tensor.item()) if tensor is not None and tensor.is_cpu else None
 
 
 def host_scalar(value: Any) -> float | Pending | None:

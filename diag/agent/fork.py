@@ -23,6 +23,8 @@ import os
 import threading
 from typing import Any
 
+from diag.agent.wakeup import Wakeup
+
 CONTROL_LABEL = "control-server"  # the undo label runtime gives the control server's stop
 _registered = False
 
@@ -63,7 +65,7 @@ def disable(agent: Any) -> None:
     stop = threading.Event()
     stop.set()
     agent._stop = stop
-    agent._flush_now = threading.Event()
+    agent._flush_now = Wakeup()
     _step(lambda a: a.undo.run(), agent)
     _step(lambda a: a.ring.drain(), agent)
     file, agent._file = getattr(agent, "_file", None), None

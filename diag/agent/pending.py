@@ -58,7 +58,10 @@ def settle(rec: tuple[Any, ...]) -> tuple[Any, ...] | None:
     pending = _pending_types(rec)
     if not pending:
         return rec
-    values = [v for v in rec if type(v) in pending]
-    if not all(v.ready() for v in values):
-        return None
-    return tuple(v.value() if type(v) in pending else v for v in rec)
+    out = list(rec)
+    for i, v in enumerate(rec):
+        if type(v) in pending:
+            if not v.ready():
+                return None
+            out[i] = v.value()
+    return tuple(out)

@@ -27,11 +27,14 @@ from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
 from diag.agent.undo import Undo
-from diag.trace.writer import TraceFileWriter, rank_file_name
+from diag.agent.wakeup import Wakeup
+from diag.trace.comm_line import comm_line
+from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
 FLUSH_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
+_COMM = schema.COMM
 
 ErrorKey = tuple[str, str, str]  # (collector, where, exception class name)
 
@@ -72,7 +75,7 @@ class Agent:
         self._wall0 = time.time_ns()
         self._perf0 = time.perf_counter_ns()
         self._stop = threading.Event()
-        self._flush_now = threading.Event()
+        self._flush_now = Wakeup()
         self._thread: threading.Thread | None = None
         self._file: TraceFileWriter | None = None
         self._lock = threading.Lock()
@@ -282,13 +285,13 @@ class Agent:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
         while not self._stop.is_set():
             self._flush_now.wait(FLUSH_INTERVAL_S)
-            self._flush_now.clear()
             c0 = time.thread_time_ns()
             try:
                 self._flush(final=False)
             except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
                 self.record_error("agent", "writer", exc)
-            self._run_idle_listeners()
+            if self.idle_listeners and len(sys.modules) != self._idle_modules:
+                self._run_idle_listeners()
             self.writer_cpu_ns += time.thread_time_ns() - c0
 
     def _run_idle_listeners(self) -> None:
@@ -311,21 +314,36 @@ class Agent:
             if self._file is None:
                 return
             recs = self._ready(self.ring.drain(), final)
-            objs = []
+            lines: list[str] = []
+            steps: list[Any] = []
+            captured, wall0, perf0 = self.captured, self._wall0, self._perf0
             for rec in recs:
                 kind = rec[0]
-                self.captured[kind] = self.captured.get(kind, 0) + 1
+                captured[kind] = captured.get(kind, 0) + 1
                 try:
-                    objs.append(schema.to_json(rec, self._wall0, self._perf0))
+                    # a comm record (most of them) straight to its line; the rest through a dict
+                    line = comm_line(rec, wall0, perf0) if kind == _COMM else None
+                    if line is None:
+                        obj = schema.to_json(rec, wall0, perf0)
+                        line, step = dumps(obj), obj.get("step")
+                    else:
+                        step = rec[1]
                 except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
                     self.record_error("agent", f"format:{kind}", exc)
+                    continue
+                lines.append(line)
+                steps.append(step)
+            objs = []
             if self._error_count != self._errors_done:
                 self._errors_done = self._error_count
                 objs.extend(self._new_errors())
             if stats_due:
                 self._last_stats = now
-                objs.append(schema.to_json(self._stats_record(), self._wall0, self._perf0))
-            self._file.write_objects(objs)
+                objs.append(schema.to_json(self._stats_record(), wall0, perf0))
+            lines.extend(dumps(o) for o in objs)
+            steps.extend(o.get("step") for o in objs)
+            if lines:
+                self._file.write_lines(lines, steps)
 
     def _ready(self, recs: list[tuple[Any, ...]], final: bool) -> list[tuple[Any, ...]]:
         """Resolve pending GPU timings; hold back records whose CUDA events have not completed."""

@@ -47,7 +47,7 @@ def open_private(path: str) -> tuple[int, str]:
 def _encoder() -> Callable[[Any], str]:
     """`json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False)` with the C encoder made
     once, not per call (half the writer's cost per record); json.dumps where there is no C encoder.
-    No circular-reference markers: a cycle ends in RecursionError, which `_dumps` handles."""
+    No circular-reference markers: a cycle ends in RecursionError, which `dumps` handles."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
         return functools.partial(json.dumps, separators=(",", ":"), default=str, allow_nan=False)
@@ -58,7 +58,7 @@ def _encoder() -> Callable[[Any], str]:
 _encode = _encoder()
 
 
-def _dumps(obj: dict[str, Any]) -> str:
+def dumps(obj: dict[str, Any]) -> str:
     """Strict JSON: readers refuse NaN / Infinity (not JSON), so a non-finite float the job handed
     us (a loss scale, a config value) is written as null at the top level, as its text below it."""
     try:
@@ -125,7 +125,7 @@ class TraceFileWriter:
 
     def write_objects(self, objs: list[dict[str, Any]]) -> None:
         if objs:
-            self.write_lines([_dumps(o) for o in objs], [o.get("step") for o in objs])
+            self.write_lines([dumps(o) for o in objs], [o.get("step") for o in objs])
 
     def write_lines(self, lines: list[str], steps: list[Any] | None = None) -> None:
         """One `write` per batch: a SIGKILL leaves whole lines plus at most one partial last line;

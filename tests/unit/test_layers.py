@@ -393,3 +393,45 @@ def test_megatron_logits_function_gets_a_named_window(tmp_path) -> None:
     for phase in ("fwd", "bwd"):
         children = got[("embed", phase)] + got[("block", phase)] + got[("parallel_lm_logits", phase)]
         assert got[("GPTModel", phase)] == children
+
+
+class Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class RetryingBlock(torch.nn.Module):
+    """Megatron-DeepSpeed's ParallelTransformerLayer: calls `self_attention` with a keyword an older
+    signature lacks, catches the TypeError and calls it again without it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_attention = Attention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.self_attention(x, rotary_pos_emb=None)
+        except TypeError:
+            return self.self_attention(x)
+
+
+def test_a_forward_that_raised_leaves_no_record(tmp_path) -> None:
+    """The retried call is one forward with its FLOPs; the call that raised (a 0-FLOP, 15 us forward
+    before) leaves no record, and the retry inside the except block is not taken for a raise."""
+    trace = str(tmp_path / "trace")
+    model = RetryingBlock()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    diag_agent.start(trace, what=("layers",), layers_every=1)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    diag_agent.stop()
+    recs = events(trace, schema.LAYER)
+    fwd = [r for r in recs if r["phase"] == "fwd" and r["step"] == 1 and r["module"] == "self_attention"]
+    assert [r["flops"] for r in fwd] == [2 * 4 * 8 * 8]
+    assert truth.module_tree_problems(recs) == []

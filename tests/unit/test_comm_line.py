@@ -1,0 +1,68 @@
+"""The writer's direct comm line is byte for byte the general path's (`dumps(to_json(rec))`), and
+any record outside the agent's types goes the general way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diag import schema
+from diag.trace.comm_line import comm_line
+from diag.trace.writer import dumps
+
+W0, P0 = 1_764_000_000_000_000_000, 123_456_789
+
+
+def rec(**kw):
+    fields = {
+        "step": 7,
+        "op": "all_reduce",
+        "bytes": 4096,
+        "dtype": "bfloat16",
+        "group": "dp:5",
+        "group_size": 2,
+        "group_ranks": (0, 1),
+        "ts": P0 + 55_555,
+        "dur": 12_345,
+        "module": "module.layers.0.mlp",
+        "async_op": False,
+    }
+    fields.update(kw)
+    return (schema.COMM, *fields.values())
+
+
+CASES = [
+    rec(),
+    rec(dur=None, module=None, async_op=None, group_ranks=None, dtype=None),
+    rec(async_op=True, op="reduce_scatter", group_size=8, group_ranks=tuple(range(8))),
+    rec(dur=0, bytes=0),  # zero duration: bandwidths are 0.0
+    rec(op="send", module='odd "name"\\with\u00e9\n', group="tp:\u00fc"),
+    rec(dur=3, bytes=10**15, step=10**12),
+    rec(ts=P0 - 999),  # before the agent's clock origin
+]
+
+
+@pytest.mark.parametrize("r", CASES)
+def test_same_line_as_the_general_path(r):
+    line = comm_line(r, W0, P0)
+    assert line is not None
+    assert line == dumps(schema.to_json(r, W0, P0))
+    assert json.loads(line)["k"] == "comm"
+
+
+@pytest.mark.parametrize(
+    "r",
+    [
+        rec(bytes=4096.0),
+        rec(group_ranks=[0, 1]),
+        rec(group_ranks=(0, "1")),
+        rec(async_op=1),
+        rec(step=True),
+        rec(module=3),
+        rec(dur=1.5),
+        (schema.COMM, 1, "all_reduce"),
+    ],
+)
+def test_other_types_take_the_general_path(r):
+    assert comm_line(r, W0, P0) is None
