@@ -4,8 +4,9 @@ around a collective. On NCCL and gloo the calls then never match: the group hang
 sizes that happen to fit, reduces garbage), and the timeout, if any, names neither rank nor call.
 
 Collectives are aligned per (group, step, k-th of that step in that group, in issue order), so ranks
-that attached at different moments still line up (each rank's first recorded step may be partial and
-is left out unless every rank's trace starts at step 0). In a live trace a record whose duration is
+that attached at different moments still line up (each rank's first recorded step is left out: it
+may be partial, even when numbered 0: an FSDP2 job attached within its first optimizer step read as
+"rank 1: all_gather; rank 0: reduce_scatter" at step 0). In a live trace a record whose duration is
 still unknown is held back by the agent for up to 10 s while later ones are written, so only
 records that are final are compared: older than the rank's latest record by that hold, or already
 given up on (a null duration: the call never completed). Point-to-point ops are left out (their
@@ -44,9 +45,8 @@ def _final(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
 def _aligned(c: pd.DataFrame) -> pd.DataFrame:
     """Each record's position: its group, step and index among that rank's calls in them."""
     c = c.sort_values("ts", kind="stable")
-    first = c.groupby("rank")["step"].min()
-    if not (first == 0).all():  # a trace that began mid-job (attach): the first step may be partial
-        c = c[c["step"] > c["rank"].map(first)]
+    first = c.groupby("rank")["step"].min()  # a trace may begin mid-step (attach), whatever its number
+    c = c[c["step"] > c["rank"].map(first)]
     return c.assign(k=c.groupby(["group", "step", "rank"]).cumcount())
 
 

@@ -109,3 +109,16 @@ def test_live_only_final_records_are_compared(tmp_path):
         job.add(r, schema.STATS, ts=job.start(r, 5) + 11_000 * MS, captured={}, dropped={}, errors={})
     (f,) = fired(_live(job.write(str(tmp_path / "stuck"))), "collective_mismatch")
     assert f.ranks == [1] and f.evidence["step"] == 5
+
+
+def test_a_partial_first_step_numbered_0_is_silent(tmp_path):
+    """An FSDP2 job attached within its first optimizer step: both ranks' steps start at 0 (the
+    optimizer's count), but rank 0's records begin at that step's reduce-scatter and rank 1's at its
+    all-gather (a public FSDP2 example read as a CRITICAL mismatch at step 0)."""
+    job = Job(steps=6, step_ms=100)
+    for r in range(2):
+        for s in range(6):
+            if not (r == 0 and s == 0):
+                job.comm(r, s, op="all_gather", nbytes=12864, at_ms=20, group="world:0")
+            job.comm(r, s, op="reduce_scatter", nbytes=12864, at_ms=60, group="world:0")
+    assert fired(job.write(str(tmp_path / "a")), "collective_mismatch") == []
