@@ -95,7 +95,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
 
     def recorder(name: str) -> tuple[Any, Any] | None:
         spec = METHODS.get(name)
-        return None if spec is None else _recorder(agent, spec, groups, timing, matched)
+        return None if spec is None else _recorder(agent, spec, groups, timing, matched, from_cpp=True)
 
     for name, spec in METHODS.items():
         if name in ProcessGroup.__dict__:
@@ -130,10 +130,18 @@ def _track_modules(agent: AgentAPI, undo: Undo) -> Any:
 
 
 def _recorder(
-    agent: AgentAPI, spec: Spec, groups: Groups, timing: CommTiming, matched: Matched
+    agent: AgentAPI,
+    spec: Spec,
+    groups: Groups,
+    timing: CommTiming,
+    matched: Matched,
+    from_cpp: bool = False,
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(before, after) of one kind of call: the payload and clock read before it, the record emitted
-    and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels."""
+    and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels.
+    A call C++ issues (`from_cpp`: DDP's reducer, when a bucket's last gradient is ready) carries no
+    module: the module whose backward then runs produced one gradient of the bucket, not its data (a
+    nanoGPT bucket of all 108,352 parameters was `transformer.wte`'s: a false embedding_comm)."""
     start, op, module_of, tracking = timing.start, spec.op, matched.module, matched.tracking
 
     def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
@@ -148,7 +156,11 @@ def _recorder(
         stack = agent.module_stack
         step = agent.step
         nbytes = nbytes * size if spec.times_n else nbytes
-        module = module_of(step, (op, nbytes, group), stack[-1] if stack else None, tracking())
+        module = (
+            None
+            if from_cpp
+            else module_of(step, (op, nbytes, group), stack[-1] if stack else None, tracking())
+        )
         agent.emit(
             (_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later, module, async_op)
         )

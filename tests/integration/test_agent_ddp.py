@@ -42,3 +42,13 @@ def test_bucket_all_reduces_are_timed_to_completion(pair: tuple[Job, Job]) -> No
     assert ar["dur"].notna().all() and (ar["dur"] >= 0).all()
     assert (ar["bytes"] > 0).all() and set(ar["group_size"]) == {2}
     assert on.trace.errors.empty, on.trace.errors.to_dict("records")
+
+
+def test_bucket_all_reduces_carry_no_module(pair: tuple[Job, Job]) -> None:
+    """The Reducer issues a bucket when its last gradient is ready, during whichever module's backward
+    produced it: that module is not what the bucket carries (nanoGPT's one bucket of every parameter
+    was attributed to `transformer.wte`, and embedding_comm called it embedding traffic)."""
+    on, _ = pair
+    c = on.trace.comms
+    ar = c[c["op"].astype(str) == "all_reduce"]
+    assert len(ar) > STEPS and ar["module"].isna().all(), ar["module"].value_counts(dropna=False)
