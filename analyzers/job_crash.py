@@ -97,6 +97,8 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
                 f"job crashed at iteration {step + 1}: {what} on {where}"
                 if step
                 else f"job crashed before its first step: {what} on {where}"
+                if _val(first.get("steps_known")) is None or bool(first.get("steps_known"))
+                else f"job crashed: {what} on {where} (the log has no progress line diag reads)"
             ),
             detail=str(_val(first.get("statement")) or what),
             evidence=ev,

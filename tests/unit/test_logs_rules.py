@@ -144,7 +144,7 @@ def test_too_few_records_are_not_judged():
     "name,kind,rank,iteration,line,codes",
     [
         ("oom_megatron_after_step3.log", "oom", 2, 4, 19, {2: 1}),
-        ("torchrun_sigkill.log", "exit", 3, 101, 20, {3: -9, 1: -9}),
+        ("torchrun_sigkill.log", "exit", 1, 101, 29, {3: -9, 1: -9}),  # torchrun's root cause
         ("crash_16ranks_before_step1.log", "exception", 11, 1, 9, {r: 1 for r in range(16)}),
         ("nccl_timeout_desync.log", "nccl_timeout", 0, 121, 2, {0: -6}),
         ("hf_oom_sigkill.log", "oom", -1, 2, 12, {1: -9}),
@@ -202,3 +202,13 @@ def test_pipeline_layer_list_numbers_are_not_ranks(tmp_path):
         "     1: EmbeddingPipe\n    69: EmbeddingPipe\n    70: float16_to_fp32\n"
     )
     assert import_log(str(path)).ranks == [0, 1, 2, 3]
+
+
+def test_torchrun_root_cause_leads_and_an_unread_log_claims_no_step():
+    """A public DDP program (pytorch/examples' multigpu_torchrun.py) whose rank 1 was SIGKILLed:
+    rank 0 raised 'Connection reset by peer' first, a consequence; torchrun's report names rank 1 as
+    the root cause. Its progress lines are its own: diag cannot say the job died before step 1."""
+    f = _one("job_crash", "torchrun_peer_killed_no_progress.log")
+    assert f.evidence["first_rank"] == 1 and f.evidence["signal"] == "SIGKILL"
+    assert "before its first step" not in f.title and "no progress line" in f.title
+    assert "root cause" in f.detail and "then rank(s) 0 raised RuntimeError" in f.detail

@@ -141,14 +141,18 @@ class CrashReader:
     def _child(self, ln: Line, t: str) -> bool:
         m = _CHILD.match(t)
         if m is None:
-            if t.strip().startswith("=====") and self.child.get("rank") is not None:  # type: ignore[union-attr]
+            if t.strip().startswith("Root Cause"):  # torchrun: "Root Cause (first observed failure):"
+                self.child["root_next"] = True  # type: ignore[index]
+            elif t.strip().startswith("=====") and self.child.get("rank") is not None:  # type: ignore[union-attr]
                 self.child = None
             return True
         key, value = m.group(1), m.group(2)
         entry = self.child
         assert entry is not None
         if key == "time":  # each entry starts with its time
+            root = entry.get("root_next", False)
             entry.clear()
+            entry["root"] = root
         elif key == "rank":
             entry["rank"] = _i(value.split()[0])
         elif key == "host":
@@ -158,16 +162,16 @@ class CrashReader:
             if entry.get("rank") is not None and entry["code"] is not None:
                 if entry.get("host"):
                     self.rec.hosts.setdefault(entry["rank"], entry["host"])
-                self._exit(ln, entry["code"], entry["rank"])
+                self._exit(ln, entry["code"], entry["rank"], root=bool(entry.get("root")))
         return True
 
-    def _exit(self, ln: Line, code: int, rank: int, local: bool = False) -> None:
+    def _exit(self, ln: Line, code: int, rank: int, local: bool = False, root: bool = False) -> None:
         if code == 0:
             return
         sig = _SIGNALS.get(-code) if code < 0 else None
         kind = "interrupted" if sig == "SIGINT" else "exit"
         text = f"exit code {code}" + (f" ({sig})" if sig else "")
-        detail = {"code": code, "signal": sig, "local": local}
+        detail = {"code": code, "signal": sig, "local": local, "root": root}
         self.rec.failures.append(Failure(kind, rank, ln.no, ln.ts, "exit", text, detail, ln.raw[:300]))
 
     def _add(self, ln: Line, kind: str, exc: str, msg: str, **detail: Any) -> None:
@@ -231,6 +235,7 @@ FAILURE_COLUMNS = [
     "statement",
     "fix",
     "path",
+    "steps_known",
 ]
 
 
@@ -253,6 +258,7 @@ def failure_frame(rec: Records, path: str = "") -> pd.DataFrame:
                 **{k: v for k, v in f.detail.items() if k in ("seq", "op", "code", "signal")},
                 "text": f.text,
                 "first": f is chosen,
+                "steps_known": bool(rec.last_step or rec.families),  # else "before step 1" is a guess
                 "path": path,
                 "statement": said[1] if said and f is chosen else None,
                 "fix": oom_fix(rec) if f is chosen and f.kind == "oom" else None,
@@ -264,7 +270,18 @@ def failure_frame(rec: Records, path: str = "") -> pd.DataFrame:
 
 
 def _choose(causes: list[Failure], exits: list[Failure]) -> Failure | None:
-    """The failure the statement leads with: the most telling kind, first in time."""
+    """The failure the statement leads with: the most telling kind, first in time; where torchrun
+    names the root cause (its first observed failure), that rank's own cause, else its exit: the
+    others' errors then are consequences (a peer killed by SIGKILL leaves the survivors raising
+    "Connection reset by peer", and they raise first)."""
+    root = {f.rank for f in exits if f.detail.get("root")}
+    if root:
+        own = [f for f in causes if f.rank in root]
+        pool = own or [f for f in exits if f.rank in root]
+        best = min(_PRIORITY[f.kind] for f in pool)
+        return min(
+            (f for f in pool if _PRIORITY[f.kind] == best), key=lambda f: (f.ts is None, f.ts or 0, f.line)
+        )
     pool = causes or exits
     if not pool:
         return None
@@ -279,8 +296,15 @@ def verdict(rec: Records) -> tuple[int, str] | None:
     first = _choose(causes, exits)
     if first is None:
         return None
-    main = [f for f in causes or exits if _PRIORITY[f.kind] == _PRIORITY[first.kind]]
-    when = f"after step {rec.last_step} (the last completed)" if rec.last_step else "before step 1"
+    pool = (causes or exits) if first in (causes or exits) else exits
+    main = [f for f in pool if _PRIORITY[f.kind] == _PRIORITY[first.kind]]
+    when = (
+        f"after step {rec.last_step} (the last completed)"
+        if rec.last_step
+        else "before step 1"
+        if rec.families
+        else "(the log has no progress line diag reads: the step is unknown)"
+    )
     what = {
         "oom": "CUDA out of memory",
         "nccl_timeout": "NCCL collective timeout",
@@ -290,16 +314,24 @@ def verdict(rec: Records) -> tuple[int, str] | None:
         what = f"process ended with {first.message}"
     head = f"job failed {when}: {what}"
     same = [f for f in main if (f.exc, f.kind) == (first.exc, first.kind)]
+    if first.exc == "exit":  # ranks that ended the same way (a SIGTERMed survivor is not a SIGKILLed one)
+        same = [f for f in same if f.message == first.message]
     named = ranks_text([f.rank for f in same])
     who = (
         f" on rank(s) {named} (first: rank {_r(first.rank)}, line {first.line})"
         if named != "?"
         else f" (line {first.line}; the log does not name the rank)"
     )
-    body = _detail(first, same, rec)
+    body = " (torchrun's root cause, its first observed failure)" if first.detail.get("root") else ""
+    body += _detail(first, same, rec)
     if exits and first.exc != "exit":
         codes = sorted({f.message for f in exits})
         body += f"; launcher: rank(s) {ranks_text([f.rank for f in exits])} ended with {', '.join(codes)}"
+    if first.detail.get("root"):
+        then = [f for f in causes if f.rank != first.rank]
+        if then:
+            t = then[0]
+            body += f"; then rank(s) {ranks_text([f.rank for f in then])} raised {t.exc}: {t.message[:120]}"
     return first.line, head + who + body
 
 
