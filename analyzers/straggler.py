@@ -10,6 +10,7 @@ from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics.comms import transfer_dur
+from diag.metrics.idle import gaps
 from diag.metrics.steps import NS
 
 if TYPE_CHECKING:
@@ -340,6 +341,26 @@ def _by_kernels(trace: Trace, metrics: Metrics) -> list[Finding]:
     ]
 
 
+INPUT_SHARE = 0.50  # the slow rank's extra idle lead-in explains at least this share of its gap
+INPUT_MIN_STEPS = 3  # measured on at least this many sampled steps (as idle_between_steps judges)
+
+
+def input_bound(metrics: Metrics, slow: int, gap_s: float) -> bool:
+    """The slow rank's excess is idle before its first forward (a data loader), measured on >= 3
+    sampled steps with per-layer records: an input stall, which idle_between_steps names with its
+    fix; the straggler rule then stays silent rather than say the same rank twice (it counts that
+    lead-in as the rank's own work: a planted input stall read '2.87x the others' compute time')."""
+    g = gaps(metrics)
+    if g.empty or "first" not in g or gap_s <= 0:
+        return False
+    g = g[g["first"].notna()]
+    idle = (g["gap_s"] - g["comm_gap_s"]).clip(lower=0).groupby(g["rank"]).median()
+    seen = g.groupby("rank")["step"].size()
+    if slow not in idle or seen.get(slow, 0) < INPUT_MIN_STEPS or len(idle) < 2:
+        return False
+    return float(idle[slow] - idle.drop(slow).median()) >= INPUT_SHARE * gap_s
+
+
 def _span_s(c: pd.DataFrame) -> float:
     if c.empty:
         return 0.0
@@ -366,6 +387,8 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     others' median on the same kernels (names and count) over >= 3 steady steps, it is the slowest
     on >= 60% of them, its per-step excess >= 3x that excess's noise, and the others waited for it
     on some step.
+    Not when the slow rank's extra idle lead-in before its first forward (measured on >= 3 sampled
+    steps) is >= 50% of the gap: an input stall, idle_between_steps' finding (`input_bound`).
     Priced as a what-if replay (`what_if`): per step, the others' wait for it, at most its excess,
     summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step."""
     df = compute_per_step(metrics)
@@ -391,6 +414,8 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
         or waited < WAITED * gap
     ):
         return _by_kernels(trace, metrics)
+    if input_bound(metrics, slow, gap):
+        return []
     lost = what_if(df, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
     return [
         _priced(

@@ -61,12 +61,6 @@ EXTRA_CELLS: tuple[Cell, ...] = (
         (*DDP_ARGS, *SLOW, "--layers-every", "1"),
         expect="idle_between_steps",
         rank=1,
-        known_gap=(
-            "idle_between_steps names rank 1 (81 ms lead-in before its forward, after 2 steps), but the "
-            "straggler rule names it too, as '2.87x the others' compute time': it counts the input "
-            "lead-in as compute (analyzers/straggler.py, another helper's, would subtract the lead-in "
-            "idle_between_steps measures; a compute straggler leaves idle_between_steps silent)"
-        ),
     ),
     Cell(
         "DDP",

@@ -202,3 +202,30 @@ def test_a_job_killed_all_at_once_is_no_hang(tmp_path):
     assert _killed_all_at_once(tmp_path, "end", others_on_s=0.05) == []
     (f,) = _killed_all_at_once(tmp_path, "hang", others_on_s=5.0)
     assert f.evidence["behind"] == [1]
+
+
+def _input_stalled(lead1_ms: float) -> Job:
+    """Layers recorded every step; rank 1 idles `lead1_ms` before its first forward (its data loader),
+    then works as long as rank 0, which waits for it in the step's blocking all-reduce."""
+    job = Job(steps=10, step_ms=200)
+    for s in range(job.steps):
+        for r in (0, 1):
+            t = job.start(r, s) + int((lead1_ms if r == 1 else 0) * MS)
+            job.add(r, schema.LAYER, step=s, module="blocks.0", phase="fwd", ts=t + MS, dur=60 * MS, flops=0)
+            job.add(
+                r, schema.LAYER, step=s, module="blocks.0", phase="bwd", ts=t + 62 * MS, dur=40 * MS, flops=0
+            )
+        job.comm(0, s, at_ms=105, dur_ms=5 + lead1_ms)
+        job.comm(1, s, at_ms=105 + lead1_ms, dur_ms=5)
+    return job
+
+
+def test_an_input_stall_is_idle_between_steps_not_also_a_straggler(tmp_path):
+    """The fault matrix's input-stall cell: the straggler rule counted rank 1's data-loader lead-in as
+    its own work ('2.87x the others' compute time') beside idle_between_steps' finding on the same
+    rank; one fault, one finding."""
+    trace = _input_stalled(80).write(str(tmp_path / "stall"))
+    assert fired(trace, "straggler") == []
+    (f,) = fired(trace, "idle_between_steps")
+    assert f.ranks == [1]
+    assert fired(_input_stalled(0).write(str(tmp_path / "even")), "idle_between_steps") == []
