@@ -19,6 +19,7 @@ from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
+from diag.vocab import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -39,7 +40,9 @@ def _int(v: Any) -> int | None:
 @rule("job_crash")
 def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a log shows the job failed (a traceback it did not survive, CUDA OOM, the NCCL watchdog,
-    a launcher's non-zero exit code or signal): always critical. No threshold. Fix: by failure kind (OOM:
+    a launcher's non-zero exit code or signal): critical. No threshold. A job whose only signs are a
+    stop signal or an interrupt (SIGTERM / SIGINT / SIGHUP, KeyboardInterrupt, torchrun's
+    SignalException) was stopped from outside: info. Fix: by failure kind (OOM:
     the framework's batch / recompute / parallelism settings; NCCL timeout: the desynced rank's stack)."""
     fail = trace.frame("log_failure")
     chosen = (
@@ -58,6 +61,8 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         if c == c and r >= 0
     }
     kind, rank, step = str(first["kind"]), int(first["rank"]), int(first["step"])
+    if _stopped_from_outside(fail):
+        return [_stopped(first, fail)]
     what = (
         f"process ended with {first['message']}"
         if first["exc"] == "exit"
@@ -107,6 +112,37 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
             fixes=fixes,
         )
     ]
+
+
+def _stopped_from_outside(fail: pd.DataFrame) -> bool:
+    """Every sign is an interruption or an exit by a stop signal (as `crash.stopped_from_outside`
+    judges the log's failures, here on their frame)."""
+    sig = (
+        fail["signal"].astype(object) if "signal" in fail else pd.Series([None] * len(fail), index=fail.index)
+    )
+    kinds = fail["kind"].astype(str)
+    return bool(((kinds == "interrupted") | ((kinds == "exit") & sig.isin(STOP_SIGNALS))).all())
+
+
+def _stopped(first: pd.Series, fail: pd.DataFrame) -> Finding:
+    step = int(first["step"])
+    at = f"after iteration {step}" if step else "(the log names no completed iteration)"
+    return Finding(
+        severity="info",
+        title=f"job stopped from outside {at}: {first['exc']} {str(first['message'])[:80]}".rstrip(),
+        detail="the only signs of failure are a stop signal or an interrupt (Ctrl-C, scancel, a time "
+        "limit, SIGTERM to the launcher): not a failure of the job itself",
+        evidence={
+            "kind": "interrupted",
+            "exception": str(first["exc"]),
+            "message": str(first["message"]),
+            "last_completed_step": step,
+            "line": int(first["line"]),
+            "path": _val(first.get("path")),
+        },
+        ranks=sorted({int(r) for r in fail["rank"] if r >= 0}),
+        steps=[step] if step else [],
+    )
 
 
 def _dead_rank(trace: Trace, metrics: Metrics) -> list[Finding]:

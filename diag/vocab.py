@@ -156,3 +156,8 @@ def host_comm_op(name: str) -> str | None:
         return None
     op = canonical_op(name)
     return op if op in CANONICAL_OPS else None
+
+
+# how schedulers and users stop a job (scancel, a time limit, Ctrl-C): an exit by one of these, or an
+# interrupt, is the job being stopped, not failing (the log importer and job_crash)
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")

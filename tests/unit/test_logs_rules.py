@@ -212,3 +212,18 @@ def test_torchrun_root_cause_leads_and_an_unread_log_claims_no_step():
     assert f.evidence["first_rank"] == 1 and f.evidence["signal"] == "SIGKILL"
     assert "before its first step" not in f.title and "no progress line" in f.title
     assert "root cause" in f.detail and "then rank(s) 0 raised RuntimeError" in f.detail
+
+
+def test_a_job_stopped_from_outside_is_no_crash():
+    """scancel / a time limit / SIGTERM to torchrun: its SignalException is the only sign. The job
+    did not fail by itself: an info finding, and no failed-job problem (exit 0), where it read as a
+    CRITICAL crash (a public FSDP2 example stopped after a healthy window)."""
+    f = _one("job_crash", "torchrun_stopped_sigterm.log")
+    assert f.severity == "info" and "stopped from outside after iteration 20" in f.title
+    res = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", os.path.join(FIX, "torchrun_stopped_sigterm.log"), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0 and "job failed" not in res.stderr, res.stderr

@@ -21,6 +21,7 @@ import pandas as pd
 
 from diag.importers.logs.lines import Line, num
 from diag.importers.logs.records import Failure, Records
+from diag.vocab import STOP_SIGNALS
 
 _EXC = re.compile(
     r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Failure|Timeout))"
@@ -133,7 +134,7 @@ class CrashReader:
                     "free": o.group(5),
                 }
             self._add(ln, "oom", exc, msg, **detail)
-        elif name == "KeyboardInterrupt":
+        elif name in ("KeyboardInterrupt", "SignalException"):  # torchrun's, when it is sent SIGTERM
             self._add(ln, "interrupted", exc, msg)
         else:
             self._add(ln, "exception", exc, msg)
@@ -290,11 +291,21 @@ def _choose(causes: list[Failure], exits: list[Failure]) -> Failure | None:
     return min(main, key=lambda f: (f.ts is None, f.ts or 0, f.line))
 
 
+def stopped_from_outside(fails: list[Failure]) -> bool:
+    """Every sign is an interrupt (KeyboardInterrupt, torchrun's SignalException) or an exit by a
+    stop signal: the job was stopped (Ctrl-C, scancel, a time limit), it did not fail by itself."""
+    return bool(fails) and all(
+        f.kind == "interrupted" or (f.kind == "exit" and f.detail.get("signal") in STOP_SIGNALS)
+        for f in fails
+    )
+
+
 def verdict(rec: Records) -> tuple[int, str] | None:
-    """(line, one-line statement) when the log shows the job failed; None when it did not."""
+    """(line, one-line statement) when the log shows the job failed; None when it did not (nor when
+    it was only stopped from outside: job_crash says so, as info)."""
     causes, exits = evidence(rec)
     first = _choose(causes, exits)
-    if first is None:
+    if first is None or stopped_from_outside(causes + exits):
         return None
     pool = (causes or exits) if first in (causes or exits) else exits
     main = [f for f in pool if _PRIORITY[f.kind] == _PRIORITY[first.kind]]
