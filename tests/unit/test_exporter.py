@@ -192,7 +192,9 @@ def test_the_dashboard_uses_only_exported_metrics(tmp_path) -> None:
     from tests.tui.synth import SynthJob
 
     job = SynthJob(str(tmp_path), 4, overflow_at=1)
-    for step in range(3):
+    # 5 steps: the synthetic job idles between steps, a finding (diag_findings has samples) once
+    # idle_between_steps has its 3 measured steady steps
+    for step in range(5):
         job.write_step(step)
     job.close()
     car = Sidecar(str(tmp_path), interval=3600, module=fake_nvml.make(), host="node0")
