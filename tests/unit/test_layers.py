@@ -66,6 +66,18 @@ def events(trace_dir: str, kind: str) -> list[dict[str, Any]]:
     return out
 
 
+def _three_steps_recorded(model: torch.nn.Module, trace: str) -> list[dict]:
+    """Train `model` 3 SGD steps on (4, 8) inputs with the layers collector on every step; its records."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    diag_agent.start(trace, what=("layers",), layers_every=1)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    diag_agent.stop()
+    return events(trace, schema.LAYER)
+
+
 def test_numerics_unchanged_and_every_step_recorded(tmp_path) -> None:
     reference = train(3)
     diag_agent.start(str(tmp_path), what=("layers",), layers_every=1)
@@ -335,14 +347,7 @@ def test_windows_nest_when_a_child_forward_raises(tmp_path) -> None:
     module's end must not close it instead (`layers.0` ran on until `layers.1` ended)."""
     trace = str(tmp_path / "trace")
     model = torch.nn.Sequential(_Layer(), _Layer())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    diag_agent.start(trace, what=("layers",), layers_every=1)
-    for _ in range(3):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    diag_agent.stop()
-    recs = events(trace, schema.LAYER)
+    recs = _three_steps_recorded(model, trace)
     assert {r["module"] for r in recs} >= {"Sequential", "0", "1", "0.fc", "1.fc"}
     assert truth.module_tree_problems(recs) == []
     fwd = {(r["step"], r["module"]): r["flops"] for r in recs if r["phase"] == "fwd"}
@@ -424,14 +429,7 @@ def test_a_forward_that_raised_leaves_no_record(tmp_path) -> None:
     before) leaves no record, and the retry inside the except block is not taken for a raise."""
     trace = str(tmp_path / "trace")
     model = RetryingBlock()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    diag_agent.start(trace, what=("layers",), layers_every=1)
-    for _ in range(3):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    diag_agent.stop()
-    recs = events(trace, schema.LAYER)
+    recs = _three_steps_recorded(model, trace)
     fwd = [r for r in recs if r["phase"] == "fwd" and r["step"] == 1 and r["module"] == "self_attention"]
     assert [r["flops"] for r in fwd] == [2 * 4 * 8 * 8]
     assert truth.module_tree_problems(recs) == []

@@ -132,23 +132,25 @@ def test_idle_between_steps(tmp_path):
     assert f.evidence["gap_share"][0] == pytest.approx(30 / 130, abs=1e-6)
 
 
-def test_idle_lead_in_before_first_forward(tmp_path):
-    def layer(job: Job, r: int, s: int, lead_ms: float) -> None:
-        job.add(
-            r,
-            schema.LAYER,
-            step=s,
-            module="module",
-            phase="fwd",
-            ts=job.start(r, s) + int(lead_ms * MS),
-            dur=20 * MS,
-            flops=0,
-            mem_delta=None,
-        )
+def _forward(job: Job, r: int, s: int, lead_ms: float, module: str = "module") -> None:
+    """A 20 ms forward of rank r's step s, `lead_ms` after the step's start (its idle lead-in)."""
+    job.add(
+        r,
+        schema.LAYER,
+        step=s,
+        module=module,
+        phase="fwd",
+        ts=job.start(r, s) + int(lead_ms * MS),
+        dur=20 * MS,
+        flops=0,
+        mem_delta=None,
+    )
 
+
+def test_idle_lead_in_before_first_forward(tmp_path):
     slow, fast = Job(gap_ms=0), Job(gap_ms=0)  # steps recorded boundary to boundary, as the collector does
-    slow.each_step(lambda r, s: layer(slow, r, s, 25))
-    fast.each_step(lambda r, s: layer(fast, r, s, 1))
+    slow.each_step(lambda r, s: _forward(slow, r, s, 25))
+    fast.each_step(lambda r, s: _forward(fast, r, s, 1))
     (f,) = fired(slow.write(str(tmp_path / "slow")), "idle_between_steps")
     assert f.recoverable_s == pytest.approx(0.025, abs=1e-6)
     assert fired(fast.write(str(tmp_path / "fast")), "idle_between_steps") == []
@@ -162,19 +164,8 @@ def test_idle_lead_in_on_one_sampled_step_is_not_an_input_stall(tmp_path):
         job = Job(steps=8, gap_ms=0)
         for r in range(job.ranks):
             for s in range(job.steps):
-                lead = 25 if (r == 1 and s in sampled) else 1
                 if s in sampled:
-                    job.add(
-                        r,
-                        schema.LAYER,
-                        step=s,
-                        module="m",
-                        phase="fwd",
-                        ts=job.start(r, s) + int(lead * MS),
-                        dur=20 * MS,
-                        flops=0,
-                        mem_delta=None,
-                    )
+                    _forward(job, r, s, 25 if r == 1 else 1, module="m")
         return job
 
     assert fired(layers({5}).write(str(tmp_path / "one")), "idle_between_steps") == []
