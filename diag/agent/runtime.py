@@ -83,6 +83,7 @@ class Agent:
         self._error_count = 0  # errors recorded so far (the writer formats them when it grows)
         self._errors_done = 0  # ... and when it last did
         self._idle_modules = -1  # len(sys.modules) when every idle listener last said it was settled
+        self._unsettled = 0  # `unsettle()` calls: one that lands while the listeners run is kept
         self._last_stats = 0.0
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
@@ -294,15 +295,22 @@ class Agent:
                 self._run_idle_listeners()
             self.writer_cpu_ns += time.thread_time_ns() - c0
 
+    def unsettle(self) -> None:
+        """Run the idle listeners at the next flush although nothing was imported: one of them has
+        new work (a bare process group to name, `collectors.comms.groups`)."""
+        self._unsettled += 1
+        self._idle_modules = -1
+
     def _run_idle_listeners(self) -> None:
         """Each flush, while something was imported since every listener last said it was settled
         (returned True: a framework it waits for is patched or absent, none half-imported)."""
         count = len(sys.modules)
         if not self.idle_listeners or count == self._idle_modules:
             return
+        asked = self._unsettled
         with self._idle_lock:
             settled = [listener() for listener in list(self.idle_listeners)]  # each guarded
-        if all(done is True for done in settled):
+        if all(done is True for done in settled) and asked == self._unsettled:
             self._idle_modules = count
 
     def _flush(self, final: bool) -> None:
