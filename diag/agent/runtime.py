@@ -90,6 +90,8 @@ class Agent:
         self.self_time = options.self_time
         self.hook_ns = 0
         self.hook_calls = 0
+        self.hook_by: dict[str, list[int]] = {}  # collector -> [ns, calls] (self_time): what is fixed
+        # per step (steps, overflow, memory) apart from what grows with the collectives (comms)
         self.probe_ns = 0.0  # what timing one hook adds to its own figure (calibrated at start)
         self._in_hook = threading.local()
         self._held: list[tuple[float, tuple[Any, ...]]] = []  # records waiting on GPU timings
@@ -115,15 +117,16 @@ class Agent:
                 return None
 
         guarded.__wrapped__ = fn  # type: ignore[attr-defined]
-        return self._timed(guarded) if self.self_time else guarded
+        return self._timed(guarded, collector) if self.self_time else guarded
 
-    def _timed(self, guarded: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, guarded: Callable[..., Any], collector: str) -> Callable[..., Any]:
         """`self_time`: add the hook's CPU time (this thread's: a rank preempted inside a hook on a
         busy host costs the job nothing) to `hook_ns`, once per outermost hook (a hook run from
         inside another, a step listener from the steps hook, is in its caller's time). Measures
         diag's own Python, not the job's: every guarded function runs between the job's calls.
         The timing's own share is calibrated at start and taken off in `own_hook_ns`."""
         agent, local, clock = self, self._in_hook, time.thread_time_ns
+        mine = self.hook_by.setdefault(collector, [0, 0])
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if getattr(local, "on", False):
@@ -133,8 +136,11 @@ class Agent:
             try:
                 return guarded(*args, **kwargs)
             finally:
-                agent.hook_ns += clock() - t0
+                spent = clock() - t0
+                agent.hook_ns += spent
                 agent.hook_calls += 1
+                mine[0] += spent
+                mine[1] += 1
                 local.on = False
 
         timed.__wrapped__ = guarded  # type: ignore[attr-defined]
@@ -153,6 +159,7 @@ class Agent:
             per = (self.hook_ns - ns0) / n
             best = per if best is None else min(best, per)
         self.hook_ns = self.hook_calls = 0
+        self.hook_by.pop("agent", None)
         self.probe_ns = best or 0.0
 
     def own_hook_ns(self) -> int | None:
@@ -160,6 +167,12 @@ class Agent:
         if not self.self_time:
             return None
         return max(0, int(self.hook_ns - self.hook_calls * self.probe_ns))
+
+    def own_hook_ns_by(self) -> dict[str, int] | None:
+        """`own_hook_ns` by collector (the outermost hook's: a step listener is in `steps`)."""
+        if not self.self_time:
+            return None
+        return {name: max(0, int(ns - calls * self.probe_ns)) for name, (ns, calls) in self.hook_by.items()}
 
     def record_error(self, collector: str, where: str, exc: BaseException) -> None:
         key = (collector, where, type(exc).__name__)
@@ -423,6 +436,7 @@ class Agent:
             "writer_cpu_ns": self.writer_cpu_ns,
             "hook_ns": self.own_hook_ns(),
             "hook_calls": self.hook_calls,
+            "hook_ns_by": self.own_hook_ns_by(),
         }
 
 
