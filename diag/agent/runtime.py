@@ -21,6 +21,7 @@ from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import fork as _fork
 from diag.agent import pending as _pending
+from diag.agent import uncaught as _uncaught
 from diag.agent.api import CollectorState, Installer
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
@@ -228,6 +229,7 @@ class Agent:
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         _fork.watch(self)  # forked children (DataLoader workers) start without this agent
+        _uncaught.install(self)  # an exception that ends the job is in its trace (undone at stop)
         rank, _ = rank_and_world()
         self._file = TraceFileWriter(self.trace_dir, rank_file_name(rank, os.getpid()))
         header = build_header(
@@ -288,6 +290,13 @@ class Agent:
         if self._file is not None:
             self._file.close()
         return failed
+
+    def write_now(self) -> None:
+        """Write what is buffered from this thread, now (the job is ending: `diag.agent.uncaught`)."""
+        try:
+            self._flush(final=False)
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("agent", "write_now", exc)
 
     def flush(self) -> None:
         """Ask the writer thread to write what is buffered now (snapshot)."""
