@@ -14,6 +14,7 @@ from diag.analyzers import registered_rules
 import diag
 from diag import agent, schema
 from diag.metrics.stage import Metrics
+from tests.workloads import launch
 
 JOB = textwrap.dedent(
     """
@@ -54,6 +55,9 @@ def test_an_exception_that_ends_the_job_is_named_from_the_trace(tmp_path) -> Non
     assert f.severity == "critical" and f.evidence["exception"] == "AttributeError", f
     assert f.evidence["message"] == "no attribute _cuda_setDevice" and f.evidence["last_completed_step"] == 3
     assert f.evidence["where"].endswith("train.py:14 in setup") and f.steps == [4], f.evidence
+    cli = launch.diag_cli("analyze", str(tmp_path / "trace"))
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr
+    assert cli.stderr.splitlines() == [f"diag analyze: error: job failed: {f.title}"], cli.stderr
 
 
 def test_an_interrupt_is_a_stop_from_outside(tmp_path) -> None:
@@ -61,6 +65,7 @@ def test_an_interrupt_is_a_stop_from_outside(tmp_path) -> None:
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
     (f,) = found
     assert f.severity == "info" and "stopped from outside before its first step" in f.title, f.title
+    assert launch.diag_cli("analyze", str(tmp_path / "trace")).returncode == 0  # not a failure of the job
 
 
 def test_a_job_that_ends_well_has_no_record_and_detach_restores_the_hook(tmp_path) -> None:
