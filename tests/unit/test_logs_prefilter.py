@@ -19,7 +19,10 @@ from diag.importers.logs.many import import_logs
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 FIX = os.path.join(ROOT, "tests", "fixtures", "logs")
 LOGS = sorted(
-    glob.glob(os.path.join(FIX, "*.log")) + glob.glob(os.path.join(ROOT, "sample_traces", "*", "*.log"))
+    glob.glob(os.path.join(FIX, "*.log"))
+    + glob.glob(os.path.join(FIX, "*.md"))
+    + glob.glob(os.path.join(FIX, "*.rst"))
+    + glob.glob(os.path.join(ROOT, "sample_traces", "*", "*.log"))
 )
 
 

@@ -59,6 +59,8 @@ KEYWORDS = (
     b"Total train batch size",
     b"Gradient Accumulation steps",
     b"Total optimization steps",
+    # verl.VerlReader
+    b"step:",
     # lines.Line: a rank named in the text
     b"[Rank",
 )
@@ -83,7 +85,10 @@ def _alternation(node: dict[bytes, dict]) -> bytes:
 _KEY = re.compile(_trie(list(KEYWORDS)))
 # a line's (or a `\r` piece's) head: leading blanks, then up to 3 tokens that hold a `:` (every launcher
 # prefix ends with one and holds no blank; the parse stops at the first token without one)
-_HEAD = rb"[ \t\f\v]*(?:[^\s:]*:\S*[ \t\f\v]*){0,3}"
+_HEAD = (
+    rb"(?:>(?=[\s>]|$)|\x1b\[[\d;]*m|\((?:[A-Za-z_][\w.]* )?pid=\d+(?:, ip=[\d.]+)?\)|[ \t\f\v])*"
+    rb"(?:[^\s:]*:\S*[ \t\f\v]*){0,3}"
+)
 _HEADS_NL = re.compile(rb"(?m)^" + _HEAD)
 _HEADS_CR = re.compile(rb"(?m)(?:^|(?<=\r))" + _HEAD)  # a chunk with `\r`: each piece has its head
 _HEADS_KEPT = 1 << 16  # distinct heads remembered (a timestamp in a head makes each second new)
