@@ -8,8 +8,8 @@ words every recognized line contains (each reader's own `in` guard, see the read
 of a block (`busy`: Megatron's arguments dump, DeepSpeed's config or JSON dump, an open traceback, a
 torchrun failure report), are decoded and yielded, so every reader sees exactly the lines it acted on
 before. The ranks and hosts the launcher prefixes of the other lines name are still counted (the
-run's ranks): one regex over the chunk takes each line's head (its first tokens holding a `:`, which
-covers every prefix `lines.Line` peels), and each distinct head is parsed once.
+run's ranks), in line order: each such line's head (its first tokens holding a `:`, which covers every
+prefix `lines.Line` peels) is taken by one anchored regex, and each distinct head is parsed once.
 """
 
 from __future__ import annotations
@@ -89,8 +89,7 @@ _HEAD = (
     rb"(?:>(?=[\s>]|$)|\x1b\[[\d;]*m|\((?:[A-Za-z_][\w.]* )?pid=\d+(?:, ip=[\d.]+)?\)|[ \t\f\v])*"
     rb"(?:[^\s:]*:\S*[ \t\f\v]*){0,3}"
 )
-_HEADS_NL = re.compile(rb"(?m)^" + _HEAD)
-_HEADS_CR = re.compile(rb"(?m)(?:^|(?<=\r))" + _HEAD)  # a chunk with `\r`: each piece has its head
+_HEAD_AT = re.compile(_HEAD).match
 _HEADS_KEPT = 1 << 16  # distinct heads remembered (a timestamp in a head makes each second new)
 
 
@@ -98,8 +97,8 @@ def keyword_lines(
     path: str, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None]
 ) -> Iterator[Line]:
     """The lines of `path` that hold a keyword, and every line while `busy()`; `rank_seen(rank, host)`
-    for the launcher prefix of every line, in order of first appearance in each chunk. Same limits
-    and problems as `lines.read_lines`."""
+    for the launcher prefix of each other line, in line order (as offering every line calls it). Same
+    limits and problems as `lines.read_lines`."""
     with open_log(path) as stream:
         try:
             yield from _lines(stream, busy, rank_seen)  # type: ignore[arg-type]
@@ -112,7 +111,7 @@ def _lines(
 ) -> Iterator[Line]:
     limit, max_line = safeio.max_input_bytes(), safeio.max_line_bytes()
     read = stream.read  # type: ignore[attr-defined]
-    heads: set[bytes] = set()
+    heads = _Heads(rank_seen)
     total = 0
     no = 0  # lines before the chunk
     rest = b""
@@ -141,37 +140,48 @@ def _lines(
         if skipping:  # the tail of a line past the limit: counts as a line, yields nothing
             start = chunk.find(b"\n") + 1 or len(chunk)
             skipping = False
-        _heads(chunk, start, heads, rank_seen)
-        yield from _chunk_lines(chunk, start, no, max_line, busy)
+        yield from _chunk_lines(chunk, start, no, max_line, busy, heads)
         no += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
 
 
-def _heads(chunk: bytes, start: int, heads: set[bytes], rank_seen: Callable[[int, str | None], None]) -> None:
-    if len(heads) > _HEADS_KEPT:
-        heads.clear()
-    found = (_HEADS_CR if b"\r" in chunk else _HEADS_NL).findall(chunk, start)
-    for h in dict.fromkeys(found):
-        if h not in heads:
-            heads.add(h)
-            rank, host, _ = peel(h.decode("utf-8", "replace"))
-            if rank >= 0:
-                rank_seen(rank, host)
+class _Heads:
+    """The rank (and host) each distinct line head names, reported once (`rank_seen`) for the lines
+    no reader is offered: a parse per distinct head, not per line."""
+
+    def __init__(self, rank_seen: Callable[[int, str | None], None]) -> None:
+        self.seen: set[bytes] = set()
+        self.rank_seen = rank_seen
+
+    def line(self, b: bytes) -> None:
+        for piece in b.split(b"\r") if b"\r" in b else (b,):  # each `\r` piece has its head
+            h = _HEAD_AT(piece).group()  # type: ignore[union-attr]
+            if h not in self.seen:
+                if len(self.seen) > _HEADS_KEPT:
+                    self.seen.clear()
+                self.seen.add(h)
+                rank, host, _ = peel(h.decode("utf-8", "replace"))
+                if rank >= 0:
+                    self.rank_seen(rank, host)
 
 
 def _chunk_lines(
-    chunk: bytes, start: int, no: int, max_line: int, busy: Callable[[], bool]
+    chunk: bytes, start: int, no: int, max_line: int, busy: Callable[[], bool], heads: _Heads
 ) -> Iterator[Line]:
     """The chunk's (complete) lines with a keyword, and all lines while `busy()`; `no`: the lines
-    before the chunk."""
+    before the chunk. The other lines' heads go to `heads`, in line order."""
     lines = chunk[start:].split(b"\n")
     if chunk.endswith(b"\n"):
         lines.pop()
     no += chunk.count(b"\n", 0, start)
     search = _KEY.search
+    head = heads.line
     every = busy()
     for b in lines:
         no += 1
-        if (not every and search(b) is None) or len(b) > max_line:
+        if len(b) > max_line:
+            continue
+        if not every and search(b) is None:
+            head(b)
             continue
         raw = b.decode("utf-8", "replace").rstrip("\r\n")
         if "\r" not in raw:
