@@ -153,15 +153,19 @@ class _Heads:
         self.rank_seen = rank_seen
 
     def line(self, b: bytes) -> None:
-        for piece in b.split(b"\r") if b"\r" in b else (b,):  # each `\r` piece has its head
+        """A line with `\r` pieces: each piece has its head."""
+        for piece in b.split(b"\r"):
             h = _HEAD_AT(piece).group()  # type: ignore[union-attr]
             if h not in self.seen:
-                if len(self.seen) > _HEADS_KEPT:
-                    self.seen.clear()
-                self.seen.add(h)
-                rank, host, _ = peel(h.decode("utf-8", "replace"))
-                if rank >= 0:
-                    self.rank_seen(rank, host)
+                self.new(h)
+
+    def new(self, h: bytes) -> None:
+        if len(self.seen) > _HEADS_KEPT:
+            self.seen.clear()
+        self.seen.add(h)
+        rank, host, _ = peel(h.decode("utf-8", "replace"))
+        if rank >= 0:
+            self.rank_seen(rank, host)
 
 
 def _chunk_lines(
@@ -174,14 +178,18 @@ def _chunk_lines(
         lines.pop()
     no += chunk.count(b"\n", 0, start)
     search = _KEY.search
-    head = heads.line
+    seen, head_at = heads.seen, _HEAD_AT
     every = busy()
     for b in lines:
         no += 1
         if len(b) > max_line:
             continue
-        if not every and search(b) is None:
-            head(b)
+        if not every and search(b) is None:  # the hot loop of a long log: most lines end here
+            if b"\r" in b:
+                heads.line(b)
+            elif (h := head_at(b).group()) not in seen:  # type: ignore[union-attr]
+                heads.new(h)
+                seen = heads.seen  # `new` may have begun a new set
             continue
         raw = b.decode("utf-8", "replace").rstrip("\r\n")
         if "\r" not in raw:
