@@ -1,15 +1,20 @@
 """Read a log at close to disk speed: only the lines a reader can use become `Line`s.
 
-Most of a long log is lines no reader uses (a model's own prints, warnings, data loader chatter), and
-a `Line` (decode, prefix peeling) costs far more than finding out that a line is not one of those. So
-the file is read in large binary chunks and searched with one compiled alternation of `KEYWORDS`: the
-words every recognized line contains (each reader's own `in` guard, see the readers), plus `[Rank`
-(a rank named in the text). Only lines with a keyword, and every line while a reader is in the middle
-of a block (`busy`: Megatron's arguments dump, DeepSpeed's config or JSON dump, an open traceback, a
-torchrun failure report), are decoded and yielded, so every reader sees exactly the lines it acted on
-before. The ranks and hosts the launcher prefixes of the other lines name are still counted (the
-run's ranks), in line order: each such line's head (its first tokens holding a `:`, which covers every
-prefix `lines.Line` peels) is taken by one anchored regex, and each distinct head is parsed once.
+Most of a long log is lines no reader uses (a model's own prints, warnings, data loader chatter), and a
+`Line` (decode, prefix peeling) costs far more than finding out that a line is not one of those. So the
+file is read in large binary chunks and each line searched with one compiled alternation of `ANCHORS`: a
+piece of each of `KEYWORDS` (the words every recognized line contains: each reader's own `in` guard, see
+the readers, plus `[Rank`, a rank named in the text) that starts with a byte rare in logs. The engine
+tries the alternation only where a line holds one of the anchors' first bytes, so anchors starting `x`,
+`z`, `_`, `{` or a capital cost far less than the words' own common first letters (keyword search 0.67
+-> 0.42 s CPU on 50 MiB of the bench's input with NCCL/warning chatter, 0.30 -> 0.23 s on the
+fixture-only input, with no more lines let through on either). A line holding an anchor but no keyword
+is only offered to readers that ignore it. Only lines with an anchor, and every line while a reader is
+in the middle of a block (`busy`: Megatron's arguments dump, DeepSpeed's config or JSON dump, an open
+traceback, a torchrun failure report), are decoded and yielded, so every reader sees exactly the lines
+it acted on before. The ranks and hosts the launcher prefixes of the other lines name are still counted
+(the run's ranks), in line order: each such line's head (its first tokens holding a `:`, which covers
+every prefix `lines.Line` peels) is taken by one anchored regex, and each distinct head is parsed once.
 """
 
 from __future__ import annotations
@@ -66,6 +71,44 @@ KEYWORDS = (
 )
 
 
+# one piece of each keyword (so every line with a keyword holds one), starting with a byte rare in logs
+ANCHORS = (
+    b"Traceback",
+    b"FailedError",
+    b"Watchdog caught",
+    b"xitcode:",
+    b"xits with return code",
+    b"Segmentation fault",
+    b"fter throwing",
+    b"iteration",
+    b"guments",
+    b"world size:",
+    b"group",
+    b"vocab",
+    b"_step=",
+    b"kipped=",
+    b"PerSec=",
+    b"time (s)",
+    b"kipping step",
+    b"Engine configuration",
+    b"int]",
+    b"_world_size=",
+    b"MPI settings",
+    b"_rank_mapping=",
+    b"ZeRO stage",
+    b"x_MA",
+    b"it]",
+    b"it/s]",
+    b"{'",
+    b"ze per device",
+    b"Total train",
+    b"Accumulation steps",
+    b"zation steps",
+    b"tep:",
+    b"Rank",
+)
+
+
 def _trie(words: list[bytes]) -> bytes:
     """One regex for `words` with common prefixes factored out (the engine tries fewer branches)."""
     tree: dict[bytes, dict] = {}
@@ -82,7 +125,7 @@ def _alternation(node: dict[bytes, dict]) -> bytes:
     return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
 
 
-_KEY = re.compile(_trie(list(KEYWORDS)))
+_KEY = re.compile(_trie(list(ANCHORS)))
 # a line's (or a `\r` piece's) head: leading blanks, then up to 3 tokens that hold a `:` (every launcher
 # prefix ends with one and holds no blank; the parse stops at the first token without one)
 _HEAD = (
