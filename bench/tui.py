@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -52,6 +53,7 @@ async def measure(ranks: int, seconds: int, interval: float) -> dict[str, float]
         cpu, wall = time.process_time() - cpu0 - writer_cpu, time.monotonic() - wall0
         rows = app.query_one("#ranks-table").row_count
     job.close()
+    shutil.rmtree(d, ignore_errors=True)
     return {
         "ranks": rows,
         "cpu_per_wall": cpu / wall,
