@@ -26,6 +26,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from diag.tui.app import TopApp
+from diag.tui.pump import run_analyzers
 from diag.tui.source import LiveSource
 from tests.tui.synth import SynthJob
 
@@ -34,10 +35,10 @@ def _p(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def measure(ranks: int, seconds: int, interval: float) -> dict[str, float]:
+async def measure(ranks: int, seconds: int, interval: float, analyze: bool = False) -> dict[str, float]:
     d = tempfile.mkdtemp(prefix="diag-bench-tui-")
     job = SynthJob(d, ranks, slow_rank=3)
-    app = TopApp(LiveSource(d), analyze=None, interval=interval)
+    app = TopApp(LiveSource(d), analyze=run_analyzers if analyze else None, interval=interval)
     writer_cpu, latencies = 0.0, []
     async with app.run_test(size=(160, 50)) as pilot:
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -66,6 +67,7 @@ async def measure(ranks: int, seconds: int, interval: float) -> dict[str, float]
         "latency_p95": _p(latencies, 0.95),
         "events": app.model.events,
         "interval": interval,
+        "analyses": app.pump.analyses,
     }
 
 
@@ -74,10 +76,14 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--analyze", action="store_true", help="run the analyzers too, as diag top does")
     a = p.parse_args()
-    r = asyncio.run(measure(a.ranks, a.seconds, a.interval))
+    r = asyncio.run(measure(a.ranks, a.seconds, a.interval, a.analyze))
     per = r["interval"]
-    print(f"diag top, {r['ranks']} ranks, {r['events']} events over {a.seconds} refreshes")
+    print(
+        f"diag top, {r['ranks']} ranks, {r['events']} events over {a.seconds} refreshes, "
+        f"{r['analyses']} analyses (every max(10 s, 10x the last one's CPU))"
+    )
     print(f"  UI CPU use:               {r['cpu_per_wall']:.2f} core-seconds per second")
     print(
         f"  UI CPU per refresh:       {r['cpu_per_refresh']:.2f} core-seconds "
