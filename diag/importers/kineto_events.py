@@ -177,11 +177,12 @@ def _parse_chunks(data: bytes) -> tuple[dict[str, Any], list[dict[str, pd.DataFr
 
 
 def read_events(path: str) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """(the document without `traceEvents`, frames `gpu`, `runtime`, `host`)."""
-    data = read_bytes(path)
-    parsed = _parse_chunks(data)
+    """(the document without `traceEvents`, frames `gpu`, `runtime`, `host`): streamed where the
+    file allows it (kineto_stream), else read whole and cut, else parsed whole."""
+    from diag.importers.kineto_stream import parse_streamed
+
+    parsed = parse_streamed(path) or _parse_chunks(read_bytes(path))
     if parsed is None:
-        del data
         doc = load_json(path)
         if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
             raise ImportProblem("not a PyTorch profiler trace (no traceEvents list)")
