@@ -53,10 +53,14 @@ def _split(data: bytes) -> tuple[bytes, Iterator[bytes]] | None:
     return data[:start] + b"]" + data[end + 1 :], chunks()
 
 
-def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+def _frames(events: list[dict[str, Any]], names: dict[str, str] | None = None) -> dict[str, pd.DataFrame]:
     """Complete (`X`) events by kind -> small frames; only the args the importer reads are kept.
     Events whose ts / dur is a number that is not a usable time (non-finite, beyond +-2**62 ns, a
-    negative dur) are dropped and counted under `BAD` as (count, the first one described)."""
+    negative dur) are dropped and counted under `BAD` as (count, the first one described). Equal
+    strings of the name, cat and tid columns become one object, shared through `names` by the
+    chunks of a file (the parser makes one string per event: 20 bytes of column and 60-100 of
+    string per event and column, until the frames turn them into categories)."""
+    names = {} if names is None else names
     rows: dict[str, list[dict[str, Any]]] = {"gpu": [], "runtime": [], "host": []}
     for e in events:
         if type(e) is dict and e.get("ph") == "X":
@@ -76,6 +80,7 @@ def _frames(events: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
     bad: list[Any] = [0, None]
     for kind, evs in rows.items():
         name, cat, ts, dur, tid = _fields(evs)
+        name, cat, tid = (_shared(col, names) for col in (name, cat, tid))
         (ts_ns, ts_ok), (dur_ns, dur_ok) = _ns(ts), _ns(dur)
         keep = ts_ok & dur_ok & (dur_ns >= 0)
         # object columns even when empty: a trace with no host ops at all (older Kineto, an
@@ -123,6 +128,12 @@ def _fields(evs: list[dict[str, Any]]) -> tuple[Any, ...]:
     return cols if cols else ((), (), (), (), ())
 
 
+def _shared(col: tuple[Any, ...], names: dict[str, str]) -> list[Any]:
+    """`col` with each string replaced by the first equal one seen (only strings: 1, 1.0 and True
+    are equal keys of a dict but not the same value)."""
+    return [names.setdefault(v, v) if type(v) is str else v for v in col]
+
+
 def _ns(us: Any) -> tuple[np.ndarray, np.ndarray]:
     """Microseconds -> (integer nanoseconds, which were usable times). Junk (absent, null, a
     string) counts 0 as it always did; a number that is not finite or beyond +-2**62 ns (NaN, 1e30,
@@ -158,18 +169,20 @@ def _parse_chunks(data: bytes) -> tuple[dict[str, Any], list[dict[str, pd.DataFr
     head, chunks = split
     try:
         doc = loads(head)
-        parts = [_frames(loads(c)) for c in chunks]
+        names: dict[str, str] = {}
+        parts = [_frames(loads(c), names) for c in chunks]
     except JSONError:
         return None
     return (doc, parts) if isinstance(doc, dict) else None
 
 
 def read_events(path: str) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """(the document without `traceEvents`, frames `gpu`, `runtime`, `host`)."""
-    data = read_bytes(path)
-    parsed = _parse_chunks(data)
+    """(the document without `traceEvents`, frames `gpu`, `runtime`, `host`): streamed where the
+    file allows it (kineto_stream), else read whole and cut, else parsed whole."""
+    from diag.importers.kineto_stream import parse_streamed
+
+    parsed = parse_streamed(path) or _parse_chunks(read_bytes(path))
     if parsed is None:
-        del data
         doc = load_json(path)
         if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
             raise ImportProblem("not a PyTorch profiler trace (no traceEvents list)")

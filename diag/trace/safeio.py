@@ -109,7 +109,8 @@ def read_limited(path: str, limit: int | None = None) -> bytes:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
                 raise InputError(too_big(f"holds {size:,} bytes, more than", limit))
-            return head + _read_at_most(f, limit - len(head))
+            f.seek(0)  # read whole: `head + rest` copied the file once more (a 2x peak)
+            return _read_at_most(f, limit)
         f.seek(0)
         return _gunzip(f, limit)
 

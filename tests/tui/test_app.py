@@ -232,3 +232,32 @@ async def test_waits_for_a_trace_directory_that_does_not_exist_yet(tmp_path):
         SynthJob(str(later), 2).write_step(0)  # the job starts and creates it
         await wait_for(pilot, lambda: app.view is not None and app.view.last_step == 0)
         assert "does not exist yet" not in str(app.query_one("#summary").render())
+
+
+@sync
+async def test_narrower_cells_do_not_remeasure_the_column(tmp_path, monkeypatch):
+    """DataTable re-measures a whole column for each updated cell narrower than the column: at 1,024
+    ranks a refresh (8 changing columns) was 8 million measurements and `bench.tui` never finished."""
+    import textual.widgets._data_table as dt
+    from textual.app import App
+
+    class One(App[None]):
+        def compose(self):
+            yield SyncTable(("key", "value"), id="t")
+
+    n = 300
+    app = One()
+    async with app.run_test(size=(80, 20)) as pilot:
+        table = app.query_one("#t", SyncTable)
+        table.sync({str(i): (str(i), "x" * 20) for i in range(n)})
+        await pilot.pause()
+        calls = []
+        real = dt.measure
+        monkeypatch.setattr(dt, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+        table.sync({str(i): (str(i), "y" * 5) for i in range(n)})  # every cell narrower
+        await pilot.pause()
+        assert len(calls) <= n, len(calls)  # was 3n: the whole column again per narrower cell
+        table.sync({str(i): (str(i), "z" * 30 if i == 0 else "y" * 5) for i in range(n)})
+        await pilot.pause()  # one cell wider than its column: the column widens
+        assert table.columns["value"].get_render_width(table) >= 30 + 2
+        assert table.row_count == n and str(table.get_cell("1", "value")) == "y" * 5

@@ -338,3 +338,27 @@ def test_header_shows_the_megatron_layout_and_named_groups(tmp_path):
     line = summary_text(build_view(m), "live x").splitlines()[0]
     assert "TP=2 PP=1 DP=1" in line and "micro-batch 4" in line and "groups tp(2)" in line, line
     assert "world" not in line
+
+
+def test_analyses_are_spaced_by_their_own_cost(tmp_path):
+    """At 1,024 ranks the rules cost 2.4 CPU s: run every 10 s they took a quarter of a core and held
+    up the refreshes. The next analysis waits `ANALYSIS_SHARE` times the latest one's CPU time
+    when that is longer than `analyze_every`."""
+    from diag.tui.pump import ANALYSIS_SHARE, Pump, run_analyzers
+    from tests.tui.synth import SynthJob
+
+    job = SynthJob(str(tmp_path), 64, slow_rank=3)
+    for step in (0, 1):
+        job.write_step(step)
+    pump = Pump(LiveSource(str(tmp_path)), [].append, interval=0.01, analyze=run_analyzers, analyze_every=0)
+    pump.poll_once()
+    pump.maybe_analyze()
+    assert pump.analyses == 1 and pump._analysis_cpu > 0
+    job.write_step(2)
+    pump.poll_once()
+    pump.maybe_analyze()  # new data and analyze_every 0, but sooner than 10x the last one's cost
+    assert pump.analyses == 1
+    pump._last_analysis -= ANALYSIS_SHARE * pump._analysis_cpu
+    pump.maybe_analyze()
+    assert pump.analyses == 2
+    job.close()

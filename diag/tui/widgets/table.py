@@ -1,11 +1,16 @@
-"""`SyncTable`: a DataTable updated in place from keyed rows, so a 1 Hz refresh of 256 ranks
-touches only the cells whose text changed instead of rebuilding the table."""
+"""`SyncTable`: a DataTable updated in place from keyed rows, so a 1 Hz refresh of 1,024 ranks
+touches only the cells whose text changed instead of rebuilding the table.
+
+A column is only ever widened, and only by a cell wider than it: DataTable re-measures a whole
+column for every updated cell narrower than the column (`update_width=True`), which at 1,024 rows
+x 8 changing columns is 8 million measurements per refresh."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
 
@@ -44,7 +49,8 @@ class SyncTable(DataTable):
                 for col, new, was in zip(self._columns, cells, old):
                     if new != was:
                         # a column widens when a cell outgrows it (replay's first rows are placeholders)
-                        self.update_cell(key, col, Text(new), update_width=True)
+                        wider = cell_len(new) > self.columns[col].content_width  # type: ignore[index]
+                        self.update_cell(key, col, Text(new), update_width=wider)
                         self.cell_updates += 1
                 changed = True
             self._cells[key] = cells
