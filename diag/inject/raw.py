@@ -244,21 +244,34 @@ def resumed(saved: Regs) -> Regs:
     return regs
 
 
+XSTATE_BV = slice(512, 520)  # the XSAVE header's "which components are not in their init state"
+TILEDATA = 18  # AMX tile data: the one dynamic XSAVE component (granted per process on request)
+TILEDATA_SIZE = 8192  # 8 tiles x 1 KiB, the last component of the standard format
+
+
+def frame_features(xstate: bytes) -> tuple[int, int]:
+    """(xfeatures, xstate size) the signal frame declares. ptrace's buffer holds every feature of
+    XCR0 (its word at FX_SW_OFFSET); on a CPU with AMX that includes the 8 KiB of tile data, which a
+    thread has only once its process asked for it. The kernel's rt_sigreturn takes a frame larger
+    than the thread's own XSAVE area for a legacy one and restores x87/SSE only (AVX-512 state was
+    lost, and put back by hand, on every injection on a Sapphire Rapids host): tile data the thread
+    does not use (its XSTATE_BV bit clear) is left out of the frame; it stays in its init state."""
+    xfeatures = struct.unpack_from("<Q", xstate, FX_SW_OFFSET)[0]
+    in_use = struct.unpack_from("<Q", xstate, XSTATE_BV.start)[0]
+    size = len(xstate)
+    if xfeatures >> TILEDATA & 1 and not in_use >> TILEDATA & 1 and size > TILEDATA_SIZE + 576:
+        return xfeatures & ~(1 << TILEDATA), size - TILEDATA_SIZE
+    return xfeatures, size
+
+
 def signal_frame(saved: Regs, xstate: bytes, trampoline: int, blocked: int) -> tuple[int, bytes]:
     """(address, bytes) of an x86-64 rt_sigframe below `saved`'s red zone whose first word (the
     return address of our call) is the trampoline, then the ucontext with `saved`'s registers, then
     the FPU state (64-byte aligned, with the signal-frame software bytes and closing magic)."""
     regs = resumed(saved)
-    fp = bytearray(xstate)
-    struct.pack_into(
-        "<IIQI",
-        fp,
-        FX_SW_OFFSET,
-        XSTATE_MAGIC1,
-        len(fp) + 4,
-        struct.unpack_from("<Q", xstate, FX_SW_OFFSET)[0],
-        len(fp),
-    )  # ptrace's word: XCR0
+    xfeatures, size = frame_features(xstate)
+    fp = bytearray(xstate[:size])
+    struct.pack_into("<IIQI", fp, FX_SW_OFFSET, XSTATE_MAGIC1, len(fp) + 4, xfeatures, len(fp))
     fp += struct.pack("<I", XSTATE_MAGIC2)
     fp_at = (saved.rsp - RED_ZONE - len(fp)) & ~63
     frame_at = ((fp_at - FRAME_SIZE) & ~15) - 8
@@ -303,9 +316,6 @@ def _inject(target: _Seized, payload: bytes, size: int, add: int, run: int, mmap
         _check_restored(target, resumed(saved), xstate)
     finally:
         target.release()
-
-
-XSTATE_BV = slice(512, 520)  # the XSAVE header's "which components are not in their init state"
 
 
 def same_xstate(a: bytes, b: bytes) -> bool:

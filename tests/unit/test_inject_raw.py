@@ -115,3 +115,20 @@ def test_xstate_compare_ignores_only_the_init_state_header():
     now[600] = 1
     assert not raw.same_xstate(bytes(saved), bytes(now))
     assert not raw.same_xstate(bytes(saved), bytes(saved[:-1]))
+
+
+def test_the_signal_frame_leaves_out_amx_tile_data_the_thread_does_not_use():
+    """A frame declaring more XSAVE state than the thread has is taken by rt_sigreturn for a legacy
+    one (x87/SSE only: the AVX-512 registers were lost and put back by hand on an AMX host)."""
+    import struct
+
+    def xstate(xcr0: int, in_use: int, size: int = 11008) -> bytes:
+        buf = bytearray(size)
+        struct.pack_into("<Q", buf, raw.FX_SW_OFFSET, xcr0)
+        struct.pack_into("<Q", buf, raw.XSTATE_BV.start, in_use)
+        return bytes(buf)
+
+    amx = (1 << 17) | (1 << raw.TILEDATA)
+    assert raw.frame_features(xstate(0x2E7 | amx, 0xA2)) == (0x2E7 | 1 << 17, 11008 - 8192)
+    assert raw.frame_features(xstate(0x2E7 | amx, 0xA2 | amx)) == (0x2E7 | amx, 11008)  # tiles in use
+    assert raw.frame_features(xstate(0x2E7, 0xA2, 2696)) == (0x2E7, 2696)  # no AMX on this CPU
