@@ -100,11 +100,12 @@ def quiet_s(metrics: Metrics) -> float:
     return max(STALL_S, STALL_STEPS * metrics.median_step_s)
 
 
-def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
-    """The collective the waiting ranks are stuck in: their pending one (issued, never completed)
-    when the agent wrote it, else the one after their last completed collective; with each rank's
-    count of completed collectives in that group (the frozen ranks' lower count: never arrived)."""
-    c = metrics.comms
+def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
+    """The collective the waiting ranks are stuck in: their pending one (issued, never completed, or
+    still waited in after 1.5 s) when the agent wrote it, else the one after their last completed;
+    with each rank's count of completed collectives in that group (the frozen ranks' lower count:
+    never arrived)."""
+    c = liveness.entered(trace, metrics)
     if c.empty:
         return {}
     mine = c[c["rank"].isin(waiting)]
@@ -112,14 +113,14 @@ def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dic
     row = (pend if not pend.empty else mine).sort_values("ts").iloc[-1] if not mine.empty else None
     if row is None:
         return {}
-    group = str(row["group"])
+    group, step = str(row["group"]), int(row["step"])
     done = c[(c["group"].astype(str) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
     counts = {int(r): int(n) for r, n in done.groupby("rank").size().items()}
     return {
         "group": group,
         "collective": str(row["kind"]),
         "pending": not pend.empty,
-        "step": int(row["step"]),
+        "step": step,
         "completed_in_group": counts,
     }
 
@@ -141,7 +142,7 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
     # (how far the others got is no premise: a stopped rank's last 0.2 s of records were never written)
     if stall_s < max(STALL_S, STALL_STEPS * metrics.median_step_s):
         return None
-    where = _where_stuck(metrics, waiting, sorted(frozen))
+    where = _where_stuck(trace, metrics, waiting, sorted(frozen))
     ranks = sorted(frozen)
     how = {"stopped": "its process is stopped", "silent": "its process stopped writing (heartbeat)"}
     whys = "; ".join(f"rank {r}: {how.get(v['how'], v['how'])}" for r, v in sorted(frozen.items()))
