@@ -102,9 +102,11 @@ def quiet_s(metrics: Metrics) -> float:
 
 def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
     """The collective the waiting ranks are stuck in: their pending one (issued, never completed, or
-    still waited in after 1.5 s) when the agent wrote it, else the one after their last completed;
-    with each rank's count of completed collectives in that group (the frozen ranks' lower count:
-    never arrived)."""
+    still waited in after 1.5 s) when the agent wrote it, else the one after their last completed
+    (its step: no earlier than the one after the rank's last ended step: DDP's bucket all-reduce is
+    its step's last collective, and a hang read as that step, one below the iteration the program
+    was in); with each rank's count of completed collectives in that group (the frozen ranks'
+    lower count: never arrived)."""
     c = liveness.entered(trace, metrics)
     if c.empty:
         return {}
@@ -114,6 +116,10 @@ def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: lis
     if row is None:
         return {}
     group, step = str(row["group"]), int(row["step"])
+    if pend.empty:
+        st = metrics.steps
+        ended = st[st["rank"] == row["rank"]]["step"]
+        step = max(step, int(ended.max()) + 1) if not ended.empty else step
     done = c[(c["group"].astype(str) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
     counts = {int(r): int(n) for r, n in done.groupby("rank").size().items()}
     return {

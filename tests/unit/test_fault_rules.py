@@ -91,6 +91,30 @@ def test_stopped_rank_is_a_hang_naming_it_and_the_collective(tmp_path):
     assert fired(trace, "hang_desync") == []
 
 
+def _stopped(trace, job: Job) -> None:
+    now = job.start(0, 0) + 12000 * MS
+    trace.headers[0]["process"] = {"pid": 1000, "state": "S", "checked_ns": now}
+    trace.headers[1]["process"] = {"pid": 1001, "state": "T", "checked_ns": now}
+
+
+def test_hang_step_is_the_one_the_waiting_rank_is_in(tmp_path):
+    """Rank 0 ended step 5 and waits in step 6's all-reduce: step 6, whether that call is on disk
+    as entered (`comm_open`, the agent's record of a call waited in >= 1.5 s) or not yet (the hang
+    named from its last completed call, step 5's: it read as step 5, one below the program's)."""
+    job = _hung_job()
+    entered = job.events[0].pop()
+    _stuck(job, end_ms=12000, beats_to={1: 600})
+    trace = job.write(str(tmp_path / "held"))
+    _stopped(trace, job)
+    (f,) = fired(trace, "hang_desync")
+    assert (f.evidence["step"], f.evidence["pending"], f.steps) == (6, False, [6])
+    job.add(0, schema.COMM_OPEN, **{k: v for k, v in entered.items() if k not in ("k", "algbw", "busbw")})
+    trace = job.write(str(tmp_path / "entered"))
+    _stopped(trace, job)
+    (f,) = fired(trace, "hang_desync")
+    assert (f.evidence["collective"], f.evidence["step"], f.evidence["pending"]) == ("all_reduce", 6, True)
+
+
 def test_post_mortem_hang_from_the_heartbeat(tmp_path):
     """Everything killed in the end (no close): rank 1's heartbeat ended 10 s before rank 0's."""
     job = _hung_job()
