@@ -7,9 +7,12 @@
 
 Every `--interval` seconds it reads what the ranks wrote, runs every rule on the trace so far, and
 prints a finding when it first appears, when its severity or named ranks change, and once when it
-clears. Each rank's process on this host is looked at too (gone, or stopped): the rules name a
-rank whose process died or froze (dead_rank, hang_desync). Ends when the job's processes are gone
-(after a last analysis), at --duration, or on Ctrl-C.
+clears. Each rank's process on this host is looked at too (gone, or stopped), every 0.1 s: the
+rules name a rank whose process died or froze (job_crash, hang_desync). A rank seen gone while a
+peer still ran, over two looks 0.1 s apart, died first: when the launcher then ends the others
+within a second (torchrun does, in ~0.5 s), the last analysis reads the processes as they were then,
+so the crash is named before the watch ends. Ends when the job's processes are gone (after a last
+analysis), at --duration, or on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import Any
 from diag.errors import USAGE, DiagError
 
 ENDED_GRACE_S = 2.0  # after the job's processes are gone: one more read of what they flushed
+LOOK_S = 0.1  # how often each rank's process is looked at between analyses
+SPLIT_S = 0.1  # some ranks gone while others ran, seen this long apart: they died first (a job
+# stopped all at once, SIGTERM to every rank, ends its processes milliseconds apart)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +55,31 @@ def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) ->
         state = "gone" if state in ("Z", "X") else state  # dead, not reaped yet by its launcher
         out[rank] = {"pid": pid, "state": state, "checked_ns": now_ns}
     return out
+
+
+class Deaths:
+    """The processes as they were when some ranks were gone while the others still ran, once seen
+    over looks `SPLIT_S` apart: what the last analysis reads once every process is gone."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, frozenset[int], dict[int, dict[str, Any]]] | None = None
+        self.split: dict[int, dict[str, Any]] | None = None
+
+    def look(self, facts: dict[int, dict[str, Any]]) -> None:
+        gone = frozenset(r for r, f in facts.items() if f["state"] == "gone")
+        if self.split is not None or not facts:
+            return
+        if not gone or gone == set(facts):
+            self.first = None
+        elif self.first is None or self.first[1] != gone:
+            self.first = (time.monotonic(), gone, facts)
+        elif time.monotonic() - self.first[0] >= SPLIT_S:
+            self.split = self.first[2]
+
+    def facts(self, facts: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """`facts`, or the split seen earlier when every process is gone now."""
+        everyone_gone = bool(facts) and all(f["state"] == "gone" for f in facts.values())
+        return self.split if everyone_gone and self.split is not None else facts
 
 
 def event_of(f: Any, kind: str, t0: float) -> dict[str, Any]:
@@ -123,12 +154,14 @@ def run(args: argparse.Namespace) -> int:
     if target.isdigit() and not os.path.isdir(target):
         target = trace_dir_of_pid(int(target))
     source, model, state = LiveSource(target), JobModel(), jobstate.JobState()
-    stream, host = Stream(sys.stdout, args.json), socket.gethostname()
+    stream, host, deaths = Stream(sys.stdout, args.json), socket.gethostname(), Deaths()
     deadline = None if args.duration is None else time.monotonic() + args.duration
     analyzed, ended_at = -1, None
     while True:
         model.ingest(source.poll())
         facts = process_facts(model.headers, host, time.time_ns())
+        deaths.look(facts)
+        facts = deaths.facts(facts)
         if model.events and (model.version != analyzed or facts):
             analyzed = model.version
             trace = model.to_trace()
@@ -142,4 +175,12 @@ def run(args: argparse.Namespace) -> int:
                 return 0
         if deadline is not None and time.monotonic() >= deadline:
             return 0
-        time.sleep(args.interval)
+        _look_until(time.monotonic() + args.interval, model.headers, host, deaths)
+
+
+def _look_until(until: float, headers: dict[int, dict[str, Any]], host: str, deaths: Deaths) -> None:
+    """Sleep until `until`, looking at the ranks' processes every `LOOK_S` meanwhile."""
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(LOOK_S, left))
+        if headers:
+            deaths.look(process_facts(headers, host, time.time_ns()))

@@ -77,3 +77,60 @@ def test_watch_bad_input_is_one_line(tmp_path):
     assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     res = _watch(str(tmp_path), "--interval", "0")
     assert res.returncode != 0 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def _ranks_as_processes(path: str) -> list[subprocess.Popen[bytes]]:
+    """A 2-rank trace whose headers name two real processes on this host (sleepers standing in for
+    the ranks: the watcher looks only at whether each process runs)."""
+    import socket
+
+    job = Job(steps=8, hosts=[socket.gethostname()] * 2)
+    job.each_step(lambda r, s: job.comm(r, s))
+    job.write(path)
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+    for r, proc in enumerate(procs):
+        name = os.path.join(path, f"rank-{r:05d}.jsonl")
+        with open(name) as f:
+            lines = f.readlines()
+        lines[0] = json.dumps({**json.loads(lines[0]), "pid": proc.pid}) + "\n"
+        with open(name, "w") as f:
+            f.writelines(lines)
+    return procs
+
+
+def _end(procs: list[subprocess.Popen[bytes]], gap_s: float, path: str) -> list[dict]:
+    """`diag watch --json` on the trace while rank 1's process is killed, then rank 0's `gap_s`
+    later (the launcher ending the survivor); the lines it printed before it ended by itself."""
+    import signal
+    import time
+
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "diag", "watch", path, "--json", "--duration", "60", "--interval", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(3.0)  # started and read the trace: no finding on the healthy start
+        procs[1].send_signal(signal.SIGKILL)
+        if gap_s:
+            procs[1].wait()
+            time.sleep(gap_s)
+        procs[0].send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait()
+        out, _ = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0
+    return [json.loads(x) for x in out.splitlines()]
+
+
+def test_watch_names_a_rank_the_launcher_outlived_by_half_a_second(tmp_path):
+    """torchrun ends the survivors ~0.5 s after a rank dies: the watch's periodic analysis (here every
+    2 s) may see every process gone already, and all of them gone reads as a job that ended. Looked
+    at every 0.1 s, rank 1 was gone while rank 0 ran: the last analysis names it."""
+    lines = _end(_ranks_as_processes(str(tmp_path / "crash")), 0.5, str(tmp_path / "crash"))
+    assert [(x["rule"], x["ranks"]) for x in lines if x["event"] == "new"] == [("job_crash", [1])]
+    # every rank ended at once (a job stopped from outside): nobody died first, nothing said
+    assert _end(_ranks_as_processes(str(tmp_path / "all")), 0.0, str(tmp_path / "all")) == []
