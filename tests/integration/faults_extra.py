@@ -27,7 +27,20 @@ from tests.integration.faults import DDP_ARGS, LONG_DDP, SLOW, Cell, Outcome, al
 from tests.integration.runs import DDP, GPT, Runs
 
 SLOW_LINK_RATE = "40mbit"  # tc tbf on both ends of the veth between the ranks' namespaces
-SLOW_LINK = Cell("ZeRO-3", "slow link", GPT, ("--zero", "3", "--steps", "8"), expect="zero3_slow_link")
+SLOW_LINK = Cell(
+    "ZeRO-3",
+    "slow link",
+    GPT,
+    ("--zero", "3", "--steps", "8"),
+    expect="zero3_slow_link",
+    known_gap=(
+        "zero3_slow_link names it (gathers at 172 KB/s, 87% of each step), but at a load average of 3 "
+        "exposed_comm also fires on the same fault (critical: 57% of each step waits on communication, "
+        "rank 0), at this branch's base too: one fault, two findings; exposed_comm (not this helper's) "
+        "could defer to zero3_slow_link when the exposed time is those gathers"
+    ),
+    strict=False,
+)
 
 EXTRA_CELLS: tuple[Cell, ...] = (
     Cell(
