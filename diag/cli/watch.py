@@ -7,34 +7,26 @@
 
 Every `--interval` seconds it reads what the ranks wrote, runs every rule on the trace so far, and
 prints a finding when it first appears, when its severity or named ranks change, and once when it
-clears. Each rank's process on this host is looked at too (gone, or stopped), every 20 ms by a
-thread (an analysis may take a second): the rules name a rank whose process died or froze
-(job_crash, hang_desync). A rank seen gone while a peer still ran, over looks 40 ms apart, died
-first: when the launcher then ends the others (torchrun sent SIGTERM to a public nanoGPT's rank 0
-0.13 s after rank 1's SIGKILL), the last analysis reads the processes as they were then, so the
-crash is named before the watch ends. Ends when the job's processes are gone (after a last
-analysis), at --duration, or on Ctrl-C.
+clears. Each rank's process on this host is looked at too (gone, or stopped; `rank_deaths`): the
+rules name a rank whose process died or froze (job_crash, hang_desync), also one whose launcher
+ended the others within a moment (the last analysis reads the processes as they were when it
+died). Ends when the job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
+from diag.cli.rank_deaths import Deaths, process_facts
 from diag.errors import USAGE, DiagError
 
 ENDED_GRACE_S = 2.0  # after the job's processes are gone: one more read of what they flushed
-LOOK_S = 0.02  # how often each rank's process is looked at (a thread; /proc reads, ~30 us a rank)
-SPLIT_S = 0.04  # some ranks gone while others ran, seen this long apart: they died first (a job
-# stopped all at once, SIGTERM to every rank, ends its processes milliseconds apart)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,69 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
     parser.add_argument("--interval", type=float, default=1.0, help="analysis period, seconds (default 1)")
     parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-
-
-def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) -> dict[int, dict[str, Any]]:
-    """Per rank whose process runs on this host: whether it is still there and its state letter
-    (R, S, T: stopped, Z: zombie, gone), as the rules read them (`schema`-free header key `process`)."""
-    from diag.inject.checks import status_fields
-
-    out = {}
-    for rank, h in headers.items():
-        pid = h.get("pid")
-        if rank < 0 or h.get("host") != host or not isinstance(pid, int) or h.get("sidecar"):
-            continue
-        fields = status_fields(pid)
-        state = "gone" if fields is None else fields.get("State", "?")[:1]
-        state = "gone" if state in ("Z", "X") else state  # dead, not reaped yet by its launcher
-        out[rank] = {"pid": pid, "state": state, "checked_ns": now_ns}
-    return out
-
-
-class Deaths:
-    """The processes as they were when some ranks were gone while the others still ran, once seen
-    over looks `SPLIT_S` apart: what the last analysis reads once every process is gone."""
-
-    def __init__(self) -> None:
-        self.first: tuple[float, frozenset[int], dict[int, dict[str, Any]]] | None = None
-        self.split: dict[int, dict[str, Any]] | None = None
-        self.lock = threading.Lock()
-
-    def look(self, facts: dict[int, dict[str, Any]]) -> None:
-        gone = frozenset(r for r, f in facts.items() if f["state"] == "gone")
-        with self.lock:
-            if self.split is not None or not facts:
-                return
-            if not gone or gone == set(facts):
-                self.first = None
-            elif self.first is None or self.first[1] != gone:
-                self.first = (time.monotonic(), gone, facts)
-            elif time.monotonic() - self.first[0] >= SPLIT_S:
-                self.split = self.first[2]
-
-    @contextlib.contextmanager
-    def following(self, headers: Any, host: str) -> Iterator[None]:
-        """A thread looking every `LOOK_S` while in the block (`headers()`: the ranks seen so far)."""
-        stop = threading.Event()
-        threading.Thread(target=self._follow, args=(headers, host, stop), daemon=True).start()
-        try:
-            yield
-        finally:
-            stop.set()
-
-    def _follow(self, headers: Any, host: str, stop: threading.Event) -> None:
-        while not stop.wait(LOOK_S):
-            try:
-                known = dict(headers())
-            except RuntimeError:  # the main thread added a rank meanwhile: the next look has it
-                continue
-            if known:
-                self.look(process_facts(known, host, time.time_ns()))
-
-    def facts(self, facts: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        """`facts`, or the split seen earlier when every process is gone now."""
-        everyone_gone = bool(facts) and all(f["state"] == "gone" for f in facts.values())
-        return self.split if everyone_gone and self.split is not None else facts
 
 
 def event_of(f: Any, kind: str, t0: float) -> dict[str, Any]:

@@ -98,9 +98,10 @@ def _ranks_as_processes(path: str) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
-def _end(procs: list[subprocess.Popen[bytes]], gap_s: float, path: str) -> list[dict]:
-    """`diag watch --json` on the trace while rank 1's process is killed, then rank 0's `gap_s`
-    later (the launcher ending the survivor); the lines it printed before it ended by itself."""
+def _end(procs: list[subprocess.Popen[bytes]], first: int, gap_s: float, path: str) -> list[dict]:
+    """`diag watch --json` on the trace while rank 1's process is ended by signal `first`, and rank
+    0's by SIGTERM `gap_s` later, as a launcher does (it reaps the first meanwhile); the lines it
+    printed before it ended by itself."""
     import signal
     import time
 
@@ -112,13 +113,11 @@ def _end(procs: list[subprocess.Popen[bytes]], gap_s: float, path: str) -> list[
     )
     try:
         time.sleep(3.0)  # started and read the trace: no finding on the healthy start
-        procs[1].send_signal(signal.SIGKILL)
-        if gap_s:
-            procs[1].wait()
-            time.sleep(gap_s)
+        procs[1].send_signal(first)
+        time.sleep(gap_s)
+        procs[1].wait()
         procs[0].send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait()
+        procs[0].wait()
         out, _ = watch.communicate(timeout=30)
     finally:
         watch.kill()
@@ -127,11 +126,15 @@ def _end(procs: list[subprocess.Popen[bytes]], gap_s: float, path: str) -> list[
 
 
 def test_watch_names_a_rank_the_launcher_outlived_by_a_moment(tmp_path):
-    """torchrun ends the survivors soon after a rank dies (a public nanoGPT's rank 0 got SIGTERM 0.13
-    s after rank 1's SIGKILL): the watch's periodic analysis (here every 2 s) then sees every process
-    gone, which reads as a job that ended. Looked at every 20 ms, rank 1 was gone while rank 0 ran:
-    the last analysis names it."""
-    lines = _end(_ranks_as_processes(str(tmp_path / "crash")), 0.15, str(tmp_path / "crash"))
+    """torchrun ends the survivors soon after a rank dies (a public nanoGPT's rank 0 got SIGTERM
+    0.06-0.13 s after rank 1's SIGKILL): the watch's periodic analysis (here every 2 s) then sees
+    every process gone, which reads as a job that ended. Looked at every 20 ms, rank 1 was gone,
+    killed by SIGKILL, while rank 0 ran: the last analysis names it."""
+    import signal
+
+    crash = str(tmp_path / "crash")
+    lines = _end(_ranks_as_processes(crash), signal.SIGKILL, 0.15, crash)
     assert [(x["rule"], x["ranks"]) for x in lines if x["event"] == "new"] == [("job_crash", [1])]
-    # every rank ended at once (a job stopped from outside): nobody died first, nothing said
-    assert _end(_ranks_as_processes(str(tmp_path / "all")), 0.0, str(tmp_path / "all")) == []
+    # a job stopped from outside: every rank SIGTERMed, under load 0.15 s apart: no rank died first
+    stop = str(tmp_path / "stop")
+    assert _end(_ranks_as_processes(stop), signal.SIGTERM, 0.15, stop) == []
