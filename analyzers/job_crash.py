@@ -5,8 +5,9 @@ the one its statement leads with (`first`): an OOM over an NCCL timeout over an 
 interrupt over a bare exit code, the earliest of that kind. This rule turns it into a finding, keeping
 each rank's exit code from the launcher lines.
 
-Without a log, the trace itself: a rank whose process died (`liveness.died`: the live watcher saw it
-gone, or its trace was never closed while a peer's agent closed its own after it), named with the
+Without a log, the trace itself: the exception that ended a rank's main thread (the agent's `uncaught`
+record, `diag.agent.uncaught`); else a rank whose process died (`liveness.died`: the live watcher saw
+it gone, or its trace was never closed while a peer's agent closed its own after it), named with the
 collective its peers were left in."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
+from diag import schema
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
 from diag.vocab import STOP_SIGNALS
@@ -40,7 +42,8 @@ def _int(v: Any) -> int | None:
 @rule("job_crash")
 def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a log shows the job failed (a traceback it did not survive, CUDA OOM, the NCCL watchdog,
-    a launcher's non-zero exit code or signal): critical. No threshold. A job whose only signs are a
+    a launcher's non-zero exit code or signal), or, without a log, the trace records an exception
+    that ended a rank, or a rank whose process died: critical. No threshold. A job whose only signs are a
     stop signal or an interrupt (SIGTERM / SIGINT / SIGHUP, KeyboardInterrupt, torchrun's
     SignalException) was stopped from outside: info. Fix: by failure kind (OOM:
     the framework's batch / recompute / parallelism settings; NCCL timeout: the desynced rank's stack)."""
@@ -51,7 +54,7 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         else fail.iloc[:0]
     )
     if chosen.empty:
-        return _dead_rank(trace, metrics)
+        return _uncaught(trace, metrics) or _dead_rank(trace, metrics)
     chosen = chosen.assign(_t=pd.to_numeric(chosen["ts"], errors="coerce")).sort_values(["_t", "line"])
     first = chosen.iloc[0]
     exits = fail[fail["exc"].astype(str) == "exit"]
@@ -143,6 +146,70 @@ def _stopped(first: pd.Series, fail: pd.DataFrame) -> Finding:
         ranks=sorted({int(r) for r in fail["rank"] if r >= 0}),
         steps=[step] if step else [],
     )
+
+
+def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """The ranks whose main thread ended in an exception, the first one in time named (no log
+    needed); only KeyboardInterrupts: the job was stopped from outside (info)."""
+    meta = trace.frame(schema.META)
+    rows = meta[meta["key"] == schema.META_UNCAUGHT].sort_values("ts") if not meta.empty else meta
+    recs = [(int(r), v) for r, v in zip(rows.get("rank", []), rows.get("value", [])) if isinstance(v, dict)]
+    if not recs:
+        return []
+    failed = [(r, v) for r, v in recs if not v.get("interrupted")]
+    rank, first = (failed or recs)[0]
+    st = metrics.steps
+    mine = st[st["rank"] == rank]["step"] if not st.empty else st
+    last = int(mine.max()) if len(mine) else None
+    ranks = sorted({r for r, _ in (failed or recs)})
+    ev: dict[str, Any] = {
+        "kind": "exception" if failed else "interrupted",
+        "exception": str(first.get("exc")),
+        "message": str(first.get("message") or ""),
+        "where": first.get("where"),
+        "first_rank": rank,
+        "ranks": ranks,
+        "last_completed_step": last,
+        "source": "trace",
+    }
+    what = f"{first.get('exc')}: {first.get('message') or ''}".strip().rstrip(":")
+    if not failed:
+        at = f"after step {last}" if last is not None else "before its first step"
+        return [
+            Finding(
+                severity="info",
+                title=f"job stopped from outside {at}: {what}"[:160],
+                detail="the only exception on record is an interrupt (Ctrl-C, SIGINT): the job was "
+                "stopped, it did not fail by itself",
+                evidence=ev,
+                ranks=ranks,
+                steps=[last] if last is not None else [],
+            )
+        ]
+    who = f"rank {rank}" + (f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else "")
+    at = f"at step {last + 1}" if last is not None else "before its first step"
+    where = first.get("where")
+    return [
+        Finding(
+            severity="critical",
+            title=f"job crashed {at}: {what} on {who}"[:200],
+            detail=f"the main thread of rank(s) {', '.join(map(str, ranks))} ended in an exception"
+            + (f", raised at {where}" if where else "")
+            + ". Rank "
+            + str(rank)
+            + " raised first; the others' errors may be its consequences.",
+            evidence=ev,
+            ranks=ranks,
+            steps=[last + 1] if last is not None else [],
+            fixes=[
+                Fix(
+                    f"read rank {rank}'s traceback (its stderr)"
+                    + (f": the job's own code raised at {where}" if where else "")
+                    + "; fix that error before looking at performance"
+                )
+            ],
+        )
+    ]
 
 
 def _dead_rank(trace: Trace, metrics: Metrics) -> list[Finding]:

@@ -3,7 +3,8 @@ rank-step, in bench/overhead's job (2 ranks, ZeRO-2 bf16, not sampled); rank 0 p
 
     python -c "from tests.workloads import launch; print(launch.run('bench.hooks_probe', ['20']).stdout)"
 
-Each guarded hook is timed by label (`collector:where`, thread CPU time, outermost hook only) and
+Each guarded hook is timed by label (`collector:where`, thread CPU time; a hook run inside another,
+a step listener inside the steps hook, is in its caller's figure and listed apart, marked `>`), and
 the writer's flushes and idle listeners apart; PROBE_CPROFILE=1 adds a cProfile of rank 0's steps
 (wall-clock: useless on a loaded host). To compare two trees side by side, run this module from
 each at the same time (a copy of the old tree with diag/collectors linked to its collectors/ and
@@ -50,8 +51,12 @@ def instrument() -> None:
         label = f"{collector}:{where or getattr(fn, '__name__', 'hook')}"
 
         def timed(*a: Any, **k: Any) -> Any:
-            if local["on"]:
-                return g(*a, **k)
+            if local["on"]:  # inside another hook: in its caller's figure; listed apart, marked >
+                t0 = clock()
+                try:
+                    return g(*a, **k)
+                finally:
+                    _count(f"> {label}", t0)
             local["on"] = True
             t0 = clock()
             try:
@@ -107,7 +112,7 @@ def main(argv: list[str]) -> None:
     writer = agent.current().status()["writer_cpu_ns"] - w0  # type: ignore[union-attr]
     agent.stop()
     if rank == 0:
-        hooks = sum(v[0] for k, v in PER.items() if not k.startswith("writer:"))
+        hooks = sum(v[0] for k, v in PER.items() if not k.startswith(("writer:", ">")))
         wall = sorted(t[0] for t in times)[steps // 2]
         print(f"steps {steps}, step cpu {cpu / steps * 1e3:.2f} ms, wall median {wall * 1e3:.2f} ms")
         print(

@@ -1,6 +1,6 @@
 """Training-log import speed and memory: diag's log importer next to two references on the same files.
 
-    python -m bench.logs [--mb 200,1000] [--nodes 8] [--keep DIR] [--public DIR]
+    python -m bench.logs [--mb 200,1000] [--nodes 8] [--chatter N] [--keep DIR] [--public DIR]
 
 Input, for each size in `--mb`: a multi-node log set of one job (one file per node, that many MiB in
 all) made of the fixture logs' real formats (tests/fixtures/logs: Megatron-LM iteration and memory
@@ -8,6 +8,9 @@ lines, DeepSpeed `step=` / timer / OVERFLOW lines, HF Trainer dicts and progress
 each line behind the launcher's `worker-N: [rankR]:` prefixes. The run is the same at every size
 (`RUN_ROUNDS` rounds of the fixtures, the iteration numbers counting on): a larger log set is a larger
 job, more ranks per node printing it, so what diag keeps per step should not grow with the bytes.
+Nearly every line of that input is one diag reads (the fixtures hold little else); a real log is
+mostly lines no reader reads (NCCL INFO, warnings, the model's prints): `--chatter N` puts N such
+lines (`CHATTER`, in turn) after each fixture line, so a size holds fewer records.
 Each reader runs in its own subprocess, timed after its imports, with its peak RSS:
 - `wc -l`: the disk-speed floor (reads every byte, parses nothing);
 - a plain regex pass: one compiled Megatron iteration regex over every line, keeping (iteration,
@@ -51,6 +54,13 @@ ITER = re.compile(
 )
 
 
+CHATTER = (  # lines of the kinds a real multi-node log is mostly made of, none a reader reads
+    "gpu-node-3:4121:4388 [1] NCCL INFO Channel 02/0 : 1[1] -> 2[2] via P2P/CUMEM/read",
+    "/usr/local/lib/python3.10/dist-packages/torch/nn/modules/module.py:1747: FutureWarning: "
+    "`torch.cuda.amp.autocast(args...)` is deprecated. Please use `torch.amp.autocast('cuda', args...)`.",
+    "gpu-node-3:4121:4390 [1] NCCL INFO Connected all rings, use ring PXN 0 GDR 1",
+    "> building train, validation, and test datasets for GPT ...",
+)
 RUN_ROUNDS = 24  # rounds of the fixtures in the run (each counts the iteration numbers on by 1000)
 
 
@@ -58,11 +68,16 @@ def _shifter(base: int) -> Callable[[re.Match[str]], str]:
     return lambda m: m.group(1) + str(int(m.group(2)) + base)
 
 
-def make_input(folder: str, mb: int, nodes: int) -> tuple[int, int]:
+def make_input(folder: str, mb: int, nodes: int, chatter: int = 0) -> tuple[int, int]:
     """Write `nodes` files of about mb/nodes MiB each; returns (total bytes, ranks)."""
     lines = [
         ln for name in SOURCES for ln in open(os.path.join(FIX, name), encoding="utf-8").read().splitlines()
     ]
+    if chatter:
+        mixed = []
+        for i, ln in enumerate(lines):
+            mixed += [ln, *(CHATTER[(i * chatter + j) % len(CHATTER)] for j in range(chatter))]
+        lines = mixed
     round_bytes = sum(len(ln) + 40 for ln in lines)
     per = mb * 2**20 // nodes
     per_node = max(1, -(-per // (round_bytes * RUN_ROUNDS)))  # ranks per node: the run once each
@@ -171,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mb", default="200,1000", help="sizes in MiB, comma-separated")
     p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--chatter", type=int, default=0, help="lines no reader reads after each fixture line")
     p.add_argument("--keep", help="write the input here and keep it")
     p.add_argument("--public", help="a folder of real public logs: print what diag reads from each")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -187,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             folder = os.path.join(args.keep, str(mb)) if args.keep else tmp
             os.makedirs(folder, exist_ok=True)
-            size, ranks = make_input(folder, mb, args.nodes)
+            size, ranks = make_input(folder, mb, args.nodes, args.chatter)
             files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".log"))
             r = {tool: measure(tool, files) for tool in ("wc", "regex", "diag")}
             d = r["diag"]

@@ -19,7 +19,9 @@ rarely contains the one sampled step in 50: (49 x "diag, not sampled" + 1 x "dia
 `flops_every=1`.
 
 The agent's own time comes last: its hooks' CPU time (the `self_time` option) plus its writer
-thread's, per rank and step (`SELF-TIMED COST PER RANK-STEP`, goal <= 0.1 ms); DeepSpeed numbers the
+thread's, per rank and step (`SELF-TIMED COST PER RANK-STEP`, goal <= 0.1 ms), then by part: the fixed
+cost of each step (boundaries, overflow and loss checks, memory, step listeners), the comms
+collector's (one record per collective the job issues) and the writer's; DeepSpeed numbers the
 measured steps from 1000, past the job's first steps that the agent tracks throughout.
 
 The added time that the 10x goal compares is measured twice: from the pooled quantiles, and paired
@@ -132,8 +134,31 @@ def own_lines(ranks: list[dict[str, Any]], times: Times, block: int) -> str:
         f"always-on with the sampled steps' paired CPU cost "
         f"({max(sampled, 0.0) * 1e3:.2f} ms each, 1 in {EVERY}): {always * 1e3:.3f} ms per step\n"
         f"torch.profiler's added CPU time (paired, {prof * 1e3:.2f} ms) / diag always-on's own "
-        f"time: {ratio}"
+        f"time: {ratio}\n"
+        f"{split_line(ranks, counted)}"
     )
+
+
+FIXED = ("steps", "overflow", "memory", "modules", "layers")  # once per step, whatever the job issues
+
+
+def split_line(ranks: list[dict[str, Any]], counted: int) -> str:
+    """The self-timed cost per rank-step by part, summed over the self-timed blocks: the fixed part
+    (step boundaries, overflow and loss checks, memory, step listeners), what grows with the
+    collectives the job issues (comms: one record each), and the writer thread."""
+    parts: dict[str, int] = {}
+    blocks = 0
+    for r in ranks:
+        for block in r.get("own_by") or []:
+            blocks += 1
+            for k, v in block.items():
+                parts[k] = parts.get(k, 0) + v
+    if not blocks:
+        return "by part: n/a"
+    per = {k: v / blocks / counted / 1e3 for k, v in parts.items()}  # us per rank-step
+    fixed = sum(per.get(k, 0.0) for k in FIXED)
+    rest = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items()) if k not in FIXED)
+    return f"by part, us per rank-step: fixed per step {fixed:.1f} ({'+'.join(FIXED)}); {rest}"
 
 
 def added_ratio(med: dict[str, float], name: str) -> str:

@@ -70,6 +70,15 @@ def own_ns() -> int:
     return int(st["hook_ns"] or 0) + int(st["writer_cpu_ns"])
 
 
+def own_split() -> dict[str, int]:
+    """`own_ns` by part: each collector's outermost hooks (step listeners are in `steps`) and the
+    writer thread."""
+    from diag import agent
+
+    st = agent.current().status()  # type: ignore[union-attr]
+    return {**(st["hook_ns_by"] or {}), "writer": int(st["writer_cpu_ns"])}
+
+
 def variants(engine: Any, trace_dir: str) -> dict[str, Callable[[], Any]]:
     return {
         "bare": contextlib.nullcontext,
@@ -129,20 +138,23 @@ def main(argv: list[str]) -> NoReturn:
     engine.global_steps = FIRST_STEP
     times: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in table}
     own: list[int] = []  # the self-timed variant: the agent's own ns over each block's counted steps
+    own_by: list[dict[str, int]] = []  # ... by part (collectors, writer)
     for _ in range(ours.rounds):
         order = list(table)
         rng.shuffle(order)
         for name in order:
             dist.barrier()
             with table[name]():
-                start: list[int] = []
-                mark = (lambda at=start: at.append(own_ns())) if name == SELF_TIMED else None
+                start: list[tuple[int, dict[str, int]]] = []
+                mark = (lambda at=start: at.append((own_ns(), own_split()))) if name == SELF_TIMED else None
                 times[name].append(run_block(engine, args, rank, step, ours.block, mark))
                 if start:
-                    own.append(own_ns() - start[0])
+                    own.append(own_ns() - start[0][0])
+                    split = own_split()
+                    own_by.append({k: v - start[0][1].get(k, 0) for k, v in split.items()})
             step += ours.block
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, {"times": times, "own_ns": own})
+    dist.all_gather_object(everyone, {"times": times, "own_ns": own, "own_by": own_by})
     if rank == 0:
         with open(ours.result, "w") as f:
             json.dump(everyone, f)

@@ -178,6 +178,8 @@ class ModuleTracker:
             self.tracking = True
 
     def _hooks_off(self) -> None:
+        if self._handles is None and not self.tracking:
+            return  # off already: most boundaries (a lock and a few calls fewer per step)
         with self._switch:
             self.tracking = False
             handles, self._handles = self._handles, None

@@ -126,6 +126,7 @@ class _Steps:
         self.sight = agent.guard(NAME, self._sight, "engine-sight")
         self.number_megatron = agent.guard(NAME, self._number_megatron, "megatron-before")
         self.torch_post = agent.guard(NAME, self._torch_post, "torch-post")
+        self.torch_hook: Any = None  # the optimizer post-hook's handle, dropped once an engine is seen
 
     # ---- patching --------------------------------------------------------------------------
     def patch_loaded(self) -> bool:
@@ -206,10 +207,19 @@ class _Steps:
         """First forward of an engine: record its layout; number the step in progress its way.
 
         A step already under way is not sampled for layers: its records would be partial."""
-        self.seen.add(engine)
-        self.agent.saw_engine(engine)
+        self.see(engine)
         self.agent.step = ds_step(engine)
         self.say_origin("deepspeed")
+
+    def see(self, engine: Any) -> None:
+        """An engine's first sight. From now on the engine numbers the steps and `_torch_post` only
+        returns, so torch's optimizer hook is removed: one call fewer on every step (~12 us in a
+        job, where a hook's code runs cold between the job's kernels)."""
+        self.seen.add(engine)
+        self.agent.saw_engine(engine)
+        if self.torch_hook is not None:
+            self.torch_hook.remove()  # idempotent: undo's own remove at detach finds it gone
+            self.torch_hook = None
 
     def _before(self, engine: Any) -> tuple[int, int]:
         return int(engine.global_steps), int(getattr(engine, "global_samples", 0))
@@ -226,8 +236,7 @@ class _Steps:
         if before is None or engine.global_steps == before[0]:
             return  # not a boundary (`step` fallback between accumulation boundaries)
         if engine not in self.seen:  # attached inside a step: no forward seen yet
-            self.seen.add(engine)
-            self.agent.saw_engine(engine)
+            self.see(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
         applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
         self.say_origin("deepspeed")
@@ -272,4 +281,6 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     state.patch_loaded()
     late = agent.guard(NAME, state.patch_loaded, "late-install")
     agent.idle_listeners.append(late)  # cleared by the agent's stop
-    undo.hook(topt.register_optimizer_step_post_hook(state.torch_post), "torch optimizer post-hook")
+    if not state.seen:  # an engine already running (attach) numbers the steps: no torch hook
+        hook = topt.register_optimizer_step_post_hook(state.torch_post)
+        state.torch_hook = undo.hook(hook, "torch optimizer post-hook")

@@ -91,6 +91,9 @@ FIELDS[COMM_OPEN] = FIELDS[COMM]
 META_ATTRIBUTE_EVERY = "attribute_every"  # module attribution of collectives runs 1 step in N
 META_FLOPS_EVERY = "flops_every"  # layers: FLOPs counted on 1 sample in N of an input signature
 META_ATTRIBUTION = "attribution"  # "matched": untracked steps' comms take their tracked match's module
+META_UNCAUGHT = (
+    "uncaught"  # the exception that ended the main thread: {exc, message, where, step, interrupted}
+)
 META_GROUPS = "groups"  # process groups seen: {name: {"role": "tp", "size": 2, "ranks": [0, 1]}}
 META_UNFINISHED_AT_DETACH = "unfinished_at_detach"  # comms in flight when the agent stopped (count)
 META_LAYER_NUMBERS = "layer_numbers"  # {module name: model-wide layer index} where it differs (PP stages)

@@ -87,8 +87,9 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     tracker = _track_modules(agent, undo)
     timing = timing or CommTiming(agent)
     timing.install(undo)
-    groups = Groups(lambda seen: _new_group(agent, seen))
+    groups = Groups(lambda seen: _new_group(agent, seen), agent.unsettle)
     undo.call(groups.clear, "comms: group cache")
+    agent.idle_listeners.append(agent.guard(NAME, groups.recheck, "groups-recheck"))  # cleared by stop
     matched = Matched(tracker)
     agent.set_meta(schema.META_ATTRIBUTION, "matched")
     flop_seam = _flop_mode_seam()

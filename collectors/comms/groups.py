@@ -7,15 +7,24 @@ name, which is the same on every member rank and tells the TP groups of differen
 `tp:1`, `dp:5`, `world:0`; a group no framework holds keeps the bare c10d name. Cached by `id(pg)`
 with a weak reference to check identity, so a destroyed group is neither kept alive nor confused
 with a new one that reuses its address.
+
+A framework may take a group on after its first collectives: DeepSpeed's PipelineEngine broadcasts
+on its grid's groups before its p2p module keeps the grid, so under `diag run` they were bare ids
+for the whole job. The writer thread looks at bare groups again for `RECHECK_S` (`recheck`, never on
+the hot path); one that gains a role is renamed from then on, and its bare entry in the `groups`
+meta says `renamed` to what, which the reader applies to the records written before.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 GroupInfo = tuple[str, int, "tuple[int, ...] | None"]
+RECHECK_S = 60.0  # how long after its first call a bare group may still be given a role
 # (module, its global holding a group or a {name: group} dict, role), most specific role first:
 # one group object held under two names (TP = model parallel when PP = 1) takes the first
 ROLES = (
@@ -91,26 +100,61 @@ def describe(pg: Any) -> GroupInfo:
 class Groups:
     """`info(pg)` is one dict lookup and one weakref call on the hot path. Each new group is passed
     to `on_new(groups)` with every group seen so far ({name: {"role", "size", "ranks"}}): the
-    agent writes it as the `groups` meta record, which readers merge into the layout."""
+    agent writes it as the `groups` meta record, which readers merge into the layout. `on_bare()`
+    says a bare group now waits for `recheck`."""
 
-    def __init__(self, on_new: Any = None) -> None:
+    def __init__(
+        self,
+        on_new: Callable[[dict[str, Any]], None] | None = None,
+        on_bare: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cache: dict[int, tuple[weakref.ref[Any], GroupInfo]] = {}
+        self._bare: dict[int, tuple[weakref.ref[Any], float]] = {}  # id -> (group, first seen)
         self.seen: dict[str, dict[str, Any]] = {}
-        self.on_new = on_new
+        self.on_new, self.on_bare, self.clock = on_new, on_bare, clock
 
     def info(self, pg: Any) -> GroupInfo:
         hit = self._cache.get(id(pg))
         if hit is not None and hit[0]() is pg:
             return hit[1]
         info = describe(pg)
-        self._cache[id(pg)] = (weakref.ref(pg), info)
+        ref = weakref.ref(pg)
+        self._cache[id(pg)] = (ref, info)
         name, size, ranks = info
         if name not in self.seen:
             role = name.split(":", 1)[0] if ":" in name else None
             self.seen[name] = {"role": role, "size": size, "ranks": list(ranks) if ranks else None}
             if self.on_new is not None:
                 self.on_new(dict(self.seen))
+        if ":" not in name:
+            self._bare[id(pg)] = (ref, self.clock())
+            if self.on_bare is not None:
+                self.on_bare()
         return info
+
+    def recheck(self) -> bool:
+        """Writer thread: give each bare group the role a framework holds it under now (see the
+        module's docstring). True once no bare group is left to look at (an idle listener)."""
+        now, renamed = self.clock(), False
+        for key, (ref, since) in list(self._bare.items()):
+            pg, hit = ref(), self._cache.get(key)
+            role = role_of(pg) if pg is not None and now - since <= RECHECK_S else None
+            if pg is None or hit is None or hit[0]() is not pg or now - since > RECHECK_S:
+                self._bare.pop(key, None)  # gone, replaced, or kept by no framework: bare for good
+            elif role is not None:
+                self._bare.pop(key, None)
+                bare, size, ranks = hit[1]
+                name = f"{role}:{bare}"
+                self._cache[key] = (ref, (name, size, ranks))
+                entry = self.seen.get(bare, {"size": size, "ranks": list(ranks) if ranks else None})
+                self.seen[name] = {**entry, "role": role}
+                self.seen[bare] = {**entry, "renamed": name}
+                renamed = True
+        if renamed and self.on_new is not None:
+            self.on_new(dict(self.seen))
+        return not self._bare
 
     def clear(self) -> None:
         self._cache.clear()
+        self._bare.clear()

@@ -22,7 +22,8 @@ class TorchCuda:
         """The job uses CUDA (initialized). Asked lazily: at preload the model is not on the GPU yet."""
         import torch
 
-        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+        # is_initialized first: a bool read, where is_available asks the driver each call
+        return bool(torch.cuda.is_initialized() and torch.cuda.is_available())
 
     def current_device(self) -> int:
         import torch

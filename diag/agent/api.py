@@ -69,5 +69,7 @@ class AgentAPI(Protocol):
 
     def begin_step(self, step: int) -> None: ...
 
+    def unsettle(self) -> None: ...
+
 
 Installer = Callable[[AgentAPI, Undo], None]  # a collector module's `install(agent, undo)`

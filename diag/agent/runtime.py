@@ -21,6 +21,7 @@ from diag import schema
 from diag.agent import faults as _faults
 from diag.agent import fork as _fork
 from diag.agent import pending as _pending
+from diag.agent import uncaught as _uncaught
 from diag.agent.api import CollectorState, Installer
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
@@ -83,12 +84,15 @@ class Agent:
         self._error_count = 0  # errors recorded so far (the writer formats them when it grows)
         self._errors_done = 0  # ... and when it last did
         self._idle_modules = -1  # len(sys.modules) when every idle listener last said it was settled
+        self._unsettled = 0  # `unsettle()` calls: one that lands while the listeners run is kept
         self._last_stats = 0.0
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
         self.self_time = options.self_time
         self.hook_ns = 0
         self.hook_calls = 0
+        self.hook_by: dict[str, list[int]] = {}  # collector -> [ns, calls] (self_time): what is fixed
+        # per step (steps, overflow, memory) apart from what grows with the collectives (comms)
         self.probe_ns = 0.0  # what timing one hook adds to its own figure (calibrated at start)
         self._in_hook = threading.local()
         self._held: list[tuple[float, tuple[Any, ...]]] = []  # records waiting on GPU timings
@@ -115,15 +119,16 @@ class Agent:
                 return None
 
         guarded.__wrapped__ = fn  # type: ignore[attr-defined]
-        return self._timed(guarded) if self.self_time else guarded
+        return self._timed(guarded, collector) if self.self_time else guarded
 
-    def _timed(self, guarded: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, guarded: Callable[..., Any], collector: str) -> Callable[..., Any]:
         """`self_time`: add the hook's CPU time (this thread's: a rank preempted inside a hook on a
         busy host costs the job nothing) to `hook_ns`, once per outermost hook (a hook run from
         inside another, a step listener from the steps hook, is in its caller's time). Measures
         diag's own Python, not the job's: every guarded function runs between the job's calls.
         The timing's own share is calibrated at start and taken off in `own_hook_ns`."""
         agent, local, clock = self, self._in_hook, time.thread_time_ns
+        mine = self.hook_by.setdefault(collector, [0, 0])
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if getattr(local, "on", False):
@@ -133,8 +138,11 @@ class Agent:
             try:
                 return guarded(*args, **kwargs)
             finally:
-                agent.hook_ns += clock() - t0
+                spent = clock() - t0
+                agent.hook_ns += spent
                 agent.hook_calls += 1
+                mine[0] += spent
+                mine[1] += 1
                 local.on = False
 
         timed.__wrapped__ = guarded  # type: ignore[attr-defined]
@@ -153,6 +161,7 @@ class Agent:
             per = (self.hook_ns - ns0) / n
             best = per if best is None else min(best, per)
         self.hook_ns = self.hook_calls = 0
+        self.hook_by.pop("agent", None)
         self.probe_ns = best or 0.0
 
     def own_hook_ns(self) -> int | None:
@@ -160,6 +169,12 @@ class Agent:
         if not self.self_time:
             return None
         return max(0, int(self.hook_ns - self.hook_calls * self.probe_ns))
+
+    def own_hook_ns_by(self) -> dict[str, int] | None:
+        """`own_hook_ns` by collector (the outermost hook's: a step listener is in `steps`)."""
+        if not self.self_time:
+            return None
+        return {name: max(0, int(ns - calls * self.probe_ns)) for name, (ns, calls) in self.hook_by.items()}
 
     def record_error(self, collector: str, where: str, exc: BaseException) -> None:
         key = (collector, where, type(exc).__name__)
@@ -215,6 +230,7 @@ class Agent:
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         _fork.watch(self)  # forked children (DataLoader workers) start without this agent
+        _uncaught.install(self)  # an exception that ends the job is in its trace (undone at stop)
         rank, _ = rank_and_world()
         self._file = TraceFileWriter(self.trace_dir, rank_file_name(rank, os.getpid()))
         header = build_header(
@@ -276,6 +292,13 @@ class Agent:
             self._file.close()
         return failed
 
+    def write_now(self) -> None:
+        """Write what is buffered from this thread, now (the job is ending: `diag.agent.uncaught`)."""
+        try:
+            self._flush(final=False)
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("agent", "write_now", exc)
+
     def flush(self) -> None:
         """Ask the writer thread to write what is buffered now (snapshot)."""
         self._flush_now.set()
@@ -295,15 +318,22 @@ class Agent:
                 self._run_idle_listeners()
             self.writer_cpu_ns += time.thread_time_ns() - c0
 
+    def unsettle(self) -> None:
+        """Run the idle listeners at the next flush although nothing was imported: one of them has
+        new work (a bare process group to name, `collectors.comms.groups`)."""
+        self._unsettled += 1
+        self._idle_modules = -1
+
     def _run_idle_listeners(self) -> None:
         """Each flush, while something was imported since every listener last said it was settled
         (returned True: a framework it waits for is patched or absent, none half-imported)."""
         count = len(sys.modules)
         if not self.idle_listeners or count == self._idle_modules:
             return
+        asked = self._unsettled
         with self._idle_lock:
             settled = [listener() for listener in list(self.idle_listeners)]  # each guarded
-        if all(done is True for done in settled):
+        if all(done is True for done in settled) and asked == self._unsettled:
             self._idle_modules = count
 
     def _flush(self, final: bool) -> None:
@@ -418,6 +448,7 @@ class Agent:
             "writer_cpu_ns": self.writer_cpu_ns,
             "hook_ns": self.own_hook_ns(),
             "hook_calls": self.hook_calls,
+            "hook_ns_by": self.own_hook_ns_by(),
         }
 
 

@@ -2,7 +2,8 @@
 
 Inputs may be mixed (a trace plus the log of the same job); each one's kind is detected by content.
 Unreadable inputs are reported one line each on stderr (exit code 2) and the rest is analyzed; a log
-showing that the job failed (a rank raised, timed out or was killed) is reported the same way, exit 1.
+showing that the job failed (a rank raised, timed out or was killed) is reported the same way, exit 1;
+so is a trace that shows it (job_crash from the trace alone: an exception on record, a dead rank).
 """
 
 from __future__ import annotations
@@ -160,6 +161,11 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
     failed = [p for p in trace.problems if getattr(p, "job_failed", False)]
+    if not failed:  # no log said so, but the trace shows it (an exception on record, a rank that died)
+        crash = next((f for f in findings if f.rule == "job_crash" and f.severity == "critical"), None)
+        if crash is not None:
+            print(f"diag analyze: error: job failed: {crash.title}", file=sys.stderr)
+            return 2 if trace.problems else 1
     return 2 if len(trace.problems) > len(failed) else 1 if failed else 0
 
 

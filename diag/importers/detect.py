@@ -53,7 +53,8 @@ def kind_of_file(path: str) -> str:
         or path.endswith((".json", ".json.gz"))
     ):  # a JSON name: let the parser say what is wrong
         return KINETO
-    if b"\x00" in head or sum(b < 9 or 13 < b < 32 for b in head[:512]) > 8:
+    # control bytes mark a binary file; ESC (27) starts the ANSI colour codes of a coloured log (Ray's)
+    if b"\x00" in head or sum(b < 9 or (13 < b < 32 and b != 27) for b in head[:512]) > 8:
         raise ImportProblem("binary file: not a diag trace, PyTorch profiler trace or training log")
     from diag.importers.logs import MARKERS  # here: the log importer needs pandas, JSON inputs do not
 

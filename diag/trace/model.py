@@ -166,7 +166,8 @@ class Trace:
                     out[k] = self.headers[rank][k]
             seen = self.headers[rank].get("groups")
             if isinstance(seen, dict):
-                groups.update({k: v for k, v in seen.items() if k not in groups})
+                # a bare entry the agent renamed later is that group's old name: the records carry the new
+                groups.update({k: v for k, v in seen.items() if k not in groups and not _renamed(v)})
         if groups:
             out["groups"] = dict(sorted(groups.items()))
         return out
@@ -174,6 +175,10 @@ class Trace:
     def hosts(self) -> dict[int, str]:
         """rank -> host name from the headers ("?" where a header does not say)."""
         return {r: str(h.get("host") or "?") for r, h in self.headers.items()}
+
+
+def _renamed(group: Any) -> bool:
+    return isinstance(group, dict) and group.get("renamed") is not None
 
 
 def _with_depth_and_leaf(df: pd.DataFrame) -> pd.DataFrame:

@@ -226,6 +226,7 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
             by_kind[ev["k"]].append(ev)
             if ev["k"] == schema.META and isinstance(ev.get("key"), str):
                 merged[ev["key"]] = ev.get("value")
+        _rename_groups(events, merged.get(schema.META_GROUPS))
     if strict and trace.problems:
         raise DiagError(str(trace.problems[0]))
     if not trace.headers:
@@ -234,6 +235,22 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
         raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
     trace.frames = build_frames(by_kind, trace.problems, path)
     return trace
+
+
+def _rename_groups(events: list[dict[str, Any]], groups: Any) -> None:
+    """A group the agent named by its role only after its first collectives (`renamed` in the
+    `groups` meta: collectors.comms.groups) carries that name in this rank's earlier records too."""
+    if not isinstance(groups, dict):
+        return
+    renames = {
+        k: v["renamed"]
+        for k, v in groups.items()
+        if isinstance(v, dict) and isinstance(v.get("renamed"), str)
+    }
+    if renames:
+        for ev in events:
+            if ev["k"] == schema.COMM and ev.get("group") in renames:
+                ev["group"] = renames[ev["group"]]
 
 
 def _is_int(value: Any) -> bool:

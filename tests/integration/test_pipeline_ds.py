@@ -141,3 +141,20 @@ def test_the_pipeline_engines_own_groups_are_named(few: Job) -> None:
     pp = [name for name, g in groups.items() if g["role"] == "pp"]
     assert pp and all(name.startswith("pp:") and groups[name]["size"] == 2 for name in pp), groups
     assert (few.trace.comms["group"].isin(pp) & (few.trace.comms["op"] == "broadcast")).any()
+
+
+def test_under_diag_run_every_group_of_the_engine_is_named(tmp_path) -> None:
+    """Under `diag run` the agent starts before the PipelineEngine, whose first broadcasts run on
+    its grid's groups before deepspeed.runtime.pipe.p2p keeps the grid: each group must still carry
+    its role (`dp`, `mp`, `pp`), in the records written before the grid was kept too."""
+    from tests.workloads import launch
+
+    trace_dir = str(tmp_path / "trace")
+    cmd = launch.torchrun_cmd(PIPE, [*FEW, "--out", str(tmp_path / "result.json")])
+    proc = launch.diag_cli("run", "--trace-dir", trace_dir, "--", *cmd, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trace = load(trace_dir)
+    groups = trace.layout()["groups"]
+    assert {g["role"] for g in groups.values()} >= {"dp", "mp", "pp", "world"}, groups
+    assert all(":" in name for name in groups), groups
+    assert set(trace.comms["group"]) <= set(groups), set(trace.comms["group"]) - set(groups)

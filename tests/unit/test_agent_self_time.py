@@ -31,6 +31,18 @@ def test_hook_time_is_added_once_per_outermost_hook(tmp_path) -> None:
     agent.stop()
     assert 0.019e9 <= spent < 0.035e9  # not added twice, and the 50 ms asleep are not in it
     assert status["hook_ns"] == ag.own_hook_ns() and isinstance(status["writer_cpu_ns"], int)
+    by = status["hook_ns_by"]  # by the outermost hook's collector: the 20 ms are the steps collector's
+    assert 0.019e9 <= by["steps"] <= status["hook_ns"] and "agent" not in by  # calibration left out
+
+
+def test_hook_time_is_split_by_collector(tmp_path) -> None:
+    """bench/overhead's parts: the time a collector's outermost hooks took is that collector's."""
+    ag = agent.start(str(tmp_path), what=("steps",), self_time=True)
+    ag.guard("comms", lambda: _spin(10_000_000), "all_reduce")()
+    ag.guard("memory", lambda: _spin(5_000_000), "step")()
+    by = ag.status()["hook_ns_by"]
+    agent.stop()
+    assert 0.009e9 <= by["comms"] < 0.02e9 and 0.0045e9 <= by["memory"] < 0.015e9, by
 
 
 def test_the_timings_own_share_is_calibrated_away(tmp_path) -> None:
@@ -58,6 +70,7 @@ def test_without_the_option_hooks_are_untimed(tmp_path) -> None:
     status = ag.status()
     agent.stop()
     assert status["hook_ns"] is None and ag.hook_ns == 0 and ag.probe_ns == 0
+    assert status["hook_ns_by"] is None
     assert hook.__name__ == "guarded"  # the plain guard: no timing wrapper around it
 
 

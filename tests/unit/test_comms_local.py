@@ -261,3 +261,42 @@ def test_collectives_from_cpp_recorded_once_and_dispatcher_restored(group, tmp_p
     assert [(r["op"], r["bytes"]) for r in recs] == [("all_reduce", 16), ("all_reduce", 16)]
     assert all(r["dur"] is not None and r["dur"] >= 0 for r in recs)
     assert {n: torch._C._dispatch_dump(f"c10d::{n}") for n in before} == before
+
+
+def test_a_group_a_framework_takes_on_later_is_renamed_in_every_record(group, tmp_path, monkeypatch) -> None:
+    """DeepSpeed's PipelineEngine broadcasts on its grid's groups before its p2p module keeps the
+    grid: under `diag run` those groups stayed bare ids. The writer thread names them once the
+    framework holds them, and the reader gives the earlier records the same name."""
+    import sys
+    import time
+    import types
+
+    import diag
+
+    pg = dist.new_group([0])
+    agent.start(str(tmp_path), what=("comms",))
+    dist.all_reduce(torch.ones(3), group=pg)  # no framework holds it yet: a bare c10d name
+    p2p = types.ModuleType("deepspeed.runtime.pipe.p2p")
+    p2p._groups = [pg]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.pipe.p2p", p2p)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not _groups_renamed(agent.current(), "pp:"):
+        time.sleep(0.05)
+    dist.all_reduce(torch.ones(3), group=pg)
+    agent.stop()
+    trace = diag.load(str(tmp_path))
+    named = trace.comms[trace.comms["op"] == "all_reduce"]["group"].tolist()
+    assert len(named) == 2 and named[0] == named[1] and named[0].startswith("pp:"), named
+    groups = trace.layout()["groups"]
+    assert named[0] in groups and groups[named[0]]["role"] == "pp"
+    assert all(":" in name for name in groups), groups  # the bare entry is only the old name
+
+
+def _groups_renamed(ag, prefix: str) -> bool:
+    """Has the writer thread named a group `prefix...` yet (the comms collector's `Groups`, whose
+    `recheck` is an idle listener)?"""
+    for listener in list(ag.idle_listeners):
+        owner = getattr(getattr(listener, "__wrapped__", None), "__self__", None)
+        if owner is not None and hasattr(owner, "seen"):
+            return any(name.startswith(prefix) for name in owner.seen)
+    return False

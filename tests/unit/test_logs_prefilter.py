@@ -19,7 +19,10 @@ from diag.importers.logs.many import import_logs
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 FIX = os.path.join(ROOT, "tests", "fixtures", "logs")
 LOGS = sorted(
-    glob.glob(os.path.join(FIX, "*.log")) + glob.glob(os.path.join(ROOT, "sample_traces", "*", "*.log"))
+    glob.glob(os.path.join(FIX, "*.log"))
+    + glob.glob(os.path.join(FIX, "*.md"))
+    + glob.glob(os.path.join(FIX, "*.rst"))
+    + glob.glob(os.path.join(ROOT, "sample_traces", "*", "*.log"))
 )
 
 
@@ -140,3 +143,11 @@ def test_logs_merged_as_they_come_equal_the_merge_of_all(monkeypatch, workers):
     assert [p for p, _ in got] == paths
     assert sum("log_step" in g.frames for _, g in got) == 1
     pd.testing.assert_frame_equal(_merged(got), _merged(one_by_one))
+
+
+def test_every_keyword_holds_an_anchor():
+    """The prefilter searches anchors, not the keywords: each keyword must contain one, or lines a
+    reader reads would be dropped."""
+    for word in prefilter.KEYWORDS:
+        assert any(a in word for a in prefilter.ANCHORS), word
+    assert all(any(a in w for w in prefilter.KEYWORDS) for a in prefilter.ANCHORS)

@@ -181,3 +181,21 @@ def test_a_framework_half_imported_at_a_scan_is_patched_once_its_import_ends(tmp
     assert len(sys.modules) == count
     assert patched is not original and patched.__wrapped__.__wrapped__ is original  # steps + overflow
     assert cls.__dict__["_take_model_step"] is original
+
+
+def test_torch_optimizer_hook_is_dropped_once_an_engine_numbers_the_steps(tmp_path, monkeypatch):
+    """Once a DeepSpeed engine is seen, torch's optimizer post-hook only returns: it is removed (a
+    call fewer per step), and the plain loop's steps stop counting; detach still ends clean."""
+    import torch.optim.optimizer as topt
+
+    ag = agent.start(str(tmp_path), what=("steps",))
+    assert topt._global_optimizer_post_hooks
+    _plain_loop(3 + 2)  # TORCH_GRACE steps ignored while deepspeed is loaded, then counted
+    monkeypatch.setattr(ag, "saw_engine", lambda engine: setattr(ag, "engine", engine))
+    late = ag.idle_listeners[0]  # the steps collector's late install: its state's bound method
+    state = late.__wrapped__.__self__
+    engine = type("Engine", (), {"global_steps": 41})()  # weak-referenceable, as engines are
+    state.see(engine)
+    assert not topt._global_optimizer_post_hooks and ag.engine is engine
+    agent.stop()
+    assert not topt._global_optimizer_post_hooks

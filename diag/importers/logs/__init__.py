@@ -1,10 +1,10 @@
-"""Import DeepSpeed, Megatron-LM / Megatron-DeepSpeed / NeMo and HF Trainer training logs.
+"""Import DeepSpeed, Megatron-LM / Megatron-DeepSpeed / NeMo, HF Trainer and verl training logs.
 
 Each line is read once (`lines.Line` peels the launcher's rank/host/time prefixes) and offered to the
 family readers; what they find becomes frames of the `Trace`:
 - `log_step`: one row per framework iteration number (Megatron's `iteration`, DeepSpeed's `global_steps`,
-  HF's optimizer step, NeMo's `global_step`): step time in ms, samples/s, tokens/s, TFLOPs as printed,
-  loss, lr, grad norm, loss scale, skipped counters, eval loss (`records.STEP_COLUMNS`);
+  HF's optimizer step, NeMo's `global_step`, verl's `step:`): step time in ms, samples/s, tokens/s,
+  TFLOPs as printed, loss, lr, grad norm, loss scale, skipped counters, eval loss (`records.STEP_COLUMNS`);
 - `overflow`: each skipped step once (`overflow.reconcile`), `memory`: memory lines in bytes;
 - the layout (world size, TP/PP/DP, ZeRO stage, dtype, batch sizes) into every rank's header;
 - a failed job (`crash.verdict`) becomes a `JobFailed` problem: one line naming the failure, its ranks,
@@ -28,6 +28,7 @@ from diag.importers.logs.lines import read_lines
 from diag.importers.logs.megatron import MegatronReader
 from diag.importers.logs.prefilter import keyword_lines
 from diag.importers.logs.records import STEP_COLUMNS, Records
+from diag.importers.logs.verl import VerlReader
 from diag.trace.model import LoadProblem
 
 LOG_STEP_COLUMNS = STEP_COLUMNS
@@ -51,6 +52,9 @@ MARKERS = (
     b"dist_world_size",
     b"Discovered MPI settings",
     b"DeepSpeedEngine configuration",
+    b"timing_s/step:",
+    b"(TaskRunner pid=",
+    b"(main_task pid=",
 )
 
 
@@ -99,7 +103,7 @@ def read_records(path: str, every_line: bool = False) -> Records:
     which reads what offering every line (`every_line`: the plain reference path) reads."""
     rec = Records()
     megatron, deepspeed, hf = MegatronReader(rec), DeepSpeedReader(rec), HFReader(rec)
-    readers = [("megatron", megatron), ("deepspeed", deepspeed), ("hf", hf)]
+    readers = [("megatron", megatron), ("deepspeed", deepspeed), ("hf", hf), ("verl", VerlReader(rec))]
     crash = CrashReader(rec)
 
     def seen(rank: int, host: str | None) -> None:
@@ -144,7 +148,7 @@ def import_log(path: str, every_line: bool = False) -> LogImport:
     failed = verdict(rec)
     if not frames and not rec.layout and failed is None:
         raise ImportProblem(
-            "no DeepSpeed/Megatron/HF Trainer progress, overflow, layout or error lines found"
+            "no DeepSpeed/Megatron/HF Trainer/verl progress, overflow, layout or error lines found"
         )
     layout = {k: rec.layout[k] for k in schema.LAYOUT_KEYS if rec.layout.get(k) is not None}
     if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):

@@ -63,18 +63,21 @@ class CrashReader:
     def __init__(self, rec: Records) -> None:
         self.rec = rec
         self.open_tb: dict[int, int] = {}  # rank -> line of its open `Traceback` header
+        self.margin: dict[int, int] = {}  # rank -> blanks before its `Traceback` header
         self.child: dict[str, Any] | None = None  # the ChildFailedError entry being read
 
     def line(self, ln: Line) -> bool:
         t = ln.text
-        if t.startswith("Traceback (most recent call last)") or (t.startswith("╭") and _RICH_TB in t):
+        s = t.lstrip() if t[:1].isspace() else t  # a log pasted as an indented block: its own margin
+        if s.startswith("Traceback (most recent call last)") or (s.startswith("╭") and _RICH_TB in s):
             self.open_tb[ln.rank] = ln.no
+            self.margin[ln.rank] = len(t) - len(s)
             return True
         if "ChildFailedError" in t and not t[:1].isspace():  # torchrun's report of its ranks' exit codes
             self.open_tb.pop(ln.rank, None)
             self.child = {}
             return True
-        if self.open_tb and not t[:1].isspace() and (m := _EXC.match(t.strip())) and self._tb_open(ln.rank):
+        if self.open_tb and self._tb_open(ln.rank) and (m := self._exc_line(ln.rank, t)):
             self.open_tb.pop(ln.rank, None) if ln.rank in self.open_tb else self.open_tb.pop(-1, None)
             self._exception(ln, m.group(1), m.group(2) or "")
             return True
@@ -109,6 +112,14 @@ class CrashReader:
             self._add(ln, "exception", "abort", t.strip())
             return True
         return False
+
+    def _exc_line(self, rank: int, t: str) -> re.Match[str] | None:
+        """The traceback's closing `ExcType: message`: at the traceback header's own margin (its frames
+        are indented further)."""
+        margin = self.margin.get(rank if rank in self.open_tb else -1, 0)
+        if (margin and not t[:margin].isspace()) or t[margin : margin + 1].isspace():
+            return None
+        return _EXC.match(t.strip())
 
     def _tb_open(self, rank: int) -> bool:
         return rank in self.open_tb or -1 in self.open_tb
@@ -192,6 +203,10 @@ _FIXES = {
     " / --pipeline-model-parallel-size",
     "deepspeed": "lower train_micro_batch_size_per_gpu (raise gradient_accumulation_steps to keep the batch),"
     " raise zero_optimization.stage, or enable activation_checkpointing",
+    "verl": "lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (and the ref/rollout"
+    " log_prob_micro_batch_size_per_gpu), set actor_rollout_ref.model.enable_gradient_checkpointing=True,"
+    " actor_rollout_ref.actor.fsdp_config.param_offload/optimizer_offload=True, or lower"
+    " actor_rollout_ref.rollout.gpu_memory_utilization",
     "hf": "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch) or set"
     " gradient_checkpointing=True",
 }
@@ -352,7 +367,8 @@ def _r(rank: int) -> str:
 
 def oom_fix(rec: Records) -> str:
     """The OOM fix in the job's own framework's terms."""
-    return _FIXES[next((f for f in ("megatron", "hf", "deepspeed") if f in rec.families), "deepspeed")]
+    family = next((f for f in ("megatron", "verl", "hf", "deepspeed") if f in rec.families), "deepspeed")
+    return _FIXES[family]
 
 
 def _detail(first: Failure, same: list[Failure], rec: Records) -> str:

@@ -4,6 +4,10 @@ A line of a multi-rank log usually carries who printed it before the framework's
 torchrun's `[default3]:` (local rank) and torch's `[rank3]:` (global rank), srun's `--label` `3: `,
 pdsh/DeepSpeed multi-node `worker-0: ` / `10.0.0.1: ` (host), DeepSpeed's `[Rank 3]` (log_dist), and a
 timestamp (`[2023-08-02 00:41:17,935]`, `2023-08-02 00:41:17.936`, NeMo's `[NeMo I 2024-06-17 08:36:41`).
+A log pasted into a README, an issue or a chat carries more in front: markdown quote markers (`> `), and
+Ray's per-actor prefix (verl and other Ray jobs: `(WorkerDict pid=12345)`, `(TaskRunner pid=..,
+ip=10.0.0.2)`, often wrapped in ANSI colour codes); they are peeled too (Ray's `ip=` is the host; a pid
+is no rank).
 `Line` keeps the text after the prefixes, the rank and host they name, and parses the timestamp only
 when a reader asks for it.
 """
@@ -25,15 +29,23 @@ _SKIP = 1 << 20  # characters read at a time while skipping a line past the limi
 
 _PREFIX = re.compile(
     r"\s*(?:"
+    r">(?=[\s>]|$)|"  # a markdown quote marker (a log pasted in an issue or a README)
+    r"\x1b\[[\d;]*m|"  # an ANSI colour code (Ray colours its prefixes)
+    r"\((?:[A-Za-z_][\w.]* )?pid=\d+(?:, ip=(?P<ip>[\d.]+))?\)|"  # Ray: `(WorkerDict pid=1, ip=10.0.0.2)`
     r"\[default(?P<local>\d+)\]:|"  # torchrun --tee / --log-dir console prefix (local rank)
     r"\[rank(?P<rank>\d+)\]:|"  # torch >= 2.2 C++/Python log prefix (global rank)
     r"(?P<label>\d{1,5}):(?=\s)|"  # srun --label
     r"(?P<host>[A-Za-z][\w.-]*-\d+|\d{1,3}(?:\.\d{1,3}){3}):(?=\s)"  # pdsh: worker-0: / 10.0.0.1:
     r")\s?"
 )
-# a line's head: leading blanks and up to 3 tokens holding a `:`; every prefix lies in it (each ends with
-# a `:` and holds no blank; the parse stops at the first token without one), so its parse is remembered
-_HEAD = re.compile(r"\s*(?:[^\s:]*:\S*\s*){0,3}")
+# a line's head: leading blanks, quote markers, ANSI codes and a Ray prefix, then up to 3 tokens holding a
+# `:`; every prefix lies in it (each launcher prefix ends with a `:` and holds no blank; the parse stops at
+# the first token without one), so its parse is remembered
+_HEAD_RE = (
+    r"(?:>(?=[\s>]|$)|\x1b\[[\d;]*m|\((?:[A-Za-z_][\w.]* )?pid=\d+(?:, ip=[\d.]+)?\)|\s)*"
+    r"(?:[^\s:]*:\S*\s*){0,3}"
+)
+_HEAD = re.compile(_HEAD_RE)
 _HEADS: dict[str, tuple[int, str | None, int]] = {}
 _SECONDS: dict[tuple[str, ...], int | None] = {}
 _HEADS_KEPT = 1 << 16  # entries remembered at most (a timestamp in a head makes each second new)
@@ -80,7 +92,7 @@ class Line:
 def peel(text: str) -> tuple[int, int | None, int] | tuple[int, str | None, int]:
     """(rank or -1, host, where the text starts) from the launcher prefixes at the start of `text`."""
     rank, host, pos = -1, None, 0
-    for _ in range(3):  # prefixes nest: `worker-1: [default0]:[rank8]: ...`
+    for _ in range(8):  # they nest: `worker-1: [default0]:[rank8]: `, `> \x1b[36m(TaskRunner pid=7)\x1b[0m `
         m = _PREFIX.match(text, pos)
         if m is None:
             break
@@ -88,8 +100,8 @@ def peel(text: str) -> tuple[int, int | None, int] | tuple[int, str | None, int]
             rank = int(m.group("rank") or m.group("label"))
         elif m.group("local") and rank < 0:
             rank = int(m.group("local"))
-        elif m.group("host"):
-            host = m.group("host")
+        elif m.group("host") or m.group("ip"):
+            host = m.group("host") or m.group("ip")
         pos = m.end()
     return rank, host, pos
 

@@ -221,16 +221,18 @@ class MemoryRows:
         marks = self.marks.get(rank)
         if marks is None:
             marks = self.marks[rank] = [None] * (len(_PEAK_COLUMNS) + 1)
-        old = set(marks)
+        before = marks[:]
+        kept = self.kept
         for i, c in enumerate(_PEAK_COLUMNS):
             v = row[c]
-            if v is not None and v == v and (marks[i] is None or v > self.kept[marks[i]][1][c]):  # type: ignore[index]
+            if v is not None and v == v and (marks[i] is None or v > kept[marks[i]][1][c]):  # type: ignore[index]
                 marks[i] = place
-        marks[-1] = place
-        self.kept[place] = (place, row)
-        if not self._in_timeline(rank, k, place):
-            old.add(place)
-        self._forget(old, rank)
+        marks[-1] = place  # the new row is its rank's last: held, whether or not the timeline takes it
+        kept[place] = (place, row)
+        self._in_timeline(rank, k, place)
+        gone = {p for p in before if p is not None and p not in marks}  # rows no mark holds any more
+        if gone:
+            self._forget(gone, rank)
 
     def _in_timeline(self, rank: int, k: int, place: int) -> bool:
         line = self.timeline.get(rank)

@@ -13,35 +13,57 @@ hook.py, which boots the agent after that sitecustomize instead.
 import os
 import sys
 
-LAUNCHERS = (
-    "torchrun",
-    "torch.distributed.run",
-    "torch.distributed.launch",
-    "deepspeed.launcher",
-    "bin/deepspeed",
-)
+# a launcher is the program a process runs, never a word in its arguments: the public DDP tutorial's
+# own script is `multigpu_torchrun.py`, and a substring test took its ranks for launchers
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher")
+LAUNCHER_SCRIPTS = ("torchrun", "deepspeed")
 HELPERS = ("multiprocessing.spawn", "multiprocessing.forkserver", "multiprocessing.resource_tracker")
+OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")  # interpreter options whose value is the next word
 
 
-def _cmdline() -> str:
+def _cmdline() -> list[str]:
     try:
         with open("/proc/self/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
-        return " ".join(sys.argv)
+        return [sys.executable, *sys.argv]
 
 
-def _wanted() -> bool:
-    cmd = _cmdline()
-    if any(h in cmd for h in HELPERS) or any(name in cmd for name in LAUNCHERS):
+def launcher(argv: list[str]) -> bool:
+    """Does this command line (interpreter first) run a launcher: `-m torch.distributed.run`, a
+    `torchrun` / `deepspeed` script (its shebang puts the interpreter first), or the binary itself?"""
+    if argv and os.path.basename(argv[0]) in LAUNCHER_SCRIPTS:
+        return True
+    words = iter(argv[1:])
+    for word in words:
+        if word == "-m":
+            module = next(words, "")
+            return any(module == m or module.startswith(m + ".") for m in LAUNCHER_MODULES)
+        if word == "-c":
+            return False
+        if word in OPTIONS_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return os.path.basename(word) in LAUNCHER_SCRIPTS
+    return False
+
+
+def _wanted(argv: list[str]) -> bool:
+    if launcher(argv) or any(h in " ".join(argv) for h in HELPERS):
         return False
     return "RANK" in os.environ or os.environ.get("DIAG_RUN_PID") == str(os.getpid())
 
 
 def boot() -> None:
-    """Start the agent here if this process is one of the job's ranks (diag run's DIAG_RUN is set)."""
+    """Start the agent here if this process is one of the job's ranks (diag run's DIAG_RUN is set);
+    in the launcher `diag run` became, say at exit if no rank recorded anything."""
     spec = os.environ.get("DIAG_RUN")
-    if not spec or not _wanted():
+    if not spec:
+        return
+    argv = _cmdline()
+    if not _wanted(argv):
+        if os.environ.get("DIAG_RUN_PID") == str(os.getpid()) and launcher(argv):
+            _report_at_exit(spec)
         return
     try:
         import json
@@ -51,6 +73,36 @@ def boot() -> None:
         start_agent(json.loads(spec))
     except Exception as exc:  # noqa: BLE001 - the job runs on without diag
         print(f"diag: agent not started in pid {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _report_at_exit(spec: str) -> None:
+    """The launcher's exit: one line on stderr when no trace file was written since it started,
+    so a job that ran without the agent is never taken for one that recorded nothing wrong."""
+    import atexit
+    import json
+    import time
+
+    try:
+        folder = json.loads(spec).get("trace_dir")
+    except ValueError:
+        return
+    folder = folder or os.environ.get("DIAG_TRACE_DIR") or os.path.abspath("diag-trace")
+    started = time.time()
+
+    def report() -> None:
+        try:
+            names = os.listdir(folder)
+            fresh = any(os.path.getmtime(os.path.join(folder, n)) >= started - 1 for n in names)
+        except OSError:
+            fresh = False
+        if not fresh:
+            print(
+                f"diag run: no process of this job started the diag agent: nothing was recorded in "
+                f"{folder} (a rank that fails to start it says why on stderr)",
+                file=sys.stderr,
+            )
+
+    atexit.register(report)
 
 
 def _chain() -> None:

@@ -1,0 +1,59 @@
+"""An exception that ends the job is on record in its trace: the `uncaught` meta record.
+
+A job whose ranks all raised before or during training left traces that read as healthy: `diag
+analyze` said "No findings" for a public DDP tutorial whose ranks died on their first line with an
+AttributeError (its log says why; its trace did not). The agent puts a hook in front of
+`sys.excepthook` that writes what ended the main thread (exception type, first message line, the
+job's innermost frame, the step in progress) and then calls the hook it replaced, so the job's
+output and exit code are what they were. It is written at once: a job that started the agent
+itself may exit before the writer thread wakes again. A detach restores the
+previous hook. Exceptions in other threads do not end the job and are not recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from types import TracebackType
+from typing import Any
+
+from diag import schema
+
+MESSAGE_CHARS = 500
+OWN = os.sep + "diag" + os.sep  # diag's own frames are not where the job failed
+
+
+def describe(exc: BaseException, tb: TracebackType | None, step: int) -> dict[str, Any]:
+    """What the record says: type, first line of the message, the job's innermost frame, the step."""
+    frames = [f for f in traceback.extract_tb(tb) if OWN not in f.filename] if tb is not None else []
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+    message = str(exc).strip().splitlines()
+    return {
+        "exc": type(exc).__name__,
+        "message": message[0][:MESSAGE_CHARS] if message else "",
+        "where": where,
+        "step": step,
+        "interrupted": isinstance(exc, KeyboardInterrupt),
+    }
+
+
+def install(agent: Any) -> None:
+    """Put the recording hook in front of `sys.excepthook`; undone with the agent's other hooks."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        try:
+            agent.set_meta(schema.META_UNCAUGHT, describe(exc, tb, int(agent.step)))
+            agent.write_now()  # the interpreter may end before the writer thread wakes again
+        except Exception as error:  # noqa: BLE001 - the job's own hook must run whatever happens
+            agent.record_error("agent", "uncaught", error)
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+    def restore() -> None:
+        if sys.excepthook is hook:  # another tool put its own in front since: leave the chain be
+            sys.excepthook = previous
+
+    agent.undo.call(restore, "sys.excepthook")

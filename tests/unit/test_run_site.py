@@ -1,0 +1,68 @@
+"""`diag run`'s preloaded sitecustomize: which processes are launchers (never given an agent), and the
+launcher's one line at exit when no rank of the job started the agent (it used to exit 0 silently)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from diag.inject.site.sitecustomize import launcher
+from tests.workloads import launch
+
+PY = "/usr/bin/python3"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"], True),
+        ([PY, "-u", "-m", "torch.distributed.launch", "train.py"], True),
+        ([PY, "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "train.py"], True),
+        ([PY, "/venv/bin/torchrun", "--nproc_per_node=2", "train.py"], True),
+        ([PY, "-X", "importtime", "/venv/bin/deepspeed", "train.py"], True),
+        (["/opt/bin/torchrun", "train.py"], True),
+        # the public DDP tutorial's own script: its ranks were taken for launchers, no agent started
+        ([PY, "-u", "/src/ddp-tutorial-series/multigpu_torchrun.py", "5", "3"], False),
+        ([PY, "train.py", "--launcher", "torchrun"], False),
+        ([PY, "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], False),
+        ([PY, "-m", "torch.distributed.runner_of_mine"], False),
+    ],
+)
+def test_a_launcher_is_the_program_a_process_runs_not_a_word_in_it(argv: list[str], expected: bool) -> None:
+    assert launcher(argv) is expected
+
+
+JOB = "import os, time; time.sleep(0.2); print('rank', os.environ['RANK'], 'done')\n"
+
+
+def _run(tmp_path, script: str, worker: list[str]) -> tuple[int, str, list[str]]:
+    path = tmp_path / script
+    path.write_text(JOB)
+    trace = tmp_path / "trace"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        f"--master_port={launch.free_port()}",
+    ]
+    proc = launch.diag_cli("run", "--trace-dir", str(trace), "--", *cmd, *worker, str(path), timeout=120)
+    files = os.listdir(trace) if trace.exists() else []
+    return proc.returncode, proc.stderr, files
+
+
+def test_a_rank_whose_script_is_named_like_a_launcher_gets_the_agent(tmp_path) -> None:
+    rc, err, files = _run(tmp_path, "multigpu_torchrun.py", [])
+    assert rc == 0 and "rank-00000.jsonl" in files, (files, err[-2000:])
+    assert "no process of this job started the diag agent" not in err
+
+
+def test_the_launcher_says_so_when_no_rank_started_the_agent(tmp_path) -> None:
+    """A worker run with `python -S` (no site, so no sitecustomize): the job runs, nothing is recorded,
+    and the launcher's exit says it in one line instead of a silent exit 0."""
+    rc, err, files = _run(tmp_path, "train.py", ["--no-python", sys.executable, "-S"])
+    assert rc == 0 and not files
+    lines = [line for line in err.splitlines() if "no process of this job started the diag agent" in line]
+    assert len(lines) == 1 and str(tmp_path / "trace") in lines[0], err[-2000:]

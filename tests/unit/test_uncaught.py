@@ -1,0 +1,78 @@
+"""A job that dies of an exception says so in its trace (`uncaught` meta record, diag.agent.uncaught)
+and `diag analyze` names it from the trace alone: a public DDP tutorial whose ranks all raised on their
+first line read "No findings" before. An interrupt is a stop from outside (info), and the job's own
+excepthook, output and exit code are unchanged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from diag.analyzers import registered_rules
+
+import diag
+from diag import agent, schema
+from diag.metrics.stage import Metrics
+from tests.workloads import launch
+
+JOB = textwrap.dedent(
+    """
+    import sys
+    from diag import agent
+    agent.start(sys.argv[1], what=("steps",))
+    import torch
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range({steps}):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+
+    def setup():
+        raise {exc}
+
+    setup()
+    """
+)
+
+
+def _job(tmp_path, exc: str, steps: int = 0) -> tuple[subprocess.CompletedProcess[str], list]:
+    script = tmp_path / "train.py"
+    script.write_text(JOB.format(exc=exc, steps=steps))
+    trace_dir = tmp_path / "trace"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(trace_dir)], capture_output=True, text=True, timeout=120
+    )
+    trace = diag.load(str(trace_dir))
+    return proc, registered_rules()["job_crash"][0](trace, Metrics(trace))
+
+
+def test_an_exception_that_ends_the_job_is_named_from_the_trace(tmp_path) -> None:
+    proc, found = _job(tmp_path, 'AttributeError("no attribute _cuda_setDevice\\nmore")', steps=4)
+    assert proc.returncode == 1 and "AttributeError: no attribute _cuda_setDevice" in proc.stderr  # as before
+    (f,) = found
+    assert f.severity == "critical" and f.evidence["exception"] == "AttributeError", f
+    assert f.evidence["message"] == "no attribute _cuda_setDevice" and f.evidence["last_completed_step"] == 3
+    assert f.evidence["where"].endswith("train.py:14 in setup") and f.steps == [4], f.evidence
+    cli = launch.diag_cli("analyze", str(tmp_path / "trace"))
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr
+    assert cli.stderr.splitlines() == [f"diag analyze: error: job failed: {f.title}"], cli.stderr
+
+
+def test_an_interrupt_is_a_stop_from_outside(tmp_path) -> None:
+    proc, found = _job(tmp_path, "KeyboardInterrupt()")
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
+    (f,) = found
+    assert f.severity == "info" and "stopped from outside before its first step" in f.title, f.title
+    assert launch.diag_cli("analyze", str(tmp_path / "trace")).returncode == 0  # not a failure of the job
+
+
+def test_a_job_that_ends_well_has_no_record_and_detach_restores_the_hook(tmp_path) -> None:
+    before = sys.excepthook
+    agent.start(str(tmp_path), what=("steps",))
+    assert sys.excepthook is not before
+    agent.stop()
+    assert sys.excepthook is before
+    meta = diag.load(str(tmp_path)).frame(schema.META)
+    assert not (meta["key"] == schema.META_UNCAUGHT).any()
