@@ -8,9 +8,11 @@ that attached at different moments still line up (each rank's first recorded ste
 may be partial, even when numbered 0: an FSDP2 job attached within its first optimizer step read as
 "rank 1: all_gather; rank 0: reduce_scatter" at step 0). In a live trace a record whose duration is
 still unknown is held back by the agent for up to 10 s while later ones are written, so only
-records that are final are compared: older than the rank's latest record by that hold, or already
-given up on (a null duration: the call never completed). Point-to-point ops are left out (their
-peers differ by rank), and all-to-all sizes (uneven splits are normal)."""
+records that are final are compared: older than the rank's latest record by that hold, or up to a
+call that never completed (a null duration: given up on, or announced by the agent as entered and
+still waited in after 1.5 s, `liveness.entered`: a desync is named seconds after it, not 10 s).
+Point-to-point ops are left out (their peers differ by rank), and all-to-all sizes (uneven splits
+are normal)."""
 
 from __future__ import annotations
 
@@ -89,8 +91,9 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     ranks that left the call the group made at that position in earlier steps (all members when
     that cannot be told), with the group, step and each rank's call. Fix: the named ranks' code path
     around that call (a rank-dependent branch, a data-dependent shape). Live, a record is compared once
-    final: 10 s older than its rank's latest record (the agent's hold), or never completed."""
-    c = metrics.comms
+    final: 10 s older than its rank's latest record (the agent's hold), or up to a call never
+    completed (given up on, or still waited in after 1.5 s)."""
+    c = liveness.entered(trace, metrics)
     if c.empty or "group" not in c or "step" not in c:
         return []
     c = c[~c["kind"].isin(P2P)].dropna(subset=["step", "ts"])

@@ -21,6 +21,9 @@ SILENT_STEPS = 20  # ... or this many median steps, whichever is longer
 STEP_LAG = 2  # a rank this many steps behind the furthest one
 STALL_S = 2.0  # peers without a completed step this long (and STALL_STEPS median steps) ...
 STALL_STEPS = 5  # ... while a rank's process is stopped: a hang, not a pause of a duty cycle
+STALL_CAP_S = 6.0  # ... at most this long when the waiting ranks are in a call entered since their
+# last step ended and never completed (a duty cycle's pauses never hold a call 1.5 s): FSDP2's 2-3 s
+# steps made a SIGSTOPped rank's hang 14-20 s late
 
 
 def last_seen(trace: Trace) -> pd.Series:
@@ -100,11 +103,14 @@ def quiet_s(metrics: Metrics) -> float:
     return max(STALL_S, STALL_STEPS * metrics.median_step_s)
 
 
-def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
-    """The collective the waiting ranks are stuck in: their pending one (issued, never completed)
-    when the agent wrote it, else the one after their last completed collective; with each rank's
-    count of completed collectives in that group (the frozen ranks' lower count: never arrived)."""
-    c = metrics.comms
+def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: list[int]) -> dict[str, Any]:
+    """The collective the waiting ranks are stuck in: their pending one (issued, never completed, or
+    still waited in after 1.5 s) when the agent wrote it, else the one after their last completed
+    (its step: no earlier than the one after the rank's last ended step: DDP's bucket all-reduce is
+    its step's last collective, and a hang read as that step, one below the iteration the program
+    was in); with each rank's count of completed collectives in that group (the frozen ranks'
+    lower count: never arrived)."""
+    c = liveness.entered(trace, metrics)
     if c.empty:
         return {}
     mine = c[c["rank"].isin(waiting)]
@@ -112,22 +118,28 @@ def _where_stuck(metrics: Metrics, waiting: list[int], frozen: list[int]) -> dic
     row = (pend if not pend.empty else mine).sort_values("ts").iloc[-1] if not mine.empty else None
     if row is None:
         return {}
-    group = str(row["group"])
+    group, step = str(row["group"]), int(row["step"])
+    if pend.empty:
+        st = metrics.steps
+        ended = st[st["rank"] == row["rank"]]["step"]
+        step = max(step, int(ended.max()) + 1) if not ended.empty else step
     done = c[(c["group"].astype(str) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
     counts = {int(r): int(n) for r, n in done.groupby("rank").size().items()}
     return {
         "group": group,
         "collective": str(row["kind"]),
         "pending": not pend.empty,
-        "step": int(row["step"]),
+        "step": step,
         "completed_in_group": counts,
+        "issued_ns": float(row["ts"]),
     }
 
 
 def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -> Finding | None:
     """Ranks whose process stopped running (stopped, or its heartbeat ended) while the other ranks,
-    still running, have completed no step for >= max(2 s, 5 median steps): a hang, with the ranks
-    that never arrived named."""
+    still running, have completed no step for >= max(2 s, 5 median steps), or max(2 s, min(5 median
+    steps, 6 s)) when they wait in a call entered after their last step and never completed: a
+    hang, with the ranks that never arrived named."""
     st = metrics.steps
     last = liveness.last_record(trace)
     waiting = [int(r) for r in last.index if int(r) not in frozen]
@@ -139,9 +151,13 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
     stall_s = (now - peer_end) / NS if peer_end is not None else 0.0
     max_step = st.groupby("rank")["step"].max()
     # (how far the others got is no premise: a stopped rank's last 0.2 s of records were never written)
-    if stall_s < max(STALL_S, STALL_STEPS * metrics.median_step_s):
+    where = _where_stuck(trace, metrics, waiting, sorted(frozen))
+    issued = where.pop("issued_ns", None)
+    need = max(STALL_S, STALL_STEPS * metrics.median_step_s)
+    if where.get("pending") and issued is not None and peer_end is not None and issued >= peer_end:
+        need = max(STALL_S, min(need, STALL_CAP_S))  # the others wait in a call of their current step
+    if stall_s < need:
         return None
-    where = _where_stuck(metrics, waiting, sorted(frozen))
     ranks = sorted(frozen)
     how = {"stopped": "its process is stopped", "silent": "its process stopped writing (heartbeat)"}
     whys = "; ".join(f"rank {r}: {how.get(v['how'], v['how'])}" for r, v in sorted(frozen.items()))
@@ -183,7 +199,8 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's process stopped running (the live watcher saw it stopped, or its agent's
     heartbeat ended >= 3 beats of 2 s before a peer's last record) while the other ranks have
-    completed no step for >= max(2 s, 5 median steps): a hang, naming the rank that never arrived
+    completed no step for >= max(2 s, 5 median steps), at most 6 s when they wait in a call
+    entered since their last step and never completed: a hang, naming the rank that never arrived
     and the collective the others wait in (their pending one, or the one after their last
     completed). Also when ranks of one group completed different numbers of collectives and their
     last ones differ (op or size: a desync; unless every member's trace ended by a detach, each at

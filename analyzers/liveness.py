@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag import schema
+from diag.metrics.comms import comm_frame
 from diag.metrics.steps import NS
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 HEARTBEAT_S = 2.0  # the agent's stats period (diag.agent.runtime.STATS_INTERVAL_S)
@@ -118,10 +120,27 @@ def died(trace: Trace, rank: int, how: dict[str, Any]) -> bool:
 
 def pending_collectives(c: pd.DataFrame) -> pd.DataFrame:
     """Collectives issued and never completed (the agent writes their duration as null once it gave
-    up waiting, after 10 s or when it closed): where a rank is stuck."""
+    up waiting, after 10 s or when it closed; `entered` adds those still waited in): where a rank
+    is stuck."""
     if c.empty:
         return c
     return c[pd.to_numeric(c["dur"], errors="coerce").isna()]
+
+
+def entered(trace: Trace, metrics: Metrics) -> pd.DataFrame:
+    """The rules' collectives (`metrics.comms`) with those each rank entered and has not completed
+    yet: the agent's `comm_open` records (a call held >= 1.5 s) whose `comm` record is not written
+    yet (same rank and issue time), with a null duration, as a never-completed call reads."""
+    c = metrics.comms
+    o = trace.frame(schema.COMM_OPEN)
+    if o.empty:
+        return c
+    o = comm_frame(o.assign(dur=None), metrics.steps)
+    if not c.empty:
+        have = set(zip(c["rank"].astype(int), pd.to_numeric(c["ts"]).astype("int64")))
+        keys = zip(o["rank"].astype(int), pd.to_numeric(o["ts"]).astype("int64"))
+        o = o[[k not in have for k in keys]]
+    return pd.concat([c, o], ignore_index=True) if not o.empty else c
 
 
 def killed_in_log(trace: Trace) -> set[int]:

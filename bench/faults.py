@@ -26,7 +26,8 @@ SIGSTOP/SIGCONT duty cycle: stopped 40 ms of every 100 ms) are planted from outs
 plant a desync (SIGUSR1 makes rank 1 broadcast where rank 0 all-reduces), memory growth, an input stall
 vs a compute straggler, and ZeRO-3 over a 40 Mbit/s link between two network namespaces. "Live" is
 `diag watch --json` following the trace directory of the running job: for an injected fault, the
-first line naming the expected rule and rank and its seconds after the signal (the goal: 10 s); for
+first line naming the expected rule and rank and its seconds after the signal (the goal: 10 s; a
+hang's line must also name the step the job was in: one after the last iteration it printed); for
 a fault planted from the first step, the number of steps after which the rule, on the trace cut
 there, names the rank. "Post-mortem" is every rule of `diag analyze` on the trace (and the job's
 output as its log, for an injected fault), warnings and criticals only. Any other rule's finding,

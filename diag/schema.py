@@ -28,6 +28,7 @@ STATS = "stats"
 META = "meta"
 GPU = "gpu"
 LOST = "lost"
+COMM_OPEN = "comm_open"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     # one optimizer step (a gradient-accumulation boundary); samples/tokens when the job tells us
@@ -81,6 +82,10 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "xid",
     ),
 }
+# a collective entered and not completed after diag.agent.pending.OPEN_S: its `comm` record without
+# a duration, written early (the `comm` record itself follows once it completes or is given up on),
+# so the hang and desync rules see who waits in what seconds before the agent's 10 s hold ends
+FIELDS[COMM_OPEN] = FIELDS[COMM]
 
 # Meta keys shared by the writer (collectors) and the readers (analyzers, which cannot import diag.collectors)
 META_ATTRIBUTE_EVERY = "attribute_every"  # module attribution of collectives runs 1 step in N

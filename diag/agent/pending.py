@@ -3,6 +3,9 @@
 A hook puts a `Pending` into its record instead of a number; the writer thread holds such a record
 back until `ready()` (never synchronizing the device), then writes `value()`. After `MAX_HOLD_S` a
 still-pending value is written as null and counted, so a stuck stream cannot grow memory forever.
+A held collective still not completed after `OPEN_S` is also written at once as a `comm_open` record
+(`Entered`): a hang or a desync is then on disk ~1.5 s after the call, not 10 s (the desync cell of
+the fault matrix was named 15.7-16.7 s after the fault, nearly all of it this hold).
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from diag import schema
+
 MAX_HOLD_S = 10.0
+OPEN_S = 1.5  # a collective held this long is announced as entered, not completed (a healthy call
+# on CPU/gloo takes milliseconds; one waiting for a straggler or a slow link, well under a second)
 
 
 class Pending(ABC):
@@ -65,3 +72,25 @@ def settle(rec: tuple[Any, ...]) -> tuple[Any, ...] | None:
                 return None
             out[i] = v.value()
     return tuple(out)
+
+
+class Entered:
+    """Announces each held collective once it has waited `OPEN_S`: a `comm_open` copy of its record,
+    the pending duration null. Looked at on the writer's flushes only while records are held."""
+
+    __slots__ = ("told",)
+
+    def __init__(self) -> None:
+        self.told: set[int] = set()  # id() of held records already announced (alive while held)
+
+    def announce(self, held: list[tuple[float, tuple[Any, ...]]], now: float) -> list[tuple[Any, ...]]:
+        """`comm_open` records for the held collectives newly older than `OPEN_S`."""
+        out, alive = [], set()
+        for since, rec in held:
+            key = id(rec)
+            alive.add(key)
+            if key not in self.told and now - since >= OPEN_S and rec[0] == schema.COMM:
+                self.told.add(key)
+                out.append((schema.COMM_OPEN, *resolve(rec, give_up=True)[1:]))
+        self.told &= alive
+        return out

@@ -96,6 +96,7 @@ class Agent:
         self.probe_ns = 0.0  # what timing one hook adds to its own figure (calibrated at start)
         self._in_hook = threading.local()
         self._held: list[tuple[float, tuple[Any, ...]]] = []  # records waiting on GPU timings
+        self._entered = _pending.Entered()  # held collectives announced as entered, not completed
 
     # ---- hot-path helpers -------------------------------------------------------------------
     def now(self) -> int:
@@ -394,6 +395,8 @@ class Agent:
                 out.append(_pending.resolve(rec, give_up=True))
             else:
                 self._held.append((since, rec))
+        if self._held:
+            out.extend(self._entered.announce(self._held, now))
         return out
 
     def _new_errors(self) -> list[dict[str, Any]]:

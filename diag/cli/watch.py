@@ -7,9 +7,10 @@
 
 Every `--interval` seconds it reads what the ranks wrote, runs every rule on the trace so far, and
 prints a finding when it first appears, when its severity or named ranks change, and once when it
-clears. Each rank's process on this host is looked at too (gone, or stopped): the rules name a
-rank whose process died or froze (dead_rank, hang_desync). Ends when the job's processes are gone
-(after a last analysis), at --duration, or on Ctrl-C.
+clears. Each rank's process on this host is looked at too (gone, or stopped; `rank_deaths`): the
+rules name a rank whose process died or froze (job_crash, hang_desync), also one whose launcher
+ended the others within a moment (the last analysis reads the processes as they were when it
+died). Ends when the job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from diag.cli.rank_deaths import Deaths, process_facts
 from diag.errors import USAGE, DiagError
 
 ENDED_GRACE_S = 2.0  # after the job's processes are gone: one more read of what they flushed
@@ -32,23 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
     parser.add_argument("--interval", type=float, default=1.0, help="analysis period, seconds (default 1)")
     parser.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-
-
-def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) -> dict[int, dict[str, Any]]:
-    """Per rank whose process runs on this host: whether it is still there and its state letter
-    (R, S, T: stopped, Z: zombie, gone), as the rules read them (`schema`-free header key `process`)."""
-    from diag.inject.checks import status_fields
-
-    out = {}
-    for rank, h in headers.items():
-        pid = h.get("pid")
-        if rank < 0 or h.get("host") != host or not isinstance(pid, int) or h.get("sidecar"):
-            continue
-        fields = status_fields(pid)
-        state = "gone" if fields is None else fields.get("State", "?")[:1]
-        state = "gone" if state in ("Z", "X") else state  # dead, not reaped yet by its launcher
-        out[rank] = {"pid": pid, "state": state, "checked_ns": now_ns}
-    return out
 
 
 def event_of(f: Any, kind: str, t0: float) -> dict[str, Any]:
@@ -112,7 +97,6 @@ def _text(e: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diag.analyzers import run_all
     from diag.tui import jobstate
     from diag.tui.model import JobModel
     from diag.tui.source import LiveSource, trace_dir_of_pid
@@ -123,12 +107,31 @@ def run(args: argparse.Namespace) -> int:
     if target.isdigit() and not os.path.isdir(target):
         target = trace_dir_of_pid(int(target))
     source, model, state = LiveSource(target), JobModel(), jobstate.JobState()
-    stream, host = Stream(sys.stdout, args.json), socket.gethostname()
+    stream, host, deaths = Stream(sys.stdout, args.json), socket.gethostname(), Deaths()
     deadline = None if args.duration is None else time.monotonic() + args.duration
+    with deaths.following(lambda: model.headers, host):
+        return _loop(args, source, model, state, stream, deaths, deadline)
+
+
+def _loop(
+    args: argparse.Namespace,
+    source: Any,
+    model: Any,
+    state: Any,
+    stream: Stream,
+    deaths: Deaths,
+    deadline: float | None,
+) -> int:
+    """Read, analyze and print every `--interval` until the job ended (or `--duration`)."""
+    from diag.analyzers import run_all
+
+    host = socket.gethostname()
     analyzed, ended_at = -1, None
     while True:
         model.ingest(source.poll())
         facts = process_facts(model.headers, host, time.time_ns())
+        deaths.look(facts)
+        facts = deaths.facts(facts)
         if model.events and (model.version != analyzed or facts):
             analyzed = model.version
             trace = model.to_trace()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from diag.stacks.cluster import collective_of, user_frame
 from diag.stacks.dump import RankStack
@@ -19,17 +20,27 @@ class Progress:
     pending: tuple[str, str | None, int | None] | None = None  # (op, group, step) issued, not completed
 
 
+def _ts(ev: dict[str, Any]) -> int:
+    ts = ev.get("ts")
+    return ts if isinstance(ts, int) else 0
+
+
 def progress(trace_file: str) -> Progress:
     """Completed collectives in one rank's trace file (read with the tolerant trace reader). A record
-    with a null duration was issued but never completed (written when the agent gave up waiting):
-    that is the collective a rank is stuck in, not one it finished (kept when it is the newest)."""
+    with a null duration was issued but never completed (written when the agent gave up waiting, or
+    as `comm_open` while still waited in after 1.5 s): that is the collective a rank is stuck in, not
+    one it finished (kept when it is the newest)."""
+    from diag import schema
     from diag.trace.reader import read_file
 
     _, events, _ = read_file(trace_file)
-    mine = [e for e in events if e.get("k") == "comm"]
+    mine = [e for e in events if e.get("k") == schema.COMM]
+    written = {e.get("ts") for e in mine}
+    waited = [e for e in events if e.get("k") == schema.COMM_OPEN and e.get("ts") not in written]
     comms = [e for e in mine if e.get("dur") is not None]
     last = comms[-1] if comms else {}
-    tail = mine[-1] if mine else {}
+    newest = [*waited[-1:], *mine[-1:]]
+    tail = max(newest, key=_ts) if newest else {}
     pending = (
         (str(tail.get("op")), tail.get("group"), tail.get("step"))
         if tail and tail.get("dur") is None

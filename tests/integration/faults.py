@@ -163,6 +163,7 @@ class Outcome:
     findings: list[Finding] = field(default_factory=list)  # post-mortem, warning or critical
     live: list[dict[str, Any]] = field(default_factory=list)  # `diag watch --json` lines, with "at_s"
     steps_to_find: int | None = None  # planted from the first step: steps until the rule names it
+    stuck_in: int | None = None  # a hang: the iteration the job was in (one after its last printed)
     note: str = ""
 
     def found(self) -> Finding | None:
@@ -185,8 +186,13 @@ class Outcome:
         return None if e is None else float(e["at_s"])
 
     def live_correct(self) -> bool:
-        """An injected fault: `diag watch` names the rank with the expected rule within 10 s."""
-        return self.cell.inject is None or (self.live_s is not None and self.live_s <= LIVE_GOAL_S)
+        """An injected fault: `diag watch` names the rank with the expected rule within 10 s; a
+        hang, with the step the job was in (the program's own iteration number)."""
+        if self.cell.inject is None:
+            return True
+        on_time = self.live_s is not None and self.live_s <= LIVE_GOAL_S
+        e = self.live_found()
+        return on_time and (self.stuck_in is None or (e is not None and e.get("step") == self.stuck_in))
 
     def false_alarms(self) -> list[str]:
         post = {
@@ -225,6 +231,7 @@ class Outcome:
             "correct": self.correct(),
             "known_gap": self.cell.known_gap,
             "note": self.note,
+            "stuck_in": self.stuck_in,
         }
 
 
@@ -371,6 +378,9 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
         with contextlib.suppress(subprocess.TimeoutExpired):
             job.wait(timeout=30 if cell.inject == "kill" else 0.1)
         out.note = f"job exit {job.poll()}"
+        if cell.inject == "stop":  # a rank stopped: the others wait in the iteration after the last
+            out.stuck_in = max(seen) + 1  # one printed (a rank prints after its optimizer step)
+            out.note += f"; last iteration printed {max(seen)}"
     finally:
         if throttle is not None:
             throttle.stop()
@@ -403,6 +413,8 @@ def render(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r["live_asked"]:
             live = f"{r['live']} ({r['live_s']} s after the fault)" if r["live"] else "no verdict in 30 s"
+            if r.get("stuck_in") is not None:
+                live += f"; the job was in iteration {r['stuck_in']}"
         elif r["steps_to_find"] is not None:
             live = f"named after {r['steps_to_find']} steps"
         else:

@@ -5,8 +5,8 @@ with DIAG_FULL_MATRIX=1, as bench.faults sets). The faults, planted by the workl
 (tests/workloads/planted.py) and from outside:
 - desync: every rank all-reduces its loss each step; rank 1, sent SIGUSR1 (the recorded fault time),
   calls a broadcast instead at its next step. The group hangs in the two calls; collective_mismatch
-  must name rank 1, the group and the step (its records are final once the agent stops holding the
-  never-completed calls: 10 s);
+  must name rank 1, the group and the step, within 10 s: the agent writes each call still waited in
+  after 1.5 s as entered (`comm_open`), without waiting out its 10 s hold;
 - memory growth: rank 1 keeps 4 MiB every step; memory_growth must name it from the RSS per step;
 - input stall: rank 1 sleeps 80 ms before each step's batch (the straggler cell's switch) with the
   layers recorded every step, so the lead-in before its forward is measured: idle_between_steps must
@@ -27,7 +27,20 @@ from tests.integration.faults import DDP_ARGS, LONG_DDP, SLOW, Cell, Outcome, al
 from tests.integration.runs import DDP, GPT, Runs
 
 SLOW_LINK_RATE = "40mbit"  # tc tbf on both ends of the veth between the ranks' namespaces
-SLOW_LINK = Cell("ZeRO-3", "slow link", GPT, ("--zero", "3", "--steps", "8"), expect="zero3_slow_link")
+SLOW_LINK = Cell(
+    "ZeRO-3",
+    "slow link",
+    GPT,
+    ("--zero", "3", "--steps", "8"),
+    expect="zero3_slow_link",
+    known_gap=(
+        "zero3_slow_link names it (gathers at 172 KB/s, 87% of each step), but at a load average of 3 "
+        "exposed_comm also fires on the same fault (critical: 57% of each step waits on communication, "
+        "rank 0), at this branch's base too: one fault, two findings; exposed_comm (not this helper's) "
+        "could defer to zero3_slow_link when the exposed time is those gathers"
+    ),
+    strict=False,
+)
 
 EXTRA_CELLS: tuple[Cell, ...] = (
     Cell(
@@ -38,12 +51,6 @@ EXTRA_CELLS: tuple[Cell, ...] = (
         expect="collective_mismatch",
         rank=1,
         inject="usr1",
-        known_gap=(
-            "named right (rank 1, group world:0, the step, broadcast vs all_reduce) but after 10 s: the "
-            "agent writes a call's record once it completes or once it gives up waiting for it (10 s, "
-            "diag.agent.pending.MAX_HOLD_S), so a call that never completes is on disk 10 s after its "
-            "issue at the earliest (15.7-16.7 s at a load average of 14-17)"
-        ),
     ),
     Cell(
         "DDP",

@@ -91,6 +91,60 @@ def test_stopped_rank_is_a_hang_naming_it_and_the_collective(tmp_path):
     assert fired(trace, "hang_desync") == []
 
 
+def _stopped(trace, job: Job) -> None:
+    now = job.start(0, 0) + 12000 * MS
+    trace.headers[0]["process"] = {"pid": 1000, "state": "S", "checked_ns": now}
+    trace.headers[1]["process"] = {"pid": 1001, "state": "T", "checked_ns": now}
+
+
+def test_hang_step_is_the_one_the_waiting_rank_is_in(tmp_path):
+    """Rank 0 ended step 5 and waits in step 6's all-reduce: step 6, whether that call is on disk
+    as entered (`comm_open`, the agent's record of a call waited in >= 1.5 s) or not yet (the hang
+    named from its last completed call, step 5's: it read as step 5, one below the program's)."""
+    job = _hung_job()
+    entered = job.events[0].pop()
+    _stuck(job, end_ms=12000, beats_to={1: 600})
+    trace = job.write(str(tmp_path / "held"))
+    _stopped(trace, job)
+    (f,) = fired(trace, "hang_desync")
+    assert (f.evidence["step"], f.evidence["pending"], f.steps) == (6, False, [6])
+    job.add(0, schema.COMM_OPEN, **{k: v for k, v in entered.items() if k not in ("k", "algbw", "busbw")})
+    trace = job.write(str(tmp_path / "entered"))
+    _stopped(trace, job)
+    (f,) = fired(trace, "hang_desync")
+    assert (f.evidence["collective"], f.evidence["step"], f.evidence["pending"]) == ("all_reduce", 6, True)
+
+
+def _slow_hang(tmp_path, name: str, entered_at_ms: float | None, after_ms: float) -> list:
+    """Steps of 2.5 s (FSDP2 on CPU); rank 1 stopped after step 5; rank 0, `after_ms` after step 6
+    began, has its step-6 all-reduce on disk as entered (`comm_open`) at `entered_at_ms` into step
+    6 (None: not on disk)."""
+    job = Job(steps=6, step_ms=2500)
+    job.each_step(lambda r, s: job.comm(r, s, at_ms=50, dur_ms=5))
+    if entered_at_ms is not None:
+        job.comm(0, 6, at_ms=entered_at_ms, dur_ms=0)
+        open_rec = job.events[0].pop()
+        job.add(0, schema.COMM_OPEN, **{k: open_rec[k] for k in schema.FIELDS[schema.COMM]} | {"dur": None})
+    _stuck(job, end_ms=6 * 2501 + after_ms, beats_to={1: 5 * 2501})
+    trace = job.write(str(tmp_path / name))
+    now = job.start(0, 6) + int(after_ms * MS)
+    trace.headers[0]["process"] = {"pid": 1000, "state": "S", "checked_ns": now}
+    trace.headers[1]["process"] = {"pid": 1001, "state": "T", "checked_ns": now}
+    return fired(trace, "hang_desync")
+
+
+def test_a_hang_in_slow_steps_is_named_within_6_s_when_the_peers_wait_in_a_call(tmp_path):
+    """5 median steps are 12.5 s here; a call entered in the current step and never completed caps
+    the stall at 6 s. Without that call on disk, or one from an earlier step, 5 median steps."""
+    (f,) = _slow_hang(tmp_path, "entered", entered_at_ms=50, after_ms=6500)
+    assert f.ranks == [1] and (f.evidence["step"], f.evidence["pending"]) == (6, True)
+    assert f.evidence["stalled_s"] < 7 and "issued_ns" not in f.evidence
+    assert _slow_hang(tmp_path, "early", entered_at_ms=50, after_ms=5000) == []
+    assert _slow_hang(tmp_path, "not_on_disk", entered_at_ms=None, after_ms=6500) == []
+    (g,) = _slow_hang(tmp_path, "not_on_disk_later", entered_at_ms=None, after_ms=13000)
+    assert g.ranks == [1]
+
+
 def test_post_mortem_hang_from_the_heartbeat(tmp_path):
     """Everything killed in the end (no close): rank 1's heartbeat ended 10 s before rank 0's."""
     job = _hung_job()

@@ -103,6 +103,32 @@ def test_progress_counts_completed_collectives_in_a_trace(tmp_path):
     assert progress(w.path) == Progress(2, "all_reduce", 1, pending=("all_gather", None, 2))
 
 
+def test_progress_reads_a_call_still_waited_in(tmp_path):
+    """A `comm_open` record (a call waited in >= 1.5 s) is the pending one until its `comm` record
+    is written; then that record says whether it completed."""
+    w = TraceFileWriter(str(tmp_path), "rank-00000.jsonl")
+    done = {"op": "all_reduce", "step": 4, "group": "world:0", "ts": 10}
+    w.write_objects(
+        [
+            {"k": "header", "rank": 0},
+            {"k": "comm", **done, "dur": 1000},
+            {"k": "comm_open", "op": "all_reduce", "step": 5, "group": "world:0", "ts": 20, "dur": None},
+        ]
+    )
+    w.close()
+    assert progress(w.path) == Progress(1, "all_reduce", 4, "world:0", ("all_reduce", "world:0", 5))
+    w = TraceFileWriter(str(tmp_path), "rank-00001.jsonl")
+    w.write_objects(
+        [
+            {"k": "header", "rank": 1},
+            {"k": "comm_open", **done, "dur": None},
+            {"k": "comm", **done, "dur": 1000},
+        ]
+    )
+    w.close()
+    assert progress(w.path) == Progress(1, "all_reduce", 4, "world:0", None)
+
+
 def test_diag_frames_are_not_on_the_stacks():
     """Issue 9: diag's comms `Work.wait` and the overflow wrapper were shown, even as a rank's
     location; they hid the collective too."""

@@ -77,3 +77,64 @@ def test_watch_bad_input_is_one_line(tmp_path):
     assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     res = _watch(str(tmp_path), "--interval", "0")
     assert res.returncode != 0 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def _ranks_as_processes(path: str) -> list[subprocess.Popen[bytes]]:
+    """A 2-rank trace whose headers name two real processes on this host (sleepers standing in for
+    the ranks: the watcher looks only at whether each process runs)."""
+    import socket
+
+    job = Job(steps=8, hosts=[socket.gethostname()] * 2)
+    job.each_step(lambda r, s: job.comm(r, s))
+    job.write(path)
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(2)]
+    for r, proc in enumerate(procs):
+        name = os.path.join(path, f"rank-{r:05d}.jsonl")
+        with open(name) as f:
+            lines = f.readlines()
+        lines[0] = json.dumps({**json.loads(lines[0]), "pid": proc.pid}) + "\n"
+        with open(name, "w") as f:
+            f.writelines(lines)
+    return procs
+
+
+def _end(procs: list[subprocess.Popen[bytes]], first: int, gap_s: float, path: str) -> list[dict]:
+    """`diag watch --json` on the trace while rank 1's process is ended by signal `first`, and rank
+    0's by SIGTERM `gap_s` later, as a launcher does (it reaps the first meanwhile); the lines it
+    printed before it ended by itself."""
+    import signal
+    import time
+
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "diag", "watch", path, "--json", "--duration", "60", "--interval", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(3.0)  # started and read the trace: no finding on the healthy start
+        procs[1].send_signal(first)
+        time.sleep(gap_s)
+        procs[1].wait()
+        procs[0].send_signal(signal.SIGTERM)
+        procs[0].wait()
+        out, _ = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0
+    return [json.loads(x) for x in out.splitlines()]
+
+
+def test_watch_names_a_rank_the_launcher_outlived_by_a_moment(tmp_path):
+    """torchrun ends the survivors soon after a rank dies (a public nanoGPT's rank 0 got SIGTERM
+    0.06-0.13 s after rank 1's SIGKILL): the watch's periodic analysis (here every 2 s) then sees
+    every process gone, which reads as a job that ended. Looked at every 20 ms, rank 1 was gone,
+    killed by SIGKILL, while rank 0 ran: the last analysis names it."""
+    import signal
+
+    crash = str(tmp_path / "crash")
+    lines = _end(_ranks_as_processes(crash), signal.SIGKILL, 0.15, crash)
+    assert [(x["rule"], x["ranks"]) for x in lines if x["event"] == "new"] == [("job_crash", [1])]
+    # a job stopped from outside: every rank SIGTERMed, under load 0.15 s apart: no rank died first
+    stop = str(tmp_path / "stop")
+    assert _end(_ranks_as_processes(stop), signal.SIGTERM, 0.15, stop) == []

@@ -1,0 +1,114 @@
+"""The ranks' processes as `diag watch` sees them: running, stopped, or gone, and how a gone one ended.
+
+A rank that dies is often followed within a moment by the others: torchrun sent SIGTERM to a public
+nanoGPT's rank 0 0.06-0.13 s after rank 1's SIGKILL, so an analysis once a second saw every
+process gone, which reads as a job that ended. A thread looks every 20 ms; a rank seen gone while a
+peer still ran died first when its exit status says it failed (a signal other than a stop, or a
+non-zero exit code): a zombie's /proc/<pid>/stat holds it until the launcher reaps it. Killed by a
+stop signal (SIGTERM, SIGINT, SIGHUP: the job stopped from outside; under load the ranks of a
+torchrun stopped with SIGTERM died 40+ ms apart, rank 0 first) it did not crash, and an exit
+status never seen (reaped between two looks) proves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from diag.vocab import STOP_SIGNALS
+
+LOOK_S = 0.02  # how often each rank's process is looked at (a thread; /proc reads, ~30 us a rank)
+_STOPS = {int(getattr(signal, name)) for name in STOP_SIGNALS}
+
+Facts = dict[int, dict[str, Any]]
+
+
+def exit_status(pid: int) -> int | None:
+    """A zombie's wait status (/proc/<pid>/stat's last field), None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def crashed(status: int) -> bool:
+    """A wait status of a process that failed: killed by a signal other than a stop, or exit != 0."""
+    sig = status & 0x7F
+    return sig not in _STOPS if sig else (status >> 8) != 0
+
+
+def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) -> Facts:
+    """Per rank whose process runs on this host: whether it is still there and its state letter
+    (R, S, T: stopped, Z: zombie, gone), as the rules read them (`schema`-free header key
+    `process`); a zombie's wait status as `exit`."""
+    from diag.inject.checks import status_fields
+
+    out = {}
+    for rank, h in headers.items():
+        pid = h.get("pid")
+        if rank < 0 or h.get("host") != host or not isinstance(pid, int) or h.get("sidecar"):
+            continue
+        fields = status_fields(pid)
+        state = "gone" if fields is None else fields.get("State", "?")[:1]
+        fact: dict[str, Any] = {"pid": pid, "state": state, "checked_ns": now_ns}
+        if state in ("Z", "X"):  # dead, not reaped yet by its launcher
+            fact["state"], status = "gone", exit_status(pid)
+            if status is not None:
+                fact["exit"] = status
+        out[rank] = fact
+    return out
+
+
+class Deaths:
+    """How each rank's process ended, and the processes as they were when some ranks had died
+    while the others still ran: what the analysis reads once every process is gone."""
+
+    def __init__(self) -> None:
+        self.split: Facts | None = None
+        self.exits: dict[int, int] = {}  # rank -> wait status, once seen
+        self.lock = threading.Lock()
+
+    def look(self, facts: Facts) -> None:
+        gone = frozenset(r for r, f in facts.items() if f["state"] == "gone")
+        with self.lock:
+            self.exits.update({r: f["exit"] for r, f in facts.items() if "exit" in f})
+            if self.split is not None or not facts:
+                return
+            if gone and gone != set(facts) and all(r in self.exits and crashed(self.exits[r]) for r in gone):
+                self.split = facts
+
+    def facts(self, facts: Facts) -> Facts:
+        """`facts` as the rules should read them: once every process is gone, the split seen
+        earlier, if any; while some run, a rank ended by a stop signal is "stopped_by_signal", not
+        gone (a crash)."""
+        with self.lock:
+            if facts and all(f["state"] == "gone" for f in facts.values()):
+                return self.split or facts
+            stopped = {r for r, s in self.exits.items() if not crashed(s)}
+        return {r: {**f, "state": "stopped_by_signal"} if r in stopped else f for r, f in facts.items()}
+
+    @contextlib.contextmanager
+    def following(self, headers: Callable[[], dict[int, dict[str, Any]]], host: str) -> Iterator[None]:
+        """A thread looking every `LOOK_S` while in the block (`headers()`: the ranks seen so far)."""
+        stop = threading.Event()
+        threading.Thread(target=self._follow, args=(headers, host, stop), daemon=True).start()
+        try:
+            yield
+        finally:
+            stop.set()
+
+    def _follow(
+        self, headers: Callable[[], dict[int, dict[str, Any]]], host: str, stop: threading.Event
+    ) -> None:
+        while not stop.wait(LOOK_S):
+            try:
+                known = dict(headers())
+            except RuntimeError:  # the main thread added a rank meanwhile: the next look has it
+                continue
+            if known:
+                self.look(process_facts(known, host, time.time_ns()))
