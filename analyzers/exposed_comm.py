@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
+from diag.analyzers.cross_node import zero3_cross_node
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics import comms
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 EXPOSED_SHARE = 0.40  # blocking communication as a share of the median step
+DEFER_SHARE = 0.5  # ZeRO-3's slow cross-node gathers at least this share of it: zero3_slow_link's
 
 
 def timeline_exposed(metrics: Metrics) -> pd.DataFrame | None:
@@ -93,7 +95,9 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     (its code default is true only for stage 3) and 4x stage3_prefetch_bucket_size when DP > 1;
     Megatron-LM --overlap-grad-reduce / --overlap-param-gather (not Megatron-DeepSpeed: it lacks them).
     recoverable_s: min(exposed, compute) per step: overlap can hide at most the compute time.
-    Severity: the exposed share of the step (`diag.findings.severity_of`)."""
+    Severity: the exposed share of the step (`diag.findings.severity_of`). Not when ZeRO-3's
+    cross-node gathers run slow (zero3_slow_link's premise) and make >= 50% (DEFER_SHARE = 0.5) of
+    the exposed time: that fault is zero3_slow_link's, with its fixes."""
     df = metrics.exposed
     if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
         # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
@@ -111,6 +115,9 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     worst = bad["share"].idxmax()
     exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
+    slow = zero3_cross_node(trace, metrics)
+    if slow is not None and slow.slow and slow.cross_s >= DEFER_SHARE * exp_s:
+        return []  # ZeRO-3's gathers over a slow link are most of it: zero3_slow_link names that fault
     cost = Cost(exp_s, step_s)
     return [
         Finding(

@@ -4,27 +4,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pandas as pd
-from diag.analyzers import config, evidence
+from diag.analyzers import config
 from diag.analyzers.base import rule
+from diag.analyzers.cross_node import (
+    LINK_GBS_CPU,
+    LINK_GBS_GPU,
+    SLOW_FRACTION,
+    STEP_SHARE,
+    ZERO3_OPS,
+    nominal_link_gbs,
+    zero3_cross_node,
+)
 
 from diag.findings import Cost, Finding, Fix
+
+__all__ = ["LINK_GBS_CPU", "LINK_GBS_GPU", "SLOW_FRACTION", "STEP_SHARE", "ZERO3_OPS", "zero3_slow_link"]
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
-
-STEP_SHARE = 0.25  # cross-node gathers/scatters take at least this share of the step
-SLOW_FRACTION = 0.25  # and run below this fraction of the nominal inter-node bandwidth
-LINK_GBS_GPU = 25.0  # GB/s: one 200 Gb/s NIC per GPU, the common inter-node rail
-LINK_GBS_CPU = 1.25  # GB/s: 10 GbE, what a gloo/CPU job may expect between hosts
-ZERO3_OPS = ("all_gather", "reduce_scatter")
-
-
-def nominal_link_gbs(trace: Trace) -> float:
-    """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
-    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
-    return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
 
 
 def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
@@ -85,24 +83,13 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     would save at the nominal link bandwidth; `what_if_lost_s` that summed over the steps (each step's
     cross-node time beyond it). Severity: the cross-node share of the step (its >= 25% premise makes
     it critical)."""
-    if config.zero_stage(trace) != 3:
+    cn = zero3_cross_node(trace, metrics)
+    if cn is None or not cn.slow:
         return []
-    c = metrics.comms
+    rows, per, step_s, cross_s, busbw, link = cn.rows, cn.per, cn.step_s, cn.cross_s, cn.busbw, cn.link
     host_of = trace.hosts()
-    if c.empty or len(set(host_of.values())) < 2:
-        return []
-    cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
-    per = metrics.union_per_step(cross)
-    rows = c[cross & (c["dur_s"] > 0) & pd.to_numeric(c["bytes"], errors="coerce").notna()]
-    if rows.empty or per.empty:  # no size recorded: the bandwidth premise is not measured
-        return []
-    step_s, cross_s = float(per["dur_s"].median()), float(per["comm_s"].median())
-    busbw = float(rows["busbw"].median())
     moved = float((rows["busbw"] * rows["dur_s"]).sum())  # bus bytes (GB) moved
     aggregate = moved / float(rows["dur_s"].sum())
-    link = nominal_link_gbs(trace)
-    if step_s <= 0 or cross_s / step_s < STEP_SHARE or busbw >= SLOW_FRACTION * link:
-        return []
     nsteps = max(per["step"].nunique(), 1)
     nranks = max(rows["rank"].nunique(), 1)
     # the bytes of the compared (steady) steps, not the warm-up step's too

@@ -196,3 +196,13 @@ def test_exposed_comm_ignores_waiting_for_a_straggler(tmp_path):
     # rank 0 waits 45 ms for rank 1 in every all-reduce; the transfer itself takes 5 ms
     job.each_step(lambda r, s: job.comm(r, s, at_ms=10 if r == 0 else 55, dur_ms=50 if r == 0 else 5))
     assert fired(job.write(str(tmp_path)), "exposed_comm") == []
+
+
+def test_exposed_comm_defers_to_zero3_slow_link(tmp_path):
+    """One fault, one finding: ZeRO-3's gathers over a slow cross-node link are the exposed time
+    (45% of each step here), and zero3_slow_link names them with the fixes; on one host the same
+    blocking gathers are exposed_comm's."""
+    slow = zero3_job(["a", "b"], 15).write(str(tmp_path / "slow"))
+    assert fired(slow, "exposed_comm") == [] and len(fired(slow, "zero3_slow_link")) == 1
+    (f,) = fired(zero3_job(["a", "a"], 15).write(str(tmp_path / "one-host")), "exposed_comm")
+    assert f.evidence["exposed_share"][0] == pytest.approx(0.45, abs=0.01)

@@ -1,0 +1,70 @@
+"""ZeRO-3's cross-node gathers and scatters, measured once for the rules that read them: the
+premise of `zero3_slow_link`, which `exposed_comm` defers to (one fault, one finding: the exposed
+time of a ZeRO-3 job over a slow link is those gathers, and the slow-link finding has the fixes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from diag.analyzers import config, evidence
+
+if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
+    from diag.trace.model import Trace
+
+STEP_SHARE = 0.25  # cross-node gathers/scatters take at least this share of the step
+SLOW_FRACTION = 0.25  # and run below this fraction of the nominal inter-node bandwidth
+LINK_GBS_GPU = 25.0  # GB/s: one 200 Gb/s NIC per GPU, the common inter-node rail
+LINK_GBS_CPU = 1.25  # GB/s: 10 GbE, what a gloo/CPU job may expect between hosts
+ZERO3_OPS = ("all_gather", "reduce_scatter")
+
+
+def nominal_link_gbs(trace: Trace) -> float:
+    """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
+    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
+    return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
+
+
+@dataclass
+class CrossNode:
+    """ZeRO-3 all-gathers / reduce-scatters on groups spanning hosts: their records (`rows`, with a
+    duration and a size), their union per rank and step (`per`), the median step and cross-node time
+    per step, their median bus bandwidth and the nominal link's."""
+
+    rows: pd.DataFrame
+    per: pd.DataFrame
+    step_s: float
+    cross_s: float
+    busbw: float
+    link: float
+
+    @property
+    def slow(self) -> bool:
+        """`zero3_slow_link`'s premise: >= STEP_SHARE of the step, below SLOW_FRACTION of the link."""
+        share = self.cross_s / self.step_s if self.step_s > 0 else 0.0
+        return share >= STEP_SHARE and self.busbw < SLOW_FRACTION * self.link
+
+
+def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
+    """The measurement, or None where it is not measured (not ZeRO-3, one host, no sizes)."""
+    if config.zero_stage(trace) != 3:
+        return None
+    c = metrics.comms
+    host_of = trace.hosts()
+    if c.empty or len(set(host_of.values())) < 2:
+        return None
+    cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
+    per = metrics.union_per_step(cross)
+    rows = c[cross & (c["dur_s"] > 0) & pd.to_numeric(c["bytes"], errors="coerce").notna()]
+    if rows.empty or per.empty:  # no size recorded: the bandwidth premise is not measured
+        return None
+    return CrossNode(
+        rows,
+        per,
+        float(per["dur_s"].median()),
+        float(per["comm_s"].median()),
+        float(rows["busbw"].median()),
+        nominal_link_gbs(trace),
+    )
