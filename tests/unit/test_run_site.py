@@ -28,6 +28,8 @@ PY = "/usr/bin/python3"
         ([PY, "train.py", "--launcher", "torchrun"], False),
         ([PY, "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], False),
         ([PY, "-m", "torch.distributed.runner_of_mine"], False),
+        ([PY, "/venv/bin/accelerate", "launch", "train.py"], True),
+        ([PY, "-m", "accelerate.commands.launch", "train.py"], True),
     ],
 )
 def test_a_launcher_is_the_program_a_process_runs_not_a_word_in_it(argv: list[str], expected: bool) -> None:
@@ -66,3 +68,31 @@ def test_the_launcher_says_so_when_no_rank_started_the_agent(tmp_path) -> None:
     assert rc == 0 and not files
     lines = [line for line in err.splitlines() if "no process of this job started the diag agent" in line]
     assert len(lines) == 1 and str(tmp_path / "trace") in lines[0], err[-2000:]
+
+
+def test_the_single_process_a_launcher_runs_without_rank_gets_the_agent(tmp_path) -> None:
+    """`accelerate launch` with one process runs `python train.py` with no RANK: the agent went into
+    accelerate itself (0 steps) and the training process had none. A direct child of the launcher
+    `diag run` ran is a rank; the launcher is not (no trace of its own)."""
+    import stat
+
+    fake = tmp_path / "accelerate"  # a launcher by name: runs the script as its one child, no RANK
+    child = "sys.exit(subprocess.call([sys.executable, sys.argv[-1]]))"
+    fake.write_text(f"#!{sys.executable}\nimport subprocess, sys\n{child}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\nopt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+        "for _ in range(3):\n    opt.step()\n"
+    )
+    trace = tmp_path / "trace"
+    proc = launch.diag_cli(
+        "run", "--trace-dir", str(trace), "--", str(fake), "launch", str(train), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(os.listdir(trace)) == 1  # one trace: the child's, none for the launcher
+    import diag
+
+    t = diag.load(str(trace))
+    (header,) = t.headers.values()
+    assert header["argv"][-1] == str(train) and len(t.steps) == 3, (header["argv"], t.steps)

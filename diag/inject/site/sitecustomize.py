@@ -1,8 +1,9 @@
 """Preloaded by `diag run` (this directory is put first on PYTHONPATH): starts the diag agent in the
 job's ranks, not in its launcher, then runs any sitecustomize this one shadows.
 
-Starts in: a process with RANK in its environment (torchrun / deepspeed workers), or the command
-`diag run` executed itself when that is not a launcher. Skips: launchers, multiprocessing helpers,
+Starts in: a process with RANK in its environment (torchrun / deepspeed workers), the command
+`diag run` executed itself when that is not a launcher, or a direct child of that command when it
+is one (`accelerate launch` runs a single process without RANK). Skips: launchers, multiprocessing helpers,
 and other Python subprocesses of the job. Options come from the DIAG_RUN environment variable.
 
 A job's own sitecustomize earlier on sys.path (a launch script prepending its directory to PYTHONPATH)
@@ -15,18 +16,23 @@ import sys
 
 # a launcher is the program a process runs, never a word in its arguments: the public DDP tutorial's
 # own script is `multigpu_torchrun.py`, and a substring test took its ranks for launchers
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "deepspeed.launcher")
-LAUNCHER_SCRIPTS = ("torchrun", "deepspeed")
+LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher",
+    "accelerate.commands",
+)
+LAUNCHER_SCRIPTS = ("torchrun", "deepspeed", "accelerate")
 HELPERS = ("multiprocessing.spawn", "multiprocessing.forkserver", "multiprocessing.resource_tracker")
 OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")  # interpreter options whose value is the next word
 
 
-def _cmdline() -> list[str]:
+def _cmdline(pid: str = "self") -> list[str]:
     try:
-        with open("/proc/self/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
-        return [sys.executable, *sys.argv]
+        return [sys.executable, *sys.argv] if pid == "self" else []
 
 
 def launcher(argv: list[str]) -> bool:
@@ -49,9 +55,15 @@ def launcher(argv: list[str]) -> bool:
 
 
 def _wanted(argv: list[str]) -> bool:
+    """A rank (RANK set by its launcher), the command `diag run` ran when it is no launcher, or a
+    direct child of the launcher it ran: `accelerate launch` runs a single process without RANK (the
+    agent was in accelerate itself, the training process had none: 0 steps recorded)."""
     if launcher(argv) or any(h in " ".join(argv) for h in HELPERS):
         return False
-    return "RANK" in os.environ or os.environ.get("DIAG_RUN_PID") == str(os.getpid())
+    top = os.environ.get("DIAG_RUN_PID")
+    if "RANK" in os.environ or top == str(os.getpid()):
+        return True
+    return top == str(os.getppid()) and launcher(_cmdline(top))
 
 
 def boot() -> None:
