@@ -9,6 +9,7 @@ test replaces with a fake device (collectors/device/__init__.py).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +19,19 @@ from diag.agent.pending import Pending
 class TorchCuda:
     """The real backend: thin calls into torch.cuda."""
 
-    def ready(self) -> bool:
-        """The job uses CUDA (initialized). Asked lazily: at preload the model is not on the GPU yet."""
-        import torch
+    def __init__(self) -> None:
+        self._available: bool | None = None  # asked once, after the job initialized CUDA
 
-        # is_initialized first: a bool read, where is_available asks the driver each call
-        return bool(torch.cuda.is_initialized() and torch.cuda.is_available())
+    def ready(self) -> bool:
+        """The job uses CUDA (initialized). Asked lazily: at preload the model is not on the GPU yet.
+        Runs at every step boundary: a bool read until the job initializes CUDA (an `import` and
+        `is_available`, which asks the driver, cost ~8 us a step in a job, where a hook runs cold)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return False
+        if self._available is None:
+            self._available = bool(torch.cuda.is_available())
+        return self._available
 
     def current_device(self) -> int:
         import torch
