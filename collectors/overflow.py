@@ -13,19 +13,25 @@ host bool, the scale a device tensor copied asynchronously (`device.host_scalar`
 "megatron".
 bf16 / fp32: a record when the loss (`engine.backward`) or the global grad norm (the engine's cached
 `_global_grad_norm`, a Megatron step's returned norm) is non-finite, checked only where the value is
-already on the host; sources "nonfinite_loss" / "nonfinite_grad_norm".
+already on the host; sources "nonfinite_loss" / "nonfinite_grad_norm". DeepSpeed's losses are looked
+at from `backward` to the step's boundary (weak references: the job's own loop holds its loss that
+long, and a loss it let go is not kept) and read there only when the grad norm is not on the host
+or not finite: a non-finite loss makes every gradient, so the
+norm, non-finite, and reading each loss (`item()`, ~20 us a step in a job) told nothing more.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from diag.collectors import device
-from diag.collectors.steps import DS_ENGINE, ds_step, engine_class, megatron_step_classes, settled
+from diag.collectors.steps import DS_ENGINE, engine_class, megatron_step_classes, settled
 
 from diag import schema
 from diag.agent.api import AgentAPI
@@ -34,6 +40,7 @@ from diag.agent.undo import Undo
 NAME = "overflow"
 GRAD_SCALER = "megatron.core.optimizer.grad_scaler"
 WATCHED = {"deepspeed": DS_ENGINE, "megatron": GRAD_SCALER}
+MAX_LOSSES = 64  # micro-batch losses kept per step (gradient accumulation), the first ones
 
 
 def _around(
@@ -51,6 +58,32 @@ def _around(
     return wrapper
 
 
+def _after_loss(fn: Callable[..., Any], name: str) -> int | None:
+    """Index of parameter `name` among `fn(self, loss, ...)`'s positional args after the loss (its
+    place moved across DeepSpeed versions), None where it has none."""
+    try:
+        # a decorator without functools.wraps (DeepSpeed's instrument_w_nvtx) shows (*args, **kwargs):
+        # the function it calls is the one in its closure
+        for _ in range(3):
+            names = list(inspect.signature(fn).parameters)
+            inner = [c.cell_contents for c in fn.__closure__ or () if inspect.isfunction(c.cell_contents)]
+            if name in names or len(inner) != 1:
+                break
+            fn = inner[0]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return names.index(name) - 2 if name in names[2:] else None
+
+
+def _held(loss: Any) -> Callable[[], Any]:
+    """A weak reference to the loss: one the job let go is neither kept alive nor freed inside our
+    hook; a plain number (no weak references) is kept, there is nothing behind it."""
+    try:
+        return weakref.ref(loss)
+    except TypeError:
+        return lambda: loss
+
+
 def _nonfinite(value: Any) -> bool:
     v = device.host_float(value)
     return v is not None and not math.isfinite(v)
@@ -63,7 +96,8 @@ class _Overflow:
         self.modules_seen = -1  # len(sys.modules) at the last scan that found nothing half-imported
         self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.megatron_skipped = 0
-        self.loss_flagged = -1  # step whose non-finite loss was recorded (once per step)
+        self.losses: list[Callable[[], Any]] = []  # weak refs to DeepSpeed's losses since the boundary
+        self.retain_at: int | None = None  # `retain_graph`'s place among backward's args after the loss
         g = agent.guard
         self.ds_before, self.ds_after = g(NAME, self._ds_before), g(NAME, self._ds_after)
         self.loss_check = g(NAME, self._loss_check)
@@ -89,6 +123,7 @@ class _Overflow:
             self.done.add("deepspeed")
             name = "_take_model_step" if hasattr(cls, "_take_model_step") else "step"
             self.undo.patch(cls, name, _around(getattr(cls, name), self.ds_before, self.ds_after))
+            self.retain_at = _after_loss(cls.backward, "retain_graph")
             self.undo.patch(cls, "backward", _around(cls.backward, self.loss_check, _nothing))
         scalers = sys.modules.get(GRAD_SCALER)
         if scalers is not None and "megatron" not in self.done:
@@ -118,14 +153,31 @@ class _Overflow:
             overflow = bool(getattr(engine.optimizer, "overflow", False))
             after = device.host_float(engine._get_optimizer_loss_scale())
             self.emit(token[0] + 1, overflow, token[1], after, skipped, "deepspeed_fp16")
-        elif _nonfinite(getattr(engine, "_global_grad_norm", None)):
+            return
+        losses, self.losses = self.losses, []
+        norm = device.host_float(getattr(engine, "_global_grad_norm", None))
+        bad = norm is not None and not math.isfinite(norm)
+        if bad:
             self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_grad_norm")
+        if (norm is None or bad) and any(_nonfinite(ref()) for ref in losses):
+            self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_loss")
 
-    def _loss_check(self, engine: Any, loss: Any = None, *_a: Any, **_k: Any) -> None:
-        step = ds_step(engine)
-        if step != self.loss_flagged and not engine.fp16_enabled() and _nonfinite(loss):
-            self.loss_flagged = step
-            self.emit(step, True, None, None, int(engine.skipped_steps), "nonfinite_loss")
+    def _loss_check(self, engine: Any, loss: Any = None, *args: Any, **kwargs: Any) -> None:
+        if engine.fp16_enabled():
+            return
+        at = self.retain_at
+        if kwargs.get("retain_graph") or (at is not None and len(args) > at and args[at]):
+            if _nonfinite(loss):  # a kept graph keeps its activations: read now, keep nothing
+                self.emit(
+                    int(engine.global_steps) + 1,
+                    True,
+                    None,
+                    None,
+                    int(engine.skipped_steps),
+                    "nonfinite_loss",
+                )
+        elif len(self.losses) < MAX_LOSSES:
+            self.losses.append(_held(loss))  # read at the boundary, if at all
 
     # ---- Megatron ----------------------------------------------------------------------------
     def _mg_before(self, scaler: Any, *_a: Any, **_k: Any) -> tuple[Any, Any]:

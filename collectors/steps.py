@@ -120,6 +120,7 @@ class _Steps:
         self.modules_seen = -1  # len(sys.modules) at the last scan that found nothing half-imported
         self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.seen: weakref.WeakSet[Any] = weakref.WeakSet()  # engines described so far
+        self.last_engine: Any = lambda: None  # weak ref to the engine seen last: one identity test a call
         self.before = agent.guard(NAME, self._before, "engine-before")
         self.after_engine = agent.guard(NAME, self._after_engine, "engine-after")
         self.after_megatron = agent.guard(NAME, self._after_megatron, "megatron-after")
@@ -177,7 +178,7 @@ class _Steps:
         state = self
 
         def forward(engine: Any, *args: Any, **kwargs: Any) -> Any:
-            if engine not in state.seen:
+            if engine is not state.last_engine() and engine not in state.seen:
                 state.sight(engine)
             return original(engine, *args, **kwargs)
 
@@ -216,6 +217,7 @@ class _Steps:
         returns, so torch's optimizer hook is removed: one call fewer on every step (~12 us in a
         job, where a hook's code runs cold between the job's kernels)."""
         self.seen.add(engine)
+        self.last_engine = weakref.ref(engine)
         self.agent.saw_engine(engine)
         if self.torch_hook is not None:
             self.torch_hook.remove()  # idempotent: undo's own remove at detach finds it gone
@@ -235,7 +237,9 @@ class _Steps:
     def _after_engine(self, engine: Any, before: tuple[int, int] | None) -> None:
         if before is None or engine.global_steps == before[0]:
             return  # not a boundary (`step` fallback between accumulation boundaries)
-        if engine not in self.seen:  # attached inside a step: no forward seen yet
+        if (
+            engine is not self.last_engine() and engine not in self.seen
+        ):  # attached inside a step: no forward yet
             self.see(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
         applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
