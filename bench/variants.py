@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
+from bench.overhead import SELF_SKIP
 from tests.workloads import common, gpt_ds, shims
 from tests.workloads.gpt import batch
 
@@ -99,13 +100,14 @@ def run_block(
     first: int,
     n: int,
     mark: Callable[[], Any] | None = None,
+    mark_after: int = 1,
 ) -> list[tuple[float, float]]:
     """(wall, process CPU) seconds of each step. CPU time (all threads: the agent's writer too) is
     what a variant adds in work; unlike wall time it does not grow when other jobs preempt us.
-    `mark` runs after the first step (the one that pays the switch and is not counted)."""
+    `mark` runs after the first `mark_after` steps (the one that pays the switch, not counted)."""
     times = []
     for step in range(first, first + n):
-        if mark is not None and step == first + 1:
+        if mark is not None and step == first + mark_after:
             mark()
         t0, c0 = time.perf_counter(), time.process_time()
         tokens, targets = batch(step, rank, args.batch, args.seq, args.vocab)
@@ -147,7 +149,7 @@ def main(argv: list[str]) -> NoReturn:
             with table[name]():
                 start: list[tuple[int, dict[str, int]]] = []
                 mark = (lambda at=start: at.append((own_ns(), own_split()))) if name == SELF_TIMED else None
-                times[name].append(run_block(engine, args, rank, step, ours.block, mark))
+                times[name].append(run_block(engine, args, rank, step, ours.block, mark, SELF_SKIP))
                 if start:
                     own.append(own_ns() - start[0][0])
                     split = own_split()
