@@ -2,10 +2,7 @@
 
 On CUDA (only once the job itself has initialized it): allocated / reserved / peak bytes from one
 `torch.cuda.memory_stats` call (host-side allocator counters, no synchronization) and the device's
-capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent), read by
-the writer thread when it writes the record (within a flush interval, 0.2 s, of the boundary): a
-procfs read cost ~20 us on the training thread at every step (where a hook runs cold), and one
-read serves every record of a flush.
+capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent).
 
 Peak: by default `peak` is the allocator's running peak (`allocated_bytes.all.peak`), which the agent
 never resets, because `torch.cuda.reset_peak_memory_stats` would change what the job's own
@@ -18,18 +15,15 @@ step's own peak. A `memory_peak` meta record ("running" / "per_step") says which
 from __future__ import annotations
 
 import os
-import time
 
 from diag.collectors import device
 
 from diag import schema
 from diag.agent.api import AgentAPI
-from diag.agent.pending import Pending
 from diag.agent.undo import Undo
 
 NAME = "memory"
 PAGE = os.sysconf("SC_PAGE_SIZE")
-FRESH_S = 0.05  # an RSS read this recent serves the next record too (one read per flush)
 
 
 def physical_memory() -> int | None:
@@ -39,48 +33,30 @@ def physical_memory() -> int | None:
         return None
 
 
-def read_rss() -> int | None:
-    """Resident set size now, from /proc/self/statm (None where there is none: not Linux)."""
-    try:
-        fd = os.open("/proc/self/statm", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fields = os.read(fd, 128).split()
-    finally:
-        os.close(fd)
-    return int(fields[1]) * PAGE if len(fields) > 1 else None
-
-
-class RssLater(Pending):
-    """The process's RSS, read on the writer thread when it writes the record (see the module):
-    opened per read, so a record written at detach, after the collector's undo, still gets it."""
-
-    __slots__ = ("at", "last")
-
-    def __init__(self) -> None:
-        self.at = -1.0
-        self.last: int | None = None
-
-    def ready(self) -> bool:
-        return True
-
-    def value(self) -> int | None:
-        now = time.monotonic()
-        if now - self.at > FRESH_S:
-            self.last, self.at = read_rss(), now
-        return self.last
-
-
 class _Memory:
-    """The device capacity once known, and the RSS the writer reads (`RssLater`)."""
+    """Holds /proc/self/statm open (re-read with pread) and the device capacity once known."""
 
     def __init__(self, agent: AgentAPI, reset_peak: bool) -> None:
         self.agent = agent
         self.reset_peak = reset_peak
+        self.fd: int | None = None
+        try:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            pass  # not Linux: rss stays null
         self.capacity: dict[int, int] = {}
         self.ram = physical_memory()
-        self.rss_later = RssLater()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def rss(self) -> int | None:
+        if self.fd is None:
+            return None
+        fields = os.pread(self.fd, 128, 0).split()
+        return int(fields[1]) * PAGE if len(fields) > 1 else None
 
     def device(self) -> tuple[str, int | None, int | None, int | None, int | None]:
         """(device, allocated, reserved, peak, capacity): CUDA counters, or the host's RAM on CPU."""
@@ -115,15 +91,16 @@ class _Memory:
                 next_step - 1,
                 self.agent.now(),
                 *self.device(),
-                self.rss_later,
+                self.rss(),
                 stack[-1] if stack else None,
             )
         )
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:
-    """Register the per-step listener."""
+    """Register the per-step listener; close the statm file on undo."""
     state = _Memory(agent, agent.options.memory_reset_peak)
+    undo.call(state.close, "memory: close /proc/self/statm")
     listener = agent.guard(NAME, state.on_step, "step")
     agent.step_listeners.append(listener)
     undo.call(

@@ -144,3 +144,23 @@ def test_memory_faults_are_counted(tmp_path, fake):
     agent.stop()
     assert errors == {("memory", "step", "InjectedFault"): len(ACTIVATIONS)}
     assert len(diag.load(str(tmp_path)).steps) == len(ACTIVATIONS)
+
+
+def test_rss_is_each_steps_own_on_fast_steps(tmp_path, monkeypatch):
+    """memory_growth judges RSS step by step (>= 90% of increments rising): each record must hold the
+    RSS at its own boundary. Read once per writer flush instead (a cheaper hook), steps shorter than
+    the 0.2 s flush shared one value and the fault matrix's leak cell went unseen."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
+    agent.start(str(tmp_path), what=("memory",))
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = []
+    for _ in range(8):  # each step keeps 16 MiB more, in well under a flush interval
+        kept.append(bytearray(16 << 20))
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    agent.stop()
+    rss = list(diag.load(str(tmp_path)).memory["rss"])
+    assert all(b - a >= 15 << 20 for a, b in zip(rss[1:], rss[2:])), rss
