@@ -150,6 +150,7 @@ def test_rss_is_each_steps_own_on_fast_steps(tmp_path, monkeypatch):
     """memory_growth judges RSS step by step (>= 90% of increments rising): each record must hold the
     RSS at its own boundary. Read once per writer flush instead (a cheaper hook), steps shorter than
     the 0.2 s flush shared one value and the fault matrix's leak cell went unseen."""
+    import itertools
     import sys
 
     monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
@@ -163,4 +164,4 @@ def test_rss_is_each_steps_own_on_fast_steps(tmp_path, monkeypatch):
         opt.step()
     agent.stop()
     rss = list(diag.load(str(tmp_path)).memory["rss"])
-    assert all(b - a >= 15 << 20 for a, b in zip(rss[1:], rss[2:])), rss
+    assert all(b - a >= 15 << 20 for a, b in itertools.pairwise(rss[1:])), rss
