@@ -167,6 +167,7 @@ def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
         "exception": str(first.get("exc")),
         "message": str(first.get("message") or ""),
         "where": first.get("where"),
+        "job_frame": first.get("job_frame"),
         "first_rank": rank,
         "ranks": ranks,
         "last_completed_step": last,
@@ -188,23 +189,22 @@ def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
         ]
     who = f"rank {rank}" + (f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else "")
     at = f"at step {last + 1}" if last is not None else "before its first step"
-    where = first.get("where")
+    where, mine = first.get("where"), first.get("job_frame")
+    called = f" (called from the job's {mine})" if mine and mine != where else ""
     return [
         Finding(
             severity="critical",
             title=f"job crashed {at}: {what} on {who}"[:200],
             detail=f"the main thread of rank(s) {', '.join(map(str, ranks))} ended in an exception"
-            + (f", raised at {where}" if where else "")
-            + ". Rank "
-            + str(rank)
-            + " raised first; the others' errors may be its consequences.",
+            + (f", raised at {where}{called}" if where else "")
+            + f". Rank {rank} raised first; the others' errors may be its consequences.",
             evidence=ev,
             ranks=ranks,
             steps=[last + 1] if last is not None else [],
             fixes=[
                 Fix(
                     f"read rank {rank}'s traceback (its stderr)"
-                    + (f": the job's own code raised at {where}" if where else "")
+                    + (f": the job's own code at {mine} led to it" if mine else "")
                     + "; fix that error before looking at performance"
                 )
             ],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import traceback
 from types import TracebackType
 from typing import Any
@@ -24,18 +25,30 @@ MESSAGE_CHARS = 500
 OWN = os.sep + "diag" + os.sep  # diag's own frames are not where the job failed
 
 
+LIBRARY = tuple(
+    p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p
+)
+
+
 def describe(exc: BaseException, tb: TracebackType | None, step: int) -> dict[str, Any]:
-    """What the record says: type, first line of the message, the job's innermost frame, the step."""
+    """What the record says: type, first line of the message, where it was raised (the innermost
+    frame, diag's own left out), the job's own innermost frame (outside the interpreter's library
+    and installed packages: what the job's author fixes), and the step."""
     frames = [f for f in traceback.extract_tb(tb) if OWN not in f.filename] if tb is not None else []
-    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+    own = [f for f in frames if not f.filename.startswith(LIBRARY)]
     message = str(exc).strip().splitlines()
     return {
         "exc": type(exc).__name__,
         "message": message[0][:MESSAGE_CHARS] if message else "",
-        "where": where,
+        "where": _at(frames[-1]) if frames else None,
+        "job_frame": _at(own[-1]) if own else None,
         "step": step,
         "interrupted": isinstance(exc, KeyboardInterrupt),
     }
+
+
+def _at(frame: traceback.FrameSummary) -> str:
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
 def install(agent: Any) -> None:

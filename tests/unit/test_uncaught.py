@@ -55,6 +55,7 @@ def test_an_exception_that_ends_the_job_is_named_from_the_trace(tmp_path) -> Non
     assert f.severity == "critical" and f.evidence["exception"] == "AttributeError", f
     assert f.evidence["message"] == "no attribute _cuda_setDevice" and f.evidence["last_completed_step"] == 3
     assert f.evidence["where"].endswith("train.py:14 in setup") and f.steps == [4], f.evidence
+    assert f.evidence["job_frame"] == f.evidence["where"]
     cli = launch.diag_cli("analyze", str(tmp_path / "trace"))
     assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr
     assert cli.stderr.splitlines() == [f"diag analyze: error: job failed: {f.title}"], cli.stderr
@@ -76,3 +77,13 @@ def test_a_job_that_ends_well_has_no_record_and_detach_restores_the_hook(tmp_pat
     assert sys.excepthook is before
     meta = diag.load(str(tmp_path)).frame(schema.META)
     assert not (meta["key"] == schema.META_UNCAUGHT).any()
+
+
+def test_an_exception_raised_inside_a_library_names_the_jobs_own_frame(tmp_path) -> None:
+    """The public DDP tutorial on a CPU: torch.cuda.set_device raised inside torch; the fix is in the
+    job's own line that called it, which the finding names beside where it was raised."""
+    _, found = _job(tmp_path, 'ValueError(__import__("json").loads("{"))')
+    (f,) = found
+    assert f.evidence["exception"] == "JSONDecodeError" and "json" in f.evidence["where"], f.evidence
+    assert f.evidence["job_frame"].endswith("train.py:14 in setup"), f.evidence
+    assert "called from the job's" in f.detail and "train.py:14" in f.fixes[0].summary
