@@ -139,10 +139,11 @@ class Groups:
         now, renamed = self.clock(), False
         for key, (ref, since) in list(self._bare.items()):
             pg, hit = ref(), self._cache.get(key)
-            role = role_of(pg) if pg is not None and now - since <= RECHECK_S else None
             if pg is None or hit is None or hit[0]() is not pg or now - since > RECHECK_S:
                 self._bare.pop(key, None)  # gone, replaced, or kept by no framework: bare for good
-            elif role is not None:
+                continue
+            role = role_of(pg)
+            if role is not None:
                 self._bare.pop(key, None)
                 bare, size, ranks = hit[1]
                 name = f"{role}:{bare}"
