@@ -159,8 +159,8 @@ def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
     failed = [(r, v) for r, v in recs if not v.get("interrupted")]
     rank, first = (failed or recs)[0]
     st = metrics.steps
-    mine = st[st["rank"] == rank]["step"] if not st.empty else st
-    last = int(mine.max()) if len(mine) else None
+    done = st[st["rank"] == rank]["step"] if not st.empty else st
+    last = int(done.max()) if len(done) else None
     ranks = sorted({r for r, _ in (failed or recs)})
     ev: dict[str, Any] = {
         "kind": "exception" if failed else "interrupted",

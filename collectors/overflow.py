@@ -16,8 +16,8 @@ bf16 / fp32: a record when the loss (`engine.backward`) or the global grad norm 
 already on the host; sources "nonfinite_loss" / "nonfinite_grad_norm". DeepSpeed's losses are looked
 at from `backward` to the step's boundary (weak references: the job's own loop holds its loss that
 long, and a loss it let go is not kept) and read there only when the grad norm is not on the host
-or not finite: a non-finite loss makes every gradient, so the
-norm, non-finite, and reading each loss (`item()`, ~20 us a step in a job) told nothing more.
+or not finite: a non-finite loss makes every gradient, so the norm, non-finite, and reading each
+loss (`item()`, ~20 us a step in a job) told nothing more.
 """
 
 from __future__ import annotations

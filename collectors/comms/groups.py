@@ -97,6 +97,11 @@ def describe(pg: Any) -> GroupInfo:
     return (f"{role}:{name}" if role else name), size, ranks
 
 
+def _entry(role: str | None, size: int, ranks: tuple[int, ...] | None) -> dict[str, Any]:
+    """A group as the `groups` meta record lists it."""
+    return {"role": role, "size": size, "ranks": list(ranks) if ranks else None}
+
+
 class Groups:
     """`info(pg)` is one dict lookup and one weakref call on the hot path. Each new group is passed
     to `on_new(groups)` with every group seen so far ({name: {"role", "size", "ranks"}}): the
@@ -124,7 +129,7 @@ class Groups:
         name, size, ranks = info
         if name not in self.seen:
             role = name.split(":", 1)[0] if ":" in name else None
-            self.seen[name] = {"role": role, "size": size, "ranks": list(ranks) if ranks else None}
+            self.seen[name] = _entry(role, size, ranks)
             if self.on_new is not None:
                 self.on_new(dict(self.seen))
         if ":" not in name:
@@ -148,9 +153,8 @@ class Groups:
                 bare, size, ranks = hit[1]
                 name = f"{role}:{bare}"
                 self._cache[key] = (ref, (name, size, ranks))
-                entry = self.seen.get(bare, {"size": size, "ranks": list(ranks) if ranks else None})
-                self.seen[name] = {**entry, "role": role}
-                self.seen[bare] = {**entry, "renamed": name}
+                self.seen[name] = _entry(role, size, ranks)
+                self.seen[bare] = {**_entry(None, size, ranks), "renamed": name}
                 renamed = True
         if renamed and self.on_new is not None:
             self.on_new(dict(self.seen))

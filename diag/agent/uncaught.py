@@ -6,8 +6,8 @@ AttributeError (its log says why; its trace did not). The agent puts a hook in f
 `sys.excepthook` that writes what ended the main thread (exception type, first message line, the
 job's innermost frame, the step in progress) and then calls the hook it replaced, so the job's
 output and exit code are what they were. It is written at once: a job that started the agent
-itself may exit before the writer thread wakes again. A detach restores the
-previous hook. Exceptions in other threads do not end the job and are not recorded.
+itself may exit before the writer thread wakes again. A detach restores the previous hook.
+Exceptions in other threads do not end the job and are not recorded.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from diag import schema
 
 MESSAGE_CHARS = 500
 OWN = os.sep + "diag" + os.sep  # diag's own frames are not where the job failed
-
-
 LIBRARY = tuple(
     p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p
 )
