@@ -2,7 +2,10 @@
 
 On CUDA (only once the job itself has initialized it): allocated / reserved / peak bytes from one
 `torch.cuda.memory_stats` call (host-side allocator counters, no synchronization) and the device's
-capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent).
+capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent), read at a
+boundary at most every `RSS_EVERY_NS` (null in the steps between): the read is a syscall that costs
+~15 us in a job, where it runs cold between the job's kernels, and memory grows in time, not in steps
+(memory_growth judges the growth per step between the reads).
 
 Peak: by default `peak` is the allocator's running peak (`allocated_bytes.all.peak`), which the agent
 never resets, because `torch.cuda.reset_peak_memory_stats` would change what the job's own
@@ -24,6 +27,7 @@ from diag.agent.undo import Undo
 
 NAME = "memory"
 PAGE = os.sysconf("SC_PAGE_SIZE")
+RSS_EVERY_NS = 100_000_000  # 10 reads a second at most: a 4 ms step pays for one read in 25
 
 
 def physical_memory() -> int | None:
@@ -46,6 +50,8 @@ class _Memory:
             pass  # not Linux: rss stays null
         self.capacity: dict[int, int] = {}
         self.ram = physical_memory()
+        self.cpu_row = ("cpu", None, None, None, self.ram)
+        self.rss_at = -RSS_EVERY_NS  # when RSS was read last (agent.now())
 
     def close(self) -> None:
         if self.fd is not None:
@@ -62,7 +68,7 @@ class _Memory:
         """(device, allocated, reserved, peak, capacity): CUDA counters, or the host's RAM on CPU."""
         dev = device.backend
         if not dev.ready():
-            return "cpu", None, None, None, self.ram
+            return self.cpu_row
         index = dev.current_device()
         stats = dev.memory_stats(index)
         cap = self.capacity.get(index)
@@ -84,17 +90,14 @@ class _Memory:
 
     def on_step(self, next_step: int) -> None:
         """Boundary of the step before `next_step`: record what it left and reached."""
-        stack = self.agent.module_stack
-        self.agent.emit(
-            (
-                schema.MEMORY,
-                next_step - 1,
-                self.agent.now(),
-                *self.device(),
-                self.rss(),
-                stack[-1] if stack else None,
-            )
-        )
+        agent = self.agent
+        now = agent.now()
+        rss = None
+        if now - self.rss_at >= RSS_EVERY_NS:
+            self.rss_at = now
+            rss = self.rss()
+        stack = agent.module_stack
+        agent.emit((schema.MEMORY, next_step - 1, now, *self.device(), rss, stack[-1] if stack else None))
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:

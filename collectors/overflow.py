@@ -213,12 +213,21 @@ def _nothing(*_a: Any, **_k: Any) -> None:
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:
-    """Wrap the loaded DeepSpeed engine / Megatron scalers; patch later imports at step boundaries."""
+    """Wrap the loaded DeepSpeed engine / Megatron scalers; patch later imports at step boundaries
+    until the job's framework is wrapped (then the writer thread's idle listener, within a flush,
+    covers what is imported later: a step listener is a call on every step, ~3 us in a job)."""
     state = _Overflow(agent, undo)
     state.patch_loaded()
-    listener = agent.guard(NAME, state.patch_loaded, "late-install")
+    listener: Callable[[int], None] | None = None
+
+    def late_install(step: int) -> None:
+        if state.patch_loaded(step) and state.done:
+            agent.step_listeners = [f for f in agent.step_listeners if f is not listener]  # not in place:
+            # begin_step is iterating the list
+
+    listener = agent.guard(NAME, late_install, "late-install")
     agent.step_listeners.append(listener)
-    agent.idle_listeners.append(listener)  # cleared by the agent's stop
+    agent.idle_listeners.append(agent.guard(NAME, state.patch_loaded, "late-install"))  # cleared by stop
     undo.call(
         lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,
         "overflow: step listener",

@@ -25,12 +25,13 @@ class TorchCuda:
     def ready(self) -> bool:
         """The job uses CUDA (initialized). Asked lazily: at preload the model is not on the GPU yet.
         Runs at every step boundary: a bool read until the job initializes CUDA (an `import` and
-        `is_available`, which asks the driver, cost ~8 us a step in a job, where a hook runs cold)."""
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
+        `is_available`, which asks the driver, cost ~8 us a step in a job, where a hook runs cold;
+        `is_initialized()` two calls more, ~4 us): torch.cuda's own `_initialized` flag first."""
+        cuda = sys.modules.get("torch.cuda")
+        if cuda is None or getattr(cuda, "_initialized", None) is False or not cuda.is_initialized():
             return False
         if self._available is None:
-            self._available = bool(torch.cuda.is_available())
+            self._available = bool(cuda.is_available())
         return self._available
 
     def current_device(self) -> int:
