@@ -25,16 +25,13 @@ COUNTERS = {"allocated": "device memory (allocated)", "rss": "process memory (RS
 
 def growth(values: pd.Series) -> dict[str, Any] | None:
     """The steady growth of one rank's per-step counter (indexed by step, sorted), or None: after the
-    warm-up, >= 8 readings in which >= 90% of increments rise, the median by >= 1 MiB a step, adding
-    >= 5%. An increment spans the steps between two readings (RSS is read at most 10 times a second:
-    fast steps leave most of theirs null), so its size is divided by that many steps."""
+    warm-up, >= 8 steps in which >= 90% of increments rise, the median by >= 1 MiB, adding >= 5%."""
     v = values[values.index >= values.index.min() + WARMUP_STEPS].dropna()
     if len(v) < MIN_STEPS + 1:
         return None
     inc = v.diff().dropna()
-    spans = pd.Series(v.index, index=v.index, dtype=float).diff().dropna().clip(lower=1.0)
     first, last = float(v.iloc[0]), float(v.iloc[-1])
-    per_step = float((inc / spans).median())
+    per_step = float(inc.median())
     if (
         (inc > 0).mean() < RISING
         or per_step < MIN_PER_STEP_BYTES
@@ -91,7 +88,7 @@ def _finding(counter: str, grown: dict[int, dict[str, Any]], capacity: pd.Series
 @rule("memory_growth")
 def memory_growth(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a rank's per-step memory (device `allocated`, else process RSS), after 2 warm-up steps,
-    rises between >= 90% of >= 8 consecutive readings, by a median >= 1 MiB a step and >= 5% in all (warning;
+    rises on >= 90% of >= 8 consecutive steps, by a median >= 1 MiB a step and >= 5% in all (warning;
     the steps left to capacity at that rate when capacity is known). Silent on a flat or noisy counter.
     Fix: find what each step keeps (heap snapshots), keep detached values."""
     mem = trace.memory

@@ -2,10 +2,7 @@
 
 On CUDA (only once the job itself has initialized it): allocated / reserved / peak bytes from one
 `torch.cuda.memory_stats` call (host-side allocator counters, no synchronization) and the device's
-capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent), read at a
-boundary at most every `RSS_EVERY_NS` (null in the steps between): the read is a syscall that costs
-~15 us in a job, where it runs cold between the job's kernels, and memory grows in time, not in steps
-(memory_growth judges the growth per step between the reads).
+capacity. Process RSS comes from /proc/self/statm on every device (no psutil in the agent).
 
 Peak: by default `peak` is the allocator's running peak (`allocated_bytes.all.peak`), which the agent
 never resets, because `torch.cuda.reset_peak_memory_stats` would change what the job's own
@@ -27,7 +24,6 @@ from diag.agent.undo import Undo
 
 NAME = "memory"
 PAGE = os.sysconf("SC_PAGE_SIZE")
-RSS_EVERY_NS = 100_000_000  # 10 reads a second at most: a 4 ms step pays for one read in 25
 
 
 def physical_memory() -> int | None:
@@ -49,9 +45,7 @@ class _Memory:
         except OSError:
             pass  # not Linux: rss stays null
         self.capacity: dict[int, int] = {}
-        self.ram = physical_memory()
-        self.cpu_row = ("cpu", None, None, None, self.ram)
-        self.rss_at = -RSS_EVERY_NS  # when RSS was read last (agent.now())
+        self.cpu_row = ("cpu", None, None, None, physical_memory())
 
     def close(self) -> None:
         if self.fd is not None:
@@ -90,14 +84,17 @@ class _Memory:
 
     def on_step(self, next_step: int) -> None:
         """Boundary of the step before `next_step`: record what it left and reached."""
-        agent = self.agent
-        now = agent.now()
-        rss = None
-        if now - self.rss_at >= RSS_EVERY_NS:
-            self.rss_at = now
-            rss = self.rss()
-        stack = agent.module_stack
-        agent.emit((schema.MEMORY, next_step - 1, now, *self.device(), rss, stack[-1] if stack else None))
+        stack = self.agent.module_stack
+        self.agent.emit(
+            (
+                schema.MEMORY,
+                next_step - 1,
+                self.agent.now(),
+                *self.device(),
+                self.rss(),
+                stack[-1] if stack else None,
+            )
+        )
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:

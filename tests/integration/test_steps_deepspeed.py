@@ -37,8 +37,7 @@ def test_deepspeed_steps_attached_midrun_number_like_the_job(tmp_path):
         assert tr.headers[rank]["zero_stage"] == 1 and tr.headers[rank]["gradient_accumulation_steps"] == 2
         mem = tr.memory[tr.memory["rank"] == rank]
         assert list(mem["step"]) == list(steps["step"])
-        assert (mem["rss"].dropna() > 10 * 2**20).all() and (mem["device"] == "cpu").all()
-        assert mem["rss"].notna().sum() >= 1  # read at most every 100 ms (collectors/memory.py)
+        assert (mem["rss"] > 10 * 2**20).all() and (mem["device"] == "cpu").all()
         assert res["status"]["errors"] == {}
 
 
