@@ -36,6 +36,8 @@ test-compat: .venv-compat/.installed
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/python scripts/typecheck.py
+	.venv/bin/python scripts/lint_imports.py
 
 bench: setup
 	.venv/bin/python -m bench.overhead

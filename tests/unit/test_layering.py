@@ -1,45 +1,21 @@
-"""The layering contracts of pyproject.toml (`[tool.importlinter]`), checked with `lint-imports`.
-
-import-linter reads the package from the file system, and in a checkout `diag.collectors` and
-`diag.analyzers` live beside `diag/` (diag/__init__.py joins them at run time). The test lays the
-tree out as a wheel installs it (both inside diag/) in a temporary folder and lints that copy.
-By hand: the same three copies, then `lint-imports <checkout>/pyproject.toml` from that folder.
-"""
+"""The layering contracts of pyproject.toml (`[tool.importlinter]`), checked with `lint-imports` over
+the tree laid out as a wheel installs it (scripts/lint_imports.py, which `make lint` runs: in a
+checkout `diag.collectors` and `diag.analyzers` live beside `diag/`)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("importlinter", reason="import-linter is in the dev extra; not installed here")
-
-
-def _installed_layout(dest: Path) -> Path:
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "diag", dest / "diag", ignore=skip)
-    shutil.copytree(ROOT / "collectors", dest / "diag" / "collectors", ignore=skip)
-    shutil.copytree(ROOT / "analyzers", dest / "diag" / "analyzers", ignore=skip)
-    return dest
-
-
-def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("lint-imports")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
-    env = {**os.environ, "PYTHONPATH": str(tree)}  # this copy, not the checkout or an installed diag
-    return subprocess.run(
-        [*cmd, str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+_spec = importlib.util.spec_from_file_location("lint_imports", ROOT / "scripts" / "lint_imports.py")
+assert _spec is not None and _spec.loader is not None
+_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_script)
+_installed_layout, _lint = _script.installed_layout, _script.lint
 
 
 def test_layering_contracts_are_kept(tmp_path):
