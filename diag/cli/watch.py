@@ -11,6 +11,9 @@ clears. Each rank's process on this host is looked at too (gone, or stopped; `ra
 rules name a rank whose process died or froze (job_crash, hang_desync), also one whose launcher
 ended the others within a moment (the last analysis reads the processes as they were when it
 died). Ends when the job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
+The watch runs on the training nodes: when an analysis takes longer than half the period (a long
+history: `diag.tui.model.MAX_RAW` records of each kind are kept), the pause after it is twice its
+time, so the watch takes at most a third of a core from the job.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from diag.cli.rank_deaths import Deaths, process_facts
 from diag.errors import USAGE, DiagError
 
 ENDED_GRACE_S = 2.0  # after the job's processes are gone: one more read of what they flushed
+PACE = 2.0  # pause >= PACE x the last analysis's time: at most 1 / (1 + PACE) of a core
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,17 +136,19 @@ def _loop(
         facts = process_facts(model.headers, host, time.time_ns())
         deaths.look(facts)
         facts = deaths.facts(facts)
+        pause = args.interval
         if model.events and (model.version != analyzed or facts):
-            analyzed = model.version
+            analyzed, began = model.version, time.monotonic()
             trace = model.to_trace()
             for rank, fact in facts.items():
                 trace.headers.setdefault(rank, {})["process"] = fact
             findings, _ = run_all(trace)
             stream.update(findings)
+            pause = max(pause, PACE * (time.monotonic() - began))
         if model.headers and state.check(model.headers) == "ended":
             ended_at = ended_at or time.monotonic()
             if time.monotonic() - ended_at >= ENDED_GRACE_S:
                 return 0
         if deadline is not None and time.monotonic() >= deadline:
             return 0
-        time.sleep(args.interval)
+        time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))

@@ -138,3 +138,43 @@ def test_watch_names_a_rank_the_launcher_outlived_by_a_moment(tmp_path):
     # a job stopped from outside: every rank SIGTERMed, under load 0.15 s apart: no rank died first
     stop = str(tmp_path / "stop")
     assert _end(_ranks_as_processes(stop), signal.SIGTERM, 0.15, stop) == []
+
+
+def test_a_slow_analysis_stretches_the_pause(monkeypatch):
+    """A long history makes each analysis slow: the pause after one is PACE times its time, so the
+    watch on a training node takes at most a third of a core (each look was 6.8 s of CPU a second on
+    a 1-minute DDP job before collective_mismatch was vectorized)."""
+    import itertools
+    import time
+    from types import SimpleNamespace
+
+    import diag.analyzers
+
+    from diag.cli import watch
+    from diag.cli.rank_deaths import Deaths
+    from diag.tui import jobstate
+
+    looks: list[float] = []
+
+    def slow_run_all(trace: object) -> tuple[list[Finding], dict[str, str]]:
+        looks.append(time.monotonic())
+        time.sleep(0.2)
+        return [], {}
+
+    class Growing:  # a trace that grows between every two looks
+        events, version, headers = 1, 0, {}
+
+        def ingest(self, _chunks: object) -> None:
+            self.version += 1
+
+        def to_trace(self) -> SimpleNamespace:
+            return SimpleNamespace(headers={})
+
+    monkeypatch.setattr(diag.analyzers, "run_all", slow_run_all)
+    monkeypatch.setattr(watch, "PACE", 2.0)
+    source = SimpleNamespace(poll=lambda: [])
+    stream = watch.Stream(io.StringIO(), as_json=True)
+    args = SimpleNamespace(interval=0.01)
+    watch._loop(args, source, Growing(), jobstate.JobState(), stream, Deaths(), time.monotonic() + 2.5)
+    gaps = [b - a for a, b in itertools.pairwise(looks)]
+    assert gaps and min(gaps) >= 0.57, gaps  # 0.2 s analysing, then >= 0.4 s paused (not 0.01)
