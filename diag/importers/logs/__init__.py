@@ -23,6 +23,7 @@ from diag import schema
 from diag.importers.errors import ImportProblem
 from diag.importers.logs.crash import CrashReader, failure_frame, verdict
 from diag.importers.logs.deepspeed import DeepSpeedReader
+from diag.importers.logs.fastpath import FastLines
 from diag.importers.logs.hf import HFReader
 from diag.importers.logs.lines import read_lines
 from diag.importers.logs.megatron import MegatronReader
@@ -120,7 +121,8 @@ def read_records(path: str, every_line: bool = False) -> Records:
             or crash.child is not None
         )
 
-    for ln in read_lines(path) if every_line else keyword_lines(path, busy, seen):
+    fast = FastLines(rec, crash, megatron, deepspeed, hf, seen)
+    for ln in read_lines(path) if every_line else keyword_lines(path, busy, seen, fast):
         if ln.rank >= 0:
             seen(ln.rank, ln.host)
         if crash.line(ln):
