@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from diag.importers.logs.hf import HFReader
     from diag.importers.logs.megatron import MegatronReader
     from diag.importers.logs.records import Records
+    from diag.importers.logs.verl import VerlReader
 
 # `lines._HEAD_RE` on printable ASCII: the same head, matched whole (atomic, so no later part shortens it)
 _HEAD = (
@@ -113,10 +114,11 @@ class FastLines:
         megatron: MegatronReader,
         deepspeed: DeepSpeedReader,
         hf: HFReader,
+        verl: VerlReader,
         seen: Callable[[int, str | None], None],
     ) -> None:
         self.rec, self.crash, self.megatron, self.deepspeed, self.seen = rec, crash, megatron, deepspeed, seen
-        self.hf = hf
+        self.hf, self.verl = hf, verl
         self.heads: dict[bytes, tuple[int, str | None, int] | None] = {}
         self.told: set[tuple[int, str | None]] = set()  # (rank, host) pairs `seen` was given
         family: dict[re.Pattern[bytes], tuple[Matcher, Handler]] = {
@@ -138,8 +140,14 @@ class FastLines:
 
     def blocked(self) -> bool:
         """A reader takes every line while in a block (Megatron's arguments dump, DeepSpeed's JSON
-        config, torchrun's failure report): the line goes the per-line way."""
-        return self.megatron.in_args or self.deepspeed.json is not None or self.crash.child is not None
+        config, torchrun's failure report, verl's metric line the next may continue): the line goes the
+        per-line way."""
+        return (
+            self.megatron.in_args
+            or self.deepspeed.json is not None
+            or self.crash.child is not None
+            or self.verl.pending is not None
+        )
 
     def line(self, m: re.Match[bytes], no: int, handler: Handler) -> bool:
         """Read the matched line `no`; False when it must go the per-line way (its head holds more
