@@ -244,3 +244,16 @@ def test_near_misses_of_the_fast_families_read_as_every_line_reads(tmp_path, ord
     path = tmp_path / "near.log"
     path.write_bytes(b"\n".join(lines) + b"\n")
     _same(str(path))
+
+
+def test_repeated_lines_with_no_keyword_still_name_their_ranks(tmp_path, monkeypatch):
+    """A line seen before is skipped (`QUIET_KEPT`): the ranks of its heads were counted the first time,
+    also when the remembered heads were forgotten since, or the remembered lines."""
+    monkeypatch.setattr(prefilter, "QUIET_KEPT", 3)
+    monkeypatch.setattr(prefilter, "_HEADS_KEPT", 2)
+    lines = [f"worker-{i % 5}: [rank{i % 7}]: NCCL INFO Channel {i % 4}/0" for i in range(60)]
+    lines[30] = " iteration 10/ 100 | lm loss: 2.0 |"
+    path = tmp_path / "repeat.log"
+    path.write_text("\n".join(lines) + "\n")
+    _same(str(path))
+    assert import_log(str(path)).ranks == list(range(7))

@@ -136,7 +136,10 @@ _HEAD = (
     rb"(?:[^\s:]*:\S*[ \t\f\v]*){0,3}"
 )
 _HEAD_AT = re.compile(_HEAD).match
-_HEADS_KEPT = 1 << 16  # distinct heads remembered (a timestamp in a head makes each second new)
+_HEADS_KEPT = 1 << 16
+# lines with no keyword remembered (the shorter ones): a log repeats its chatter (a warning each step,
+# NCCL's INFO lines, a data loader's prints), and a line seen before needs neither search nor head
+QUIET_KEPT, QUIET_LINE = 4096, 512  # distinct heads remembered (a timestamp in a head makes each second new)
 
 
 class Fast(Protocol):
@@ -215,6 +218,7 @@ class _Heads:
 
     def __init__(self, rank_seen: Callable[[int, str | None], None]) -> None:
         self.seen: set[bytes] = set()
+        self.quiet: set[bytes] = set()  # recent lines with no keyword, their heads reported
         self.rank_seen = rank_seen
 
     def line(self, b: bytes) -> None:
@@ -250,7 +254,7 @@ def _chunk_lines(
         lines.pop()
     no += chunk.count(b"\n", 0, start)
     search = _KEY.search
-    seen, head_at = heads.seen, _HEAD_AT
+    seen, head_at, quiet = heads.seen, _HEAD_AT, heads.quiet
     families = fast.by_anchor if fast is not None else {}
     every = busy()
     for b in lines:
@@ -258,6 +262,8 @@ def _chunk_lines(
         if len(b) > max_line:
             continue
         if not every:
+            if b in quiet:  # the same line again (a warning, a library's INFO line): done before
+                continue
             k = search(b)
             if k is None:  # the hot loop of a long log: most lines end here
                 if b"\r" in b:
@@ -265,6 +271,10 @@ def _chunk_lines(
                 elif (h := head_at(b).group()) not in seen:  # type: ignore[union-attr]
                     heads.new(h)
                     seen = heads.seen  # `new` may have begun a new set
+                if len(b) <= QUIET_LINE:
+                    if len(quiet) >= QUIET_KEPT:
+                        quiet.clear()
+                    quiet.add(b)
                 continue
             if (fams := families.get(k.group())) and _fast(b, no, fams, fast):  # type: ignore[arg-type]
                 continue  # a fast line starts or ends no block: `busy()` is what it was
