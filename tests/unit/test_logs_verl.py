@@ -147,3 +147,31 @@ def test_a_short_metric_line_is_never_wrapped(tmp_path):
     path.write_text("step:1 - timing_s/step:3\n0.5 - perf/throughput:1.0\n")
     steps = import_log(str(path)).frames["log_step"].set_index("step")
     assert steps.loc[1, "iter_ms"] == 3000.0
+
+
+def test_the_world_size_from_verls_trainer_config():
+    """PPO's pretty-printed config: trainer.nnodes x trainer.n_gpus_per_node GPUs (2 x 8); the
+    reward_model section's keys of the same names (0 and 0, a pool of its own) do not count."""
+    res = _load("verl_ppo_config.log")
+    assert res.ranks == list(range(16))
+    assert {h["world_size"] for h in res.headers.values()} == {16}
+    assert list(res.frames["log_step"]["step"]) == [1, 2]
+
+
+def test_the_world_size_from_verls_one_line_config(tmp_path):
+    """The SFT trainer prints its config on one line; `trainer` is not its last section here."""
+    path = tmp_path / "sft.log"
+    path.write_text(
+        "{'data': {'train_batch_size': 256}, 'trainer': {'project_name': 'sft', 'nnodes': 1, "
+        "'n_gpus_per_node': 4, 'checkpoint': {'load_contents': '${trainer.checkpoint.save_contents}'}}, "
+        "'reward_model': {'nnodes': 3, 'n_gpus_per_node': 8}}\n"
+        "step:1 - train/loss:1.2 - train/lr(1e-3):0.01\n"
+    )
+    res = import_log(str(path))
+    assert res.headers[0]["world_size"] == 4 and res.ranks == [0, 1, 2, 3]
+
+
+def test_a_config_without_the_trainer_counts_says_no_world_size(tmp_path):
+    path = tmp_path / "half.log"
+    path.write_text("{'trainer': {'n_gpus_per_node': 8, 'project_name': 'x'}}\nstep:1 - timing_s/step:3.0\n")
+    assert "world_size" not in import_log(str(path)).headers.get(0, {})

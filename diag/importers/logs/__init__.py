@@ -121,6 +121,7 @@ def read_records(path: str, every_line: bool = False) -> Records:
             or crash.open_tb
             or crash.child is not None
             or verl.pending is not None
+            or verl.config.depth > 0
         )
 
     fast = FastLines(rec, crash, megatron, deepspeed, hf, verl, seen)

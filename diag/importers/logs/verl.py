@@ -19,6 +19,7 @@ import re
 
 from diag.importers.logs.lines import _NUM, Line, num
 from diag.importers.logs.records import Records
+from diag.importers.logs.verl_config import TrainerConfig
 
 _STEP = re.compile(r"\s*step:(\d+) - (.*)")
 _SECONDS = {"timing_s/step": "iter_ms", "perf/time_per_step": "iter_ms"}  # seconds -> ms
@@ -40,11 +41,12 @@ class VerlReader:
     def __init__(self, rec: Records) -> None:
         self.rec = rec
         self.pending: tuple[Line, int, list[str]] | None = None  # (first line, its step, its pieces)
+        self.config = TrainerConfig(rec)
 
     def line(self, ln: Line) -> bool:
         t = ln.text
         if "step:" not in t or (m := _STEP.match(t)) is None:
-            return False
+            return ("'trainer': {" in t or self.config.depth > 0) and self.config.line(t)
         self.flush()
         self.pending = (ln, int(m.group(1)), [m.group(2)])
         return True
