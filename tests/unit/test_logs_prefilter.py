@@ -151,3 +151,109 @@ def test_every_keyword_holds_an_anchor():
     for word in prefilter.KEYWORDS:
         assert any(a in word for a in prefilter.ANCHORS), word
     assert all(any(a in w for w in prefilter.KEYWORDS) for a in prefilter.ANCHORS)
+
+
+@pytest.mark.parametrize("chatter", [0, 3])
+def test_the_fast_path_reads_the_bench_input_as_every_line_does(tmp_path, chatter):
+    """The bench's multi-rank input (every fixture family behind launcher prefixes, with and without
+    lines no reader reads): the fast families (`fastpath`) read what offering every line reads."""
+    from bench.logs import make_input
+
+    make_input(str(tmp_path), 2, 2, chatter)
+    for name in sorted(os.listdir(tmp_path)):
+        _same(str(tmp_path / name))
+
+
+def test_the_fast_path_reads_most_lines_of_the_bench_input(tmp_path, monkeypatch):
+    """Not a speed test: the fast families do take the frequent lines (else the fast path is dead code
+    and the comparison above proves nothing)."""
+    from bench.logs import make_input
+    from diag.importers.logs import fastpath
+
+    make_input(str(tmp_path), 1, 1)
+    taken: list[str] = []
+    orig = fastpath.FastLines.line
+
+    def line(self, m, no, handler):
+        ok = orig(self, m, no, handler)
+        if ok:
+            taken.append(handler.__name__)
+        return ok
+
+    monkeypatch.setattr(fastpath.FastLines, "line", line)
+    import_log(str(tmp_path / "node00.log"))
+    assert {"_megatron", "_ds_step", "_ds_timer", "_ds_overflow", "_ds_grad", "_bar"} <= set(taken)
+
+
+NEAR_MISSES = [
+    # lines of the fast families with what the per-line way reads differently, or the fast patterns
+    # must refuse: a nan, a running mean, a field that is no number, a head past the launcher prefixes,
+    # non-ASCII, a [Rank] in the text, the family's keyword twice, blocks that take every line
+    b" [2025-10-06 03:26:19] iteration 10/ 600 | lm loss: 1.0E+01 | loss scale: -1.0 | grad norm: 0.9 |",
+    b" iteration 11/ 600 | lm loss: nan | loss scale: 1.0 | number of skipped iterations: 1 |",
+    b" iteration 12/ 600 | elapsed time per iteration (ms): 4000.0/3900.0 | lm loss: 2.0 |",
+    b" iteration 13/ 600 | lm loss: 2.0 | lm loss: 3.0 | loss: 4.0 | learning rate: 1.0E-04 |  ",
+    b" iteration 14/ 600 | lr: [1e-4] | lm loss: 2.0 |",
+    b"x:iteration 15/ 600 | lm loss: 2.0 |",
+    b"worker-1:\xc2\xa0[rank8]: iteration 16/ 600 | lm loss: 2.0 |",
+    b" iteration 18/ 600 | consumed samples: 5120 | \xce\xbb loss: 2.0 |",
+    b"[2024-03-08 16:30:33,274] [INFO] [logging.py:96:log_dist] [Rank 2] step=20, skipped=1, lr=[1e-05], "
+    b"mom=[(0.9, 0.999)]",
+    b"[2024-03-08 16:30:33,274] [INFO] [logging.py:96:log_dist] step=30, skipped=2, lr=[1e-05, 2e-05]",
+    b"[2024-03-08 16:30:33,274] [INFO] [timer.py:260:stop] epoch=0/micro_step=40/global_step=30, "
+    b"RunningAvgSamplesPerSec=19.60, CurrSamplesPerSec=19.70, MemAllocated=4.32GB, MaxMemAllocated=38.49GB",
+    b"[2024-03-08 16:30:33,300] [INFO] [loss_scaler.py:190:update_scale] [deepspeed] OVERFLOW! Rank 1 "
+    b"Skipping step. Attempted loss scale: 65536, but hysteresis is 2. Reducing hysteresis to 1",
+    b"[2024-03-08 16:30:33,301] [INFO] [unfused_optimizer.py:281:_update_scale] Grad overflow on "
+    b"iteration: 7",
+    b"[2024-03-08 16:30:33,302] [INFO] [unfused_optimizer.py:207:step] [deepspeed] fp16 dynamic loss scale "
+    b"overflow! Skipping step. Attempted loss scale: 65536.0, reducing to 32768.0",
+    b"Overflow detected. Skipping step. Attempted loss scale: nan",
+    b"  5%|5         | 1/20 [00:01<00:19,  1.00s/it]\r 10%|#         | 2/20 [00:02<00:18,  1.00s/it]",
+    b"worker-0: [rank1]:  15%|\xe2\x96\x88         | 3/20 [00:03<00:17,  1.5it/s]",
+    b"  0%|          | 0/20 [00:00<?, ?it/s]",
+    b"------------------------ arguments ------------------------",
+    b"[2024-03-08 16:30:43,778] [INFO] [logging.py:96:log_dist] [Rank 0] step=40, skipped=3, lr=[9.8e-06]",
+    b" iteration 19/ 600 | lm loss: 2.0 |",
+    b"  log_interval .................................... 10",
+    b"-------------------- end of arguments ---------------------",
+    b"Traceback (most recent call last):",
+    b" iteration 20/ 600 | lm loss: 2.0 |",
+    b"RuntimeError: boom",
+    b"[2024-03-08 16:30:43,778] [INFO] [logging.py:96:log_dist] [Rank 0] step=50, skipped=3, lr=[9.8e-06]",
+    b" iteration 21/ 600 | lm loss: 2.0 |",
+    b"  total_train_batch_size = 4",
+    b"[2024-03-08 16:30:25,112] [INFO] [config.py:986:print_user_config]   json = {",
+    b"[2024-03-08 16:30:43,778] [INFO] [logging.py:96:log_dist] [Rank 0] step=60, skipped=3, lr=[9.8e-06]",
+    b"}",
+]
+
+
+# words that turn the fast path off for their chunk (a reader before the family's would take them)
+POISONED = [
+    b"[rank3]: iteration 17/ 600 | Segmentation fault: 1 |",
+    b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+]
+
+
+@pytest.mark.parametrize("order", ["as listed", "reversed"])
+@pytest.mark.parametrize("poison", [False, True])
+def test_near_misses_of_the_fast_families_read_as_every_line_reads(tmp_path, order, poison):
+    lines = NEAR_MISSES + (POISONED if poison else [])
+    lines = lines if order == "as listed" else lines[::-1]
+    path = tmp_path / "near.log"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    _same(str(path))
+
+
+def test_repeated_lines_with_no_keyword_still_name_their_ranks(tmp_path, monkeypatch):
+    """A line seen before is skipped (`QUIET_KEPT`): the ranks of its heads were counted the first time,
+    also when the remembered heads were forgotten since, or the remembered lines."""
+    monkeypatch.setattr(prefilter, "QUIET_KEPT", 3)
+    monkeypatch.setattr(prefilter, "_HEADS_KEPT", 2)
+    lines = [f"worker-{i % 5}: [rank{i % 7}]: NCCL INFO Channel {i % 4}/0" for i in range(60)]
+    lines[30] = " iteration 10/ 100 | lm loss: 2.0 |"
+    path = tmp_path / "repeat.log"
+    path.write_text("\n".join(lines) + "\n")
+    _same(str(path))
+    assert import_log(str(path)).ranks == list(range(7))

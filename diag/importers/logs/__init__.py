@@ -23,6 +23,7 @@ from diag import schema
 from diag.importers.errors import ImportProblem
 from diag.importers.logs.crash import CrashReader, failure_frame, verdict
 from diag.importers.logs.deepspeed import DeepSpeedReader
+from diag.importers.logs.fastpath import FastLines
 from diag.importers.logs.hf import HFReader
 from diag.importers.logs.lines import read_lines
 from diag.importers.logs.megatron import MegatronReader
@@ -103,7 +104,8 @@ def read_records(path: str, every_line: bool = False) -> Records:
     which reads what offering every line (`every_line`: the plain reference path) reads."""
     rec = Records()
     megatron, deepspeed, hf = MegatronReader(rec), DeepSpeedReader(rec), HFReader(rec)
-    readers = [("megatron", megatron), ("deepspeed", deepspeed), ("hf", hf), ("verl", VerlReader(rec))]
+    verl = VerlReader(rec)
+    readers = [("megatron", megatron), ("deepspeed", deepspeed), ("hf", hf), ("verl", verl)]
     crash = CrashReader(rec)
 
     def seen(rank: int, host: str | None) -> None:
@@ -118,17 +120,23 @@ def read_records(path: str, every_line: bool = False) -> Records:
             or deepspeed.json is not None
             or crash.open_tb
             or crash.child is not None
+            or verl.pending is not None
+            or verl.config.depth > 0
         )
 
-    for ln in read_lines(path) if every_line else keyword_lines(path, busy, seen):
+    fast = FastLines(rec, crash, megatron, deepspeed, hf, verl, seen)
+    for ln in read_lines(path) if every_line else keyword_lines(path, busy, seen, fast):
         if ln.rank >= 0:
             seen(ln.rank, ln.host)
+        if verl.pending is not None and verl.continues(ln):  # a hard-wrapped metric line's next piece
+            continue
         if crash.line(ln):
             continue
         for name, reader in readers:
             if reader.line(ln):
                 rec.families.add(name)
                 break
+    verl.flush()
     return rec
 
 

@@ -93,11 +93,7 @@ class DeepSpeedReader:
         if "skipped=" in t and (m := _STEP.search(t)):
             return self._step(ln, int(m.group(1)), int(m.group(2)), m.group(3))
         if "SamplesPerSec=" in t and (m := _TIMER.search(t)):
-            step = int(m.group(1))
-            if step > 0:
-                self.rec.step(ln, step, samples_per_sec=num(m.group(3)))
-                if m.group(4) is not None:
-                    self.rec.add_memory(ln, step, num(m.group(4)) * GB, num(m.group(5)) * GB)  # type: ignore[operator]
+            self.timer(ln, int(m.group(1)), num(m.group(3)), num(m.group(4)), num(m.group(5)))
             return True
         if "iter time (s)" in t and (m := _PIPE.search(t)):
             sec = num(m.group(3))
@@ -110,16 +106,29 @@ class DeepSpeedReader:
             )
             return True
         if "Skipping step" in t and (m := _OVERFLOW.search(t)):
-            if m.group(1) is not None and ln.rank < 0:
-                ln.rank = int(m.group(1))
-            before = num(m.group(2))
-            after = num(m.group(3)) if m.group(3) is not None else before  # hysteresis: scale kept
-            self.rec.overflow(ln, before, after, self.grad_iter)
+            rank = None if m.group(1) is None else int(m.group(1))
+            self.skipping(ln, rank, num(m.group(2)), num(m.group(3)))
             return True
         if "Grad overflow on iteration" in t and (m := _GRAD_ITER.search(t)):
             self.grad_iter = int(m.group(1))
             return True
         return self._layout(ln, t)
+
+    def timer(
+        self, ln: Line, step: int, samples_per_sec: float | None, mem: float | None, max_mem: float | None
+    ) -> None:
+        """The throughput timer's line (`step` 0: the engine's start, no step)."""
+        if step > 0:
+            self.rec.step(ln, step, samples_per_sec=samples_per_sec)
+            if mem is not None:
+                self.rec.add_memory(ln, step, mem * GB, max_mem * GB)  # type: ignore[operator]
+
+    def skipping(self, ln: Line, rank: int | None, before: float | None, after: float | None) -> None:
+        """A `Skipping step` line: the rank it names, the scale before and after (none printed after:
+        hysteresis kept the scale)."""
+        if rank is not None and ln.rank < 0:
+            ln.rank = rank
+        self.rec.overflow(ln, before, before if after is None else after, self.grad_iter)
 
     def _step(self, ln: Line, step: int, skipped: int, lr: str | None) -> bool:
         # several engines in one process (DeepSpeed-Chat's RLHF: actor and critic) print `step=N` one

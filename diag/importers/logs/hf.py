@@ -52,12 +52,7 @@ class HFReader:
         t = ln.text
         if "it]" in t or "it/s]" in t:
             if m := _BAR.search(t):
-                rate = num(m.group(3))
-                ms = None if not rate else (rate * 1e3 if m.group(4) == "s/it" else 1e3 / rate)
-                count, total = int(m.group(1)), int(m.group(2))
-                self.bar[total] = (count, ms)
-                if total == self.total and count > 0:  # the training bar: a step record per step it shows
-                    self.rec.step(ln, count, iter_ms=ms)
+                self.progress(ln, int(m.group(1)), int(m.group(2)), num(m.group(3)), m.group(4) == "s/it")
                 t = t[m.end() :]
         if "{'" in t and (m := _DICT.search(t)):
             return self._dict(ln, m.group(0))
@@ -74,6 +69,14 @@ class HFReader:
                 self.total = v
             return True
         return False
+
+    def progress(self, ln: Line, count: int, total: int, rate: float | None, per_step: bool) -> None:
+        """A progress bar's count of its total at `rate` (seconds per step when `per_step`, else steps
+        per second)."""
+        ms = None if not rate else (rate * 1e3 if per_step else 1e3 / rate)
+        self.bar[total] = (count, ms)
+        if total == self.total and count > 0:  # the training bar: a step record per step it shows
+            self.rec.step(ln, count, iter_ms=ms)
 
     def _train_bar(self) -> tuple[int, float | None] | None:
         if self.total is not None and self.total in self.bar:

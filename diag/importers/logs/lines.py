@@ -53,6 +53,7 @@ _RANK_IN_TEXT = re.compile(r"\[Rank\s+(\d+)\]")
 _TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T_](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 NUM = re.compile(_NUM, re.IGNORECASE)
+NUM_BYTES = rb"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a finite number as float() reads it
 
 
 class Line:
@@ -69,10 +70,21 @@ class Line:
             if len(_HEADS) > _HEADS_KEPT:
                 _HEADS.clear()
             got = _HEADS[head] = peel(head)
-        self.rank, self.host, end = got
-        text = self.text = raw[end:]
-        if self.rank < 0 and "[Rank" in text and (r := _RANK_IN_TEXT.search(text)):
+        self._peeled(*got)  # type: ignore[arg-type]
+
+    def _peeled(self, rank: int, host: str | None, end: int) -> None:
+        self.rank, self.host = rank, host
+        text = self.text = self.raw[end:]
+        if rank < 0 and "[Rank" in text and (r := _RANK_IN_TEXT.search(text)):
             self.rank = int(r.group(1))
+
+    @classmethod
+    def peeled(cls, raw: str, no: int, rank: int, host: str | None, end: int) -> Line:
+        """The line whose head `peel` already split (`fastpath`: one parse per distinct head)."""
+        ln = cls.__new__(cls)
+        ln.raw, ln.no, ln._ts = raw, no, False
+        ln._peeled(rank, host, end)
+        return ln
 
     @property
     def ts(self) -> int | None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 from diag import schema
+from diag.importers.logs.lines import NUM_BYTES as NUM
 from diag.importers.logs.lines import Line, num
 from diag.importers.logs.records import MB, Records
 
@@ -76,6 +78,42 @@ _WORLD_KEYS = {
     "pipeline-model-parallel": "pp",
     "context-parallel": "cp",
 }
+
+
+class _Shape(NamedTuple):
+    """A sequence of `key: number` fields: which values (by place) are which columns."""
+
+    places: tuple[int, ...]
+    cols: tuple[str, ...]
+
+
+_SHAPES: dict[tuple[bytes, ...], _Shape | None] = {}
+_SHAPES_KEPT = 256
+# `key: number |`, split at each `: number |` (a literal `:` first: the engine jumps from colon to colon)
+_VALUE = re.compile(rb":[ \t]*(" + NUM + rb")[ \t]*\|")
+_KEY = re.compile(rb"[ \t]*[A-Za-z][A-Za-z0-9 ()/_.-]*")
+
+
+def _shape(keys: tuple[bytes, ...]) -> _Shape | None:
+    """Which of the values after `keys` are read, into which columns (the first of each, as `_iteration`
+    keeps the first); None when a key is no plain field name (the split then cut elsewhere)."""
+    got = _SHAPES.get(keys, False)
+    if got is False:
+        places, cols = [], []
+        for i, k in enumerate(keys):
+            if not _KEY.fullmatch(k):
+                got = None
+                break
+            col = _KEYS.get(k.decode("ascii").strip().lower(), "")
+            if col and col not in cols:
+                places.append(i)
+                cols.append(col)
+        else:
+            got = _Shape(tuple(places), tuple(cols))
+        if len(_SHAPES) >= _SHAPES_KEPT:
+            _SHAPES.clear()
+        _SHAPES[keys] = got
+    return got  # type: ignore[return-value]
 
 
 class MegatronReader:
@@ -149,8 +187,24 @@ class MegatronReader:
                 if x is None and "/" in v:  # `4000.0/3900.0`: this interval's figure / the running mean
                     x = num(v.split("/", 1)[0])
                 f[key] = x
-        if f.get("loss_scale") is not None and f["loss_scale"] < 0:  # type: ignore[operator]
-            f["loss_scale"] = None  # -1: DeepSpeed manages the scale, Megatron does not know it
+        self._record(ln, it, {k: v for k, v in f.items() if v is not None})
+        return True
+
+    def fast_iteration(self, ln: Line, it: int, fields: bytes) -> bool:
+        """An iteration line's fields when all are `key: number` (`fastpath`; False: not all): one
+        split at the numbers, the keys' sequence (the same in every line of a run) says which is which."""
+        parts = _VALUE.split(fields)
+        shape = _shape(tuple(parts[0:-1:2]))
+        if shape is None or parts[-1].strip():
+            return False
+        values = parts[1::2]
+        self._record(ln, it, {c: float(values[i]) for c, i in zip(shape.cols, shape.places)})
+        return True
+
+    def _record(self, ln: Line, it: int, f: dict[str, float]) -> None:
+        """The iteration's figures (no None), skipped-iteration counters and record."""
+        if f.get("loss_scale", 0) < 0:
+            del f["loss_scale"]  # -1: DeepSpeed manages the scale, Megatron does not know it
         skipped = f.get("skipped_iters")
         if skipped is not None:
             if self.last_iter is not None and self.last_iter < it:
@@ -159,8 +213,7 @@ class MegatronReader:
                 first = max(1, it - (self.log_interval or int(skipped) or 1) + 1)
             self.rec.skip_counts.append((first, it, int(skipped)))
         self.last_iter = it
-        self.rec.step(ln, it, **f)
-        return True
+        self.rec.merge(ln, it, f)
 
     def _argument(self, key: str, value: str) -> None:
         self.rec.args.setdefault(key, value)

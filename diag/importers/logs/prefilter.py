@@ -15,6 +15,8 @@ traceback, a torchrun failure report), are decoded and yielded, so every reader 
 it acted on before. The ranks and hosts the launcher prefixes of the other lines name are still counted
 (the run's ranks), in line order: each such line's head (its first tokens holding a `:`, which covers
 every prefix `lines.Line` peels) is taken by one anchored regex, and each distinct head is parsed once.
+A kept line of a frequent family (the anchor found names which: `fastpath`) is read by one regex match
+into its reader's state, without becoming a `Line` offered to every reader.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import gzip
 import re
 from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from diag.importers.errors import ImportProblem
 from diag.importers.logs.lines import Line, open_log, peel
@@ -133,24 +136,44 @@ _HEAD = (
     rb"(?:[^\s:]*:\S*[ \t\f\v]*){0,3}"
 )
 _HEAD_AT = re.compile(_HEAD).match
-_HEADS_KEPT = 1 << 16  # distinct heads remembered (a timestamp in a head makes each second new)
+_HEADS_KEPT = 1 << 16
+# lines with no keyword remembered (the shorter ones): a log repeats its chatter (a warning each step,
+# NCCL's INFO lines, a data loader's prints), and a line seen before needs neither search nor head
+QUIET_KEPT, QUIET_LINE = 4096, 512  # distinct heads remembered (a timestamp in a head makes each second new)
+
+
+class Fast(Protocol):
+    """The frequent lines' fast path (`fastpath.FastLines`)."""
+
+    by_anchor: dict[bytes, tuple[tuple[Any, Any], ...]]
+    bar: tuple[Any, Any]
+
+    def usable(self, chunk: bytes) -> bool: ...
+
+    def blocked(self) -> bool: ...
+
+    def line(self, m: re.Match[bytes], no: int, handler: Any) -> bool: ...
 
 
 def keyword_lines(
-    path: str, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None]
+    path: str,
+    busy: Callable[[], bool],
+    rank_seen: Callable[[int, str | None], None],
+    fast: Fast | None = None,
 ) -> Iterator[Line]:
     """The lines of `path` that hold a keyword, and every line while `busy()`; `rank_seen(rank, host)`
-    for the launcher prefix of each other line, in line order (as offering every line calls it). Same
-    limits and problems as `lines.read_lines`."""
+    for the launcher prefix of each other line, in line order (as offering every line calls it); the
+    lines `fast.regex` matches read by `fast` instead, in line order. Same limits and problems as
+    `lines.read_lines`."""
     with open_log(path) as stream:
         try:
-            yield from _lines(stream, busy, rank_seen)  # type: ignore[arg-type]
+            yield from _lines(stream, busy, rank_seen, fast)  # type: ignore[arg-type]
         except (EOFError, OSError, gzip.BadGzipFile) as e:
             raise ImportProblem(f"truncated or corrupt gzip ({e})") from None
 
 
 def _lines(
-    stream: object, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None]
+    stream: object, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None], fast: Fast | None
 ) -> Iterator[Line]:
     limit, max_line = safeio.max_input_bytes(), safeio.max_line_bytes()
     read = stream.read  # type: ignore[attr-defined]
@@ -183,7 +206,9 @@ def _lines(
         if skipping:  # the tail of a line past the limit: counts as a line, yields nothing
             start = chunk.find(b"\n") + 1 or len(chunk)
             skipping = False
-        yield from _chunk_lines(chunk, start, no, max_line, busy, heads)
+        if fast is not None and not fast.usable(chunk):
+            fast = None
+        yield from _chunk_lines(chunk, start, no, max_line, busy, heads, fast)
         no += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
 
 
@@ -193,6 +218,7 @@ class _Heads:
 
     def __init__(self, rank_seen: Callable[[int, str | None], None]) -> None:
         self.seen: set[bytes] = set()
+        self.quiet: set[bytes] = set()  # recent lines with no keyword, their heads reported
         self.rank_seen = rank_seen
 
     def line(self, b: bytes) -> None:
@@ -212,34 +238,68 @@ class _Heads:
 
 
 def _chunk_lines(
-    chunk: bytes, start: int, no: int, max_line: int, busy: Callable[[], bool], heads: _Heads
+    chunk: bytes,
+    start: int,
+    no: int,
+    max_line: int,
+    busy: Callable[[], bool],
+    heads: _Heads,
+    fast: Fast | None,
 ) -> Iterator[Line]:
     """The chunk's (complete) lines with a keyword, and all lines while `busy()`; `no`: the lines
-    before the chunk. The other lines' heads go to `heads`, in line order."""
+    before the chunk. The other lines' heads go to `heads`, in line order; the lines `fast` reads
+    (a keyword line its regex matches whole, no reader in a block) go to it."""
     lines = chunk[start:].split(b"\n")
     if chunk.endswith(b"\n"):
         lines.pop()
     no += chunk.count(b"\n", 0, start)
     search = _KEY.search
-    seen, head_at = heads.seen, _HEAD_AT
+    seen, head_at, quiet = heads.seen, _HEAD_AT, heads.quiet
+    families = fast.by_anchor if fast is not None else {}
     every = busy()
     for b in lines:
         no += 1
         if len(b) > max_line:
             continue
-        if not every and search(b) is None:  # the hot loop of a long log: most lines end here
-            if b"\r" in b:
-                heads.line(b)
-            elif (h := head_at(b).group()) not in seen:  # type: ignore[union-attr]
-                heads.new(h)
-                seen = heads.seen  # `new` may have begun a new set
-            continue
-        raw = b.decode("utf-8", "replace").rstrip("\r\n")
-        if "\r" not in raw:
-            if raw:
-                yield Line(raw, no)
-        else:
-            for piece in raw.split("\r"):  # a progress bar rewrites its line with \r: each piece counts
-                if piece:
-                    yield Line(piece, no)
+        if not every:
+            if b in quiet:  # the same line again (a warning, a library's INFO line): done before
+                continue
+            k = search(b)
+            if k is None:  # the hot loop of a long log: most lines end here
+                if b"\r" in b:
+                    heads.line(b)
+                elif (h := head_at(b).group()) not in seen:  # type: ignore[union-attr]
+                    heads.new(h)
+                    seen = heads.seen  # `new` may have begun a new set
+                if len(b) <= QUIET_LINE:
+                    if len(quiet) >= QUIET_KEPT:
+                        quiet.clear()
+                    quiet.add(b)
+                continue
+            if (fams := families.get(k.group())) and _fast(b, no, fams, fast):  # type: ignore[arg-type]
+                continue  # a fast line starts or ends no block: `busy()` is what it was
+        yield from _line(b, no, fast)
         every = busy()
+
+
+def _fast(b: bytes, no: int, families: tuple[tuple[Any, Any], ...], fast: Fast) -> bool:
+    """Line `no` read by `fast` as the first of `families` whose regex matches it whole."""
+    if fast.blocked():
+        return False
+    for matcher, handler in families:
+        if m := matcher(b):
+            return fast.line(m, no, handler)
+    return False
+
+
+def _line(b: bytes, no: int, fast: Fast | None = None) -> Iterator[Line]:
+    """Line `no`, or its pieces: a progress bar rewrites its line with `\r`, each piece counts (a bar
+    piece read by `fast`)."""
+    if b"\r" not in b:
+        raw = b.decode("utf-8", "replace")
+        if raw:
+            yield Line(raw, no)
+        return
+    for piece in b.rstrip(b"\r\n").split(b"\r"):
+        if piece and not (fast is not None and _fast(piece, no, (fast.bar,), fast)):
+            yield Line(piece.decode("utf-8", "replace"), no)

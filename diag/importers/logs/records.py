@@ -119,6 +119,24 @@ class Records:
             self.last_step, self.last_step_line = step, line.no
         return rec
 
+    def merge(self, line: Line, step: int, figures: dict[str, Any]) -> dict[str, Any]:
+        """`step` for figures with no None value (a figure a record holds is never None): the keys it
+        lacks taken at once, not one test per figure."""
+        rec = self.steps.get(step)
+        if rec is None:
+            rec = self.steps[step] = {"rank": line.rank, "step": step, "ts": line.ts, **figures}
+        elif not figures.keys() <= rec.keys():
+            for k in figures.keys() - rec.keys():
+                rec[k] = figures[k]
+        loss = figures.get("loss")
+        if isinstance(loss, float) and not math.isfinite(loss):
+            rec["loss_nonfinite"] = True
+        if step >= self.last_step:
+            if step > self.last_step:
+                self._segment = []
+            self.last_step, self.last_step_line = step, line.no
+        return rec
+
     def overflow(self, line: Line, before: float | None, after: float | None, key: int | None = None) -> None:
         """One `Skipping step` line. Lines name no step: an overflow belongs to a step after the last
         progress line. The k-th line a rank prints since then is the k-th skipped step, so the same
