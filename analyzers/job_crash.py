@@ -8,10 +8,14 @@ each rank's exit code from the launcher lines.
 Without a log, the trace itself: the exception that ended a rank's main thread (the agent's `uncaught`
 record, `diag.agent.uncaught`); else a rank whose process died (`liveness.died`: the live watcher saw
 it gone, or its trace was never closed while a peer's agent closed its own after it), named with the
-collective its peers were left in."""
+collective its peers were left in. Where both show and the first exception says a peer's connection
+broke (`vocab.PEER_LOST`: a SIGKILLed rank leaves its peers raising "Connection reset by peer"), the
+dead rank is the cause and the exceptions its consequences (the public DDP tutorial with one rank
+SIGKILLed was "crashed: RuntimeError ... on rank 0", the survivor)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -21,13 +25,14 @@ from diag.analyzers.base import rule
 from diag import schema
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
-from diag.vocab import STOP_SIGNALS
+from diag.vocab import PEER_LOST, STOP_SIGNALS
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 _WHAT = {"oom": "CUDA out of memory", "nccl_timeout": "NCCL collective timeout", "interrupted": "interrupted"}
+_PEER_LOST = re.compile(PEER_LOST, re.IGNORECASE)
 
 
 def _val(v: Any) -> Any:
@@ -54,7 +59,12 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         else fail.iloc[:0]
     )
     if chosen.empty:
-        return _uncaught(trace, metrics) or _dead_rank(trace, metrics)
+        raised = _uncaught(trace, metrics)
+        if raised and _PEER_LOST.search(str(raised[0].evidence.get("message"))):
+            dead = _dead_rank(trace, metrics) or _dead_rank(trace, metrics, _ended_before_raise(trace))
+            if dead:
+                return [_consequences(dead[0], raised[0])]
+        return raised or _dead_rank(trace, metrics)
     chosen = chosen.assign(_t=pd.to_numeric(chosen["ts"], errors="coerce")).sort_values(["_t", "line"])
     first = chosen.iloc[0]
     exits = fail[fail["exc"].astype(str) == "exit"]
@@ -212,11 +222,46 @@ def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
     ]
 
 
-def _dead_rank(trace: Trace, metrics: Metrics) -> list[Finding]:
+def _consequences(dead: Finding, raised: Finding) -> Finding:
+    """The dead rank's finding, with the exceptions its death caused in its peers as evidence."""
+    ev = raised.evidence
+    what = f"{ev.get('exception')}: {ev.get('message')}"
+    dead.detail += (
+        f" Rank(s) {', '.join(map(str, ev.get('ranks') or []))} then raised {what[:160]}: a "
+        "consequence (their connection to the dead rank broke), not the cause."
+    )
+    dead.evidence["consequences"] = {k: ev.get(k) for k in ("exception", "message", "ranks", "where")}
+    return dead
+
+
+def _ended_before_raise(trace: Trace) -> dict[int, dict[str, Any]]:
+    """The ranks that raised nothing whose records end before the first exception was raised (a
+    peer-lost one): the ranks whose death it reports, when every rank's records end within moments
+    (the survivors were ended by the launcher, no trace closed)."""
+    meta = trace.frame(schema.META)
+    rows = meta[meta["key"] == schema.META_UNCAUGHT] if not meta.empty else meta
+    if rows.empty:
+        return {}
+    first = float(pd.to_numeric(rows["ts"], errors="coerce").min())
+    raised = {int(r) for r in rows["rank"]}
+    return {
+        int(r): {"how": "ended", "silent_s": (first - float(t)) / NS}
+        for r, t in liveness.last_record(trace).items()
+        if int(r) not in raised and float(t) <= first
+    }
+
+
+def _dead_rank(
+    trace: Trace, metrics: Metrics, down: dict[int, dict[str, Any]] | None = None
+) -> list[Finding]:
     """A rank's process died while its peers ran on (no log needed): `liveness.died`; or, every
-    process gone now (the launcher ended the survivors), the ranks whose records ended first."""
-    down = liveness.stopped_running(trace)
-    dead = sorted(r for r, v in down.items() if liveness.died(trace, r, v))
+    process gone now (the launcher ended the survivors), the ranks whose records ended first; or the
+    ranks `down` names."""
+    if down is not None:
+        dead = sorted(down)
+    else:
+        down = liveness.stopped_running(trace)
+        dead = sorted(r for r, v in down.items() if liveness.died(trace, r, v))
     if not down:  # every rank quiet: each process gone, those whose records end first died first
         last = liveness.last_record(trace)
         dead = sorted(liveness.first_gone(trace))
@@ -239,10 +284,13 @@ def _dead_rank(trace: Trace, metrics: Metrics) -> list[Finding]:
         ev.update(group=str(row["group"]), collective=str(row["kind"]), step=int(row["step"]))
         where = f"; rank {int(row['rank'])} was left in {row['kind']} (group {row['group']}"
         where += f", step {ev['step']})"
+    hows = {down[r]["how"] for r in dead}
     seen = (
         "its process is gone"
-        if all(down[r]["how"] == "gone" for r in dead)
-        else ("its trace ends without the agent's close while its peers closed theirs after it")
+        if hows == {"gone"}
+        else "its records end before a peer raised that its connection broke, and it raised nothing"
+        if hows == {"ended"}
+        else "its trace ends without the agent's close while its peers closed theirs after it"
     )
     who = ", ".join(map(str, dead))
     return [

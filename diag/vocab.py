@@ -161,3 +161,10 @@ def host_comm_op(name: str) -> str | None:
 # how schedulers and users stop a job (scancel, a time limit, Ctrl-C): an exit by one of these, or an
 # interrupt, is the job being stopped, not failing (the log importer and job_crash)
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+# what a rank raises when a peer's process is gone (gloo's "Read error ... Connection reset by peer"
+# after a SIGKILL, NCCL's aborted communicator): a consequence of another rank's death, not a cause
+PEER_LOST = (
+    r"Connection (?:reset|closed) by peer|Broken pipe|ECONNRESET|remote process exited|"
+    r"NCCL communicator was aborted|Connection refused"
+)

@@ -6,8 +6,8 @@ import html
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table as RichTable
 
+from diag.report.terminal import plain_table, rule_failures
 from diag.units import binary_bytes
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -203,14 +203,8 @@ def terminal(doc: dict[str, Any], console: Console) -> None:
     for line in headline(doc):
         console.print(f"  {line}", highlight=False, markup=False)
     for title, header, rows in tables(doc):
-        t = RichTable(title=title, title_justify="left")
-        for h in header:
-            t.add_column(h, justify="left" if h in ("part", "layer", "name", "title", "setting") else "right")
-        for r in rows:
-            t.add_row(*r)
-        console.print(t)
-    for name, err in doc["rule_failures"].items():
-        console.print(f"[red]rule {name} failed:[/red] {err}", highlight=False)
+        console.print(plain_table(title, header, rows, left=("part", "layer", "name", "title", "setting")))
+    rule_failures(doc, console)
 
 
 def markdown(doc: dict[str, Any]) -> str:

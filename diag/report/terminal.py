@@ -1,11 +1,19 @@
-"""The terminal report (rich): summary, findings with their fixes, then the metric tables."""
+"""The terminal report (rich): summary, findings with their fixes, then the metric tables.
+
+Every text that comes from the job (an exception's message, a module's name, a rule's error) is
+escaped or printed as plain `Text`: rich reads `[...]` as markup, and gloo's "[/__w/pytorch/.../
+pair.cc:537] Read error" in a crash finding's title stopped `diag analyze` with a MarkupError.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from diag.report.human import fix_blocks, prose
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
@@ -15,14 +23,14 @@ _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> None:
     """Print the report; `quiet` prints only the findings (one line each) and the summary."""
-    console.print(f"[bold]diag analysis[/bold]: {summary_line(doc)}", highlight=False)
+    console.print(f"[bold]diag analysis[/bold]: {escape(summary_line(doc))}", highlight=False)
     if not quiet:
         for line in throughput_lines(doc):
             console.print(f"  {line}", highlight=False, markup=False)
     for f in doc["findings"]:
         console.print(
-            f"[{_STYLE.get(f['severity'], '')}]{f['severity'].upper()}[/] {prose(f['title'])} "
-            f"[dim]({f['rule']})[/dim]",
+            f"[{_STYLE.get(f['severity'], '')}]{f['severity'].upper()}[/] {escape(prose(f['title']))} "
+            f"[dim]({escape(f['rule'])})[/dim]",
             highlight=False,
         )
         if not quiet:
@@ -39,11 +47,24 @@ def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> Non
     if quiet:
         return
     for title, header, rows in tables(doc):
-        t = Table(title=title, title_justify="left")
-        for h in header:
-            t.add_column(h, justify="right")
-        for r in rows:
-            t.add_row(*r)
-        console.print(t)
+        console.print(plain_table(title, header, rows))
+    rule_failures(doc, console)
+
+
+def plain_table(
+    title: str, header: Sequence[str], rows: Iterable[Sequence[str]], left: Iterable[str] = ()
+) -> Table:
+    """A rich table whose title and cells are plain text (never markup); columns right-justified
+    but those named in `left`."""
+    lefts = set(left)
+    t = Table(title=Text(title), title_justify="left")
+    for h in header:
+        t.add_column(Text(h), justify="left" if h in lefts else "right")
+    for r in rows:
+        t.add_row(*(Text(c) for c in r))
+    return t
+
+
+def rule_failures(doc: dict[str, Any], console: Console) -> None:
     for name, err in doc["rule_failures"].items():
-        console.print(f"[red]rule {name} failed:[/red] {err}", highlight=False)
+        console.print(f"[red]rule {escape(name)} failed:[/red] {escape(str(err))}", highlight=False)

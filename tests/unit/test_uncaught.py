@@ -5,9 +5,11 @@ excepthook, output and exit code are unchanged."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 from diag.analyzers import registered_rules
 
@@ -87,3 +89,46 @@ def test_an_exception_raised_inside_a_library_names_the_jobs_own_frame(tmp_path)
     assert f.evidence["exception"] == "JSONDecodeError" and "json" in f.evidence["where"], f.evidence
     assert f.evidence["job_frame"].endswith("train.py:14 in setup"), f.evidence
     assert "called from the job's" in f.detail and "train.py:14" in f.fixes[0].summary
+
+
+def _killed_peer(tmp_path: Any, message: str) -> Any:
+    """Rank 1's records end at step 5 with no exception (SIGKILLed: its last flush lost); rank 0
+    writes on to step 7, then its main thread raises `message` (no trace is closed: the launcher
+    ended rank 0 right after)."""
+    from tests.unit.synth_trace import MS, Job
+
+    job = Job(steps=8)
+    job.each_step(lambda r, s: job.comm(r, s))
+    raised_at = job.start(0, 7) + 80 * MS
+    value = {"exc": "RuntimeError", "message": message, "where": "torch/autograd/graph.py:979", "step": 8}
+    job.add(0, schema.META, ts=raised_at, key=schema.META_UNCAUGHT, value=value)
+    path = tmp_path / "killed"
+    job.write(str(path))
+    rank1 = path / "rank-00001.jsonl"
+    kept = [ln for ln in rank1.read_text().splitlines() if json.loads(ln).get("step", 0) <= 5]
+    rank1.write_text("\n".join(kept) + "\n")
+    return diag.load(str(path))
+
+
+def test_a_peer_lost_exception_names_the_rank_that_died_first(tmp_path) -> None:
+    """The public DDP tutorial with rank 1 SIGKILLed: rank 0 raised gloo's "Read error ...
+    Connection reset by peer" (with a "[/__w/...]" that rich once read as markup); the crash is rank
+    1's, the exception its consequence. Any other exception stays the cause."""
+    from tests.unit.synth_trace import fired
+
+    gloo = (
+        "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
+    )
+    (f,) = fired(_killed_peer(tmp_path / "a", gloo), "job_crash")
+    assert f.ranks == [1] and f.severity == "critical" and "rank 1 died after step 5" in f.title
+    assert f.evidence["consequences"]["ranks"] == [0] and "consequence" in f.detail
+    (g,) = fired(_killed_peer(tmp_path / "b", "CUDA error: an illegal memory access"), "job_crash")
+    assert g.ranks == [0] and "RuntimeError: CUDA error" in g.title
+    out = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", str(tmp_path / "a" / "killed")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "rank 1 died" in out.stdout and "[/__w/pytorch" in out.stdout
