@@ -272,9 +272,12 @@ def _dead_rank(
     step = {r: int(st[st["rank"] == r]["step"].max()) for r in dead if (st["rank"] == r).any()}
     peers = [int(r) for r in liveness.last_record(trace).index if int(r) not in dead]
     left = liveness.pending_collectives(c[c["rank"].isin(peers)]) if not c.empty else c
+    ran_on = st[st["rank"].isin(peers)]["step"] if not st.empty else st
+    peer_step = int(ran_on.max()) if len(ran_on) else None
     where = ""
     ev: dict[str, Any] = {
         "dead_ranks": dead,
+        "peers_last_completed_step": peer_step,
         "how": {r: down[r]["how"] for r in dead},
         "last_completed_step": step,
         "silent_s": {r: round(down[r]["silent_s"], 3) for r in dead},
@@ -298,6 +301,11 @@ def _dead_rank(
             severity="critical",
             title=f"job crashed: rank {who} died"
             + (f" after step {step[dead[0]]}" if dead[0] in step else "")
+            + (  # a killed rank's last flush (up to 0.2 s of records) is lost with it
+                f" (its last record; its peers completed step {peer_step})"
+                if dead[0] in step and peer_step is not None and peer_step > step[dead[0]]
+                else ""
+            )
             + where,
             detail=f"rank {who}: {seen} (killed: SIGKILL, the OOM killer, a segfault). Its peers' "
             "collectives then wait for it or fail.",
