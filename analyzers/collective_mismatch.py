@@ -104,12 +104,28 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
         members = g["rank"].nunique()
         if members < 2:
             continue
-        for (step, k), at in g.groupby(["step", "k"], sort=True):
-            if at["rank"].nunique() < members or len({_sig(r) for _, r in at.iterrows()}) == 1:
-                continue
+        for (step, k), at in _differing(g, members):
             out.append(_finding(str(group), int(step), int(k), at, g))
             break
     return out
+
+
+def _differing(g: pd.DataFrame, members: int) -> list[tuple[tuple[int, int], pd.DataFrame]]:
+    """A group's (step, k) positions every member recorded whose calls differ, in order: found
+    vectorized (a live DDP trace of 840 steps holds ~10,000 calls; a Python look at each position
+    took 1 s of each `diag watch` analysis), each then read as rows."""
+    sizes = pd.to_numeric(g["bytes"], errors="coerce").where(~g["kind"].isin(ANY_SIZE))
+    sig = g["kind"].astype(str) + ":" + sizes.map(lambda n: "" if n != n else str(int(n)))
+    pos = (
+        g.assign(_sig=sig)
+        .groupby(["step", "k"], sort=True)
+        .agg(ranks=("rank", "nunique"), sigs=("_sig", "nunique"))
+    )
+    odd = pos[(pos["ranks"] >= members) & (pos["sigs"] > 1)].index
+    if odd.empty:
+        return []
+    at = g.set_index(["step", "k"], drop=False)
+    return [((int(s), int(k)), at.loc[[(s, k)]].reset_index(drop=True)) for s, k in odd]
 
 
 def _finding(group: str, step: int, k: int, at: pd.DataFrame, g: pd.DataFrame) -> Finding:
