@@ -368,6 +368,8 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
         time.sleep(5.0)  # the watcher has started and read the healthy start: a baseline
         t0 = time.monotonic()
         assert cell.rank is not None
+        with open(os.path.join(folder, "fault.json"), "w") as f:  # when, for a look at the trace after
+            json.dump({"fault": cell.inject, "rank": cell.rank, "ts": time.time_ns()}, f)
         throttle = _plant(cell, pids[cell.rank])
         until = t0 + WATCH_FOR
         while time.monotonic() < until and not any(
