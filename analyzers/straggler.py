@@ -26,16 +26,11 @@ WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 # steady, applied steps compared; fewer is no evidence of a persistent straggler. Not fewer: at load
 # 15-17 a healthy DDP control's rank 0 was 1.6-13x slower on each of its first 4 compared steps (its
 # peer waited 13-42 ms of 15-45 ms steps) before the gap fell to 4-7 ms; planted 80 ms stragglers were
-# named after the job's 5th-6th step with 3 compared, after its 7th-8th with 5
+# named after the job's 5th-6th step with 3 compared, after its 7th-8th with 5. Over 3 compared steps
+# no margin parts them (load 5): the planted DDP, ZeRO-2 and TP stragglers' gaps stood at 10, 12 and
+# 4.2 standard deviations of themselves, healthy DDP's rank 0 (2.8x slower on steps 2-4, 7 ms of
+# 12 ms steps) at 4.5, a healthy ZeRO-3's rank 0 (55 ms, 41% of the step) at 3.8
 MIN_STEPS = 5
-# with 3-4 compared steps (a straggler named within the issue's 5 steps), only on stronger evidence:
-# the slowest on every one, and the gap 3x the larger of its robust sigma and its standard deviation
-# (of 3 values, the median absolute deviation is the lesser distance to the middle one: the loaded
-# DDP control's gaps 23, 37, 21 ms stood at 7.7 robust sigma, 2.6 standard deviations; the planted
-# straggler sample's 80, 98, 98 ms at 9.4). And consecutive: a ZeRO-2 fp16 sample's applied steps 2,
-# 11, 12 around an overflow storm (its rank 1 2.4x rank 0 on those three, 4.7 ms of deviation) are no
-# run of steady steps
-EARLY_STEPS = 3
 # and the gap is this many times its noise (`step_noise`: the robust sigma of the per-step gap): CPU
 # contention on the shared host made a ZeRO-2 control's rank 0 1.6x slower from mid-run (load 12, gap
 # 1.4 sigma of itself) and a DDP control's rank 0 slower on every step (load 17, 1.6 sigma); planted 80 ms
@@ -504,14 +499,14 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
     """The rank's own work per step against the others' (the rule's first paragraph), else the
     fallbacks for one profiled step and GPU traces."""
     df = compute_per_step(metrics)
-    if metrics.steps.empty or metrics.steps["step"].nunique() < EARLY_STEPS:
-        one = metrics.steps.empty or metrics.steps["step"].nunique() <= 1
+    if metrics.steps.empty or metrics.steps["step"].nunique() < MIN_STEPS:
+        # one profiled step: one step mark, not a live job's first two (its first mark has no
+        # duration; a ZeRO-3 control's rank 0 kept its peer waiting at 83% of step 2's collectives)
+        marks = trace.steps
+        one = marks.empty or marks["step"].nunique() <= 1
         return (_by_arrival(trace, metrics) if one else []) or _by_kernels(trace, metrics)
-    if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < EARLY_STEPS:
+    if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
         return _by_kernels(trace, metrics)
-    early = df["step"].nunique() < MIN_STEPS
-    if early and int(df["step"].max() - df["step"].min()) + 1 != df["step"].nunique():
-        return _by_kernels(trace, metrics)  # 3-4 steps strewn over skipped ones (`EARLY_STEPS`)
     med = df.groupby("rank")["compute_s"].median()
     slow = int(med.idxmax())
     others = float(med.drop(slow).median())
@@ -520,11 +515,8 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
     consistent = float((wide.idxmax(axis=1) == slow).mean()) if not wide.empty else 0.0
     waited = float(df[df["rank"] != slow].groupby("rank")["wait_s"].median().median())
     noise = step_noise(df, slow)
-    if early:  # 3-4 steps: a median absolute deviation of so few says little (`EARLY_STEPS`)
-        noise = max(noise, float((wide[slow] - wide.drop(columns=slow).median(axis=1)).std()))
     if (
-        (early and consistent < 1.0)
-        or others <= 0
+        others <= 0
         or gap < NOISE_MARGIN * noise
         or med[slow] < SLOWER * others
         or gap < MIN_STEP_SHARE * step_s
