@@ -320,10 +320,13 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
     watch: subprocess.Popen[str] | None = None
     throttle: Throttle | None = None
     try:
+        # started once the job's agent made the trace directory, as a watcher that is already up
+        # when a fault comes: started after the job's first iterations, at load 12 its imports took
+        # until 1.3 s after the fault
         deadline = time.monotonic() + 180
-        while not seen or max(seen) < INJECT_AFTER:
+        while not os.path.isdir(trace):
             assert job.poll() is None, "the job exited before the fault:\n" + "".join(lines[-30:])
-            assert time.monotonic() < deadline, "the job never trained"
+            assert time.monotonic() < deadline, "the job never made its trace directory"
             time.sleep(0.1)
         watch = subprocess.Popen(
             [sys.executable, "-m", "diag", "watch", trace, "--json"],
@@ -333,6 +336,11 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
             env=launch.job_env(env),
         )
         threading.Thread(target=_read_watch, args=(watch, events), daemon=True).start()
+        deadline = time.monotonic() + 180
+        while not seen or max(seen) < INJECT_AFTER:
+            assert job.poll() is None, "the job exited before the fault:\n" + "".join(lines[-30:])
+            assert time.monotonic() < deadline, "the job never trained"
+            time.sleep(0.1)
         pids = {rank: pid for pid, rank in ranks_under(job.pid)}
         time.sleep(5.0)  # the watcher has started and read the healthy start: a baseline
         t0 = time.monotonic()
