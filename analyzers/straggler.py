@@ -26,7 +26,10 @@ WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 # steady, applied steps compared; fewer is no evidence of a persistent straggler. Not fewer: at load
 # 15-17 a healthy DDP control's rank 0 was 1.6-13x slower on each of its first 4 compared steps (its
 # peer waited 13-42 ms of 15-45 ms steps) before the gap fell to 4-7 ms; planted 80 ms stragglers were
-# named after the job's 5th-6th step with 3 compared, after its 7th-8th with 5
+# named after the job's 5th-6th step with 3 compared, after its 7th-8th with 5. Over 3 compared steps
+# no margin parts them (load 5): the planted DDP, ZeRO-2 and TP stragglers' gaps stood at 10, 12 and
+# 4.2 standard deviations of themselves, healthy DDP's rank 0 (2.8x slower on steps 2-4, 7 ms of
+# 12 ms steps) at 4.5, a healthy ZeRO-3's rank 0 (55 ms, 41% of the step) at 3.8
 MIN_STEPS = 5
 # and the gap is this many times its noise (`step_noise`: the robust sigma of the per-step gap): CPU
 # contention on the shared host made a ZeRO-2 control's rank 0 1.6x slower from mid-run (load 12, gap
@@ -42,6 +45,18 @@ MIN_ARRIVALS = 20  # of at least this many collectives matched across the ranks
 # running identical kernels differ by a few percent
 KERNEL_SLOWER = 1.20  # the rank's median compute-kernel time per step vs the other ranks' median
 MIN_KERNEL_STEPS = 3  # compared steps (with their same kernels on every rank) at least
+# A rank throttled from outside (the live watcher saw its process stopped and resumed again and again:
+# a SIGSTOP/SIGCONT duty cycle, as cpulimit does). Its trace alone cannot tell it from a rank that lost
+# the CPU to a loaded host: on healthy controls at load 12-17 the peer waited for the slower rank 0 at
+# 79-100% of steps, 29-80% of the wall time, more than a 40%-of-100-ms throttle costs
+STOPPED_SHARE = 0.10  # of the recent looks at the process, seen stopped (state T) at least
+RESUMES = 3  # and resumed at least this many times (a cycle; a hang stays stopped: hang_desync's)
+THROTTLE_WAITED = 0.10  # its peers waited for it (it arrived last) at least this share of the wall time
+# and it is the rank most waited for: of all the waiting between the ranks over those steps, at least
+# this share. Not more: a healthy ZeRO-2 run's rank 1 caused 63-67% of it before any stop (load 5),
+# 62-71% once stopped 40 ms of every 100 ms (its peer then waited for it 23-35% of the wall time)
+THROTTLE_CAUSED = 0.55
+MIN_THROTTLE_STEPS = 3  # steps begun while the watcher looked, at least
 
 
 def async_tail_wait(c: pd.DataFrame) -> pd.Series:
@@ -361,6 +376,86 @@ def input_bound(metrics: Metrics, slow: int, gap_s: float) -> bool:
     return float(idle[slow] - idle.drop(slow).median()) >= INPUT_SHARE * gap_s
 
 
+def _duty(trace: Trace) -> dict[int, dict]:
+    """Ranks the live watcher saw stopped and resumed again and again (its `process` fact)."""
+    out = {}
+    for rank, h in trace.headers.items():
+        f = h.get("process")
+        if (
+            isinstance(f, dict)
+            and f.get("stopped_share", 0) >= STOPPED_SHARE
+            and f.get("resumes", 0) >= RESUMES
+        ):
+            out[int(rank)] = f
+    return out
+
+
+def caused_wait(df: pd.DataFrame) -> pd.DataFrame:
+    """Per step: which rank arrived last (the least `wait_s`) and the others' median wait for it."""
+    w = df.pivot_table(index="step", columns="rank", values="wait_s").dropna()
+    if w.shape[1] < 2:
+        return pd.DataFrame(columns=["last", "waited_s"])
+    last = w.idxmin(axis=1)
+    waited = [float(w.loc[s].drop(r).median()) for s, r in last.items()]
+    return pd.DataFrame({"last": last.astype(int), "waited_s": waited}, index=w.index)
+
+
+def _throttled(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """A rank the watcher saw stopped >= 10% of its recent looks with >= 3 resumes, which its peers
+    waited for over the steps begun meanwhile: >= 10% of their wall time, >= 55% of all the waiting.
+    Stops that land on some steps and not others (a 40 ms stop every 100 ms on 10-100 ms steps)
+    make neither a steady compute ratio nor a consistent last arrival; what they cost is the
+    others' wait, summed over the window."""
+    duty = _duty(trace)
+    if not duty:
+        return []
+    df, st = compute_per_step(metrics), metrics.steps
+    if df.empty or st.empty:
+        return []
+    found = []
+    for slow, fact in duty.items():
+        # the steps begun since the first stop seen (the watcher's recent looks): the throttled ones
+        since = fact.get("first_stop_ns") or int(fact.get("checked_ns", 0) - fact.get("looked_s", 0) * NS)
+        begun = set(st.loc[(st["rank"] == slow) & (st["start"] >= since), "step"])
+        win = df[df["step"].isin(begun)]
+        if win["step"].nunique() < MIN_THROTTLE_STEPS or slow not in set(win["rank"]):
+            continue
+        cw = caused_wait(win)
+        step_s = win.groupby("step")["dur_s"].mean().reindex(cw.index)
+        wall, total = float(step_s.sum()), float(cw["waited_s"].sum())
+        mine = float(cw.loc[cw["last"] == slow, "waited_s"].sum())
+        if wall <= 0 or total <= 0 or mine < THROTTLE_WAITED * wall or mine < THROTTLE_CAUSED * total:
+            continue
+        wide = win.pivot_table(index="step", columns="rank", values="compute_s")
+        lost = what_if(win, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
+        found.append(
+            _priced(
+                trace,
+                slow,
+                lost,
+                step_s,
+                f"rank {slow} is a straggler: stopped from outside {fact['stopped_share']:.0%} of the time, "
+                "its peers wait for it",
+                f"was seen stopped at {fact['stopped_share']:.0%} of {fact['looked_s']:.1f} s of looks and "
+                f"resumed {fact['resumes']} times (a SIGSTOP/SIGCONT duty cycle, as cpulimit "
+                f"throttles); over the {len(cw)} steps begun meanwhile the others waited "
+                f"{mine * 1e3:.0f} ms for it "
+                f"({mine / wall:.0%} of the wall time, {mine / total:.0%} of all waiting).",
+                {
+                    "stopped_share": float(fact["stopped_share"]),
+                    "resumes": int(fact["resumes"]),
+                    "looked_s": float(fact["looked_s"]),
+                    "others_wait_s": mine,
+                    "waited_share": mine / wall,
+                    "caused_share": mine / total,
+                    "last_share": float((cw["last"] == slow).mean()),
+                },
+                list(cw.index[cw["last"] == slow]),
+            )
+        )
+    return found
+
+
 def _span_s(c: pd.DataFrame) -> float:
     if c.empty:
         return 0.0
@@ -390,10 +485,25 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     Not when the slow rank's extra idle lead-in before its first forward (measured on >= 3 sampled
     steps) is >= 50% of the gap: an input stall, idle_between_steps' finding (`input_bound`).
     Priced as a what-if replay (`what_if`): per step, the others' wait for it, at most its excess,
-    summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step."""
+    summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step.
+    Live (`diag watch`) also a rank throttled from outside, which no ratio of its own work shows: the
+    watcher saw its process stopped at >= 10% of its looks over the last 5 s and resumed >= 3 times
+    (a SIGSTOP/SIGCONT duty cycle), and over >= 3 steps begun meanwhile the others waited for it (it
+    arrived last) >= 10% of the wall time, >= 55% of all the waiting between the ranks (`_throttled`);
+    the trace alone cannot tell it from a rank a loaded host slowed (healthy controls: the peer
+    waited for rank 0 at 79-100% of steps, 29-80% of the wall time)."""
+    return _throttled(trace, metrics) or _by_work(trace, metrics)
+
+
+def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
+    """The rank's own work per step against the others' (the rule's first paragraph), else the
+    fallbacks for one profiled step and GPU traces."""
     df = compute_per_step(metrics)
     if metrics.steps.empty or metrics.steps["step"].nunique() < MIN_STEPS:
-        one = metrics.steps.empty or metrics.steps["step"].nunique() <= 1
+        # one profiled step: one step mark, not a live job's first two (its first mark has no
+        # duration; a ZeRO-3 control's rank 0 kept its peer waiting at 83% of step 2's collectives)
+        marks = trace.steps
+        one = marks.empty or marks["step"].nunique() <= 1
         return (_by_arrival(trace, metrics) if one else []) or _by_kernels(trace, metrics)
     if df.empty or df["rank"].nunique() < 2 or df["step"].nunique() < MIN_STEPS:
         return _by_kernels(trace, metrics)

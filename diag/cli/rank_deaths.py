@@ -8,20 +8,29 @@ non-zero exit code): a zombie's /proc/<pid>/stat holds it until the launcher rea
 stop signal (SIGTERM, SIGINT, SIGHUP: the job stopped from outside; under load the ranks of a
 torchrun stopped with SIGTERM died 40+ ms apart, rank 0 first) it did not crash, and an exit
 status never seen (reaped between two looks) proves nothing.
+
+The looks also keep, per rank, how often its process was seen stopped (state T) over the last
+`DUTY_WINDOW_S` and how many times it resumed: a rank stopped and resumed again and again is being
+throttled from outside (a SIGSTOP/SIGCONT duty cycle, as cpulimit does), which nothing in its own
+trace tells apart from a rank that merely lost the CPU to a loaded host (`duty`; the straggler rule
+reads it as the header's `process` fact `stopped_share`, `resumes`, `looked_s`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from diag.vocab import STOP_SIGNALS
 
 LOOK_S = 0.02  # how often each rank's process is looked at (a thread; /proc reads, ~30 us a rank)
+DUTY_WINDOW_S = 5.0  # the stopped share and resumes are counted over the looks of the last 5 s
 _STOPS = {int(getattr(signal, name)) for name in STOP_SIGNALS}
 
 Facts = dict[int, dict[str, Any]]
@@ -71,26 +80,53 @@ class Deaths:
     def __init__(self) -> None:
         self.split: Facts | None = None
         self.exits: dict[int, int] = {}  # rank -> wait status, once seen
+        self.states: dict[int, deque[tuple[int, str]]] = {}  # rank -> (checked_ns, state), recent
         self.lock = threading.Lock()
 
     def look(self, facts: Facts) -> None:
         gone = frozenset(r for r, f in facts.items() if f["state"] == "gone")
         with self.lock:
+            for r, f in facts.items():
+                seen = self.states.setdefault(r, deque())
+                seen.append((f["checked_ns"], f["state"]))
+                while seen[0][0] < f["checked_ns"] - DUTY_WINDOW_S * 1e9:
+                    seen.popleft()
             self.exits.update({r: f["exit"] for r, f in facts.items() if "exit" in f})
             if self.split is not None or not facts:
                 return
             if gone and gone != set(facts) and all(r in self.exits and crashed(self.exits[r]) for r in gone):
                 self.split = facts
 
+    def duty(self, rank: int) -> dict[str, Any]:
+        """Over the recent looks at `rank`: the share seen stopped (T), the times it resumed (T, then
+        running or sleeping), the seconds looked at and when it was first seen stopped: a duty cycle
+        when it resumes again and again."""
+        with self.lock:
+            seen = list(self.states.get(rank, ()))
+        if len(seen) < 2:
+            return {}
+        states = [s for _, s in seen]
+        resumes = sum(a == "T" and b not in ("T", "gone") for a, b in itertools.pairwise(states))
+        stops = [t for t, s in seen if s == "T"]
+        return {
+            "stopped_share": states.count("T") / len(states),
+            "resumes": resumes,
+            "looked_s": (seen[-1][0] - seen[0][0]) / 1e9,
+            "first_stop_ns": stops[0] if stops else None,
+        }
+
     def facts(self, facts: Facts) -> Facts:
         """`facts` as the rules should read them: once every process is gone, the split seen
         earlier, if any; while some run, a rank ended by a stop signal is "stopped_by_signal", not
-        gone (a crash)."""
+        gone (a crash); a running rank's recent stops and resumes (`duty`) beside its state."""
         with self.lock:
             if facts and all(f["state"] == "gone" for f in facts.values()):
                 return self.split or facts
             stopped = {r for r, s in self.exits.items() if not crashed(s)}
-        return {r: {**f, "state": "stopped_by_signal"} if r in stopped else f for r, f in facts.items()}
+        return {
+            r: {**f, "state": "stopped_by_signal"} if r in stopped else {**f, **self.duty(r)}
+            for r, f in facts.items()
+        }
 
     @contextlib.contextmanager
     def following(self, headers: Callable[[], dict[int, dict[str, Any]]], host: str) -> Iterator[None]:

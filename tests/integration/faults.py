@@ -86,23 +86,11 @@ CELLS: tuple[Cell, ...] = (
     Cell("DDP", "healthy", DDP, DDP_ARGS, ci=True),
     Cell("DDP", "straggler", DDP, (*DDP_ARGS, *SLOW), expect="straggler", rank=1, ci=True),
     Cell("DDP", "hang", DDP, LONG_DDP, expect="hang_desync", rank=1, inject="stop", ci=True),
-    Cell(
-        "DDP",
-        "throttled rank",
-        DDP,
-        LONG_DDP,
-        expect="straggler",
-        rank=1,
-        inject="throttle",
-        known_gap=(
-            "at a load average of 14 on the shared 2-core machine, stopping rank 1 40 ms of every 100 ms "
-            "made its own work only 1.16x slower (median 115 vs 99 ms a step: the ranks queue for 2 "
-            "cores, and the resumed rank gets back much of what it lost); the job's step grew 28% "
-            "(96 -> 123 ms) and rank 0 waits 25 ms a step, but the straggler rule asks 1.5x: no "
-            "finding in 30 s (analyzers/straggler.py is another helper's)"
-        ),
-        strict=False,
-    ),
+    # named live from the watcher's looks at rank 1's process (stopped and resumed again and again)
+    # and its peer's wait for it: 20 of 20 runs (both cells) at load 5-12, 1.4-9.2 s after the first
+    # stop with a watcher started late, 2.0-2.6 s with it up before; in 2 ZeRO-2 runs of 10 another
+    # rule spoke too (exposed_comm, at load 8-12; not examined: exposed_comm is not this change's)
+    Cell("DDP", "throttled rank", DDP, LONG_DDP, expect="straggler", rank=1, inject="throttle"),
     # strict since hang_desync defers to a rank whose process is gone (a killed rank's unflushed last
     # collectives read as a desync of ranks [0, 1]): DDP 5 of 5, TP 3 of 3 at load 12-17, named 3-7 s
     # after the kill. (CI's one "nothing in 30 s" was not reproduced here.)
@@ -121,25 +109,7 @@ CELLS: tuple[Cell, ...] = (
         strict=False,
     ),
     Cell("ZeRO-2", "straggler", GPT, (*ZERO2, *SLOW), expect="straggler", rank=1),
-    Cell(
-        "ZeRO-2",
-        "throttled rank",
-        GPT,
-        LONG_ZERO2,
-        expect="straggler",
-        rank=1,
-        inject="throttle",
-        known_gap=(
-            "at a load average of 16, the duty cycle made rank 1's own work 1.54x rank 0's (107 vs 69 "
-            "ms a step, slowest in 82% of the throttled steps, rank 0 waits 40 ms a step), but the "
-            "stops land on some steps and not others: the step-time noise the straggler rule measures "
-            "is 38 ms, and it asks a gap of 3x that (37 ms here): no finding in 30 s "
-            "(analyzers/straggler.py is another helper's). Post-mortem, in 1 run of 2 (bench.faults, "
-            "load 15): hang_desync on ranks [0, 1], the collective counts of a trace whose ranks were "
-            "all SIGKILLed mid-training (no close, each rank's last 0.2 s flush lost unequally)"
-        ),
-        strict=False,
-    ),
+    Cell("ZeRO-2", "throttled rank", GPT, LONG_ZERO2, expect="straggler", rank=1, inject="throttle"),
     Cell(
         "ZeRO-2 fp16",
         "overflow storm",
@@ -351,10 +321,13 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
     watch: subprocess.Popen[str] | None = None
     throttle: Throttle | None = None
     try:
+        # started once the job's agent made the trace directory, as a watcher that is already up
+        # when a fault comes: started after the job's first iterations, at load 12 its imports took
+        # until 1.3 s after the fault
         deadline = time.monotonic() + 180
-        while not seen or max(seen) < INJECT_AFTER:
+        while not os.path.isdir(trace):
             assert job.poll() is None, "the job exited before the fault:\n" + "".join(lines[-30:])
-            assert time.monotonic() < deadline, "the job never trained"
+            assert time.monotonic() < deadline, "the job never made its trace directory"
             time.sleep(0.1)
         watch = subprocess.Popen(
             [sys.executable, "-m", "diag", "watch", trace, "--json"],
@@ -364,10 +337,17 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
             env=launch.job_env(env),
         )
         threading.Thread(target=_read_watch, args=(watch, events), daemon=True).start()
+        deadline = time.monotonic() + 180
+        while not seen or max(seen) < INJECT_AFTER:
+            assert job.poll() is None, "the job exited before the fault:\n" + "".join(lines[-30:])
+            assert time.monotonic() < deadline, "the job never trained"
+            time.sleep(0.1)
         pids = {rank: pid for pid, rank in ranks_under(job.pid)}
         time.sleep(5.0)  # the watcher has started and read the healthy start: a baseline
         t0 = time.monotonic()
         assert cell.rank is not None
+        with open(os.path.join(folder, "fault.json"), "w") as f:  # when, for a look at the trace after
+            json.dump({"fault": cell.inject, "rank": cell.rank, "ts": time.time_ns()}, f)
         throttle = _plant(cell, pids[cell.rank])
         until = t0 + WATCH_FOR
         while time.monotonic() < until and not any(
