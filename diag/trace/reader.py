@@ -74,13 +74,19 @@ def trace_files(path: str) -> list[str]:
     return files
 
 
-def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
+def read_file(
+    path: str, window: Window = ALL
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
     """One rank file -> (header, events, problems). A bad last line is a truncation, not an error.
     Streams the file line by line (lines longer than `safeio.max_line_bytes()` are skipped), so
-    memory follows the records kept, not the file's size; only regular files are opened."""
+    memory follows the records kept, not the file's size; only regular files are opened. A record
+    of a step outside `window` is dropped as it is read: a window of a long job holds its steps'
+    records only."""
     problems = _Problems(path)
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
+    read = 0  # records read, kept or not
+    lost: list[dict[str, Any]] = []  # reported whatever their step
     max_line = safeio.max_line_bytes()
     try:
         with safeio.open_regular(path) as f:
@@ -98,7 +104,7 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
                 if obj is None:
                     if why == "not valid JSON" and not ended:
                         problems.add(
-                            f"truncated after {len(events)} events (last line incomplete: "
+                            f"truncated after {read} events (last line incomplete: "
                             "the process was killed mid-write)",
                             i,
                             truncated=True,
@@ -109,7 +115,11 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
                 if obj["k"] == "header":
                     header = header or obj
                 else:
-                    events.append(obj)
+                    read += 1
+                    if obj["k"] == schema.LOST:
+                        lost.append(obj)
+                    if window.wants_step(obj.get("step")):
+                        events.append(obj)
     except (safeio.InputError, OSError) as e:
         return (
             None,
@@ -123,7 +133,7 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
         header = None
     elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
         problems.add(f"written by a newer diag (schema {header['schema']}); unknown fields are kept")
-    problems.add_lost(events)
+    problems.add_lost(lost)
     return header, events, problems.done()
 
 
@@ -194,7 +204,7 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
         if named is not None and not window.wants_rank(named):
             skipped += 1
             continue
-        header, events, problems = read_file(file)
+        header, events, problems = read_file(file, window)
         trace.problems.extend(problems)
         if header is None:
             continue
@@ -218,8 +228,6 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
         if window.ranks is not None and not window.wants_rank(rank):
             skipped += 1
             continue
-        if window.steps:
-            events = [ev for ev in events if window.wants_step(ev.get("step"))]
         merged = trace.headers.setdefault(rank, dict(header))
         for ev in events:
             ev["rank"] = rank
