@@ -176,7 +176,12 @@ def lost_message(ev: dict[str, Any]) -> str:
 def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
     import pandas as pd
 
-    df = pd.DataFrame.from_records(rows)
+    return _finish(kind, pd.DataFrame.from_records(rows))
+
+
+def _finish(kind: str, df: pd.DataFrame) -> pd.DataFrame:
+    """A kind's records as read (one frame, every rank) -> its frame: schema defaults, categoricals,
+    rows by rank and time."""
     for col in ("rank", *schema.FIELDS.get(kind, ())):
         if col not in df.columns:
             df[col] = schema.DEFAULTS.get(col)
@@ -195,11 +200,30 @@ def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
 def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trace:
     """Read every rank file under `path` into a `Trace`. With `strict`, any problem is an error.
     With a `window`, a rank-NNNNN.jsonl of another rank is not opened, other ranks' records and
-    steps outside it are dropped (no rank of `path` in the window: a Trace without headers)."""
+    steps outside it are dropped (no rank of `path` in the window: a Trace without headers).
+
+    Each file's records become columns (`perfile.PerFile`) before the next file is read, so memory
+    holds one file's parsed records at a time, not the job's (a record as a dict is about 10x its
+    row in a frame); where the files' columns disagree in a way only a joint reading settles, the
+    files are read again and their records joined whole, as before."""
+    from diag.trace.perfile import PerFile, Uneven
+
+    try:
+        return _load(path, strict, window, PerFile())
+    except Uneven:
+        return _load(path, strict, window, None)
+
+
+def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
+    """`load_trace` with each file's records turned into columns as read (`per_file`), or held
+    until every file is read (None)."""
     trace = Trace(sources=[path])
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     skipped = 0
     for file in trace_files(path):
+        if per_file is not None and by_kind:
+            per_file.add(by_kind)
+            by_kind = defaultdict(list)
         named = diag_file_rank(file) if window.ranks is not None else None
         if named is not None and not window.wants_rank(named):
             skipped += 1
@@ -241,7 +265,11 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
         if skipped and not trace.problems:
             return trace  # every rank outside the window
         raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
-    trace.frames = build_frames(by_kind, trace.problems, path)
+    if per_file is not None:
+        per_file.add(by_kind)
+        trace.frames = per_file.frames(_finish)
+    else:
+        trace.frames = build_frames(by_kind, trace.problems, path)
     return trace
 
 
