@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from diag.importers.errors import ImportProblem
-from diag.importers.jsonfile import release_memory
+from diag.trace.heap import release_memory
 from diag.trace.safeio import file_size
 from diag.trace.window import ALL, Window
 
