@@ -74,3 +74,17 @@ def test_files_whose_dtypes_differ(tmp_path, a, b, uneven):
     else:
         _same(reader._load(path, False, reader.ALL, PerFile()), joint)
     _same(reader.load_trace(path), joint)
+
+
+def test_a_long_tiled_trace_reads_the_same_per_file(tmp_path):
+    """bench.analyze's long diag traces (the real ZeRO-3 run's steps tiled): every step there, and
+    the per-file read equal to the joint one on them too."""
+    from bench.analyze import make_diag_input
+
+    make_diag_input(str(tmp_path), 3, 20)
+    path = str(tmp_path / "traces")
+    per_file = reader._load(path, False, reader.ALL, PerFile())
+    _same(per_file, reader._load(path, False, reader.ALL, None))
+    steps = per_file.frames["step"]
+    assert sorted(steps["rank"].unique()) == [0, 1, 2]
+    assert all(sorted(g) == list(range(20)) for _, g in steps.groupby("rank")["step"])
