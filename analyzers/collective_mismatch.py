@@ -97,6 +97,7 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     if c.empty or "group" not in c or "step" not in c:
         return []
     c = c[~c["kind"].isin(P2P)].dropna(subset=["step", "ts"])
+    c = c[[col for col in ("rank", "group", "step", "ts", "dur", "kind", "bytes") if col in c]]  # memory
     c = c.assign(group=c["group"].astype(str), step=pd.to_numeric(c["step"]).astype(int))
     c = _aligned(_final(trace, c))
     out = []

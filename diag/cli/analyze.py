@@ -147,7 +147,7 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
 
     try:
         with _progress(paths, args.quiet) as progress:
-            trace = load_inputs(paths, progress, args.window)
+            trace = load_inputs(paths, progress, args.window, slim=True)
     except Unreadable as e:  # nothing readable: still one line per bad input
         for p in e.per_file():
             print(f"diag analyze: error: {p}", file=sys.stderr)

@@ -111,10 +111,13 @@ def _outside(path: str, kind: str, window: Window) -> bool:
     return window.ranks is not None and kind == detect.KINETO and not window.wants_rank(kineto_rank(path))
 
 
-def load_inputs(paths: list[str], progress: Progress | None = None, window: Window = ALL) -> Trace:
+def load_inputs(
+    paths: list[str], progress: Progress | None = None, window: Window = ALL, slim: bool = False
+) -> Trace:
     """One Trace from every input (only `window`'s ranks and steps); raises `DiagError` only when
     nothing at all could be read, and `runs.MixedRuns` (naming them) when the inputs come from
-    different runs."""
+    different runs. `slim`: only the rows analysis reads (`kineto.slim_host_ops`: a GPU rank's
+    host ops), so that memory follows the kernels and collectives, not every host op."""
     from diag.importers.parallel import import_many
 
     items, problems = input_files(paths)
@@ -142,7 +145,7 @@ def load_inputs(paths: list[str], progress: Progress | None = None, window: Wind
         if progress is not None:
             progress(path, size_of(path))
 
-    for path, result in import_many([p for p, k in kinds.items() if k == detect.KINETO], window):
+    for path, result in import_many([p for p, k in kinds.items() if k == detect.KINETO], window, slim):
         keep(path, detect.KINETO, lambda r=result: r)
     logs = [p for p, k in kinds.items() if k == detect.LOG]
     if len(logs) > 1:  # one job's logs: read side by side, their steps merged as they come

@@ -9,6 +9,7 @@ from typing import Any
 
 from diag.importers.errors import ImportProblem
 from diag.trace import safeio
+from diag.trace.heap import release_memory  # noqa: F401 - moved to diag.trace; old imports keep working
 
 try:
     import orjson
@@ -33,17 +34,6 @@ def read_bytes(path: str) -> bytes:
         raise ImportProblem(str(e)) from None
     except OSError as e:
         raise ImportProblem(e.strerror or str(e)) from None
-
-
-def release_memory() -> None:
-    """Hand freed heap pages back to the OS after a big parse (glibc keeps them otherwise), so
-    the peak RSS of a many-rank load stays near one parsed file plus the frames."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def load_json(path: str) -> Any:

@@ -92,6 +92,22 @@ def _cpu_ops(host: pd.DataFrame, steps: pd.DataFrame, rank: int) -> pd.DataFrame
     )
 
 
+def slim_host_ops(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """`frames` with a GPU rank's host ops cut to what analysis reads of them: on a rank with
+    kernels the metrics and rules read the kernels, and of the host ops (about 7 in 8 of a rank's
+    rows) only the names (framework detection, in order of first appearance) and the earliest and
+    latest start (the run's span, `runs`). Kept: each name's first op, the first and the last op,
+    in their order. A CPU-only rank (no kernels: its host ops are its activity) is kept whole;
+    `diag diff`, which compares ops, imports without this."""
+    ops, kernels = frames.get("cpu_op"), frames.get("kernel")
+    if ops is None or kernels is None or kernels.empty or len(ops) < 3:
+        return frames
+    keep = ~ops["name"].duplicated().to_numpy()
+    ts = ops["ts"].to_numpy()
+    keep[[int(ts.argmin()), int(ts.argmax())]] = True
+    return {**frames, "cpu_op": ops[keep].reset_index(drop=True)}
+
+
 def rank_of(doc: dict[str, Any], path: str) -> int:
     """`distributedInfo.rank`, else a number in the file name (rank3, rank-00003), else 0."""
     info = doc.get("distributedInfo") or {}

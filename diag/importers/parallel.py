@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from diag.importers.errors import ImportProblem
-from diag.importers.jsonfile import release_memory
+from diag.trace.heap import release_memory
 from diag.trace.safeio import file_size
 from diag.trace.window import ALL, Window
 
@@ -25,31 +25,33 @@ DETACH_BYTES = 1 << 20  # a file (compressed or not) at least this big is copied
 Result = tuple[int, dict[str, Any], dict[str, Any]]
 
 
-def import_one(path: str, window: Window = ALL) -> Result | ImportProblem | None:
+def import_one(path: str, window: Window = ALL, slim: bool = False) -> Result | ImportProblem | None:
     """One file's (rank, header, frames), or the problem; never raises for a malformed file. With a
-    window, only its steps' rows, and None for a rank outside it (cut here, in the worker, so the
-    main process receives the window only)."""
-    from diag.importers.kineto import import_file
+    window, only its steps' rows, and None for a rank outside it; `slim`: only the host ops analysis
+    reads (`kineto.slim_host_ops`). Both cut here, in the worker, so the main process receives
+    only what it keeps."""
+    from diag.importers.kineto import import_file, slim_host_ops
 
     try:
         rank, header, frames = import_file(path)
-        if not window:
-            return rank, header, frames
-        return (rank, header, window.frames(frames)) if window.wants_rank(rank) else None
+        if window and not window.wants_rank(rank):
+            return None
+        frames = window.frames(frames) if window else frames
+        return rank, header, slim_host_ops(frames) if slim else frames
     except ImportProblem as e:
         return e
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         return ImportProblem(f"malformed trace ({type(e).__name__}: {e})")
 
 
-def _detached(path: str, window: Window) -> Result | ImportProblem | None:
+def _detached(path: str, window: Window, slim: bool) -> Result | ImportProblem | None:
     """In-process import whose result no longer references the parsed JSON (copied via pickle),
     so the freed parse memory can go back to the OS instead of being pinned by a few strings. A
     small file's parse leaves little to pin: its frames are kept as they are (the copy and the
     trim cost ~6 ms a file, most of a small rank file's import)."""
     if file_size(path) < DETACH_BYTES:
-        return import_one(path, window)
-    out = pickle.loads(pickle.dumps(import_one(path, window)))
+        return import_one(path, window, slim)
+    out = pickle.loads(pickle.dumps(import_one(path, window, slim)))
     release_memory()
     return out
 
@@ -64,17 +66,17 @@ def workers_for(paths: list[str]) -> int:
 
 
 def import_many(
-    paths: list[str], window: Window = ALL
+    paths: list[str], window: Window = ALL, slim: bool = False
 ) -> Iterator[tuple[str, Result | ImportProblem | None]]:
     """(path, result) in input order; None for a file of a rank outside `window`."""
     n = workers_for(paths)
     if n == 0:
         for p in paths:
-            yield p, _detached(p, window)
+            yield p, _detached(p, window, slim)
         return
     import multiprocessing  # here: a small input never pays for importing it
 
     # fork: workers start in milliseconds with diag already imported; a fresh worker every 4 files
     # bounds the heap fragmentation one worker accumulates
     with multiprocessing.get_context("fork").Pool(n, maxtasksperchild=4) as pool:
-        yield from zip(paths, pool.imap(functools.partial(import_one, window=window), paths))
+        yield from zip(paths, pool.imap(functools.partial(import_one, window=window, slim=slim), paths))

@@ -17,7 +17,7 @@ def comm_frame(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The comm frame with a canonical `kind` column, seconds (`dur_s`) and every collective in a
     step (imported traces carry none: see `attribute_steps`; `steps` is `steps.step_frame`).
     Empty-safe."""
-    df = comms.copy()
+    df = comms.copy(deep=False)  # copy-on-write: the columns set below leave `comms` as it is
     if df.empty:
         return df.assign(kind=pd.Series(dtype=str), dur_s=pd.Series(dtype=float))
     ops = df["op"].astype(str)

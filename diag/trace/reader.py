@@ -74,13 +74,19 @@ def trace_files(path: str) -> list[str]:
     return files
 
 
-def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
+def read_file(
+    path: str, window: Window = ALL
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
     """One rank file -> (header, events, problems). A bad last line is a truncation, not an error.
     Streams the file line by line (lines longer than `safeio.max_line_bytes()` are skipped), so
-    memory follows the records kept, not the file's size; only regular files are opened."""
+    memory follows the records kept, not the file's size; only regular files are opened. A record
+    of a step outside `window` is dropped as it is read: a window of a long job holds its steps'
+    records only."""
     problems = _Problems(path)
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
+    read = 0  # records read, kept or not
+    lost: list[dict[str, Any]] = []  # reported whatever their step
     max_line = safeio.max_line_bytes()
     try:
         with safeio.open_regular(path) as f:
@@ -98,7 +104,7 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
                 if obj is None:
                     if why == "not valid JSON" and not ended:
                         problems.add(
-                            f"truncated after {len(events)} events (last line incomplete: "
+                            f"truncated after {read} events (last line incomplete: "
                             "the process was killed mid-write)",
                             i,
                             truncated=True,
@@ -109,7 +115,11 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
                 if obj["k"] == "header":
                     header = header or obj
                 else:
-                    events.append(obj)
+                    read += 1
+                    if obj["k"] == schema.LOST:
+                        lost.append(obj)
+                    if window.wants_step(obj.get("step")):
+                        events.append(obj)
     except (safeio.InputError, OSError) as e:
         return (
             None,
@@ -123,7 +133,7 @@ def read_file(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], l
         header = None
     elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
         problems.add(f"written by a newer diag (schema {header['schema']}); unknown fields are kept")
-    problems.add_lost(events)
+    problems.add_lost(lost)
     return header, events, problems.done()
 
 
@@ -166,7 +176,12 @@ def lost_message(ev: dict[str, Any]) -> str:
 def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
     import pandas as pd
 
-    df = pd.DataFrame.from_records(rows)
+    return _finish(kind, pd.DataFrame.from_records(rows))
+
+
+def _finish(kind: str, df: pd.DataFrame) -> pd.DataFrame:
+    """A kind's records as read (one frame, every rank) -> its frame: schema defaults, categoricals,
+    rows by rank and time."""
     for col in ("rank", *schema.FIELDS.get(kind, ())):
         if col not in df.columns:
             df[col] = schema.DEFAULTS.get(col)
@@ -185,16 +200,35 @@ def _frame(kind: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
 def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trace:
     """Read every rank file under `path` into a `Trace`. With `strict`, any problem is an error.
     With a `window`, a rank-NNNNN.jsonl of another rank is not opened, other ranks' records and
-    steps outside it are dropped (no rank of `path` in the window: a Trace without headers)."""
+    steps outside it are dropped (no rank of `path` in the window: a Trace without headers).
+
+    Each file's records become columns (`perfile.PerFile`) before the next file is read, so memory
+    holds one file's parsed records at a time, not the job's (a record as a dict is about 10x its
+    row in a frame); where the files' columns disagree in a way only a joint reading settles, the
+    files are read again and their records joined whole, as before."""
+    from diag.trace.perfile import PerFile, Uneven
+
+    try:
+        return _load(path, strict, window, PerFile())
+    except Uneven:
+        return _load(path, strict, window, None)
+
+
+def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
+    """`load_trace` with each file's records turned into columns as read (`per_file`), or held
+    until every file is read (None)."""
     trace = Trace(sources=[path])
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     skipped = 0
     for file in trace_files(path):
+        if per_file is not None and by_kind:
+            per_file.add(by_kind)
+            by_kind = defaultdict(list)
         named = diag_file_rank(file) if window.ranks is not None else None
         if named is not None and not window.wants_rank(named):
             skipped += 1
             continue
-        header, events, problems = read_file(file)
+        header, events, problems = read_file(file, window)
         trace.problems.extend(problems)
         if header is None:
             continue
@@ -218,8 +252,6 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
         if window.ranks is not None and not window.wants_rank(rank):
             skipped += 1
             continue
-        if window.steps:
-            events = [ev for ev in events if window.wants_step(ev.get("step"))]
         merged = trace.headers.setdefault(rank, dict(header))
         for ev in events:
             ev["rank"] = rank
@@ -233,7 +265,11 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
         if skipped and not trace.problems:
             return trace  # every rank outside the window
         raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
-    trace.frames = build_frames(by_kind, trace.problems, path)
+    if per_file is not None:
+        per_file.add(by_kind)
+        trace.frames = per_file.frames(_finish)
+    else:
+        trace.frames = build_frames(by_kind, trace.problems, path)
     return trace
 
 

@@ -154,3 +154,20 @@ def test_by_rank_holds_what_a_mask_selects(rows, rank):
     df = pd.DataFrame(rows, columns=["rank", "ts"]).iloc[::-1]
     got = ByRank(df)[rank]
     pd.testing.assert_frame_equal(got, df[df["rank"] == rank])
+
+
+def test_comm_frame_leaves_the_trace_frame_as_it_is():
+    """`comm_frame` no longer copies the whole comm frame (a 64-rank trace's largest): the columns
+    it adds or replaces (kind, dur_s, busbw) must not reach the trace's own frame."""
+    import os
+
+    from diag.metrics.comms import comm_frame
+    from diag.metrics.steps import step_frame
+    from diag.trace.reader import load_trace
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    trace = load_trace(os.path.join(root, "sample_traces", "zero3"))
+    before = trace.comms.copy()
+    out = comm_frame(trace.comms, step_frame(trace.steps))
+    assert "kind" in out and "dur_s" in out and len(out) == len(before)
+    pd.testing.assert_frame_equal(trace.comms, before)

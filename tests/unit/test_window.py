@@ -12,6 +12,7 @@ import pytest
 from diag.cli import main
 from diag.errors import DiagError
 from diag.importers import load_inputs
+from diag.trace.reader import read_file
 from diag.trace.window import ALL, kineto_rank, parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,6 +76,20 @@ def test_diag_trace_ranks_and_steps(tmp_path) -> None:
     assert sorted(set(one.steps["step"])) == [2, 3]
     assert set(one.comms["step"].dropna()) <= {2, 3} and len(one.comms)
     assert set(one.comms["rank"]) == {1}
+
+
+def test_diag_rank_file_keeps_only_the_window_steps_as_it_reads(tmp_path) -> None:
+    """The step cut is made line by line (a 10,000-step rank file read for 20 steps holds those
+    steps' records, not the file's); records without a step (meta, NVML) and the problems stay."""
+    path = os.path.join(ZERO3, "rank-00001.jsonl")
+    cut = tmp_path / "rank-00001.jsonl"
+    with open(path, "rb") as f:
+        cut.write_bytes(f.read() + b'{"k": "step", "step": 9')  # killed mid-write
+    header, events, problems = read_file(str(cut))
+    h2, in_window, p2 = read_file(str(cut), parse(None, "2:4"))
+    assert h2 == header and [str(p) for p in p2] == [str(p) for p in problems] and problems
+    assert in_window == [e for e in events if e.get("step") in (2, 3) or "step" not in e]
+    assert {e.get("step") for e in in_window} >= {2, 3, None} and len(in_window) < len(events)
 
 
 def test_cli_window_errors_are_one_line(tmp_path, capsys) -> None:

@@ -1,0 +1,90 @@
+"""A diag trace read one rank file at a time (`perfile`) gives the frames of reading every record
+together, on every diag trace among the samples and fixtures, and on mixes of dtypes across files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from diag.trace import reader
+from diag.trace.perfile import PerFile, Uneven
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIRS = [
+    os.path.join(ROOT, base, name)
+    for base in ("sample_traces", os.path.join("tests", "fixtures"))
+    for name in sorted(os.listdir(os.path.join(ROOT, base)))
+    if os.path.isdir(os.path.join(ROOT, base, name))
+    and any(f.endswith(".jsonl") for f in os.listdir(os.path.join(ROOT, base, name)))
+]
+
+
+def _same(a, b) -> None:
+    assert a.headers == b.headers
+    assert [str(p) for p in a.problems] == [str(p) for p in b.problems]
+    assert a.frames.keys() == b.frames.keys()
+    for kind in a.frames:
+        pd.testing.assert_frame_equal(a.frames[kind], b.frames[kind], obj=kind)
+
+
+def test_the_samples_hold_diag_traces():
+    assert len(DIRS) >= 15
+
+
+@pytest.mark.parametrize("path", DIRS, ids=os.path.basename)
+def test_per_file_frames_equal_the_joint_read(path):
+    per_file = reader._load(path, False, reader.ALL, PerFile())
+    _same(per_file, reader._load(path, False, reader.ALL, None))
+    assert reader.load_trace(path).frames.keys() == per_file.frames.keys()
+
+
+def _write(tmp_path, rank: int, records: list[dict]) -> None:
+    header = {"k": "header", "schema": 1, "rank": rank, "pid": 100 + rank, "world_size": 2}
+    lines = [json.dumps(header)] + [json.dumps({"k": "comm", "step": 0, **r}) for r in records]
+    (tmp_path / f"rank-{rank:05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    "a, b, uneven",
+    [
+        ([{"ts": 1, "bytes": 4}], [{"ts": 2, "bytes": None}], False),  # ints + None: float64
+        ([{"ts": 1, "bytes": 4}], [{"ts": 2, "bytes": 2.5}], False),  # ints + floats
+        ([{"ts": 1, "bytes": 4}], [{"ts": 2}], False),  # a key one file never writes
+        ([{"ts": 1, "op": "all_reduce"}], [{"ts": 2, "op": None}], False),
+        ([{"ts": 1, "op": "all_reduce"}], [{"ts": 2, "op": "broadcast"}], False),  # categories
+        ([{"ts": 1, "async_op": True}], [{"ts": 2, "async_op": None}], False),  # bool + None
+        ([{"ts": 1, "x": 4}], [{"ts": 2, "x": "4"}], True),  # numbers + strings (a field unknown)
+        ([{"ts": 1, "x": True}], [{"ts": 2, "x": 1}], True),
+        ([{"ts": 1, "x": "a"}], [{"ts": 2, "x": None}, {"ts": 3, "x": 2}], True),
+        ([{"ts": 1, "bytes": 4, "x": None}], [{"ts": 2, "bytes": None, "x": [1]}], False),
+    ],
+)
+def test_files_whose_dtypes_differ(tmp_path, a, b, uneven):
+    """What one reading of every record gives, whether joined per file or (Uneven) read again."""
+    _write(tmp_path, 0, a)
+    _write(tmp_path, 1, b)
+    path = str(tmp_path)
+    joint = reader._load(path, False, reader.ALL, None)
+    if uneven:
+        with pytest.raises(Uneven):
+            reader._load(path, False, reader.ALL, PerFile())
+    else:
+        _same(reader._load(path, False, reader.ALL, PerFile()), joint)
+    _same(reader.load_trace(path), joint)
+
+
+def test_a_long_tiled_trace_reads_the_same_per_file(tmp_path):
+    """bench.analyze's long diag traces (the real ZeRO-3 run's steps tiled): every step there, and
+    the per-file read equal to the joint one on them too."""
+    from bench.analyze import make_diag_input
+
+    make_diag_input(str(tmp_path), 3, 20)
+    path = str(tmp_path / "traces")
+    per_file = reader._load(path, False, reader.ALL, PerFile())
+    _same(per_file, reader._load(path, False, reader.ALL, None))
+    steps = per_file.frames["step"]
+    assert sorted(steps["rank"].unique()) == [0, 1, 2]
+    assert all(sorted(g) == list(range(20)) for _, g in steps.groupby("rank")["step"])
