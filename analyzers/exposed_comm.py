@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 EXPOSED_SHARE = 0.40  # blocking communication as a share of the median step
 DEFER_SHARE = 0.5  # ZeRO-3's slow cross-node gathers at least this share of it: zero3_slow_link's
+MIN_STEPS = 5  # steady steps a rank's median needs: a live trace's first steps (gloo connecting, the
+# warm-up kept while a rank has 2 steps) are not the job's steady state
 
 
 def timeline_exposed(metrics: Metrics) -> pd.DataFrame | None:
@@ -97,7 +99,8 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     recoverable_s: min(exposed, compute) per step: overlap can hide at most the compute time.
     Severity: the exposed share of the step (`diag.findings.severity_of`). Not when ZeRO-3's
     cross-node gathers run slow (zero3_slow_link's premise) and make >= 50% (DEFER_SHARE = 0.5) of
-    the exposed time: that fault is zero3_slow_link's, with its fixes."""
+    the exposed time: that fault is zero3_slow_link's, with its fixes. From diag's records, a rank's
+    median is taken over >= 5 steady steps (MIN_STEPS)."""
     df = metrics.exposed
     if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
         # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
@@ -108,7 +111,8 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     if med is None:
         if df.empty:
             return []
-        med = df.groupby("rank")[["exposed_s", "dur_s"]].median()
+        counted = df.groupby("rank")["step"].transform("size")
+        med = df[counted >= MIN_STEPS].groupby("rank")[["exposed_s", "dur_s"]].median()
     med["share"] = med["exposed_s"] / med["dur_s"]
     bad = med[med["share"] >= EXPOSED_SHARE]
     if bad.empty:
