@@ -49,3 +49,16 @@ def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
         asyncio.run(fn(*args, **kwargs))
 
     return wrapper
+
+
+def columns_fit(app: Any, table_id: str) -> bool:
+    """Every column of the table is as wide as its widest cell. The widths follow the cells at the
+    table's next refresh: a check or a snapshot taken between the two sees a cell cut (a snapshot
+    of the ranks screen lost ", overflow 1" of a health cell once under CI's load)."""
+    from diag.tui.widgets.table import SyncTable
+
+    table = app.query_one(f"#{table_id}", SyncTable)
+    return all(
+        col.get_render_width(table) >= max((len(str(c)) for c in table.get_column(key)), default=0) + 2
+        for key, col in table.columns.items()
+    )

@@ -17,7 +17,7 @@ from diag.tui.source import LiveSource, ReplaySource
 from diag.tui.widgets.findings import FindingsPanel
 from diag.tui.widgets.screens import TextScreen
 from diag.tui.widgets.table import SyncTable
-from tests.tui.conftest import sync, wait_for
+from tests.tui.conftest import columns_fit, sync, wait_for
 from tests.tui.synth import SynthJob
 
 
@@ -215,16 +215,11 @@ async def test_columns_widen_when_cells_outgrow_the_first_rows(tmp_path):
         assert _cell(app, "ranks-table", "0", "memory peak / capacity") == "-"
         job.write_step(0)
         await wait_for(pilot, lambda: app.view.last_step == 0)
-        cols = ("memory peak / capacity", "last collective", "health")
-
-        def widest(col: str) -> str:
-            return max((_cell(app, "ranks-table", str(r), col) for r in (0, 1)), key=len)
-
-        def fits() -> bool:  # the widths follow the cells at the table's next refresh, not at once
-            return all(table.columns[c].get_render_width(table) >= len(widest(c)) + 2 for c in cols)
-
-        await wait_for(pilot, lambda: widest(cols[0]) != "-")
-        await wait_for(pilot, fits)
+        await wait_for(pilot, lambda: _cell(app, "ranks-table", "0", "memory peak / capacity") != "-")
+        await wait_for(pilot, lambda: columns_fit(app, "ranks-table"))
+        for col in ("memory peak / capacity", "last collective", "health"):
+            text = max((_cell(app, "ranks-table", str(r), col) for r in (0, 1)), key=len)
+            assert table.columns[col].get_render_width(table) >= len(text) + 2, (col, text)
         await pilot.press("q")
     job.close()
 

@@ -9,7 +9,7 @@ from diag.analyzers import Finding, Fix
 
 from diag.tui.app import TopApp
 from diag.tui.source import ReplaySource
-from tests.tui.conftest import wait_for
+from tests.tui.conftest import columns_fit, wait_for
 from tests.tui.synth import SynthJob
 
 SIZE = (150, 36)
@@ -29,10 +29,13 @@ def _findings(trace):
     ], {}
 
 
+STEPS = 12
+
+
 @pytest.fixture
 def app(tmp_path) -> TopApp:
     job = SynthJob(str(tmp_path), 8, slow_rank=5, t0=1_700_000_000_000_000_000, overflow_at=3)
-    for step in range(12):
+    for step in range(STEPS):
         job.write_step(step)
     job.close()
     return TopApp(ReplaySource(str(tmp_path), speed=0, label="sample"), analyze=_findings, interval=0.05)
@@ -40,7 +43,12 @@ def app(tmp_path) -> TopApp:
 
 def _ready(app: TopApp):
     async def run_before(pilot) -> None:
-        await wait_for(pilot, lambda: app.refreshes > 0 and app.pump.analyses > 0)
+        # every step read and shown, the analysis' marks in the cells and the columns widened to them
+        await wait_for(
+            pilot,
+            lambda: app.pump.analyses > 0 and app.view is not None and app.view.last_step == STEPS - 1,
+        )
+        await wait_for(pilot, lambda: columns_fit(app, "ranks-table"))
         await pilot.pause()
 
     return run_before
