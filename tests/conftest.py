@@ -14,6 +14,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def sample_folders() -> list[str]:
+    """Every folder of sample_traces/ and tests/fixtures/, sorted: the inputs that tests comparing
+    two ways of reading run on."""
+    return [
+        os.path.join(ROOT, base, name)
+        for base in ("sample_traces", os.path.join("tests", "fixtures"))
+        for name in sorted(os.listdir(os.path.join(ROOT, base)))
+        if os.path.isdir(os.path.join(ROOT, base, name))
+    ]
+
+
 def _global_hooks() -> dict[str, int]:
     mod = sys.modules.get("torch.nn.modules.module")
     if mod is None:

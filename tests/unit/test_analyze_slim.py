@@ -13,14 +13,9 @@ from diag.analyzers import run_all
 from diag.importers import detect, input_files, load_inputs, runs
 from diag.metrics.stage import Metrics
 from diag.report import json_report, model
+from tests.conftest import ROOT, sample_folders
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FOLDERS = [
-    os.path.join(ROOT, base, name)
-    for base in ("sample_traces", os.path.join("tests", "fixtures"))
-    for name in sorted(os.listdir(os.path.join(ROOT, base)))
-    if os.path.isdir(os.path.join(ROOT, base, name))
-]
+FOLDERS = sample_folders()
 
 
 def _kineto(folder: str) -> list[str]:

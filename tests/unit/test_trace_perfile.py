@@ -11,15 +11,9 @@ import pytest
 
 from diag.trace import reader
 from diag.trace.perfile import PerFile, Uneven
+from tests.conftest import sample_folders
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DIRS = [
-    os.path.join(ROOT, base, name)
-    for base in ("sample_traces", os.path.join("tests", "fixtures"))
-    for name in sorted(os.listdir(os.path.join(ROOT, base)))
-    if os.path.isdir(os.path.join(ROOT, base, name))
-    and any(f.endswith(".jsonl") for f in os.listdir(os.path.join(ROOT, base, name)))
-]
+DIRS = [d for d in sample_folders() if any(f.endswith(".jsonl") for f in os.listdir(d))]
 
 
 def _same(a, b) -> None:
