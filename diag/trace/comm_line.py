@@ -96,16 +96,13 @@ def comm_line(rec: tuple[Any, ...], wall0_ns: int, perf0_ns: int) -> str | None:
         u, alg = str(dur), (nbytes / dur if dur > 0 else 0.0)
     else:
         return None
-    if module is None:
-        m = "null"
-    else:
-        m = _MODULES.get(module)  # type: ignore[assignment]
-        if m is None:
-            if type(module) is not str:
-                return None
-            if len(_MODULES) >= MAX_SHAPES:
-                _MODULES.clear()
-            m = _MODULES[module] = _str(module)
+    m: str | None = "null" if module is None else _MODULES.get(module)
+    if m is None:
+        if type(module) is not str:
+            return None
+        if len(_MODULES) >= MAX_SHAPES:
+            _MODULES.clear()
+        m = _MODULES[module] = _str(module)
     if async_op is not None and async_op is not True and async_op is not False:
         return None
     bus = alg * shape[1]

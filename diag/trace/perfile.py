@@ -59,6 +59,22 @@ class PerFile:
         by_kind.clear()
         release_memory()  # the file's dicts are freed: their pages back to the OS before the next
 
+    def mark(self) -> dict[str, int]:
+        """Where the frames added from now on begin, by kind (`rename`)."""
+        return {kind: len(parts) for kind, parts in self.parts.items()}
+
+    def rename(self, kind: str, col: str, renames: dict[str, str], mark: dict[str, int]) -> None:
+        """`renames` applied to `col` of the frames of `kind` added since `mark` (a rank file read in
+        chunks learns at its end that a group was renamed; its first chunks are frames by then)."""
+        if not renames:
+            return
+        for i in range(mark.get(kind, 0), len(self.parts.get(kind, []))):
+            df = self.parts[kind][i][0]
+            if col in df.columns:
+                was = df[col].dtype
+                named = df[col].astype(object).map(lambda v: renames.get(v, v) if isinstance(v, str) else v)
+                df[col] = named.astype(was if not isinstance(was, pd.CategoricalDtype) else "category")
+
     def frames(self, finish: Finish) -> dict[str, pd.DataFrame]:
         """Every kind's frame, as `finish` makes it from one frame of all the records."""
         out = {}
@@ -98,6 +114,11 @@ def _as_read(df: pd.DataFrame, dtypes: dict[str, Any]) -> pd.DataFrame:
     return df
 
 
+def _bools(s: pd.Series) -> bool:
+    """Only True, False or missing in the column."""
+    return s.dtype == bool or all(v is None or type(v) is bool or v is np.nan for v in s)
+
+
 def _join(dfs: list[pd.DataFrame]) -> pd.DataFrame:
     """The files' frames of one kind as one, with the dtypes one frame of all their records has."""
     cols: dict[str, set[str]] = {}
@@ -120,6 +141,8 @@ def _join(dfs: list[pd.DataFrame]) -> pd.DataFrame:
             for df in dfs:
                 if col in df.columns and df[col].dtype == object:
                     df[col] = df[col].astype(dtype)
+        elif known == {"bool", "object"} and all(_bools(df[col]) for df in dfs if col in df.columns):
+            pass  # a flag, None in some records (async_op): objects, as one frame of them all holds
         elif len(known) > 1:
             raise Uneven(f"column {col!r}: {sorted(kinds)}")
     return pd.concat(dfs, ignore_index=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from diag import schema
@@ -74,14 +75,22 @@ def trace_files(path: str) -> list[str]:
     return files
 
 
+Take = Callable[[dict[str, Any] | None, list[dict[str, Any]]], bool]
+CHUNK = 100_000  # a file's records held as dicts at most (about 1 KB each) before `take` gets them
+# the kinds that grow with the steps, each of one set of fields and types (the others, meta's values
+# of every type above all, stay dicts to the file's end: one file's records, one frame, as before)
+TAKEN_KINDS = (schema.COMM, schema.LAYER, schema.STEP, schema.MEMORY)
+
+
 def read_file(
-    path: str, window: Window = ALL
+    path: str, window: Window = ALL, take: Take | None = None, chunk: int = CHUNK
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[LoadProblem]]:
     """One rank file -> (header, events, problems). A bad last line is a truncation, not an error.
     Streams the file line by line (lines longer than `safeio.max_line_bytes()` are skipped), so
     memory follows the records kept, not the file's size; only regular files are opened. A record
     of a step outside `window` is dropped as it is read: a window of a long job holds its steps'
-    records only."""
+    records only. With `take`, every `chunk` records kept are offered to it with the header seen so
+    far; those it takes (True) are not returned: a long rank file is not held whole as dicts."""
     problems = _Problems(path)
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
@@ -120,6 +129,8 @@ def read_file(
                         lost.append(obj)
                     if window.wants_step(obj.get("step")):
                         events.append(obj)
+                        if take is not None and len(events) >= chunk and take(header, events):
+                            events = []
     except (safeio.InputError, OSError) as e:
         return (
             None,
@@ -228,7 +239,8 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
         if named is not None and not window.wants_rank(named):
             skipped += 1
             continue
-        header, events, problems = read_file(file, window)
+        taken = _Taken(trace, by_kind, per_file, window) if per_file is not None else None
+        header, events, problems = read_file(file, window, taken.take if taken else None, CHUNK)
         trace.problems.extend(problems)
         if header is None:
             continue
@@ -252,13 +264,11 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
         if window.ranks is not None and not window.wants_rank(rank):
             skipped += 1
             continue
-        merged = trace.headers.setdefault(rank, dict(header))
-        for ev in events:
-            ev["rank"] = rank
-            by_kind[ev["k"]].append(ev)
-            if ev["k"] == schema.META and isinstance(ev.get("key"), str):
-                merged[ev["key"]] = ev.get("value")
-        _rename_groups(events, merged.get(schema.META_GROUPS))
+        merged = _add_events(trace, rank, header, events, by_kind)
+        renames = _renames(merged.get(schema.META_GROUPS))
+        _rename_groups(events, renames)
+        if taken is not None and taken.mark is not None:
+            per_file.rename(schema.COMM, "group", renames, taken.mark)  # its records taken already
     if strict and trace.problems:
         raise DiagError(str(trace.problems[0]))
     if not trace.headers:
@@ -273,16 +283,64 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
     return trace
 
 
-def _rename_groups(events: list[dict[str, Any]], groups: Any) -> None:
-    """A group the agent named by its role only after its first collectives (`renamed` in the
-    `groups` meta: collectors.comms.groups) carries that name in this rank's earlier records too."""
+def _add_events(
+    trace: Trace,
+    rank: int,
+    header: dict[str, Any],
+    events: list[dict[str, Any]],
+    by_kind: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """The rank's events into `by_kind`, its meta into its merged header (returned)."""
+    merged = trace.headers.setdefault(rank, dict(header))
+    for ev in events:
+        ev["rank"] = rank
+        by_kind[ev["k"]].append(ev)
+        if ev["k"] == schema.META and isinstance(ev.get("key"), str):
+            merged[ev["key"]] = ev.get("value")
+    return merged
+
+
+class _Taken:
+    """A long rank file's records turned into columns a chunk at a time (`read_file`'s `take`),
+    where its header already names its rank; `mark` is where its frames begin in `per_file` (None
+    while none was taken). A file whose rank comes later (as meta) or is outside the window, or a
+    sidecar's, is held whole as before."""
+
+    def __init__(self, trace: Trace, by_kind: dict[str, Any], per_file: Any, window: Window) -> None:
+        self.trace, self.by_kind, self.per_file, self.window = trace, by_kind, per_file, window
+        self.mark: dict[str, int] | None = None
+
+    def take(self, header: dict[str, Any] | None, events: list[dict[str, Any]]) -> bool:
+        if (
+            header is None
+            or header.get("sidecar")
+            or not all(_is_int(header.get(f)) for f in ("rank", "pid", "schema"))
+        ):
+            return False
+        rank = header.get("rank")
+        if rank is None or (self.window.ranks is not None and not self.window.wants_rank(rank)):
+            return False
+        if self.mark is None:
+            self.mark = self.per_file.mark()
+        _add_events(self.trace, rank, header, events, self.by_kind)
+        self.per_file.add({kind: self.by_kind.pop(kind) for kind in TAKEN_KINDS if kind in self.by_kind})
+        return True
+
+
+def _renames(groups: Any) -> dict[str, str]:
+    """{group id: name} of the groups the agent named by their role only after their first
+    collectives (`renamed` in the `groups` meta: collectors.comms.groups)."""
     if not isinstance(groups, dict):
-        return
-    renames = {
+        return {}
+    return {
         k: v["renamed"]
         for k, v in groups.items()
         if isinstance(v, dict) and isinstance(v.get("renamed"), str)
     }
+
+
+def _rename_groups(events: list[dict[str, Any]], renames: dict[str, str]) -> None:
+    """A renamed group carries its name in this rank's earlier records too."""
     if renames:
         for ev in events:
             if ev["k"] == schema.COMM and ev.get("group") in renames:

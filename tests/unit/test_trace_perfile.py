@@ -28,8 +28,12 @@ def test_the_samples_hold_diag_traces():
     assert len(DIRS) >= 15
 
 
+@pytest.mark.parametrize("chunk", [reader.CHUNK, 7], ids=["whole-files", "chunks-of-7"])
 @pytest.mark.parametrize("path", DIRS, ids=os.path.basename)
-def test_per_file_frames_equal_the_joint_read(path):
+def test_per_file_frames_equal_the_joint_read(path, chunk, monkeypatch):
+    """Also with each file's records turned into columns 7 at a time (a long rank file's are a
+    `reader.CHUNK` at a time): groups renamed at a file's end reach its first chunks too."""
+    monkeypatch.setattr(reader, "CHUNK", chunk)
     per_file = reader._load(path, False, reader.ALL, PerFile())
     _same(per_file, reader._load(path, False, reader.ALL, None))
     assert reader.load_trace(path).frames.keys() == per_file.frames.keys()
@@ -82,3 +86,28 @@ def test_a_long_tiled_trace_reads_the_same_per_file(tmp_path):
     steps = per_file.frames["step"]
     assert sorted(steps["rank"].unique()) == [0, 1, 2]
     assert all(sorted(g) == list(range(20)) for _, g in steps.groupby("rank")["step"])
+
+
+def test_a_group_renamed_at_a_files_end_reaches_its_chunks_already_read(tmp_path, monkeypatch):
+    """A group named by its role after its first collectives (`renamed` in the `groups` meta, at the
+    end of the file here): its records read as columns before the meta carry the name too."""
+    monkeypatch.setattr(reader, "CHUNK", 3)
+    groups = {"5": {"role": "dp", "size": 2, "ranks": [0, 1], "renamed": "dp:5"}}
+    for rank in (0, 1):
+        recs = [
+            {
+                "ts": t,
+                "op": "all_reduce",
+                "group": "5",
+                "bytes": 4,
+                "async_op": t < 3 or (None if t % 2 else False),
+            }
+            for t in range(10)
+        ]
+        _write(tmp_path, rank, recs)
+        with open(tmp_path / f"rank-{rank:05d}.jsonl", "a") as f:
+            f.write(json.dumps({"k": "meta", "ts": 99, "key": "groups", "value": groups}) + "\n")
+    path = str(tmp_path)
+    per_file = reader._load(path, False, reader.ALL, PerFile())
+    _same(per_file, reader._load(path, False, reader.ALL, None))
+    assert set(per_file.frames["comm"]["group"]) == {"dp:5"}
