@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from diag.metrics import bandwidth
 from diag.metrics.layer_stats import leaf_layers
@@ -13,17 +14,23 @@ from diag.units import binary_bytes as _bytes
 from diag.units import ms as _ms
 
 
+def _row(t: Table, *cells: str) -> None:
+    """A row of plain text: a module name, a source or a value the job gave is never read as rich
+    markup (`[/x]` in a name stopped `diag analyze` with a MarkupError once: diag.report.terminal)."""
+    t.add_row(*(Text(c) for c in cells))
+
+
 def job_table(trace: Trace) -> Table:
     t = Table(title="job", show_header=False)
     layout = trace.layout()
     steps = trace.steps.dropna(subset=["dur"])
     for key in ("world_size", "zero_stage", "dtype", "tp", "dp"):
         if key in layout:
-            t.add_row(key, str(layout[key]))
-    t.add_row("steps recorded", str(trace.steps.groupby("rank").size().to_dict()))
+            _row(t, key, str(layout[key]))
+    _row(t, "steps recorded", str(trace.steps.groupby("rank").size().to_dict()))
     if not steps.empty:
         per_rank = steps.groupby("rank")["dur"].median()
-        t.add_row("median step time (ms)", ", ".join(f"r{r}: {_ms(v)}" for r, v in per_rank.items()))
+        _row(t, "median step time (ms)", ", ".join(f"r{r}: {_ms(v)}" for r, v in per_rank.items()))
     return t
 
 
@@ -40,9 +47,7 @@ def layers_table(trace: Trace, top: int = 8) -> Table:
     flops = layers.groupby("module", observed=True)["flops"].sum()
     by["total"] = by.sum(axis=1)
     for name, row in by.sort_values("total", ascending=False).head(top).iterrows():
-        t.add_row(
-            str(name), _ms(row.get("fwd", 0)), _ms(row.get("bwd", 0)), f"{flops.get(name, 0) / 1e9:.3f}"
-        )
+        _row(t, str(name), _ms(row.get("fwd", 0)), _ms(row.get("bwd", 0)), f"{flops.get(name, 0) / 1e9:.3f}")
     return t
 
 
@@ -55,7 +60,8 @@ def comms_table(trace: Trace) -> Table:
         return t
     g = comms.groupby(comms["op"].astype(str))
     for op, df in sorted(g, key=lambda kv: -kv[1]["dur"].sum()):
-        t.add_row(
+        _row(
+            t,
             op,
             str(len(df)),
             _bytes(df["bytes"].sum()),
@@ -72,7 +78,8 @@ def memory_table(trace: Trace) -> Table:
     mem = trace.memory
     for rank, df in mem.groupby("rank"):
         peak = df["peak"].dropna()
-        t.add_row(
+        _row(
+            t,
             str(rank),
             str(df["device"].iloc[-1]),
             _bytes(peak.max()) if len(peak) else "-",
@@ -87,7 +94,8 @@ def overflow_table(trace: Trace) -> Table:
         t.add_column(col, justify="right")
     ov = trace.overflow
     for _, row in ov[ov["overflow"] == True].iterrows():  # noqa: E712 - pandas column compare
-        t.add_row(
+        _row(
+            t,
             str(row["rank"]),
             str(row["step"]),
             f"{row['scale_before']:g} -> {row['scale_after']:g}",
