@@ -96,8 +96,9 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     c = liveness.entered(trace, metrics)
     if c.empty or "group" not in c or "step" not in c:
         return []
-    c = c[~c["kind"].isin(P2P)].dropna(subset=["step", "ts"])
-    c = c[[col for col in ("rank", "group", "step", "ts", "dur", "kind", "bytes") if col in c]]  # memory
+    # the columns read, first: each filter below copies what it keeps (a 64-rank trace's 3.4 M calls)
+    c = c[[col for col in ("rank", "group", "step", "ts", "dur", "kind", "bytes") if col in c]]
+    c = c[~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()]
     c = c.assign(group=c["group"].astype(str), step=pd.to_numeric(c["step"]).astype(int))
     c = _aligned(_final(trace, c))
     out = []
@@ -115,8 +116,10 @@ def _first_differing(c: pd.DataFrame) -> list[tuple[str, int, int]]:
     if c.empty:
         return []
     nbytes = pd.to_numeric(c["bytes"], errors="coerce").where(~c["kind"].isin(ANY_SIZE))
-    sig = c["kind"].astype(str) + ":" + nbytes.fillna(-1).round().astype("int64").astype(str)  # -1: None
-    c = c.assign(sig=sig)
+    size = nbytes.fillna(-1).round().astype("int64")  # -1: None
+    # one integer per distinct (op, size): strings of them took 200 MB for 3.4 M calls
+    sig = pd.DataFrame({"kind": c["kind"].astype(str), "size": size}).groupby(["kind", "size"]).ngroup()
+    c = pd.DataFrame({"group": c["group"], "step": c["step"], "k": c["k"], "rank": c["rank"], "sig": sig})
     members = c.groupby("group")["rank"].nunique()
     at = c.groupby(["group", "step", "k"], sort=True).agg(ranks=("rank", "nunique"), sigs=("sig", "nunique"))
     full = at["ranks"].to_numpy() == members.reindex(at.index.get_level_values("group")).to_numpy()
