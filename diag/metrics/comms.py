@@ -50,7 +50,9 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     if c.empty:
         return pd.Series(dtype=float)
     key = c["group"].astype(str)
-    k = c.sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
+    # sorted: only the columns the order needs (the whole frame's copy was most of a 64-rank
+    # trace's peak memory)
+    k = pd.DataFrame({"ts": c["ts"]}).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
     frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"])})
     return frame.groupby(["g", "k"])["dur"].transform("min")
 
@@ -59,9 +61,12 @@ def blocking_per_step(c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool) 
     """Blocking (async_op false) communication seconds per (rank, step) (`exposed_s`: the union of
     their intervals), joined to the steady steps; transfer time only, unless `waits` (then also the
     time spent waiting for late ranks)."""
-    if not c.empty and not waits:
-        c = c.assign(dur=transfer_dur(c))  # waiting for a straggler is not an overlap problem
-    sync = c[~c["async_op"].fillna(False).astype(bool)] if not c.empty else c
-    if sync.empty or steady_steps.empty:
+    if c.empty or steady_steps.empty:
+        return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
+    # the columns the union reads: a filtered copy of the whole frame was most of the peak memory
+    dur = c["dur"] if waits else transfer_dur(c)  # waiting for a straggler is not an overlap problem
+    cols = pd.DataFrame({"rank": c["rank"], "step": c["step"], "ts": c["ts"], "dur": dur})
+    sync = cols[~c["async_op"].fillna(False).astype(bool).to_numpy()]
+    if sync.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
     return join_steps(steady_steps, union_by_step(sync), "exposed_s")
