@@ -42,12 +42,16 @@ def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     return plain(df.astype(object).to_dict("records"))
 
 
-def _steps_summary(st: pd.DataFrame) -> dict[str, Any]:
+def _steps_summary(st: pd.DataFrame, recorded: pd.DataFrame) -> dict[str, Any]:
+    """`count`: steps with a duration (the figures' base); `recorded`: every step recorded, as the
+    job's log counts them (a trace's first step has no earlier boundary, so no duration)."""
+    seen = int(recorded["step"].nunique()) if "step" in recorded else 0
     if st.empty:
-        return {"count": 0}
+        return {"count": 0, "recorded": seen}
     ms = st["dur_ns"].astype(float) / 1e6
     return {
         "count": int(st["step"].nunique()),
+        "recorded": max(seen, int(st["step"].nunique())),
         "median_ms": ms.median(),
         "p90_ms": ms.quantile(0.9),
         "max_ms": ms.max(),
@@ -129,7 +133,7 @@ def build(
             "layout": trace.layout(),
             "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
             "summary": {
-                "steps": _steps_summary(steps),
+                "steps": _steps_summary(steps, trace.steps),
                 "tflops_median": tflops,
                 "tflops_source": which,
                 "mfu": util,

@@ -185,7 +185,9 @@ def summary_line(doc: dict[str, Any]) -> str:
     st = s["steps"]
     bits = [f"{len(doc['ranks'])} rank(s)", f"{len(doc['sources'])} input(s)"]
     if st.get("count"):
-        bits.append(f"{st['count']} steps, median {st['median_ms']:.1f} ms, p90 {st['p90_ms']:.1f} ms")
+        seen = st.get("recorded") or st["count"]
+        counted = f"{seen} steps" + (f" ({st['count']} timed)" if seen != st["count"] else "")
+        bits.append(f"{counted}, median {st['median_ms']:.1f} ms, p90 {st['p90_ms']:.1f} ms")
     if s.get("tflops_median") is not None:
         bits.append(
             f"{flop_rate(s['tflops_median'])} per GPU"
