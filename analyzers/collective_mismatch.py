@@ -46,9 +46,9 @@ def _final(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
 
 def _aligned(c: pd.DataFrame) -> pd.DataFrame:
     """Each record's position: its group, step and index among that rank's calls in them."""
-    c = c.sort_values("ts", kind="stable")
     first = c.groupby("rank")["step"].min()  # a trace may begin mid-step (attach), whatever its number
-    c = c[c["step"] > c["rank"].map(first)]
+    c = c[(c["step"] > c["rank"].map(first)).to_numpy()]  # before sorting: one copy fewer of the rest
+    c = c.sort_values("ts", kind="stable")
     return c.assign(k=c.groupby(["group", "step", "rank"]).cumcount())
 
 
