@@ -18,7 +18,8 @@ Each reader runs in its own subprocess, timed after its imports, with its peak R
 - diag: `load_inputs` on the files, as `diag analyze` reads them (all families, overflows, layout,
   failures; one worker process per file up to the cores; the steps merged across files);
 - diag's floor, two parts of its own reading with nothing after them: `scan`, the prefilter's keyword
-  search on every line (`prefilter.KEY`: what finding the lines a reader reads costs), and `match`,
+  search (`prefilter.KEY`) on every line but the repeated chatter it skips (what finding the lines a
+  reader reads costs, less the launcher prefixes' ranks of the other lines), and `match`,
   that search and then the fast family's regex on each line whose keyword names one (`fastpath`), in
   one process. What diag costs past `match` is Python per line read into records.
 Printed per size: MiB, each reader's seconds (CPU, its workers included; wall beside it: the machines
@@ -149,11 +150,12 @@ def worker(tool: str, files: list[str]) -> None:
 
 def scan(files: list[str], match: bool) -> int:
     """The lines holding a reader's keyword (`match`: the lines a fast family's regex reads whole), as
-    diag's prefilter finds them: binary chunks split at newlines, one search per line."""
+    diag's prefilter finds them: binary chunks split at newlines, one search per line but for a short
+    line without a keyword seen before (`prefilter.QUIET_KEPT`)."""
     from diag.importers.logs.fastpath import BY_ANCHOR, MEGATRON
-    from diag.importers.logs.prefilter import CHUNK, KEY
+    from diag.importers.logs.prefilter import CHUNK, KEY, QUIET_KEPT, QUIET_LINE
 
-    search, n = KEY.search, 0
+    search, n, quiet = KEY.search, 0, set()
     for path in files:
         with open(path, "rb") as f:
             rest = b""
@@ -161,8 +163,14 @@ def scan(files: list[str], match: bool) -> int:
                 buf = rest + data
                 end = buf.rfind(b"\n") + 1
                 for b in buf[:end].split(b"\n"):
+                    if b in quiet:
+                        continue
                     k = search(b)
                     if k is None:
+                        if len(b) <= QUIET_LINE:
+                            if len(quiet) >= QUIET_KEPT:
+                                quiet.clear()
+                            quiet.add(b)
                         continue
                     if not match:
                         n += 1
