@@ -16,9 +16,16 @@ Each reader runs in its own subprocess, timed after its imports, with its peak R
 - a plain regex pass: one compiled Megatron iteration regex over every line, keeping (iteration,
   ms, loss): what a user's one-off script does;
 - diag: `load_inputs` on the files, as `diag analyze` reads them (all families, overflows, layout,
-  failures; one worker process per file up to the cores; the steps merged across files).
+  failures; one worker process per file up to the cores; the steps merged across files);
+- diag's floor, two parts of its own reading with nothing after them: `scan`, the prefilter's keyword
+  search (`prefilter.KEY`) on every line but the repeated chatter it skips (what finding the lines a
+  reader reads costs, less the launcher prefixes' ranks of the other lines), and `match`,
+  that search and then the fast family's regex on each line whose keyword names one (`fastpath`), in
+  one process. What diag costs past `match` is Python per line read into records.
 Printed per size: MiB, each reader's seconds (CPU, its workers included; wall beside it: the machines
-are shared) and diag's ratios to both, and diag's peak RSS (main process, and its largest worker).
+are shared) and diag's ratios to both, diag's peak RSS (main process, and its largest worker), the
+floor's two parts as ratios to the regex pass, and diag's CPU past `match` per line it reads (a line
+holding a keyword): the Python that turns a line into records.
 With `--public DIR`, also a table of what diag read from each log in DIR (real public logs) next to
 what a grep of the same file counts (iteration / step lines and the HF training bar's counts, skipped
 iterations, the last iteration, world size).
@@ -102,7 +109,7 @@ def make_input(folder: str, mb: int, nodes: int, chatter: int = 0) -> tuple[int,
 def worker(tool: str, files: list[str]) -> None:
     import resource
 
-    if tool == "diag":
+    if tool != "regex":
         import diag.importers.logs.many  # noqa: F401 - imports (pandas) are not reading
 
     def cpu() -> float:
@@ -119,6 +126,8 @@ def worker(tool: str, files: list[str]) -> None:
                     if "iteration" in line and ITER.search(line):
                         n += 1
         out = {"records": n}
+    elif tool in ("scan", "match"):
+        out = {"records": scan(files, tool == "match")}
     else:
         from diag.importers import load_inputs
 
@@ -137,6 +146,41 @@ def worker(tool: str, files: list[str]) -> None:
             }
         )
     )
+
+
+def scan(files: list[str], match: bool) -> int:
+    """The lines holding a reader's keyword (`match`: the lines a fast family's regex reads whole), as
+    diag's prefilter finds them: binary chunks split at newlines, one search per line but for a short
+    line without a keyword seen before (`prefilter.QUIET_KEPT`)."""
+    from diag.importers.logs.fastpath import BY_ANCHOR, MEGATRON
+    from diag.importers.logs.prefilter import CHUNK, KEY, QUIET_KEPT, QUIET_LINE
+
+    search, n, quiet = KEY.search, 0, set()
+    for path in files:
+        with open(path, "rb") as f:
+            rest = b""
+            while data := f.read(CHUNK):
+                buf = rest + data
+                end = buf.rfind(b"\n") + 1
+                for b in buf[:end].split(b"\n"):
+                    if b in quiet:
+                        continue
+                    k = search(b)
+                    if k is None:
+                        if len(b) <= QUIET_LINE:
+                            if len(quiet) >= QUIET_KEPT:
+                                quiet.clear()
+                            quiet.add(b)
+                        continue
+                    if not match:
+                        n += 1
+                        continue
+                    for rx in BY_ANCHOR.get(k.group(), ()):
+                        if (rx.match if rx is MEGATRON else rx.fullmatch)(b):
+                            n += 1
+                            break
+                rest = buf[end:]
+    return n
 
 
 def measure(tool: str, files: list[str]) -> dict[str, float]:
@@ -197,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
     print(
         f"{'MiB':>5s} {'ranks':>5s} {'wc -l s':>8s} {'regex s':>8s} {'diag s':>8s} {'diag wall':>9s} "
-        f"{'diag/wc':>8s} {'diag/regex':>10s} {'diag RSS MiB':>12s} {'worker RSS':>10s} {'steps':>6s}"
+        f"{'diag/wc':>8s} {'diag/regex':>10s} {'diag RSS MiB':>12s} {'worker RSS':>10s} {'steps':>6s} "
+        f"{'scan/regex':>10s} {'match/regex':>11s} {'us/line read':>12s}"
     )
     for mb in (int(x) for x in args.mb.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
@@ -205,13 +250,15 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(folder, exist_ok=True)
             size, ranks = make_input(folder, mb, args.nodes, args.chatter)
             files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".log"))
-            r = {tool: measure(tool, files) for tool in ("wc", "regex", "diag")}
-            d = r["diag"]
+            r = {tool: measure(tool, files) for tool in ("wc", "regex", "diag", "scan", "match")}
+            d, rx = r["diag"], r["regex"]["cpu"]
             print(
                 f"{size / 2**20:5.0f} {ranks:5d} {r['wc']['cpu']:8.2f} {r['regex']['cpu']:8.2f} "
                 f"{d['cpu']:8.2f} "
-                f"{d['secs']:9.2f} {d['cpu'] / r['wc']['cpu']:7.1f}x {d['cpu'] / r['regex']['cpu']:9.1f}x "
-                f"{d['peak_rss'] / 2**20:12.1f} {d['worker_rss'] / 2**20:10.1f} {d['records']:6d}",
+                f"{d['secs']:9.2f} {d['cpu'] / r['wc']['cpu']:7.1f}x {d['cpu'] / rx:9.1f}x "
+                f"{d['peak_rss'] / 2**20:12.1f} {d['worker_rss'] / 2**20:10.1f} {d['records']:6d} "
+                f"{r['scan']['cpu'] / rx:9.1f}x {r['match']['cpu'] / rx:10.1f}x "
+                f"{(d['cpu'] - r['match']['cpu']) / r['scan']['records'] * 1e6:12.2f}",
                 flush=True,
             )
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} (after)")

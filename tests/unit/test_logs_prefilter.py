@@ -166,8 +166,8 @@ def test_the_fast_path_reads_the_bench_input_as_every_line_does(tmp_path, chatte
 
 def test_the_fast_path_reads_most_lines_of_the_bench_input(tmp_path, monkeypatch):
     """Not a speed test: the fast families do take the frequent lines (else the fast path is dead code
-    and the comparison above proves nothing)."""
-    from bench.logs import make_input
+    and the comparison above proves nothing), and they are the lines the bench's `match` floor times."""
+    from bench.logs import make_input, scan
     from diag.importers.logs import fastpath
 
     make_input(str(tmp_path), 1, 1)
@@ -183,6 +183,7 @@ def test_the_fast_path_reads_most_lines_of_the_bench_input(tmp_path, monkeypatch
     monkeypatch.setattr(fastpath.FastLines, "line", line)
     import_log(str(tmp_path / "node00.log"))
     assert {"_megatron", "_ds_step", "_ds_timer", "_ds_overflow", "_ds_grad", "_bar"} <= set(taken)
+    assert scan([str(tmp_path / "node00.log")], match=True) == len(taken)
 
 
 NEAR_MISSES = [

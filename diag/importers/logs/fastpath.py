@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from diag.importers.logs.lines import NUM_BYTES as NUM
-from diag.importers.logs.lines import Line, peel
+from diag.importers.logs.lines import BytesLine, Line, peel
 
 if TYPE_CHECKING:
     from diag.importers.logs.crash import CrashReader
@@ -90,7 +90,7 @@ BAR = re.compile(_HEAD + _BAR)
 # words a strict pattern still lets through (a field name) that a reader before the family's would take
 POISON = (b"Segmentation fault", b"ChildFailedError")
 _HEADS_KEPT = 1 << 16
-_BY_ANCHOR = {
+BY_ANCHOR = {
     b"iteration": (MEGATRON, DS_GRAD),
     b"Rank": (DS_STEP, DS_OVERFLOW),
     b"kipped=": (DS_STEP,),
@@ -132,7 +132,7 @@ class FastLines:
         self.bar = family[BAR]
         # the families a line may be, by the first keyword anchor (`prefilter.ANCHORS`) it holds
         self.by_anchor: dict[bytes, tuple[tuple[Matcher, Handler], ...]] = {
-            a: tuple(family[rx] for rx in rxs) for a, rxs in _BY_ANCHOR.items()
+            a: tuple(family[rx] for rx in rxs) for a, rxs in BY_ANCHOR.items()
         }
 
     def usable(self, chunk: bytes) -> bool:
@@ -162,7 +162,7 @@ class FastLines:
             got = self.heads[head] = (rank, host, end) if not text[end:].strip() else None
         if got is None:
             return False
-        ln = Line.peeled(m.string.decode("utf-8", "replace"), no, *got)  # type: ignore[misc]
+        ln = BytesLine(m.string, no, *got)
         if ln.rank >= 0 and (ln.rank, ln.host) not in self.told:  # `seen` again would change nothing
             self.told.add((ln.rank, ln.host))
             self.seen(ln.rank, ln.host)

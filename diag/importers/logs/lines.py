@@ -78,14 +78,6 @@ class Line:
         if rank < 0 and "[Rank" in text and (r := _RANK_IN_TEXT.search(text)):
             self.rank = int(r.group(1))
 
-    @classmethod
-    def peeled(cls, raw: str, no: int, rank: int, host: str | None, end: int) -> Line:
-        """The line whose head `peel` already split (`fastpath`: one parse per distinct head)."""
-        ln = cls.__new__(cls)
-        ln.raw, ln.no, ln._ts = raw, no, False
-        ln._peeled(rank, host, end)
-        return ln
-
     @property
     def ts(self) -> int | None:
         """The line's own timestamp in ns (UTC-naive wall clock), None if it has none."""
@@ -99,6 +91,27 @@ class Line:
                 frac = (m.group(7) or "0")[:9].ljust(9, "0")
                 self._ts = sec * 1_000_000_000 + int(frac)
         return self._ts  # type: ignore[return-value]
+
+
+class BytesLine(Line):
+    """A line the fast path read (its head printable ASCII, split by `peel` once per distinct head):
+    `raw` and `text` are decoded only when a reader asks (the timestamp of a step's first line), not
+    for every line: most of a multi-rank log's lines only update a record that exists."""
+
+    __slots__ = ("_b", "_end")
+
+    def __init__(self, b: bytes, no: int, rank: int, host: str | None, end: int) -> None:
+        self._b, self._end, self.no, self._ts, self.rank, self.host = b, end, no, False, rank, host
+        if rank < 0 and b"[Rank" in b:
+            self._peeled(rank, host, end)  # the rank named in the text, read as `Line` reads it
+
+    def __getattr__(self, name: str) -> str:
+        """`raw` and `text` (slots left unset until asked for)."""
+        if name not in ("raw", "text"):
+            raise AttributeError(name)
+        self.raw = self._b.decode("utf-8", "replace")  # the head is ASCII: `_end` counts characters too
+        self.text = self.raw[self._end :]
+        return self.raw if name == "raw" else self.text
 
 
 def peel(text: str) -> tuple[int, int | None, int] | tuple[int, str | None, int]:

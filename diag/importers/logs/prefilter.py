@@ -128,7 +128,7 @@ def _alternation(node: dict[bytes, dict]) -> bytes:
     return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
 
 
-_KEY = re.compile(_trie(list(ANCHORS)))
+KEY = re.compile(_trie(list(ANCHORS)))  # a line holding a keyword (bench.logs times it alone)
 # a line's (or a `\r` piece's) head: leading blanks, then up to 3 tokens that hold a `:` (every launcher
 # prefix ends with one and holds no blank; the parse stops at the first token without one)
 _HEAD = (
@@ -253,10 +253,14 @@ def _chunk_lines(
     if chunk.endswith(b"\n"):
         lines.pop()
     no += chunk.count(b"\n", 0, start)
-    search = _KEY.search
+    search = KEY.search
     seen, head_at, quiet = heads.seen, _HEAD_AT, heads.quiet
     families = fast.by_anchor if fast is not None else {}
+    read = fast.line if fast is not None else None
     every = busy()
+    # a fast line starts or ends no block: whether the fast path may read (`fast.blocked()`) changes
+    # only with a line the readers are offered
+    blocked = fast is None or fast.blocked()
     for b in lines:
         no += 1
         if len(b) > max_line:
@@ -276,10 +280,15 @@ def _chunk_lines(
                         quiet.clear()
                     quiet.add(b)
                 continue
-            if (fams := families.get(k.group())) and _fast(b, no, fams, fast):  # type: ignore[arg-type]
-                continue  # a fast line starts or ends no block: `busy()` is what it was
+            if not blocked and (fams := families.get(k.group())) is not None:
+                for matcher, handler in fams:  # noqa: B007 - the first family whose regex matches whole
+                    if m := matcher(b):
+                        break
+                if m and read(m, no, handler):  # type: ignore[misc]
+                    continue  # `busy()` is what it was
         yield from _line(b, no, fast)
         every = busy()
+        blocked = fast is None or fast.blocked()
 
 
 def _fast(b: bytes, no: int, families: tuple[tuple[Any, Any], ...], fast: Fast) -> bool:

@@ -236,16 +236,17 @@ class MemoryRows:
         marks = self.marks.get(rank)
         if marks is None:
             marks = self.marks[rank] = [None] * (len(_PEAK_COLUMNS) + 1)
-        before = marks[:]
         kept = self.kept
+        moved = [marks[-1]]  # the rows marks held before this one took their place
         for i, c in enumerate(_PEAK_COLUMNS):
             v = row[c]
             if v is not None and v == v and (marks[i] is None or v > kept[marks[i]][1][c]):  # type: ignore[index]
+                moved.append(marks[i])
                 marks[i] = place
         marks[-1] = place  # the new row is its rank's last: held, whether or not the timeline takes it
         kept[place] = (place, row)
         self._in_timeline(rank, k, place)
-        gone = {p for p in before if p is not None and p not in marks}  # rows no mark holds any more
+        gone = {p for p in moved if p is not None and p not in marks}  # rows no mark holds any more
         if gone:
             self._forget(gone, rank)
 
