@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from diag.report import plots
+from diag.report.trace_tables import per
 
 
 def _by(rows: list[dict[str, Any]], key: str, x: str, y: str, scale: float = 1.0) -> plots.Series:
@@ -99,7 +100,7 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
             _by(per_step, "rank", "step", "tflops", 1.0 if big else 1e3),
             "Throughput per step",
             "step",
-            "TFLOP/s per GPU" if big else "GFLOP/s per GPU",
+            f"{'TFLOP/s' if big else 'GFLOP/s'} per {per(doc)}",
             integer_x=True,
             marks=overflow_steps,
             mark_label="overflow",

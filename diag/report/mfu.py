@@ -100,6 +100,9 @@ def section(
     )
     return {
         "counted": COUNTED,
+        # what one rank runs on, for the human reports: "rank" where the ranks ran on CPUs (the
+        # demo, CI), not "GPU" (the JSON keys keep `tflops_per_gpu`)
+        "per": "rank" if _device(trace, layout) == "cpu" else "GPU",
         "peak": peak,
         "peak_note": why,
         "measured": {

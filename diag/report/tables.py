@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.report.human import evidence_line, prose
-from diag.report.trace_tables import trace_tables
+from diag.report.trace_tables import per, trace_tables
 from diag.units import binary_bytes as _bytes
 from diag.units import flop_count, flop_rate, percent, rate, significant
 from diag.units import ms as _ms
@@ -64,7 +64,7 @@ def throughput_lines(doc: dict[str, Any]) -> list[str]:
     out = []
     if meas.get("tflops_per_gpu") is not None:
         util = f"MFU {percent(meas['mfu'])}" if meas.get("mfu") is not None else "MFU unknown"
-        out.append(f"measured: {flop_rate(meas['tflops_per_gpu'])} per GPU (mean over ranks), {util}")
+        out.append(f"measured: {flop_rate(meas['tflops_per_gpu'])} per {per(doc)} (mean over ranks), {util}")
     if model:
         line = (
             f"model ({model['formula']} formula, batch {model['batch']}, world {model['world_size']}): "
@@ -72,8 +72,8 @@ def throughput_lines(doc: dict[str, Any]) -> list[str]:
         )
         if model.get("tflops_per_gpu") is not None:
             line += (
-                f", {flop_rate(model['tflops_per_gpu'])} per GPU at {model['step_s'] * 1e3:.1f} ms per "
-                "iteration"
+                f", {flop_rate(model['tflops_per_gpu'])} per {per(doc)} at "
+                f"{model['step_s'] * 1e3:.1f} ms per iteration"
             )
             if model.get("mfu") is not None:
                 line += f", MFU {percent(model['mfu'])}"
@@ -190,7 +190,7 @@ def summary_line(doc: dict[str, Any]) -> str:
         bits.append(f"{counted}, median {st['median_ms']:.1f} ms, p90 {st['p90_ms']:.1f} ms")
     if s.get("tflops_median") is not None:
         bits.append(
-            f"{flop_rate(s['tflops_median'])} per GPU"
+            f"{flop_rate(s['tflops_median'])} per {per(doc)}"
             + (f", MFU {percent(s['mfu'])}" if s.get("mfu") is not None else "")
         )
     if s.get("overflows"):

@@ -67,6 +67,14 @@ def layers_table(doc: dict[str, Any]) -> list[Table]:
     return [(title, head, body)]
 
 
+STEP_COLUMNS = ("step", "slowest ms", "fastest ms", "slowest rank", "applied")
+
+
+def per(doc: dict[str, Any]) -> str:
+    """ "GPU", or "rank" where the ranks ran on CPUs (`throughput.per`)."""
+    return str((doc.get("throughput") or {}).get("per") or "GPU")
+
+
 def steps_table(doc: dict[str, Any]) -> list[Table]:
     rows = doc.get("steps") or []
     if not rows:
@@ -78,7 +86,7 @@ def steps_table(doc: dict[str, Any]) -> list[Table]:
     return [
         (
             title,
-            ["step", "slowest ms", "fastest ms", "slowest rank", "applied", "FLOP/s per GPU", "samples/s"],
+            [*STEP_COLUMNS, f"FLOP/s per {per(doc)}", "samples/s"],
             [
                 [
                     str(r["step"]),
