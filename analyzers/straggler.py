@@ -11,6 +11,7 @@ from diag.analyzers.base import rule
 from diag.findings import Cost, Finding, Fix
 from diag.metrics.comms import arrival_per_step, transfer_dur
 from diag.metrics.idle import gaps
+from diag.metrics.sched import runq_per_step
 from diag.metrics.steps import NS
 from diag.metrics.throttle import WINDOW_S, throttled_spans
 
@@ -32,6 +33,11 @@ WAITED = 0.50  # and the other ranks wait in collectives at least half the gap
 # 4.2 standard deviations of themselves, healthy DDP's rank 0 (2.8x slower on steps 2-4, 7 ms of
 # 12 ms steps) at 4.5, a healthy ZeRO-3's rank 0 (55 ms, 41% of the step) at 3.8
 MIN_STEPS = 5
+# and not when its host's CPU is the cause: the slow rank's training thread waited runnable for a
+# CPU (kernel run-queue wait) at least this share of the gap more per step than the others
+# (`cpu_contended`: an info finding instead). Healthy DDP beside a busy process on the 2-core CI
+# machine: rank 0 2.0x slower on every step, gap 3 ms; planted 80 ms stragglers sleep (no run queue)
+CONTENDED = 0.50
 # and the gap is this many times its noise (`step_noise`: the robust sigma of the per-step gap): CPU
 # contention on the shared host made a ZeRO-2 control's rank 0 1.6x slower from mid-run (load 12, gap
 # 1.4 sigma of itself) and a DDP control's rank 0 slower on every step (load 17, 1.6 sigma); planted 80 ms
@@ -472,6 +478,36 @@ def _throttled(trace: Trace, metrics: Metrics) -> list[Finding]:
     return found
 
 
+def cpu_contended(trace: Trace, metrics: Metrics, df: pd.DataFrame, slow: int, gap: float) -> Finding | None:
+    """An info finding instead of a straggler when the slow rank's excess is its wait for a CPU:
+    over the compared steps its training thread waited runnable (the kernel's run-queue wait, the
+    agent's `sched` samples) >= `CONTENDED` of the gap more per step than the others' median. Its
+    host is oversubscribed (other processes take its CPU); nothing in the job is slow."""
+    runq = runq_per_step(trace.sched, metrics.steps)
+    if runq.empty:
+        return None
+    compared = runq[runq.index.get_level_values("step").isin(set(df["step"]))]
+    per_rank = compared.groupby(level="rank").mean()
+    if slow not in per_rank or len(per_rank) < 2:
+        return None
+    extra = float(per_rank[slow] - per_rank.drop(slow).median())
+    if extra < CONTENDED * gap:
+        return None
+    host = trace.headers.get(slow, {}).get("host", "?")
+    return Finding(
+        severity="info",
+        title=f"rank {slow} is slower: its host's CPUs are oversubscribed",
+        detail=(
+            f"rank {slow} (host {host}) needs {gap * 1e3:.1f} ms a step more than the others, and its "
+            f"training thread waited for a CPU {extra * 1e3:.1f} ms a step more than theirs (run queue): "
+            "other processes on that host take its CPU. Nothing in the job itself is slow."
+        ),
+        evidence={"gap_s": gap, "runq_extra_s": extra, "runq_s": evidence.by_rank(per_rank)},
+        ranks=[slow],
+        fixes=[Fix("Keep other CPU-heavy processes off the training hosts (or pin the ranks' cores).")],
+    )
+
+
 def _span_s(c: pd.DataFrame) -> float:
     if c.empty:
         return 0.0
@@ -499,7 +535,10 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     on >= 60% of them, its per-step excess >= 3x that excess's noise, and the others waited for it
     on some step.
     Not when the slow rank's extra idle lead-in before its first forward (measured on >= 3 sampled
-    steps) is >= 50% of the gap: an input stall, idle_between_steps' finding (`input_bound`).
+    steps) is >= 50% of the gap: an input stall, idle_between_steps' finding (`input_bound`). An
+    info finding instead when its training thread waited runnable for a CPU (the kernel's run-queue
+    wait, sampled by the agent) >= 50% of the gap more per step than the others: its host's CPUs are
+    oversubscribed by other processes (`cpu_contended`).
     Priced as a what-if replay (`what_if`): per step, the others' wait for it, at most its excess,
     summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step.
     Also a rank throttled from outside, which no ratio of its own work shows: `diag watch` saw its
@@ -545,6 +584,9 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
         return _by_kernels(trace, metrics)
     if input_bound(metrics, slow, gap):
         return []
+    contended = cpu_contended(trace, metrics, df, slow, gap)
+    if contended is not None:
+        return [contended]
     lost = what_if(df, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
     return [
         _priced(

@@ -159,6 +159,12 @@ class Trace:
         return self.frame(schema.PROC)
 
     @property
+    def sched(self) -> pd.DataFrame:
+        """Each rank's training thread: CPU time and run-queue wait (`cpu`, `runq`), cumulative ns
+        from the kernel's schedstat, sampled by the agent's writer thread."""
+        return self.frame(schema.SCHED)
+
+    @property
     def truncated(self) -> list[LoadProblem]:
         return [p for p in self.problems if p.truncated]
 
