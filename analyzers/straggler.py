@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from diag.analyzers import evidence
 from diag.analyzers.base import rule
+from diag.analyzers.memory_growth import memory_growth
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics.comms import arrival_per_step, transfer_dur
@@ -535,7 +536,8 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     on >= 60% of them, its per-step excess >= 3x that excess's noise, and the others waited for it
     on some step.
     Not when the slow rank's extra idle lead-in before its first forward (measured on >= 3 sampled
-    steps) is >= 50% of the gap: an input stall, idle_between_steps' finding (`input_bound`). An
+    steps) is >= 50% of the gap: an input stall, idle_between_steps' finding (`input_bound`); nor
+    when memory_growth names the slow rank: the memory it adds each step is its extra work. An
     info finding instead when its training thread waited runnable for a CPU (the kernel's run-queue
     wait, sampled by the agent) >= 50% of the gap more per step than the others: its host's CPUs are
     oversubscribed by other processes (`cpu_contended`).
@@ -582,7 +584,7 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
         or waited < WAITED * gap
     ):
         return _by_kernels(trace, metrics)
-    if input_bound(metrics, slow, gap):
+    if input_bound(metrics, slow, gap) or any(slow in f.ranks for f in memory_growth(trace, metrics)):
         return []
     contended = cpu_contended(trace, metrics, df, slow, gap)
     if contended is not None:

@@ -15,10 +15,10 @@ from diag.agent.sched import SchedReader
 from tests.unit.synth_trace import MS, Job, fired
 
 
-def _slow_rank1(runq_ms: dict[int, float]) -> Job:
+def _slow_rank1(runq_ms: dict[int, float], steps: int = 10) -> Job:
     """Rank 1 works 60 ms longer a step; rank 0 waits for it in a blocking all-reduce; each rank's
     training thread waited `runq_ms[rank]` for a CPU per step (sampled every 2 steps)."""
-    job = Job(steps=10, step_ms=110)
+    job = Job(steps=steps, step_ms=110)
     for s in range(job.steps):
         job.comm(0, s, at_ms=40, dur_ms=65)
         job.comm(1, s, at_ms=100, dur_ms=5)
@@ -67,3 +67,23 @@ def test_the_run_queue_wait_of_a_thread_sharing_its_cpu_is_read():
         hog.wait()
     waited, ran = (runq1 - runq0) / 1e9, (cpu1 - cpu0) / 1e9
     assert waited >= 0.3 * wall and ran <= 0.7 * wall, (waited, ran, wall)
+
+
+def test_a_leaking_rank_is_memory_growths_not_a_straggler(tmp_path):
+    """A rank that adds 4 MiB a step (the fault matrix's memory-growth cell: allocating and touching
+    it is its extra work, 1.3-3.5x the peer's compute) is named by memory_growth; the straggler rule
+    leaves it alone. A leak on the other rank changes nothing for the slow one."""
+
+    def leaking(rank: int) -> Job:
+        job = _slow_rank1({}, steps=14)
+        for r in range(2):
+            for s in range(job.steps):
+                rss = (256 << 20) + (s * (4 << 20) if r == rank else 0)
+                job.add(r, "memory", step=s, ts=job.start(r, s) + 100 * MS, rss=rss)
+        return job
+
+    trace = leaking(1).write(str(tmp_path / "slow"))
+    assert [f.ranks for f in fired(trace, "memory_growth")] == [[1]]
+    assert fired(trace, "straggler") == []
+    (f,) = fired(leaking(0).write(str(tmp_path / "other")), "straggler")
+    assert f.ranks == [1] and f.severity == "critical"

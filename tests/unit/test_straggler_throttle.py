@@ -19,6 +19,7 @@ from diag.analyzers.straggler import RESUMES, STOPPED_SHARE
 import diag
 from diag.cli.proc_log import ProcLog
 from diag.cli.rank_deaths import LOOK_S, Deaths, process_facts
+from diag.cli.watch import named_throttled
 from diag.metrics.throttle import WINDOW_S, throttled_spans
 from tests.unit.synth_trace import MS, T0, Job, fired
 
@@ -135,9 +136,14 @@ def test_a_rank_named_throttled_stays_named_until_its_premise_falls_well_below(t
     every other step causes about half of the waiting: not enough to be named (>= 55%), enough to
     stay named (>= 40%) once the watcher named it; a share stopped of 7% likewise (10% / 5%)."""
     stalls = {s: 40.0 for s in range(0, STEPS, 3)}
+    # the watch's first analysis names it on a clear premise, and marks it for the next one
+    named = named_throttled(
+        fired(_with_fact(_job(stalls).write(str(tmp_path / "a")), 1, **DUTY), "straggler")
+    )
+    assert named == {1}
     trace = _job(stalls, every_step_late=0).write(str(tmp_path))
     assert fired(_with_fact(trace, 1, **DUTY), "straggler") == []
-    (f,) = fired(_with_fact(trace, 1, **DUTY, named=True), "straggler")
+    (f,) = fired(_with_fact(trace, 1, **DUTY, named=1 in named), "straggler")
     assert f.ranks == [1] and 0.40 <= f.evidence["caused_share"] < 0.55, f.evidence
     low = {**DUTY, "stopped_share": 0.07, "resumes": 2}
     clear = _job(stalls).write(str(tmp_path / "alone"))
