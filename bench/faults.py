@@ -31,10 +31,12 @@ hang's line must also name the step the job was in: one after the last iteration
 a fault planted from the first step, the number of steps after which the rule, on the trace cut
 there, names the rank. "Post-mortem" is every rule of `diag analyze` on the trace (and the job's
 output as its log, for an injected fault), warnings and criticals only. Any other rule's finding,
-live or post-mortem, is a false alarm; a control must get none. A throttled rank is named live only:
-`diag watch` sees its process stopped and resumed again and again; its trace alone does not tell it
+live or post-mortem, is a false alarm; a control must get none. A throttled rank is named from what
+`diag watch` sees: its process stopped and resumed again and again; its trace alone does not tell it
 from a rank a loaded host slowed (healthy controls' peers waited for their rank 0 at 79-100% of
-steps, 29-80% of the wall time, more than the throttle costs), so post-mortem stays silent.
+steps, 29-80% of the wall time, more than the throttle costs). The watch keeps its looks in the
+trace directory (`proc-<host>.jsonl`), from which `diag analyze` names it post-mortem; a job nobody
+watched gets no such verdict.
 
 """
 

@@ -29,6 +29,8 @@ META = "meta"
 GPU = "gpu"
 LOST = "lost"
 COMM_OPEN = "comm_open"
+PROC = "proc"
+SCHED = "sched"
 
 FIELDS: dict[str, tuple[str, ...]] = {
     # one optimizer step (a gradient-accumulation boundary); samples/tokens when the job tells us
@@ -81,6 +83,13 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "ecc_errors",
         "xid",
     ),
+    # the watcher's looks at one rank's process over about a second (`diag watch`'s file
+    # proc-<host>.jsonl, diag.cli.proc_log): looks, how many saw it stopped (state T), how often it
+    # resumed (T, then running or sleeping), the first and last look that saw it stopped (ns)
+    PROC: ("ts", "of_rank", "pid", "span", "looks", "stopped", "resumes", "first_stop", "last_stop", "state"),
+    # the training thread's CPU time and run-queue wait (runnable, waiting for a CPU), cumulative ns
+    # from the kernel's schedstat, sampled by the agent's writer thread (diag.agent.sched)
+    SCHED: ("ts", "cpu", "runq"),
 }
 # a collective entered and not completed after diag.agent.pending.OPEN_S: its `comm` record without
 # a duration, written early (the `comm` record itself follows once it completes or is given up on),

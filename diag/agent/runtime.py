@@ -27,6 +27,7 @@ from diag.agent.header import build_header, describe_job, megatron_layout, rank_
 from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
+from diag.agent.sched import SchedReader
 from diag.agent.undo import Undo
 from diag.agent.wakeup import Wakeup
 from diag.trace.comm_line import comm_line
@@ -86,6 +87,7 @@ class Agent:
         self._idle_modules = -1  # len(sys.modules) when every idle listener last said it was settled
         self._unsettled = 0  # `unsettle()` calls: one that lands while the listeners run is kept
         self._last_stats = 0.0
+        self._sched = SchedReader()  # the training thread's CPU and run-queue wait, each flush
         # the agent's own cost: writer-thread CPU always; hook time with the `self_time` option
         self.writer_cpu_ns = 0
         self.self_time = options.self_time
@@ -371,6 +373,9 @@ class Agent:
             if stats_due:
                 self._last_stats = now
                 objs.append(schema.to_json(self._stats_record(), wall0, perf0))
+            sched = self._sched.record(self.now()) if lines or objs else None
+            if sched is not None:
+                objs.append(schema.to_json(sched, wall0, perf0))
             lines.extend(dumps(o) for o in objs)
             steps.extend(o.get("step") for o in objs)
             if lines:

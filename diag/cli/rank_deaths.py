@@ -25,12 +25,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from diag.metrics.throttle import WINDOW_S as DUTY_WINDOW_S
 from diag.vocab import STOP_SIGNALS
 
+if TYPE_CHECKING:
+    from diag.cli.proc_log import ProcLog
+
 LOOK_S = 0.02  # how often each rank's process is looked at (a thread; /proc reads, ~30 us a rank)
-DUTY_WINDOW_S = 5.0  # the stopped share and resumes are counted over the looks of the last 5 s
 _STOPS = {int(getattr(signal, name)) for name in STOP_SIGNALS}
 
 Facts = dict[int, dict[str, Any]]
@@ -77,7 +80,8 @@ class Deaths:
     """How each rank's process ended, and the processes as they were when some ranks had died
     while the others still ran: what the analysis reads once every process is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: ProcLog | None = None) -> None:
+        self.log = log  # where the looks are kept for the post-mortem (diag.cli.proc_log)
         self.split: Facts | None = None
         self.exits: dict[int, int] = {}  # rank -> wait status, once seen
         self.states: dict[int, deque[tuple[int, str]]] = {}  # rank -> (checked_ns, state), recent
@@ -92,6 +96,8 @@ class Deaths:
                 while seen[0][0] < f["checked_ns"] - DUTY_WINDOW_S * 1e9:
                     seen.popleft()
             self.exits.update({r: f["exit"] for r, f in facts.items() if "exit" in f})
+            if self.log is not None:
+                self.log.add(facts)
             if self.split is not None or not facts:
                 return
             if gone and gone != set(facts) and all(r in self.exits and crashed(self.exits[r]) for r in gone):

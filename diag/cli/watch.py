@@ -10,7 +10,9 @@ prints a finding when it first appears, when its severity or named ranks change,
 clears. Each rank's process on this host is looked at too (gone, or stopped; `rank_deaths`): the
 rules name a rank whose process died or froze (job_crash, hang_desync), also one whose launcher
 ended the others within a moment (the last analysis reads the processes as they were when it
-died). Ends when the job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
+died). What the looks saw is kept in the trace directory (`proc-<host>.jsonl`, `proc_log`): the
+post-mortem names a rank throttled from outside from it, as the watch did live. Ends when the
+job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
 The watch runs on the training nodes: when an analysis takes longer than half the period (a long
 history: `diag.tui.model.MAX_RAW` records of each kind are kept), the pause after it is twice its
 time, so the watch takes at most a third of a core from the job.
@@ -26,6 +28,7 @@ import sys
 import time
 from typing import Any
 
+from diag.cli.proc_log import ProcLog
 from diag.cli.rank_deaths import Deaths, process_facts
 from diag.errors import USAGE, DiagError
 
@@ -100,6 +103,13 @@ def _text(e: dict[str, Any]) -> str:
     )
 
 
+def named_throttled(findings: list[Any]) -> set[int]:
+    """Ranks a straggler finding names as throttled from outside: the next analysis holds them
+    named until their premise falls well below the thresholds (the rule's `HOLD`)."""
+    held = [f for f in findings if f.rule == "straggler" and "stopped_share" in (f.evidence or {})]
+    return {r for f in held for r in f.ranks}
+
+
 def run(args: argparse.Namespace) -> int:
     from diag.tui import jobstate
     from diag.tui.model import JobModel
@@ -111,10 +121,16 @@ def run(args: argparse.Namespace) -> int:
     if target.isdigit() and not os.path.isdir(target):
         target = trace_dir_of_pid(int(target))
     source, model, state = LiveSource(target), JobModel(), jobstate.JobState()
-    stream, host, deaths = Stream(sys.stdout, args.json), socket.gethostname(), Deaths()
+    stream, host = Stream(sys.stdout, args.json), socket.gethostname()
+    log = ProcLog(target, host)
+    deaths = Deaths(log)
     deadline = None if args.duration is None else time.monotonic() + args.duration
-    with deaths.following(lambda: model.headers, host):
-        return _loop(args, source, model, state, stream, deaths, deadline)
+    try:
+        with deaths.following(lambda: model.headers, host):
+            return _loop(args, source, model, state, stream, deaths, deadline)
+    finally:
+        with deaths.lock:
+            log.close()
 
 
 def _loop(
@@ -131,6 +147,7 @@ def _loop(
 
     host = socket.gethostname()
     analyzed, ended_at = -1, None
+    throttled: set[int] = set()  # ranks the last analysis named throttled from outside (held)
     while True:
         model.ingest(source.poll())
         facts = process_facts(model.headers, host, time.time_ns())
@@ -141,8 +158,9 @@ def _loop(
             analyzed, began = model.version, time.monotonic()
             trace = model.to_trace()
             for rank, fact in facts.items():
-                trace.headers.setdefault(rank, {})["process"] = fact
+                trace.headers.setdefault(rank, {})["process"] = {**fact, "named": rank in throttled}
             findings, _ = run_all(trace)
+            throttled = named_throttled(findings)
             stream.update(findings)
             pause = max(pause, PACE * (time.monotonic() - began))
         if model.headers and state.check(model.headers) == "ended":

@@ -57,6 +57,45 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     return frame.groupby(["g", "k"])["dur"].transform("min")
 
 
+def arrival_wait(c: pd.DataFrame) -> pd.Series:
+    """Each member's wait for the last to arrive at the k-th op of its group: from its own start to
+    the latest start, at most its duration (ns). Where every member sees the op complete at once it
+    equals `dur - transfer_dur`; unlike that, a completion one rank noticed late (it was stopped or
+    descheduled when the op completed: its `dur` runs on until it resumes) is not read as that
+    rank waiting for the others (a rank stopped 40 ms of every 100 ms: half of all the waiting the
+    durations showed was its own stops)."""
+    if c.empty:
+        return pd.Series(dtype=float)
+    key = c["group"].astype(str)
+    ts = pd.to_numeric(c["ts"]).astype("int64")
+    k = c.assign(ts=ts).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
+    frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "ts": ts})
+    last = frame.groupby(["g", "k"])["ts"].transform("max")
+    return (last - ts).clip(lower=0).clip(upper=pd.to_numeric(c["dur"]).fillna(0)).astype(float)
+
+
+def arrival_per_step(c: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
+    """Per steady (rank, step) of `st`: `wait_s`, its wait for the last to arrive (`arrival_wait`) at its
+    blocking collectives and at the step's last async one, and `compute_s`, the rest of the step.
+    What a stopped rank's peers waited for it, without its own stops read as its waiting: an op it
+    saw complete only once resumed lasts, on its side, until then."""
+    if c.empty or st.empty:
+        return pd.DataFrame(columns=["rank", "step", "dur_s", "wait_s", "compute_s"])
+    flag = (
+        c["async_op"].astype("boolean").fillna(False).astype(bool)
+        if "async_op" in c
+        else pd.Series(False, index=c.index)
+    )
+    a = pd.DataFrame(
+        {"rank": c["rank"], "step": c["step"], "ts": pd.to_numeric(c["ts"]), "wait": arrival_wait(c) / NS}
+    )
+    sync = a[~flag].groupby(["rank", "step"], observed=True)["wait"].sum()
+    tail = a[flag].sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
+    wait = sync.add(tail.set_index(["rank", "step"])["wait"], fill_value=0.0)
+    df = join_steps(st, wait, "wait_s")
+    return df.assign(compute_s=(df["dur_s"] - df["wait_s"]).clip(lower=0))
+
+
 def blocking_per_step(c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool) -> pd.DataFrame:
     """Blocking (async_op false) communication seconds per (rank, step) (`exposed_s`: the union of
     their intervals), joined to the steady steps; transfer time only, unless `waits` (then also the

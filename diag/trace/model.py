@@ -153,6 +153,18 @@ class Trace:
         return self.frame(schema.GPU)
 
     @property
+    def proc(self) -> pd.DataFrame:
+        """`diag watch`'s looks at each rank's process (`of_rank`), summed per second: looks,
+        stopped (seen in state T), resumes, first_stop / last_stop (ns)."""
+        return self.frame(schema.PROC)
+
+    @property
+    def sched(self) -> pd.DataFrame:
+        """Each rank's training thread: CPU time and run-queue wait (`cpu`, `runq`), cumulative ns
+        from the kernel's schedstat, sampled by the agent's writer thread."""
+        return self.frame(schema.SCHED)
+
+    @property
     def truncated(self) -> list[LoadProblem]:
         return [p for p in self.problems if p.truncated]
 

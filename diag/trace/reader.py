@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # imported where frames are built (`diag top` and the exporte
     import pandas as pd
 
 # gpu-<host>.jsonl: the NVML sidecar's file (a header with "sidecar": "nvml", then `gpu` events)
-TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl")
+# proc-<host>.jsonl: `diag watch`'s looks at each rank's process ("sidecar": "watch", `proc` events)
+TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl", "proc-*.jsonl")
 MAX_LINE_PROBLEMS = 20  # bad lines reported one by one per file; the rest are counted
 
 
@@ -244,7 +245,7 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
         trace.problems.extend(problems)
         if header is None:
             continue
-        if header.get("sidecar"):  # host-level samples (NVML): not a rank, no rank header
+        if header.get("sidecar"):  # host-level samples (NVML, the watcher's looks): no rank header
             for ev in events:
                 ev["rank"] = None
                 by_kind[ev["k"]].append(ev)

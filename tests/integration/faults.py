@@ -87,7 +87,8 @@ CELLS: tuple[Cell, ...] = (
     Cell("DDP", "straggler", DDP, (*DDP_ARGS, *SLOW), expect="straggler", rank=1, ci=True),
     Cell("DDP", "hang", DDP, LONG_DDP, expect="hang_desync", rank=1, inject="stop", ci=True),
     # named live from the watcher's looks at rank 1's process (stopped and resumed again and again)
-    # and its peer's wait for it: 20 of 20 runs (both cells) at load 5-12, 1.4-9.2 s after the first
+    # and its peer's wait for it, post-mortem from the looks it kept (proc-<host>.jsonl): live 20 of
+    # 20 runs (both cells) at load 5-12, 1.4-9.2 s after the first
     # stop with a watcher started late, 2.0-2.6 s with it up before; in 2 ZeRO-2 runs of 10 another
     # rule spoke too (exposed_comm, at load 8-12; not examined: exposed_comm is not this change's)
     Cell("DDP", "throttled rank", DDP, LONG_DDP, expect="straggler", rank=1, inject="throttle"),
@@ -95,19 +96,14 @@ CELLS: tuple[Cell, ...] = (
     # collectives read as a desync of ranks [0, 1]): DDP 5 of 5, TP 3 of 3 at load 12-17, named 3-7 s
     # after the kill. (CI's one "nothing in 30 s" was not reproduced here.)
     Cell("DDP", "rank dies", DDP, LONG_DDP, expect="job_crash", rank=1, inject="kill"),
-    Cell(
-        "ZeRO-2",
-        "healthy",
-        GPT,
-        ZERO2,
-        known_gap=(
-            "under a load average of 13-25 on the shared 2-core machine, rank 0 of this healthy job is "
-            "1.5-1.9x slower than rank 1 on every step (rank 1 waits 60-90 ms a step, well above the "
-            "step-time noise): a straggler diag measures, whose cause is not found (same collectives on "
-            "both ranks; at load 10 the ranks are even), so the straggler warning fires in some runs"
-        ),
-        strict=False,
-    ),
+    # strict since the straggler rule reads the ranks' run-queue wait (the agent's `sched` samples):
+    # under load a rank sharing its CPU with another process is 1.5-2x slower on every step (the
+    # known gap this cell had: rank 0 1.5-1.9x at load 13-25), which is its host, not the job
+    # (`cpu_contended`: an info finding). 10 of 10 runs silent at load 3-9 beside 2-8 busy processes
+    # (6 before that change, 4 after); healthy DDP beside one busy process: a straggler warning on
+    # rank 0 in 2 of 9 runs before, in 0 of 14 after (one an info: rank 0 waited 0.9 ms a step more
+    # for a CPU, of a 1.3 ms gap)
+    Cell("ZeRO-2", "healthy", GPT, ZERO2),
     Cell("ZeRO-2", "straggler", GPT, (*ZERO2, *SLOW), expect="straggler", rank=1),
     Cell("ZeRO-2", "throttled rank", GPT, LONG_ZERO2, expect="straggler", rank=1, inject="throttle"),
     Cell(
@@ -178,7 +174,8 @@ class Outcome:
     def correct(self) -> bool:
         if self.cell.expect is None:
             return not self.findings and not self.live
-        post = self.found() is not None or self.cell.inject is not None
+        # a throttle is named post-mortem too, from the looks `diag watch` kept in the trace directory
+        post = self.found() is not None or self.cell.inject not in (None, "throttle")
         return post and self.live_correct() and not self.false_alarms()
 
     def row(self) -> dict[str, Any]:

@@ -52,4 +52,6 @@ def test_cell(cell: Cell, runs: Runs, tmp_path) -> None:
         assert out.found() is not None, out.row()
     else:  # `diag watch` names the rank within the 10 s (timed from the signal)
         assert out.live_correct(), out.row()
+        if cell.inject == "throttle":  # and `diag analyze` from the looks the watch kept
+            assert out.found() is not None, out.row()
     assert out.correct()
