@@ -201,7 +201,7 @@ def test_cpu_trace_says_no_peak_and_bad_options_are_one_line(tmp_path, capsys):
     tr_dir = os.path.join(os.path.dirname(__file__), "..", "..", "sample_traces", "healthy")
     assert main(["analyze", tr_dir]) == 0
     out = capsys.readouterr().out
-    assert "no peak is known for a CPU" in out and "GFLOP/s per GPU" in out
+    assert "no peak is known for a CPU" in out and "GFLOP/s per rank" in out
     assert main(["analyze", tr_dir, "--peak-tflops", "0"]) == 2
     assert main(["analyze", tr_dir, "--model", "layers=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
