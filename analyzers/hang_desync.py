@@ -146,6 +146,7 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
     if not frozen or not waiting or st.empty:
         return None
     facts = [h["process"]["checked_ns"] for h in trace.headers.values() if isinstance(h.get("process"), dict)]
+    facts += liveness.watched_stopped(trace).values()  # after the job: the watcher's last looks
     now = max([float(last.max()), *map(float, facts)])
     peer_end = float(st[st["rank"].isin(waiting)]["end"].max()) if st["rank"].isin(waiting).any() else None
     stall_s = (now - peer_end) / NS if peer_end is not None else 0.0
@@ -197,7 +198,8 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
 
 @rule("hang_desync")
 def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Fires when a rank's process stopped running (the live watcher saw it stopped, or its agent's
+    """Fires when a rank's process stopped running (the live watcher saw it stopped, also read after
+    the job from its looks kept in the trace directory, or its agent's
     heartbeat ended >= 3 beats of 2 s before a peer's last record) while the other ranks have
     completed no step for >= max(2 s, 5 median steps), at most 6 s when they wait in a call
     entered since their last step and never completed: a hang, naming the rank that never arrived

@@ -44,9 +44,30 @@ def closed(trace: Trace) -> set[int]:
 
 
 def process_state(trace: Trace, rank: int) -> str | None:
-    """The live watcher's look at a rank's process: "gone", a /proc State letter, None unknown."""
+    """The live watcher's look at a rank's process: "gone", a /proc State letter, None unknown.
+    After the job (no live look), "T" where the watcher's looks kept in the trace (`proc` records)
+    last saw the process stopped before it was gone: a rank that hung stopped until the job was
+    killed. Only a stop is read back: its other last looks (running, gone with every rank when the
+    job was killed) say nothing a finished trace does not."""
     fact = trace.headers.get(rank, {}).get("process")
-    return str(fact.get("state")) if isinstance(fact, dict) and fact.get("state") else None
+    if isinstance(fact, dict):
+        return str(fact.get("state")) if fact.get("state") else None
+    return "T" if watched_stopped(trace).get(rank) else None
+
+
+def watched_stopped(trace: Trace) -> dict[int, int]:
+    """{rank: ns of the watcher's last look} for the ranks whose last look before their process was
+    gone saw it stopped (state T or t), from the looks `diag watch` kept in the trace directory."""
+    p = trace.frame(schema.PROC)
+    if p.empty or not {"of_rank", "state", "ts"} <= set(p.columns):
+        return {}
+    seen = p[~p["state"].astype(str).isin(("gone", "?", ""))]
+    last = seen.sort_values("ts", kind="stable").groupby("of_rank").tail(1)
+    return {
+        int(r): int(t)
+        for r, st, t in zip(last["of_rank"], last["state"].astype(str), last["ts"])
+        if st in ("T", "t")
+    }
 
 
 def last_record(trace: Trace) -> pd.Series:
