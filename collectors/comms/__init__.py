@@ -165,7 +165,7 @@ def _recorder(
         agent.emit(
             (_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later, module, async_op)
         )
-        timing.bind(work, later, spec.p2p, async_op)
+        timing.bind(work, later, spec.p2p, async_op, pg)
 
     return before, after
 

@@ -9,6 +9,14 @@ the completion fills in, by the cheapest signal that is exact for the kind of ca
 - async calls: the Work's future callback, on gloo's thread when it finishes, or for NCCL on a
   stream that waits for the collective (where the end CUDA event is recorded);
 - send/recv (gloo's p2p Work has no future; `send` and `isend` look alike here): the first wait.
+A future callback is Python: gloo's thread takes the GIL to run it. A process group whose last
+reference goes (DDP's Reducer freed when the job's `main()` returns) joins gloo's threads in its
+destructor while the freeing thread holds the GIL: with a callback still waiting for the GIL, both
+wait forever. The public DDP tutorial hung so at exit (rank 0 in `~ProcessGroupGloo` <- `~Reducer`,
+gloo's thread in `gil_scoped_acquire` for diag's callback), 1 run in 2 after a rank was stopped
+and resumed. So each pending callback holds its group (`held`); the callback hands it to the writer
+thread (`release`), which drops it once no callback of that group can be waiting; a stop first
+lets pending callbacks run (GIL released, at most `DRAIN_S`).
 The writer thread holds the record until the duration is known (`diag.agent.pending`). Works are
 referenced weakly or until the next wait, so one never waited does not leak: its record is written
 with a null duration. At detach (or any stop) the ops still in flight are not errors: the job goes on
@@ -22,6 +30,7 @@ CUDA-event timer (collectors/device/, which tests swap for a fake device); the h
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +43,7 @@ from diag.agent.pending import Pending
 from diag.agent.undo import Undo
 
 UNFINISHED_AT_DETACH = schema.META_UNFINISHED_AT_DETACH
+DRAIN_S = 1.0  # a stop waits this long at most for pending future callbacks (normally none, or ms)
 
 
 class Later(Pending):
@@ -91,6 +101,8 @@ class CommTiming:
         self.last: Any = None  # the blocking call's Work, until the wait torch makes next
         self.last_later: Later | None = None
         self.inflight: set[Later] = set()  # async calls finished by their future's callback
+        self.held: dict[Later, Any] = {}  # each pending callback's process group, kept alive
+        self.released: list[Any] = []  # groups whose callback ran: dropped by the writer thread
         self._finish = agent.guard("comms", self._finished, "complete")
         self._waited = agent.guard("comms", self._on_wait, "wait")
 
@@ -103,8 +115,9 @@ class CommTiming:
             return Later(timer, timer.start())
         return Later(self.cpu, t0)
 
-    def bind(self, work: Any, later: Later, p2p: bool, async_op: bool | None) -> None:
-        """After the call: finish `later` when `work` completes (now, if the call was blocking)."""
+    def bind(self, work: Any, later: Later, p2p: bool, async_op: bool | None, pg: Any = None) -> None:
+        """After the call: finish `later` when `work` completes (now, if the call was blocking);
+        `pg`, the call's process group, is held until a future callback has run (module doc)."""
         if work is None:  # monitored_barrier and other blocking calls return no Work
             later.finish()
         elif p2p:
@@ -121,11 +134,24 @@ class CommTiming:
                 self.waiting[work] = later
                 return
             self.inflight.add(later)
+            if pg is not None:
+                self.held[later] = pg
             future.then(functools.partial(self._finish, later))
 
     def _finished(self, later: Later, _future: Any = None) -> None:
         later.finish()
         self.inflight.discard(later)
+        pg = self.held.pop(later, None)
+        if pg is not None:  # never dropped here: the last reference would join this very thread
+            self.released.append(pg)
+            self.agent.unsettle()  # the writer's idle listeners run at its next flush
+
+    def drop_released(self) -> bool:
+        """Writer thread: drop the groups whose callbacks ran (a group still referenced by another
+        pending callback stays alive through that one's own reference). Always settled."""
+        while self.released:
+            self.released.pop()
+        return True
 
     def _on_wait(self, work: Any) -> None:
         if work is self.last:
@@ -137,7 +163,13 @@ class CommTiming:
             later.finish()
 
     def _forget(self) -> None:
-        """Stop: every op still in flight gets a null duration (not an error) and is counted."""
+        """Stop: every op still in flight gets a null duration (not an error) and is counted. The
+        future callbacks already waiting for the GIL run first (at most `DRAIN_S`): once stopped, a
+        group dropped by the job must not be freed with one of them still waiting (module doc)."""
+        deadline = time.monotonic() + DRAIN_S
+        while self.held and time.monotonic() < deadline:
+            time.sleep(0.005)  # the GIL released: gloo's threads run the callbacks they hold
+        self.drop_released()  # the groups still held stay alive: their callbacks never ran
         pending = [*self.inflight, *self.waiting.values(), self.last_later]
         self.waiting.clear()
         self.inflight.clear()
@@ -164,3 +196,4 @@ class CommTiming:
 
         undo.patch(Work, "wait", wait)
         undo.call(self._forget, "comms: pending works")
+        self.agent.idle_listeners.append(self.agent.guard("comms", self.drop_released, "drop-groups"))

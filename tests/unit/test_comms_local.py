@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
+import time
+import weakref
 
 import pytest
 import torch
@@ -303,3 +306,57 @@ def _groups_renamed(ag, prefix: str) -> bool:
         if owner is not None and hasattr(owner, "seen"):
             return any(name.startswith(prefix) for name in owner.seen)
     return False
+
+
+class _Group:
+    """Stands for the job's process group (weakly referenceable, to see when it is freed)."""
+
+
+class _AsyncWork:
+    """An async call's Work whose future completes when the test says so, on another thread."""
+
+    def __init__(self) -> None:
+        self.future: torch.futures.Future = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def complete_later(self, delay_s: float) -> threading.Thread:
+        def run() -> None:
+            time.sleep(delay_s)
+            self.future.set_result(None)
+
+        th = threading.Thread(target=run)
+        th.start()
+        return th
+
+
+def test_a_group_is_held_until_its_future_callback_ran(tmp_path) -> None:
+    """The public DDP tutorial hung at exit: `main()` returned, DDP's Reducer freed the job's last
+    reference to its group, and ~ProcessGroupGloo joined gloo's thread (GIL held) while that thread
+    waited for the GIL to run diag's future callback (py-spy --native on the stuck rank). A pending
+    callback now holds its group; the writer thread drops it once the callback ran, never the
+    callback's own thread (the last reference would join it); a stop lets pending callbacks run."""
+    ag = agent.start(str(tmp_path), what=("steps",))
+    try:
+        timing = CommTiming(ag)
+        timing.install(ag.undo)
+        work, pg = _AsyncWork(), _Group()
+        alive = weakref.ref(pg)
+        timing.bind(work, Later(timing.cpu, ag.now()), p2p=False, async_op=True, pg=pg)
+        del pg  # the job's last reference
+        assert alive() is not None and len(timing.held) == 1
+        work.complete_later(0.0).join()
+        assert timing.held == {} and alive() is not None  # handed to the writer, not freed here
+        deadline = time.monotonic() + 5
+        while alive() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive() is None and timing.released == []  # freed by the writer's next flush
+        work = _AsyncWork()
+        timing.bind(work, Later(timing.cpu, ag.now()), p2p=False, async_op=True, pg=_Group())
+        th = work.complete_later(0.2)
+        agent.stop()  # waits for the pending callback (at most DRAIN_S) before forgetting
+        assert timing.held == {} and timing.released == []  # it ran within the stop
+        th.join()
+    finally:
+        agent.stop()
