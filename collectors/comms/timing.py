@@ -13,10 +13,10 @@ A future callback is Python: gloo's thread takes the GIL to run it. A process gr
 reference goes (DDP's Reducer freed when the job's `main()` returns) joins gloo's threads in its
 destructor while the freeing thread holds the GIL: with a callback still waiting for the GIL, both
 wait forever. The public DDP tutorial hung so at exit (rank 0 in `~ProcessGroupGloo` <- `~Reducer`,
-gloo's thread in `gil_scoped_acquire` for diag's callback), 1 run in 2 after a rank was stopped
+gloo's thread in `gil_scoped_acquire` for diag's callback), 2 runs in 4 after a rank was stopped
 and resumed. So each pending callback holds its group (`held`); the callback hands it to the writer
-thread (`release`), which drops it once no callback of that group can be waiting; a stop first
-lets pending callbacks run (GIL released, at most `DRAIN_S`).
+thread (`released`, dropped by `drop_released`) once it ran; a stop first lets pending callbacks
+run (GIL released, at most `DRAIN_S`).
 The writer thread holds the record until the duration is known (`diag.agent.pending`). Works are
 referenced weakly or until the next wait, so one never waited does not leak: its record is written
 with a null duration. At detach (or any stop) the ops still in flight are not errors: the job goes on

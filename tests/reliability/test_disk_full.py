@@ -104,7 +104,10 @@ def test_agent_writer_thread_resumes_after_a_full_disk(tiny_tmpfs) -> None:
     agent.stop()
     lines = _assert_whole_lines(path)
     (rec,) = [x for x in lines if x["k"] == schema.LOST]
-    assert rec["lines"] >= lost and rec["error"] == "ENOSPC" and rec["last_step"] <= i - 1
+    assert rec["lines"] >= lost and rec["error"] == "ENOSPC"
+    # the first batch lost may hold only step-less lines (the stats heartbeat, the sched sample):
+    # then no step was lost and the record says so (null)
+    assert rec["last_step"] is None or rec["last_step"] <= i - 1
     tr = diag.load(tiny_tmpfs)
     assert not tr.truncated
     assert any("lines lost while writing the trace (ENOSPC)" in str(p) for p in tr.problems)
