@@ -55,19 +55,26 @@ def process_state(trace: Trace, rank: int) -> str | None:
     return "T" if watched_stopped(trace).get(rank) else None
 
 
+_STOPPED: list[Any] = [None, {}]  # the last `proc` frame read and its answer (asked once per rank)
+
+
 def watched_stopped(trace: Trace) -> dict[int, int]:
     """{rank: ns of the watcher's last look} for the ranks whose last look before their process was
     gone saw it stopped (state T or t), from the looks `diag watch` kept in the trace directory."""
     p = trace.frame(schema.PROC)
-    if p.empty or not {"of_rank", "state", "ts"} <= set(p.columns):
-        return {}
-    seen = p[~p["state"].astype(str).isin(("gone", "?", ""))]
-    last = seen.sort_values("ts", kind="stable").groupby("of_rank").tail(1)
-    return {
-        int(r): int(t)
-        for r, st, t in zip(last["of_rank"], last["state"].astype(str), last["ts"])
-        if st in ("T", "t")
-    }
+    if _STOPPED[0] is p:
+        return dict(_STOPPED[1])
+    out: dict[int, int] = {}
+    if not p.empty and {"of_rank", "state", "ts"} <= set(p.columns):
+        seen = p[~p["state"].astype(str).isin(("gone", "?", ""))]
+        last = seen.sort_values("ts", kind="stable").groupby("of_rank").tail(1)
+        out = {
+            int(r): int(t)
+            for r, st, t in zip(last["of_rank"], last["state"].astype(str), last["ts"])
+            if st in ("T", "t")
+        }
+    _STOPPED[:] = [p, out]
+    return dict(out)
 
 
 def last_record(trace: Trace) -> pd.Series:

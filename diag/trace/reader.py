@@ -140,7 +140,7 @@ def read_file(
         )
     if header is None:
         problems.add("no header line: not a diag trace file")
-    elif not all(_is_int(header.get(f)) for f in ("rank", "pid", "schema")):
+    elif not _sound(header):
         problems.add("header's rank, pid or schema is not an integer: skipped")
         header = None
     elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
@@ -312,11 +312,7 @@ class _Taken:
         self.mark: dict[str, int] | None = None
 
     def take(self, header: dict[str, Any] | None, events: list[dict[str, Any]]) -> bool:
-        if (
-            header is None
-            or header.get("sidecar")
-            or not all(_is_int(header.get(f)) for f in ("rank", "pid", "schema"))
-        ):
+        if header is None or header.get("sidecar") or not _sound(header):
             return False
         rank = header.get("rank")
         if rank is None or (self.window.ranks is not None and not self.window.wants_rank(rank)):
@@ -346,6 +342,11 @@ def _rename_groups(events: list[dict[str, Any]], renames: dict[str, str]) -> Non
         for ev in events:
             if ev["k"] == schema.COMM and ev.get("group") in renames:
                 ev["group"] = renames[ev["group"]]
+
+
+def _sound(header: dict[str, Any]) -> bool:
+    """A header whose rank, pid and schema are integers (or absent): one `read_file` keeps."""
+    return all(_is_int(header.get(f)) for f in ("rank", "pid", "schema"))
 
 
 def _is_int(value: Any) -> bool:
