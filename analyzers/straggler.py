@@ -12,6 +12,7 @@ from diag.analyzers.memory_growth import memory_growth
 from diag.findings import Cost, Finding, Fix
 from diag.metrics.comms import arrival_per_step, transfer_dur
 from diag.metrics.idle import gaps
+from diag.metrics.onset import Onset, onsets, robust_sigma
 from diag.metrics.sched import runq_per_step
 from diag.metrics.steps import NS
 from diag.metrics.throttle import WINDOW_S, throttled_spans
@@ -72,6 +73,18 @@ MIN_THROTTLE_STEPS = 3  # steps begun while the watcher looked, at least
 # cleared four times: its share of the waiting swung across 55% (46-62%, the old durations' reading)
 HOLD = 0.5
 HOLD_CAUSED = 0.40
+# A rank that turns slow mid-run (`diag.metrics.onset`): the whole run's medians stay its healthy
+# ones (a planted 80 ms straggler from step 529 of 876 of a DDP job: named neither live nor
+# post-mortem). Named from the change: slow by the thresholds above on each of >= 3 consecutive
+# steps, after >= 20 compared steps on par, its excess >= 5x the noise of the 100 steps before,
+# and those steps' excess summed >= 0.2 s. Healthy runs have short stretches of one rank 1.5-5x
+# slower (GC, the OS, rank 0's epoch-end work: 3-9 steps, 0.9-7.6 ms over 1.4-2.1 ms steps, at most
+# 51 ms in all, in 45 real traces of 160-51,000 steps at load 1-17); the planted straggler's 3 steps
+# hold 245 ms. On a 1 s step a rank slower by a quarter is named after 3 steps too
+ONSET_STEPS = 3
+ONSET_BASELINE = 20
+ONSET_MARGIN = 5.0
+ONSET_EXCESS_S = 0.2
 
 
 def async_tail_wait(c: pd.DataFrame) -> pd.Series:
@@ -128,11 +141,6 @@ def compute_per_step(metrics: Metrics) -> pd.DataFrame:
     return df[[(r, s) not in gone for r, s in zip(df["rank"], df["step"])]]
 
 
-def _sigma(x: pd.Series) -> float:
-    """Robust sigma: 1.4826 x the median absolute deviation (one load spike does not move it)."""
-    return float(1.4826 * (x - x.median()).abs().median()) if len(x) else 0.0
-
-
 def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
     """The noise the compute gap must stand out of: the robust sigma of the per-step gap itself (the
     slow rank's compute minus the others' median), given the slow rank; else of the step time.
@@ -149,8 +157,8 @@ def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
         if slow in wide and wide.shape[1] >= 2:
             gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
             if len(gap):
-                return _sigma(gap)
-    return _sigma(df.groupby("step")["dur_s"].mean())
+                return robust_sigma(gap)
+    return robust_sigma(df.groupby("step")["dur_s"].mean())
 
 
 def _last_arrival(metrics: Metrics) -> dict[int, float]:
@@ -342,7 +350,7 @@ def _by_kernels(trace: Trace, metrics: Metrics) -> list[Finding]:
     consistent = float((t.idxmax(axis=1) == slow).mean())
     if others <= 0 or med[slow] < KERNEL_SLOWER * others or consistent < CONSISTENT:
         return []
-    if float(gap.median()) < NOISE_MARGIN * _sigma(gap):
+    if float(gap.median()) < NOISE_MARGIN * robust_sigma(gap):
         return []
     df = compute_per_step(metrics)
     lost = what_if(df, gap, slow) if not df.empty else pd.Series(dtype=float)
@@ -362,7 +370,7 @@ def _by_kernels(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "kernel_compute_s": evidence.by_rank(med),
                 "ratio": float(med[slow] / others),
                 "gap_s": float(gap.median()),
-                "gap_noise_s": _sigma(gap),
+                "gap_noise_s": robust_sigma(gap),
                 "slowest_share": consistent,
                 "steps_compared": int(t.shape[0]),
             },
@@ -544,6 +552,13 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     info finding instead when its training thread waited runnable for a CPU (the kernel's run-queue
     wait, sampled by the agent) >= 50% of the gap more per step than the others: its host's CPUs are
     oversubscribed by other processes (`cpu_contended`).
+    A rank that turns slow mid-run, which the whole run's medians hide (`_by_onset`): slow by the
+    ratios above (>= 1.5x, >= 25% of the step, the others waiting >= 50% of it, the slowest) on
+    each of >= 3 consecutive steps, after >= 20 compared steps on par (its excess under 25% of the
+    step), its excess >= 5x the noise of the (up to 100) steps before and >= 3x its own noise
+    over those steps (one step's hiccup between them bridged), and >= 200 ms of excess over those
+    steps (healthy runs' short stretches of one slower rank added up to at most 51 ms). Named
+    "since step N", priced over those steps.
     Priced as a what-if replay (`what_if`): per step, the others' wait for it, at most its excess,
     summed over the steps; severity from that share of the steps' time. recoverable_s: that, per step.
     Also a rank throttled from outside, which no ratio of its own work shows: `diag watch` saw its
@@ -586,19 +601,14 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
         or consistent < CONSISTENT
         or waited < WAITED * gap
     ):
-        return _by_kernels(trace, metrics)
-    if input_bound(metrics, slow, gap) or any(slow in f.ranks for f in memory_growth(trace, metrics)):
-        return []
-    contended = cpu_contended(trace, metrics, df, slow, gap)
-    if contended is not None:
-        return [contended]
-    lost = what_if(df, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
-    return [
-        _priced(
-            trace,
-            slow,
-            lost,
-            df.groupby("step")["dur_s"].mean(),
+        return _by_onset(trace, metrics, df) or _by_kernels(trace, metrics)
+    return _judged(
+        trace,
+        metrics,
+        df,
+        slow,
+        gap,
+        (
             f"rank {slow} is a straggler: {med[slow] / others:.2f}x the others' compute time",
             f"needs {med[slow] * 1e3:.1f} ms of its own work per step against {others * 1e3:.1f} ms "
             "elsewhere; the other ranks wait for it in collectives.",
@@ -613,5 +623,75 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "last_arrival_frac": _last_arrival(metrics),
             },
             list(wide.index[wide.idxmax(axis=1) == slow]),
-        )
-    ]
+        ),
+    )
+
+
+def _judged(
+    trace: Trace, metrics: Metrics, df: pd.DataFrame, slow: int, gap: float, said: tuple[str, str, dict, list]
+) -> list[Finding]:
+    """What the whole run's test and the onset's share once a rank is slow over the steps of `df`:
+    silent for an input stall or a rank memory_growth names, an info finding when its host's CPUs
+    are oversubscribed, else the finding (`said`: title, detail, evidence, steps), priced by the
+    what-if over those steps."""
+    if input_bound(metrics, slow, gap) or any(slow in f.ranks for f in memory_growth(trace, metrics)):
+        return []
+    contended = cpu_contended(trace, metrics, df, slow, gap)
+    if contended is not None:
+        return [contended]
+    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+    lost = what_if(df, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
+    return [_priced(trace, slow, lost, df.groupby("step")["dur_s"].mean(), *said)]
+
+
+def _by_onset(trace: Trace, metrics: Metrics, df: pd.DataFrame) -> list[Finding]:
+    """A rank that turned slow mid-run (`ONSET_STEPS`...): the run of steps where it did that cost
+    the most, judged and priced over those steps alone."""
+    found = onsets(
+        df,
+        slower=SLOWER,
+        min_share=MIN_STEP_SHARE,
+        waited=WAITED,
+        min_steps=ONSET_STEPS,
+        baseline=ONSET_BASELINE,
+        margin=ONSET_MARGIN,
+        steady=NOISE_MARGIN,
+        min_excess_s=ONSET_EXCESS_S,
+    )
+    if not found:
+        return []
+    o = max(found, key=lambda o: o.gap_s * len(o.steps))
+    slow, run = o.rank, df[df["step"].isin(o.steps)]
+    med = run.pivot_table(index="step", columns="rank", values="compute_s").median()
+    others = float(med.drop(slow).median())
+    return _judged(
+        trace,
+        metrics,
+        run,
+        slow,
+        o.gap_s,
+        (
+            f"rank {slow} is a straggler {_since(o)}: {med[slow] / max(others, 1e-9):.2f}x the others' "
+            "compute time",
+            f"needs {med[slow] * 1e3:.1f} ms of its own work per step against {others * 1e3:.1f} ms "
+            f"elsewhere over the {len(o.steps)} steps from step {o.first}; over the {o.baseline} "
+            f"steps before it was on par ({o.baseline_gap_s * 1e3:+.1f} ms, noise "
+            f"{o.noise_s * 1e3:.1f} ms). The other ranks wait for it in collectives.",
+            {
+                "compute_s": evidence.by_rank(med),
+                "ratio": float(med[slow] / max(others, 1e-9)),
+                "gap_s": o.gap_s,
+                "since_step": o.first,
+                "slow_steps": len(o.steps),
+                "baseline_steps": o.baseline,
+                "baseline_gap_s": o.baseline_gap_s,
+                "step_noise_s": o.noise_s,
+            },
+            o.steps,
+        ),
+    )
+
+
+def _since(o: Onset) -> str:
+    """ "since step N" while it lasts, else the steps it lasted."""
+    return f"since step {o.first}" if o.ongoing else f"at steps {o.first}-{o.steps[-1]}"

@@ -35,6 +35,7 @@ from diag.analyzers import registered_rules, run_all
 import diag
 from diag.findings import Finding
 from diag.importers import load_inputs
+from diag.metrics.stage import Metrics
 from diag.procs import ranks_under
 from diag.trace.model import Trace
 from tests.integration.runs import DDP, GPT, MEGATRON, Runs
@@ -42,11 +43,13 @@ from tests.workloads import launch
 
 ALARM = ("warning", "critical")
 SLOW = ("--slow-rank", "1", "--slow-ms", "80")
+MIDRUN = (*SLOW, "--slow-on-usr2")  # the same, from the step after the signal
 FULL = "DIAG_FULL_MATRIX"  # set (to 1) to run every cell, not only the short CI matrix
 INJECT_AFTER = 6  # iterations printed before a hang / kill is planted
 WATCH_FOR = 30.0  # seconds `diag watch` is followed after the fault
 LIVE_GOAL_S = 10.0  # the issue's goal: named within 10 s of the fault
-SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL, "usr1": signal.SIGUSR1}  # Cell.inject
+STEPS_GOAL = 5  # and a straggler within 5 of its slow steps
+SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL, "usr1": signal.SIGUSR1, "usr2": signal.SIGUSR2}
 DUTY = (0.04, 0.10)  # "throttle": the rank stopped 40 ms of every 100 ms (SIGSTOP, then SIGCONT)
 
 
@@ -58,8 +61,9 @@ class Cell:
     args: tuple[str, ...]
     expect: str | None = None  # the rule that must fire (None: no finding at all)
     rank: int | None = None  # the rank it must name
-    inject: str | None = None  # "stop" (hang), "kill" (a rank dies), "usr1" (a workload's switch),
-    # "throttle" (a SIGSTOP/SIGCONT duty cycle: a straggler), from outside, on `rank`
+    inject: str | None = None  # "stop" (hang), "kill" (a rank dies), "usr1"/"usr2" (a workload's
+    # switch: a desync, a straggler from then on), "throttle" (a SIGSTOP/SIGCONT duty cycle: a
+    # straggler), from outside, on `rank`
     known_gap: str | None = None  # why diag does not get this cell right yet (an xfail reason)
     strict: bool = True  # the gap shows on every run (a strict xfail)
     ci: bool = False  # in the short matrix `make test` runs; the rest: DIAG_FULL_MATRIX=1 (bench.faults)
@@ -82,6 +86,12 @@ LONG = ("--steps", "4000")
 LONG_DDP = ("--steps", "4000", "--hidden", "512")
 LONG_ZERO2 = ("--zero", "2", "--steps", "4000")
 
+
+def midrun(job: str, module: str, args: tuple[str, ...], ci: bool = False) -> Cell:
+    """The straggler from mid-run cell of a job: rank 1 turns slow when sent SIGUSR2."""
+    return Cell(job, "straggler from mid-run", module, (*args, *MIDRUN), "straggler", 1, "usr2", ci=ci)
+
+
 CELLS: tuple[Cell, ...] = (
     Cell("DDP", "healthy", DDP, DDP_ARGS, ci=True),
     Cell("DDP", "straggler", DDP, (*DDP_ARGS, *SLOW), expect="straggler", rank=1, ci=True),
@@ -92,6 +102,10 @@ CELLS: tuple[Cell, ...] = (
     # stop with a watcher started late, 2.0-2.6 s with it up before; in 2 ZeRO-2 runs of 10 another
     # rule spoke too (exposed_comm, at load 8-12; not examined: exposed_comm is not this change's)
     Cell("DDP", "throttled rank", DDP, LONG_DDP, expect="straggler", rank=1, inject="throttle"),
+    # a rank that turns slow mid-run (SIGUSR2: 80 ms in its forward from its next step): the whole
+    # run's medians stay its healthy ones, so only the change names it (`diag.metrics.onset`). DDP
+    # named after 2-4 of its slow steps, live 0.7-3.2 s (DDP 3 runs, ZeRO-2 2, TP 3; load 2-5)
+    midrun("DDP", DDP, LONG_DDP, ci=True),
     # strict since hang_desync defers to a rank whose process is gone (a killed rank's unflushed last
     # collectives read as a desync of ranks [0, 1]): DDP 5 of 5, TP 3 of 3 at load 12-17, named 3-7 s
     # after the kill. (CI's one "nothing in 30 s" was not reproduced here.)
@@ -106,6 +120,7 @@ CELLS: tuple[Cell, ...] = (
     Cell("ZeRO-2", "healthy", GPT, ZERO2),
     Cell("ZeRO-2", "straggler", GPT, (*ZERO2, *SLOW), expect="straggler", rank=1),
     Cell("ZeRO-2", "throttled rank", GPT, LONG_ZERO2, expect="straggler", rank=1, inject="throttle"),
+    midrun("ZeRO-2", GPT, LONG_ZERO2),
     Cell(
         "ZeRO-2 fp16",
         "overflow storm",
@@ -116,6 +131,7 @@ CELLS: tuple[Cell, ...] = (
     Cell("ZeRO-3", "healthy", GPT, ("--zero", "3", "--steps", "12")),
     Cell("megatron-core TP=2", "healthy", MEGATRON, TP_ARGS),
     Cell("megatron-core TP=2", "straggler", MEGATRON, (*TP_ARGS, *SLOW), expect="straggler", rank=1),
+    midrun("megatron-core TP=2", MEGATRON, LONG),
     Cell("megatron-core TP=2", "hang", MEGATRON, LONG, expect="hang_desync", rank=1, inject="stop"),
     Cell("megatron-core TP=2", "rank dies", MEGATRON, LONG, expect="job_crash", rank=1, inject="kill"),
 )
@@ -129,6 +145,7 @@ class Outcome:
     findings: list[Finding] = field(default_factory=list)  # post-mortem, warning or critical
     live: list[dict[str, Any]] = field(default_factory=list)  # `diag watch --json` lines, with "at_s"
     steps_to_find: int | None = None  # planted from the first step: steps until the rule names it
+    steps_after: int | None = None  # a straggler planted mid-run: its steps until the rule names it
     stuck_in: int | None = None  # a hang: the iteration the job was in (one after its last printed)
     note: str = ""
 
@@ -153,10 +170,13 @@ class Outcome:
 
     def live_correct(self) -> bool:
         """An injected fault: `diag watch` names the rank with the expected rule within 10 s; a
-        hang, with the step the job was in (the program's own iteration number)."""
+        hang, with the step the job was in (the program's own iteration number); a straggler from
+        mid-run, on the trace within 5 of its slow steps."""
         if self.cell.inject is None:
             return True
         on_time = self.live_s is not None and self.live_s <= LIVE_GOAL_S
+        if self.cell.inject == "usr2":  # a straggler from then on: within 5 of its slow steps too
+            on_time = on_time and self.steps_after is not None and self.steps_after <= STEPS_GOAL
         e = self.live_found()
         return on_time and (self.stuck_in is None or (e is not None and e.get("step") == self.stuck_in))
 
@@ -174,8 +194,8 @@ class Outcome:
     def correct(self) -> bool:
         if self.cell.expect is None:
             return not self.findings and not self.live
-        # a throttle is named post-mortem too, from the looks `diag watch` kept in the trace directory
-        post = self.found() is not None or self.cell.inject not in (None, "throttle")
+        # a throttle is named post-mortem too (from the looks `diag watch` kept), and a mid-run straggler
+        post = self.found() is not None or self.cell.inject not in (None, "throttle", "usr2")
         return post and self.live_correct() and not self.false_alarms()
 
     def row(self) -> dict[str, Any]:
@@ -194,6 +214,7 @@ class Outcome:
             "live": first["title"] if first else None,
             "live_s": self.live_s,
             "steps_to_find": self.steps_to_find,
+            "steps_after": self.steps_after,
             "false_alarms": self.false_alarms(),
             "correct": self.correct(),
             "known_gap": self.cell.known_gap,
@@ -212,17 +233,35 @@ def alarms(paths: list[str]) -> list[Finding]:
 def steps_to_find(trace_dir: str, rule: str, rank: int | None) -> int | None:
     """The fewest steps after which `rule`, on the trace cut there, names `rank` (None: never):
     how soon a fault planted from the first step is named (the issue: a straggler within 5 steps)."""
+    k = _first_cut(diag.load(trace_dir), rule, rank, 1)
+    return None if k is None else k + 1  # steps are counted from 0
+
+
+def steps_after(trace_dir: str, rule: str, rank: int, ts_ns: int) -> int | None:
+    """The fewest steps of a fault planted at `ts_ns` (those `rank` began since) after which `rule`,
+    on the trace cut there, names `rank` (None: never)."""
     trace = diag.load(trace_dir)
+    st = Metrics(trace).steps
+    since = st.loc[(st["rank"] == rank) & (st["start"] >= ts_ns), "step"]
+    if since.empty:
+        return None
+    first = int(since.min())
+    k = _first_cut(trace, rule, rank, first)
+    return None if k is None else k - first + 1
+
+
+def _first_cut(trace: Trace, rule: str, rank: int | None, lo: int) -> int | None:
+    """The first step k >= `lo` such that `rule` names `rank` on the trace cut after step k."""
     fn = registered_rules()[rule][0]
     last = int(trace.steps["step"].max()) if not trace.steps.empty else -1
-    for k in range(1, last + 1):
+    for k in range(lo, last + 1):
         frames = {
             kind: df[pd.to_numeric(df["step"], errors="coerce") <= k] if "step" in df else df
             for kind, df in trace.frames.items()
         }
         cut = Trace(headers=trace.headers, frames=frames, sources=trace.sources)
         if any(rank is None or rank in f.ranks for f in fn(cut)):
-            return k + 1  # steps are counted from 0
+            return k
     return None
 
 
@@ -377,6 +416,9 @@ def _run_injected(cell: Cell, folder: str) -> Outcome:
     with open(log, "w") as f:
         f.writelines(lines)
     out.findings = alarms([trace, log])
+    if cell.inject == "usr2":  # a straggler from then on: how many of its steps the rule needs
+        with open(os.path.join(folder, "fault.json")) as f:
+            out.steps_after = steps_after(trace, "straggler", cell.rank, json.load(f)["ts"])
     return out
 
 
@@ -392,6 +434,8 @@ def render(rows: list[dict[str, Any]]) -> str:
             live = f"{r['live']} ({r['live_s']} s after the fault)" if r["live"] else "no verdict in 30 s"
             if r.get("stuck_in") is not None:
                 live += f"; the job was in iteration {r['stuck_in']}"
+            if r.get("steps_after") is not None:
+                live += f"; on the trace, named after {r['steps_after']} of its slow steps"
         elif r["steps_to_find"] is not None:
             live = f"named after {r['steps_to_find']} steps"
         else:

@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -65,9 +66,43 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
 
 def add_slow_args(p: argparse.ArgumentParser) -> None:
     """A straggler planted in the job: one rank sleeps before every step's batch (the others wait
-    for it in the step's collectives)."""
+    for it in the step's collectives); with `--slow-on-usr2`, inside its forward (before its model's
+    last leaf module, the LM head) from the step after it got SIGUSR2, sent from outside at a
+    recorded time: a rank whose device degrades mid-run, in its compute, not its input (that is an
+    input stall) and where a peer waits in a blocking collective (megatron-core TP's backward
+    all-reduces are async: a peer's wait there is not told from its overlap)."""
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--slow-on-usr2", action="store_true", help="slow compute once SIGUSR2 came")
+
+
+class SlowRank:
+    """`add_slow_args`' sleep on this rank: `before_batch` is called each step, `hook` once."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        mine = getattr(args, "slow_rank", None) == rank
+        self.sleep_s = args.slow_ms / 1000 if mine else 0.0
+        self.on_signal = getattr(args, "slow_on_usr2", False)
+        self.armed = False
+        if self.sleep_s and self.on_signal:
+            signal.signal(signal.SIGUSR2, self._arm)
+
+    def _arm(self, _sig: int, _frame: Any) -> None:
+        self.armed = True
+
+    def before_batch(self) -> None:
+        if self.sleep_s and not self.on_signal:
+            time.sleep(self.sleep_s)
+
+    def hook(self, model: torch.nn.Module) -> None:
+        """Sleep (once armed) before `model`'s last leaf module runs forward."""
+        if self.sleep_s and self.on_signal:
+            leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+            leaves[-1].register_forward_pre_hook(self._in_compute)
+
+    def _in_compute(self, *_: Any) -> None:
+        if self.armed:
+            time.sleep(self.sleep_s)
 
 
 def init_process_group() -> tuple[int, int]:
@@ -121,18 +156,22 @@ def profiled(args: argparse.Namespace, rank: int) -> Iterator[Any]:
 
 
 def train_loop(
-    args: argparse.Namespace, prof: Any, opt: Any, loss_at: Callable[[int], torch.Tensor]
+    args: argparse.Namespace,
+    prof: Any,
+    opt: Any,
+    loss_at: Callable[[int], torch.Tensor],
+    model: torch.nn.Module,
 ) -> dict[str, Any]:
     """The loop of the plain-torch workloads: zero the grads, `loss_at(step)` (batch and forward),
     backward, optimizer step; every step's loss and wall time (`--step-sleep` included), and the
     wall clock (ns) right after each optimizer step: the job's own iteration `step` is its index."""
     losses, times, ends = [], [], []
-    slow = getattr(args, "slow_rank", None) == dist.get_rank()
+    slow = SlowRank(args, dist.get_rank())
+    slow.hook(model)
     faults = planted.Planted(args)
     for step in range(args.steps):
         t0 = time.perf_counter()
-        if slow:
-            time.sleep(args.slow_ms / 1000)
+        slow.before_batch()
         opt.zero_grad(set_to_none=True)
         loss = loss_at(step)
         faults.after_forward(loss)

@@ -36,7 +36,7 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
     def loss_at(_step: int) -> torch.Tensor:
         return model(torch.randn(args.batch, args.hidden, generator=gen)).pow(2).mean()
 
-    out = common.train_loop(args, prof, opt, loss_at)
+    out = common.train_loop(args, prof, opt, loss_at, model)
     return {**out, "bucket_sizes": str(model._get_ddp_logging_data().get("bucket_sizes", ""))}
 
 

@@ -134,12 +134,13 @@ def train(args: argparse.Namespace, rank: int, prof: Any) -> dict[str, Any]:
     dtype = {"fp16": torch.half, "bf16": torch.bfloat16}.get(args.dtype)
     losses, scales, times = [], [], []
     iterations, skipped = [], []  # the job's own numbering, as its log would show it
+    slow = common.SlowRank(args, rank)
+    slow.hook(engine.module)
     for step in range(args.steps):
         state["step"] = step
         common.maybe_detach(args, rank, step)
         t0 = time.perf_counter()
-        if args.slow_rank == rank:
-            time.sleep(args.slow_ms / 1000)
+        slow.before_batch()
         tokens, targets = batch(step, rank, args.batch, args.seq, args.vocab)
         loss = engine(tokens, targets)
         engine.backward(loss)

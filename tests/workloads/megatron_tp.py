@@ -86,7 +86,7 @@ def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
 
     if args.pp > 1:
         return train_pipelined(args, prof, model, opt, pos, mask)
-    return common.train_loop(args, prof, opt, loss_at)
+    return common.train_loop(args, prof, opt, loss_at, model)
 
 
 def train_pipelined(
