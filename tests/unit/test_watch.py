@@ -151,7 +151,7 @@ def test_a_slow_analysis_stretches_the_pause(monkeypatch):
     import diag.analyzers
 
     from diag.cli import watch
-    from diag.cli.rank_deaths import Deaths
+    from diag.live.looks import Looks
     from diag.tui import jobstate
 
     looks: list[float] = []
@@ -175,6 +175,6 @@ def test_a_slow_analysis_stretches_the_pause(monkeypatch):
     source = SimpleNamespace(poll=lambda: [])
     stream = watch.Stream(io.StringIO(), as_json=True)
     args = SimpleNamespace(interval=0.01)
-    watch._loop(args, source, Growing(), jobstate.JobState(), stream, Deaths(), time.monotonic() + 2.5)
+    watch._loop(args, source, Growing(), jobstate.JobState(), stream, Looks(), time.monotonic() + 2.5)
     gaps = [b - a for a, b in itertools.pairwise(looks)]
     assert gaps and min(gaps) >= 0.57, gaps  # 0.2 s analysing, then >= 0.4 s paused (not 0.01)
