@@ -5,6 +5,8 @@ stopped, gone and how, its recent stops and resumes) in `trace.headers[rank]["pr
 `named` for the ranks the previous analysis named throttled from outside (the straggler rule holds
 them named until their premise falls well below its thresholds). Without these looks a follower names
 a hang or a dead rank only from the silence of its trace, seconds later, and never a throttled rank.
+A priced finding's severity is held the same way from one analysis to the next
+(`findings.held_severity`): the stream prints it again only when it really changed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from diag.findings import held_severity
 from diag.live.rank_deaths import Deaths, Facts, process_facts
 
 if TYPE_CHECKING:
@@ -39,6 +42,7 @@ class Looks:
         self.host = host or socket.gethostname()
         self.deaths = Deaths(log)  # `log`: where the looks are kept for the post-mortem (one writer)
         self.throttled: set[int] = set()  # ranks the last analysis named throttled from outside
+        self.severities: dict[tuple[str, tuple[int, ...]], str] = {}  # as the last analysis showed them
 
     def following(self, headers: Callable[[], dict[int, dict[str, Any]]]) -> AbstractContextManager[None]:
         """A thread looking every `rank_deaths.LOOK_S` while in the block (see `Deaths.following`)."""
@@ -51,12 +55,28 @@ class Looks:
         return self.deaths.facts(facts)
 
     def analyze(self, trace: Trace, facts: Facts, analyze: Analyze) -> tuple[list[Any], dict[str, str]]:
-        """`analyze(trace)` with the facts in its headers; remembers whom it named throttled."""
+        """`analyze(trace)` with the facts in its headers, its findings' severities held; remembers
+        whom it named throttled."""
         for rank, fact in facts.items():
             trace.headers.setdefault(rank, {})["process"] = {**fact, "named": rank in self.throttled}
         findings, failures = analyze(trace)
         self.throttled = named_throttled(findings)
+        self.severities = hold_severities(findings, self.severities)
         return findings, failures
+
+
+def hold_severities(
+    findings: list[Any], before: dict[tuple[str, tuple[int, ...]], str]
+) -> dict[tuple[str, tuple[int, ...]], str]:
+    """Each finding's severity held against the previous analysis' (same rule and ranks), in place;
+    returns the severities now shown."""
+    now = {}
+    for f in findings:
+        key = (f.rule, tuple(sorted(f.ranks)))
+        share = (f.evidence or {}).get("time_lost_share")
+        f.severity = held_severity(f.severity, share, before.get(key))
+        now[key] = f.severity
+    return now
 
 
 def news(facts: Facts) -> tuple[tuple[int, str, bool], ...]:
