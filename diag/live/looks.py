@@ -80,9 +80,15 @@ def hold_severities(
 
 
 def news(facts: Facts) -> tuple[tuple[int, str, bool], ...]:
-    """What of the facts the rules turn into a verdict: per rank its state, and whether it was seen
-    stopped lately (a throttle). The same news twice asks for no new analysis of unchanged data."""
-    return tuple(sorted((r, str(f["state"]), bool(f.get("stopped_share"))) for r, f in facts.items()))
+    """What of the facts the rules turn into a verdict: per rank its state (running or sleeping are
+    one: a training rank flips between them), and whether it was seen stopped lately (a throttle).
+    The same news twice asks for no new analysis of unchanged data."""
+    return tuple(
+        sorted(
+            (r, "up" if f["state"] in QUIET else str(f["state"]), bool(f.get("stopped_share")))
+            for r, f in facts.items()
+        )
+    )
 
 
 def alarming(facts: Facts) -> bool:
