@@ -6,13 +6,14 @@
   diag watch <dir> --json    one JSON object a line: what alerting, exporters and bench/faults read
 
 Every `--interval` seconds it reads what the ranks wrote, runs every rule on the trace so far, and
-prints a finding when it first appears, when its severity or named ranks change, and once when it
-clears. Each rank's process on this host is looked at too (gone, or stopped; `rank_deaths`): the
-rules name a rank whose process died or froze (job_crash, hang_desync), also one whose launcher
-ended the others within a moment (the last analysis reads the processes as they were when it
-died). What the looks saw is kept in the trace directory (`proc-<host>.jsonl`, `proc_log`): the
-post-mortem names a rank throttled from outside from it, as the watch did live. Ends when the
-job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
+prints a finding when it first appears, when its severity (held until clearly below its threshold:
+`findings.held_severity`) or named ranks change, and once when it clears. Each rank's process on
+this host is looked at too (gone, or stopped; `diag.live`, as `diag top` does): the rules name a
+rank whose process died or froze (job_crash, hang_desync), also one whose launcher ended the others
+within a moment (the last analysis reads the processes as they were when it died). What the looks
+saw is kept in the trace directory (`proc-<host>.jsonl`, `proc_log`): the post-mortem names a rank
+throttled from outside from it, as the watch did live. Ends when the job's processes are gone (after
+a last analysis), at --duration, or on Ctrl-C.
 The watch runs on the training nodes: when an analysis takes longer than half the period (a long
 history: `diag.tui.model.MAX_RAW` records of each kind are kept), the pause after it is twice its
 time, so the watch takes at most a third of a core from the job.
