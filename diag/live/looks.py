@@ -36,7 +36,8 @@ def named_throttled(findings: list[Any]) -> set[int]:
 
 
 class Looks:
-    """A follower's looks at the ranks' processes on this host and the throttled ranks it named."""
+    """A follower's looks at the ranks' processes on this host, the throttled ranks and the severities
+    its last analysis showed."""
 
     def __init__(self, log: ProcLog | None = None, host: str | None = None) -> None:
         self.host = host or socket.gethostname()
