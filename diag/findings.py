@@ -14,6 +14,11 @@ SEVERITIES = ("info", "warning", "critical")
 # every rule that can price itself: below 5% it is worth knowing, from 25% it dominates the run
 WARNING_SHARE = 0.05
 CRITICAL_SHARE = 0.25
+# live (`diag watch`, `diag top`), a severity falls back only once the share is under this part of its
+# threshold (critical under 15%, warning under 3%): a rank throttled 40 ms of every 100 ms cost its
+# peers 19-40% of the wall time from one analysis to the next, and the watch printed the straggler
+# again at each crossing of 25% (critical, warning, critical: 6-9 times in 40 s)
+HOLD_SHARE = 0.6
 
 
 def severity_of(share: float) -> str:
@@ -21,6 +26,19 @@ def severity_of(share: float) -> str:
     if share >= CRITICAL_SHARE:
         return "critical"
     return "warning" if share >= WARNING_SHARE else "info"
+
+
+def held_severity(severity: str, share: float | None, before: str | None) -> str:
+    """Live, the severity to show for a priced finding (`severity` from its `share`) that was `before`
+    at the previous analysis: a higher one is kept while the share stays at >= `HOLD_SHARE` of that
+    severity's threshold. A rise shows at once. A severity a rule set otherwise (not its share's) is
+    left as it is."""
+    if not isinstance(share, (int, float)) or before not in SEVERITIES or severity != severity_of(share):
+        return severity
+    if SEVERITIES.index(before) <= SEVERITIES.index(severity):
+        return severity
+    floor = CRITICAL_SHARE if before == "critical" else WARNING_SHARE
+    return str(before) if share >= HOLD_SHARE * floor else severity
 
 
 @dataclass(frozen=True)

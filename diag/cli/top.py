@@ -8,6 +8,11 @@
                             holds open, gives the trace directory
   diag top <dir> --replay --speed 10   play a finished trace as if live, 10x faster
 
+A live job's ranks on this host are looked at as `diag watch` looks at them (`diag.live.looks`): the
+findings name a rank throttled from outside (stopped and resumed again and again), stopped (a hang)
+or dead within seconds, as the watch does. The looks are kept in the trace directory only by
+`diag watch` (one writer of proc-<host>.jsonl); `diag top` reads what a watch kept.
+
 The GPU-health sidecar (NVML) samples this host's GPUs into <trace-dir>/gpu-<host>.jsonl while
 following a live job; without a GPU the status line says so once.
 """

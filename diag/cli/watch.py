@@ -6,13 +6,14 @@
   diag watch <dir> --json    one JSON object a line: what alerting, exporters and bench/faults read
 
 Every `--interval` seconds it reads what the ranks wrote, runs every rule on the trace so far, and
-prints a finding when it first appears, when its severity or named ranks change, and once when it
-clears. Each rank's process on this host is looked at too (gone, or stopped; `rank_deaths`): the
-rules name a rank whose process died or froze (job_crash, hang_desync), also one whose launcher
-ended the others within a moment (the last analysis reads the processes as they were when it
-died). What the looks saw is kept in the trace directory (`proc-<host>.jsonl`, `proc_log`): the
-post-mortem names a rank throttled from outside from it, as the watch did live. Ends when the
-job's processes are gone (after a last analysis), at --duration, or on Ctrl-C.
+prints a finding when it first appears, when its severity (held until clearly below its threshold:
+`findings.held_severity`) or named ranks change, and once when it clears. Each rank's process on
+this host is looked at too (gone, or stopped; `diag.live`, as `diag top` does): the rules name a
+rank whose process died or froze (job_crash, hang_desync), also one whose launcher ended the others
+within a moment (the last analysis reads the processes as they were when it died). What the looks
+saw is kept in the trace directory (`proc-<host>.jsonl`, `proc_log`): the post-mortem names a rank
+throttled from outside from it, as the watch did live. Ends when the job's processes are gone (after
+a last analysis), at --duration, or on Ctrl-C.
 The watch runs on the training nodes: when an analysis takes longer than half the period (a long
 history: `diag.tui.model.MAX_RAW` records of each kind are kept), the pause after it is twice its
 time, so the watch takes at most a third of a core from the job.
@@ -28,9 +29,9 @@ import sys
 import time
 from typing import Any
 
-from diag.cli.proc_log import ProcLog
-from diag.cli.rank_deaths import Deaths, process_facts
 from diag.errors import USAGE, DiagError
+from diag.live.looks import Looks
+from diag.live.proc_log import ProcLog
 
 ENDED_GRACE_S = 2.0  # after the job's processes are gone: one more read of what they flushed
 PACE = 2.0  # pause >= PACE x the last analysis's time: at most 1 / (1 + PACE) of a core
@@ -103,13 +104,6 @@ def _text(e: dict[str, Any]) -> str:
     )
 
 
-def named_throttled(findings: list[Any]) -> set[int]:
-    """Ranks a straggler finding names as throttled from outside: the next analysis holds them
-    named until their premise falls well below the thresholds (the rule's `HOLD`)."""
-    held = [f for f in findings if f.rule == "straggler" and "stopped_share" in (f.evidence or {})]
-    return {r for f in held for r in f.ranks}
-
-
 def run(args: argparse.Namespace) -> int:
     from diag.tui import jobstate
     from diag.tui.model import JobModel
@@ -121,15 +115,15 @@ def run(args: argparse.Namespace) -> int:
     if target.isdigit() and not os.path.isdir(target):
         target = trace_dir_of_pid(int(target))
     source, model, state = LiveSource(target), JobModel(), jobstate.JobState()
-    stream, host = Stream(sys.stdout, args.json), socket.gethostname()
-    log = ProcLog(target, host)
-    deaths = Deaths(log)
+    stream = Stream(sys.stdout, args.json)
+    log = ProcLog(target, socket.gethostname())  # the looks kept: `diag top` reads them, never writes
+    looks = Looks(log)
     deadline = None if args.duration is None else time.monotonic() + args.duration
     try:
-        with deaths.following(lambda: model.headers, host):
-            return _loop(args, source, model, state, stream, deaths, deadline)
+        with looks.following(lambda: model.headers):
+            return _loop(args, source, model, state, stream, looks, deadline)
     finally:
-        with deaths.lock:
+        with looks.deaths.lock:
             log.close()
 
 
@@ -139,28 +133,20 @@ def _loop(
     model: Any,
     state: Any,
     stream: Stream,
-    deaths: Deaths,
+    looks: Looks,
     deadline: float | None,
 ) -> int:
     """Read, analyze and print every `--interval` until the job ended (or `--duration`)."""
     from diag.analyzers import run_all
 
-    host = socket.gethostname()
     analyzed, ended_at = -1, None
-    throttled: set[int] = set()  # ranks the last analysis named throttled from outside (held)
     while True:
         model.ingest(source.poll())
-        facts = process_facts(model.headers, host, time.time_ns())
-        deaths.look(facts)
-        facts = deaths.facts(facts)
+        facts = looks.look(model.headers)
         pause = args.interval
         if model.events and (model.version != analyzed or facts):
             analyzed, began = model.version, time.monotonic()
-            trace = model.to_trace()
-            for rank, fact in facts.items():
-                trace.headers.setdefault(rank, {})["process"] = {**fact, "named": rank in throttled}
-            findings, _ = run_all(trace)
-            throttled = named_throttled(findings)
+            findings, _ = looks.analyze(model.to_trace(), facts, run_all)
             stream.update(findings)
             pause = max(pause, PACE * (time.monotonic() - began))
         if model.headers and state.check(model.headers) == "ended":

@@ -2,7 +2,7 @@
 
 Live, `diag watch` hands the straggler rule its looks of the last `window_s` seconds as the header's
 `process` fact (`stopped_share`, `resumes`, `looked_s`, `first_stop_ns`). After the job, the same
-looks are in the trace directory, one record per rank and second (diag.cli.proc_log); this slides
+looks are in the trace directory, one record per rank and second (diag.live.proc_log); this slides
 the live window over them and keeps the span in which a window would have met the live thresholds:
 from the first to the last second with a stop in such a window. That span's fact has the live
 fact's keys plus `last_stop_ns`, so the rule weighs the steps begun while the rank was throttled,
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 NS = 1e9
-# the looks the live fact counts: those of the last 5 s (diag.cli.rank_deaths `Deaths.duty`), a
+# the looks the live fact counts: those of the last 5 s (diag.live.rank_deaths `Deaths.duty`), a
 # window post-mortem slides over the looks written once a second
 WINDOW_S = 5.0
 

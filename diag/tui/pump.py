@@ -1,9 +1,16 @@
 """The worker side of `diag top`: poll the source, aggregate, build the view, run the analyzers
 now and then, and post typed messages to the app. Runs on a Textual thread worker; the model is
-touched only under `lock` (the UI takes it briefly for a rank's drill-in)."""
+touched only under `lock` (the UI takes it briefly for a rank's drill-in).
+
+A live job's ranks on this host are looked at as `diag watch` does (`diag.live.looks`: a thread
+every 20 ms, the analyses reading each rank's process fact), so the Findings tab names a rank
+throttled from outside, stopped or dead as the watch does. The looks are not written to the trace
+directory (`proc-<host>.jsonl` has one writer, `diag watch`: two followers would write two files of
+the same looks, counted twice post-mortem)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +18,7 @@ from typing import Any
 
 from textual.message import Message
 
+from diag.live.looks import Looks, alarming, news
 from diag.tui import jobstate
 from diag.tui.model import JobModel, trace_of
 from diag.tui.view import JobView, build_view
@@ -20,6 +28,10 @@ Analyze = Callable[[Any], tuple[list[Any], dict[str, str]]]
 # 2.4 CPU s at 1,024 ranks x 20 steps (memory_growth, idle_between_steps), every 10 s that was a
 # quarter of a core on top of the refreshes
 ANALYSIS_SHARE = 10
+# while a rank's process is stopped, gone or stopped and resumed lately (`looks.alarming`), an
+# analysis every refresh, at most this many times its CPU time apart (`diag watch`'s PACE: a third of
+# a core), so that a hang, a dead or a throttled rank is named within seconds, as the watch names it
+ALARM_SHARE = 2
 
 
 def run_analyzers(trace: Any) -> tuple[list[Any], dict[str, str]]:
@@ -64,6 +76,9 @@ class Pump:
         self._analysis_cpu = 0.0  # thread CPU seconds of the latest analysis
         self.jobstate = jobstate.JobState()
         self._state_at = float("-inf")
+        # the ranks' processes (a live job's; what a replay's headers name is not the job's)
+        self.looks = Looks() if analyze is not None and getattr(source, "live", False) else None
+        self._news: tuple[tuple[int, str, bool], ...] = ()  # the looks the latest analysis read
 
     def run(self, cancelled: Callable[[], bool]) -> None:
         """Refresh once per `interval` until stopped (a new view only when something changed); the
@@ -73,9 +88,10 @@ class Pump:
             threading.Thread(
                 target=self._analyses, args=(cancelled,), name="top-analyze", daemon=True
             ).start()
-        while not (cancelled() or self.stop.is_set()):
-            self.poll_once()
-            self.stop.wait(self.interval)
+        with self.looks.following(lambda: self.model.headers) if self.looks else contextlib.nullcontext():
+            while not (cancelled() or self.stop.is_set()):
+                self.poll_once()
+                self.stop.wait(self.interval)
 
     def _analyses(self, cancelled: Callable[[], bool]) -> None:
         while not (cancelled() or self.stop.is_set()):
@@ -109,19 +125,29 @@ class Pump:
 
     def maybe_analyze(self) -> None:
         """Every `analyze_every` seconds (or `ANALYSIS_SHARE` times the latest analysis' CPU time,
-        if longer) while data changes, and once as soon as a replay ends."""
+        if longer) while data changes, and once as soon as a replay ends; every refresh (at most
+        `ALARM_SHARE` times its CPU time apart) while a rank's process is stopped, gone or
+        throttled, or when the looks changed what the rules read."""
         now = time.monotonic()
         done = getattr(self.source, "done", False)
+        facts = {} if self.looks is None else self.looks.look(dict(self.model.headers))
         every = max(self.analyze_every, ANALYSIS_SHARE * self._analysis_cpu)
+        if alarming(facts):
+            every = max(self.interval, ALARM_SHARE * self._analysis_cpu)
         due = now - self._last_analysis >= every or (done and self.analyses == 0)
-        if not (self.analyze and self.model.events and due and self.model.version != self._analyzed):
+        fresh = self.model.version != self._analyzed or news(facts) != self._news
+        if not (self.analyze and self.model.events and due and fresh):
             return
         cpu0 = time.thread_time()
-        self._last_analysis, self._analyzed = now, self.model.version
+        self._last_analysis, self._analyzed, self._news = now, self.model.version, news(facts)
         with self.lock:  # copied under the lock; frames are built outside it (the UI's drill-in waits)
             snapshot = self.model.snapshot()
         try:
-            findings, failures = self.analyze(trace_of(*snapshot))
+            trace = trace_of(*snapshot)
+            if self.looks is not None:
+                findings, failures = self.looks.analyze(trace, facts, self.analyze)
+            else:
+                findings, failures = self.analyze(trace)
             error = None
         except Exception as exc:  # noqa: BLE001 - the UI keeps running whatever the analyzers do
             findings, failures, error = [], {}, f"{type(exc).__name__}: {exc}"

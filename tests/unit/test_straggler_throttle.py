@@ -17,9 +17,9 @@ import pytest
 from diag.analyzers.straggler import RESUMES, STOPPED_SHARE
 
 import diag
-from diag.cli.proc_log import ProcLog
-from diag.cli.rank_deaths import LOOK_S, Deaths, process_facts
-from diag.cli.watch import named_throttled
+from diag.live.looks import named_throttled
+from diag.live.proc_log import ProcLog
+from diag.live.rank_deaths import LOOK_S, Deaths, process_facts
 from diag.metrics.throttle import WINDOW_S, throttled_spans
 from tests.unit.synth_trace import MS, T0, Job, fired
 

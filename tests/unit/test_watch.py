@@ -151,7 +151,7 @@ def test_a_slow_analysis_stretches_the_pause(monkeypatch):
     import diag.analyzers
 
     from diag.cli import watch
-    from diag.cli.rank_deaths import Deaths
+    from diag.live.looks import Looks
     from diag.tui import jobstate
 
     looks: list[float] = []
@@ -175,6 +175,51 @@ def test_a_slow_analysis_stretches_the_pause(monkeypatch):
     source = SimpleNamespace(poll=lambda: [])
     stream = watch.Stream(io.StringIO(), as_json=True)
     args = SimpleNamespace(interval=0.01)
-    watch._loop(args, source, Growing(), jobstate.JobState(), stream, Deaths(), time.monotonic() + 2.5)
+    watch._loop(args, source, Growing(), jobstate.JobState(), stream, Looks(), time.monotonic() + 2.5)
     gaps = [b - a for a, b in itertools.pairwise(looks)]
     assert gaps and min(gaps) >= 0.57, gaps  # 0.2 s analysing, then >= 0.4 s paused (not 0.01)
+
+
+def _priced(share: float, severity: str | None = None) -> Finding:
+    from diag.findings import Cost
+
+    cost = Cost(share * 0.1, 0.1)  # of a 100 ms step
+    return Finding(
+        rule="straggler",
+        severity=severity or cost.severity,
+        title="rank 1 is a straggler",
+        detail="",
+        evidence=cost.evidence(),
+        ranks=[1],
+    )
+
+
+def _live(shares: list[tuple[float, str | None]]) -> list[tuple[str, str | None]]:
+    """What `diag watch --json` prints of one straggler finding over analyses with these shares."""
+    from types import SimpleNamespace
+
+    from diag.live.looks import Looks
+
+    out, looks = io.StringIO(), Looks()
+    stream = Stream(out, as_json=True)
+    for share, severity in shares:
+        found = [_priced(share, severity)]
+        findings, _ = looks.analyze(SimpleNamespace(headers={}), {}, lambda t, found=found: (found, {}))
+        stream.update(findings)
+    return [(e["event"], e.get("severity")) for e in map(json.loads, out.getvalue().splitlines())]
+
+
+def test_a_severity_swinging_across_its_threshold_is_printed_once():
+    """A rank throttled 40 ms of every 100 ms cost its peers 19-40% of the wall time from one
+    analysis to the next (DDP, load 1.4): the watch printed the straggler again at each crossing of
+    25% (critical, warning, critical, ...). Held, it falls back once it is well below (15%, 3%);
+    a rise still shows at once."""
+    swings = [0.35, 0.23, 0.19, 0.30, 0.16, 0.21, 0.12, 0.08, 0.04, 0.02]
+    assert _live([(s, None) for s in swings]) == [
+        ("new", "critical"),
+        ("changed", "warning"),  # 12%: under 15%
+        ("cleared", None),  # 2%: under 3% (4% was held a warning)
+    ]
+    assert _live([(0.10, None), (0.26, None), (0.24, None)]) == [("new", "warning"), ("changed", "critical")]
+    # a severity the rule chose otherwise (not its share's: a precision guard) is not held
+    assert _live([(0.30, None), (0.30, "warning")]) == [("new", "critical"), ("changed", "warning")]

@@ -1,4 +1,5 @@
-"""The ranks' processes as `diag watch` sees them: running, stopped, or gone, and how a gone one ended.
+"""The ranks' processes as a live follower (`diag watch`, `diag top`) sees them: running, stopped, or
+gone, and how a gone one ended.
 
 A rank that dies is often followed within a moment by the others: torchrun sent SIGTERM to a public
 nanoGPT's rank 0 0.06-0.13 s after rank 1's SIGKILL, so an analysis once a second saw every
@@ -31,7 +32,7 @@ from diag.metrics.throttle import WINDOW_S as DUTY_WINDOW_S
 from diag.vocab import STOP_SIGNALS
 
 if TYPE_CHECKING:
-    from diag.cli.proc_log import ProcLog
+    from diag.live.proc_log import ProcLog
 
 LOOK_S = 0.02  # how often each rank's process is looked at (a thread; /proc reads, ~30 us a rank)
 _STOPS = {int(getattr(signal, name)) for name in STOP_SIGNALS}
@@ -81,7 +82,7 @@ class Deaths:
     while the others still ran: what the analysis reads once every process is gone."""
 
     def __init__(self, log: ProcLog | None = None) -> None:
-        self.log = log  # where the looks are kept for the post-mortem (diag.cli.proc_log)
+        self.log = log  # where the looks are kept for the post-mortem (diag.live.proc_log)
         self.split: Facts | None = None
         self.exits: dict[int, int] = {}  # rank -> wait status, once seen
         self.states: dict[int, deque[tuple[int, str]]] = {}  # rank -> (checked_ns, state), recent
@@ -138,11 +139,15 @@ class Deaths:
     def following(self, headers: Callable[[], dict[int, dict[str, Any]]], host: str) -> Iterator[None]:
         """A thread looking every `LOOK_S` while in the block (`headers()`: the ranks seen so far)."""
         stop = threading.Event()
-        threading.Thread(target=self._follow, args=(headers, host, stop), daemon=True).start()
+        thread = threading.Thread(
+            target=self._follow, args=(headers, host, stop), name="diag-looks", daemon=True
+        )
+        thread.start()
         try:
             yield
         finally:
             stop.set()
+            thread.join()  # within a look: none outlives its follower (nor writes after the log closed)
 
     def _follow(
         self, headers: Callable[[], dict[int, dict[str, Any]]], host: str, stop: threading.Event
