@@ -109,6 +109,7 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
         df = comms.blocking_per_step(c[~c["kind"].isin(P2P)], metrics.steady_steps, waits=False)
     med = timeline_exposed(metrics)
     if med is None:
+        df = df.dropna(subset=["exposed_s"])  # steps whose transfer times are not all known yet
         if df.empty:
             return []
         counted = df.groupby("rank")["step"].transform("size")

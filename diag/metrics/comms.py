@@ -46,7 +46,12 @@ def attribute_steps(df: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
 def transfer_dur(c: pd.DataFrame) -> pd.Series:
     """Each collective's duration without waiting for late ranks: the k-th op of a group takes, on
     every member, at least the transfer; the rank that arrived last waited least, so the minimum over
-    the members is the transfer time (the rest is waiting for a straggler)."""
+    the members is the transfer time (the rest is waiting for a straggler).
+
+    NaN (unknown) where some member of the group in the trace has no k-th op yet: followed live, one
+    rank's records run a step or two ahead of another's (each flushes on its own), and the minimum
+    over the leader alone is its whole duration, waiting included (a healthy ZeRO-2 job's rank 1
+    read "44% of each step waits on communication" live, from its first 7 steps)."""
     if c.empty:
         return pd.Series(dtype=float)
     key = c["group"].astype(str)
@@ -54,7 +59,9 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     # trace's peak memory)
     k = pd.DataFrame({"ts": c["ts"]}).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
     frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"])})
-    return frame.groupby(["g", "k"])["dur"].transform("min")
+    by_op = frame.groupby(["g", "k"])["dur"]
+    members = pd.Series(c["rank"].to_numpy(), index=c.index).groupby(key).transform("nunique")
+    return by_op.transform("min").where(by_op.transform("size") >= members)
 
 
 def arrival_wait(c: pd.DataFrame) -> pd.Series:
@@ -108,4 +115,12 @@ def blocking_per_step(c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool) 
     sync = cols[~c["async_op"].fillna(False).astype(bool).to_numpy()]
     if sync.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
-    return join_steps(steady_steps, union_by_step(sync), "exposed_s")
+    unknown = sync[sync["dur"].isna() & c.loc[sync.index, "dur"].notna()] if not waits else sync.iloc[:0]
+    out = join_steps(steady_steps, union_by_step(sync[sync["dur"].notna()]), "exposed_s")
+    if unknown.empty:
+        return out
+    # a step with a collective whose transfer time is unknown (a member's records not in yet): NaN,
+    # not its other collectives' time alone (rows stay aligned with `waits=True`'s)
+    gone = pd.MultiIndex.from_frame(unknown[["rank", "step"]]).unique()
+    at = pd.MultiIndex.from_frame(out[["rank", "step"]]).isin(gone)
+    return out.assign(exposed_s=out["exposed_s"].mask(at))

@@ -63,8 +63,10 @@ def target():
 
 
 def _wait_for(path: str) -> str:
+    """The payload's output once written: it opens the file, then writes, so the file may be seen
+    empty in between (read "" once while the suite loaded the machine)."""
     deadline = time.monotonic() + 15
-    while not os.path.exists(path):
+    while not os.path.exists(path) or not os.path.getsize(path):
         assert time.monotonic() < deadline, f"the payload never ran ({path})"
         time.sleep(0.02)
     return open(path).read()
