@@ -89,7 +89,8 @@ def onsets(
     dur = df.groupby("step")["dur_s"].mean().reindex(wide.index)
     top = wide.idxmax(axis=1)
     found = []
-    for rank in wide.columns:
+    tops = top.value_counts()
+    for rank in tops.index[tops >= min_steps]:  # a run needs it the slowest on each of its steps
         others = wide.drop(columns=rank).median(axis=1)
         gap = wide[rank] - others
         their_wait = wait.drop(columns=rank).median(axis=1)
