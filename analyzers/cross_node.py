@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from diag.analyzers import config, evidence
 
+from diag.metrics.comms import transfer_dur
+
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
@@ -18,20 +20,32 @@ STEP_SHARE = 0.25  # cross-node gathers/scatters take at least this share of the
 SLOW_FRACTION = 0.25  # and run below this fraction of the nominal inter-node bandwidth
 LINK_GBS_GPU = 25.0  # GB/s: one 200 Gb/s NIC per GPU, the common inter-node rail
 LINK_GBS_CPU = 1.25  # GB/s: 10 GbE, what a gloo/CPU job may expect between hosts
+# gloo's CPUs, not the link, bound its collectives well under it: 670 KB reduce-scatters on a plain
+# veth between two network namespaces of the 2-core CI host ran at 0.12-0.13 GB/s of bus bandwidth,
+# over a 40 Mbit/s link 0.002 GB/s. So a CPU job's link is slow below 2% of it (0.025 GB/s)
+SLOW_FRACTION_CPU = 0.02
+# the bandwidth is read from transfers this large or larger: a 768-byte gather's few ms are latency
+# and waiting, whatever the link (its "bus bandwidth" was 0.0001 GB/s on the plain veth)
+BW_BYTES = 256 << 10
 ZERO3_OPS = ("all_gather", "reduce_scatter")
+
+
+def on_gpu(trace: Trace) -> bool:
+    return not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
 
 
 def nominal_link_gbs(trace: Trace) -> float:
     """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
-    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
-    return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
+    return LINK_GBS_GPU if on_gpu(trace) else LINK_GBS_CPU
 
 
 @dataclass
 class CrossNode:
     """ZeRO-3 all-gathers / reduce-scatters on groups spanning hosts: their records (`rows`, with a
     duration and a size), their union per rank and step (`per`), the median step and cross-node time
-    per step, their median bus bandwidth and the nominal link's."""
+    per step, the bus bandwidth of the large ones (`BW_BYTES`) over their transfer time (the shortest
+    duration over the group: a rank's wait for a late peer is not the link's), the nominal link's
+    and the fraction of it under which the link is slow."""
 
     rows: pd.DataFrame
     per: pd.DataFrame
@@ -39,12 +53,13 @@ class CrossNode:
     cross_s: float
     busbw: float
     link: float
+    fraction: float
 
     @property
     def slow(self) -> bool:
-        """`zero3_slow_link`'s premise: >= STEP_SHARE of the step, below SLOW_FRACTION of the link."""
+        """`zero3_slow_link`'s premise: >= STEP_SHARE of the step, below `fraction` of the link."""
         share = self.cross_s / self.step_s if self.step_s > 0 else 0.0
-        return share >= STEP_SHARE and self.busbw < SLOW_FRACTION * self.link
+        return share >= STEP_SHARE and self.busbw < self.fraction * self.link
 
 
 def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
@@ -57,14 +72,20 @@ def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
         return None
     cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
     per = metrics.union_per_step(cross)
-    rows = c[cross & (c["dur_s"] > 0) & pd.to_numeric(c["bytes"], errors="coerce").notna()]
-    if rows.empty or per.empty:  # no size recorded: the bandwidth premise is not measured
+    size = pd.to_numeric(c["bytes"], errors="coerce")
+    rows = c[cross & (c["dur_s"] > 0) & size.notna()]
+    xfer = transfer_dur(c[cross]).reindex(rows.index) / 1e9
+    large = rows[(size.reindex(rows.index) >= BW_BYTES) & (xfer > 0)]
+    if large.empty or per.empty:  # no size recorded, or none large: the bandwidth is not measured
         return None
+    busbw = float((large["busbw"] * large["dur_s"]).sum() / xfer.reindex(large.index).sum())
+    gpu = on_gpu(trace)
     return CrossNode(
         rows,
         per,
         float(per["dur_s"].median()),
         float(per["comm_s"].median()),
-        float(rows["busbw"].median()),
-        nominal_link_gbs(trace),
+        busbw,
+        LINK_GBS_GPU if gpu else LINK_GBS_CPU,
+        SLOW_FRACTION if gpu else SLOW_FRACTION_CPU,
     )

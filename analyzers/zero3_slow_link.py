@@ -77,12 +77,16 @@ def _fixes(trace: Trace, gpus_per_node: int) -> list[Fix]:
 @rule("zero3_slow_link")
 def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for ZeRO stage 3 when all-gather / reduce-scatter on groups spanning hosts (headers' host)
-    take >= 25% of the median step and their median busbw is < 25% of the nominal inter-node link
-    (25 GB/s on GPU jobs, 1.25 GB/s on CPU/gloo). Fix: ZeRO++ hpZ + quantized weights/gradients,
+    take >= 25% of the median step and the large ones (>= 256 KiB) move under 25% of the nominal
+    inter-node link on GPU jobs (25 GB/s), under 2% on CPU/gloo jobs (1.25 GB/s: gloo's CPUs bound it
+    far below the link; 0.12-0.13 GB/s on a plain veth, 0.002 GB/s over 40 Mbit/s): their bus bytes over
+    their transfer time (each op's shortest duration over its group: a rank's wait for a late peer is
+    not the link's). Smaller ops tell latency and waiting, not the link; without a large one the
+    bandwidth is not measured and the rule is silent. Fix: ZeRO++ hpZ + quantized weights/gradients,
     larger stage3_prefetch_bucket_size, ZeRO-2, NCCL_ALGO=Ring. recoverable_s: the time the same bytes
     would save at the nominal link bandwidth; `what_if_lost_s` that summed over the steps (each step's
-    cross-node time beyond it). Severity: the cross-node share of the step (its >= 25% premise makes
-    it critical)."""
+    cross-node time beyond it). Severity: the cross-node share of the step (its >= 25% premise makes it
+    critical)."""
     cn = zero3_cross_node(trace, metrics)
     if cn is None or not cn.slow:
         return []
@@ -105,8 +109,9 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
             severity=cost.severity,
             title=f"ZeRO-3 gathers across nodes run at {busbw:.3g} GB/s, {cross_s / step_s:.0%} of each step",
             detail=(
-                f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts run at a "
-                f"median bus bandwidth of {busbw:.3g} GB/s against a nominal {link:g} GB/s link: this "
+                f"all_gather/reduce_scatter on groups spanning {len(set(host_of.values()))} hosts move "
+                f"their large transfers at {busbw:.3g} GB/s of bus bandwidth against a nominal {link:g} "
+                "GB/s link: this "
                 f"{cost.text}. Had the link run at {link:g} GB/s, the same bytes would take "
                 f"{ideal_s * 1e3:.1f} ms a step: the {len(lost)} steps would be up to "
                 f"{float(lost.sum()) * 1e3:.1f} ms shorter in all."

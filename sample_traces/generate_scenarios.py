@@ -89,7 +89,7 @@ def run_local(sc: Scenario, args: list[str]) -> None:
     launch.run(sc.module, args, timeout=300, env=sc.env())
 
 
-def run_slow_link(sc: Scenario, args: list[str], rate: str = "40mbit") -> None:
+def run_slow_link(sc: Scenario, args: list[str], rate: str | None = "40mbit") -> None:
     """Both ranks, one per namespace, rendezvous over the slow veth (gloo bound to it)."""
     with netns.slow_link(rate) as (a, b):
         procs = []

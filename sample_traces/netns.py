@@ -49,8 +49,9 @@ def unavailable() -> str | None:
 
 
 @contextlib.contextmanager
-def slow_link(rate: str = "40mbit", tag: str | None = None) -> Iterator[tuple[Node, Node]]:
-    """Yield two nodes on a `rate`-limited link (both directions); everything is removed on exit."""
+def slow_link(rate: str | None = "40mbit", tag: str | None = None) -> Iterator[tuple[Node, Node]]:
+    """Yield two nodes on a `rate`-limited link (both directions; None: a plain veth, the control);
+    everything is removed on exit."""
     tag = tag or f"{os.getpid() % 100000}"
     net = 100 + os.getpid() % 150
     nodes = (Node(f"diagA{tag}", f"dgA{tag}"[:15], f"10.213.{net}.1", "node-a"),
@@ -66,9 +67,10 @@ def slow_link(rate: str = "40mbit", tag: str | None = None) -> Iterator[tuple[No
             _ip("-n", n.netns, "addr", "add", f"{n.addr}/24", "dev", n.ifname)
             _ip("-n", n.netns, "link", "set", n.ifname, "up")
             _ip("-n", n.netns, "link", "set", "lo", "up")
-            subprocess.run(["ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", n.ifname, "root",
-                            "tbf", "rate", rate, "burst", "32kb", "latency", "400ms"],
-                           check=True, capture_output=True, text=True, timeout=20)
+            if rate is not None:
+                subprocess.run(["ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", n.ifname, "root",
+                                "tbf", "rate", rate, "burst", "32kb", "latency", "400ms"],
+                               check=True, capture_output=True, text=True, timeout=20)
         yield nodes
     finally:
         subprocess.run(["ip", "link", "del", nodes[0].ifname], capture_output=True, timeout=20)  # if left

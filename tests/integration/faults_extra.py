@@ -15,7 +15,7 @@ with DIAG_FULL_MATRIX=1, as bench.faults sets). The faults, planted by the workl
 - slow link: ZeRO-3 with each rank in its own network namespace, joined by a veth limited to 40 Mbit/s
   (sample_traces/netns.py: the kernel here has no netem, so tc tbf: bandwidth, not added latency);
   zero3_slow_link must name it. Needs root, `ip`, `tc` and `unshare` (`netns.unavailable()` says why
-  not); its control is the matrix's local ZeRO-3 healthy cell.
+  not); its control: the same job in the same namespaces on a plain veth, where nothing may fire.
 """
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ SLOW_LINK = Cell(
     ("--zero", "3", "--steps", "8"),
     expect="zero3_slow_link",  # alone: exposed_comm defers to it (the exposed time is those gathers)
 )
+
+# its control: the same job and namespaces on a plain veth. Until zero3_slow_link read the link's
+# bandwidth from the large transfers only, this job was called "ZeRO-3 gathers across nodes run at
+# 0.26 MB/s, 49% of each step" (critical): its 768-byte gathers' latency and waiting, not the link
+LINK_CONTROL = Cell("ZeRO-3", "healthy, plain link between namespaces", GPT, SLOW_LINK.args)
+NAMESPACED = {SLOW_LINK: SLOW_LINK_RATE, LINK_CONTROL: None}  # cell -> its link's rate
 
 EXTRA_CELLS: tuple[Cell, ...] = (
     Cell(
@@ -71,21 +77,25 @@ EXTRA_CELLS: tuple[Cell, ...] = (
         rank=1,
     ),
     SLOW_LINK,
+    LINK_CONTROL,
 )
 
 
 def slow_link_unavailable(cell: Cell) -> str | None:
     """Why this cell cannot run here (None: it can, or it needs no namespaces)."""
-    return netns.unavailable() if cell == SLOW_LINK else None
+    return netns.unavailable() if cell in NAMESPACED else None
 
 
 def run_extra(cell: Cell, runs: Runs, folder: str) -> Outcome:
-    """`run_cell`, or for the slow link: both ranks in their namespaces, then every rule on the trace."""
-    if cell != SLOW_LINK:
+    """`run_cell`, or for the slow link and its control: both ranks in their namespaces, then every
+    rule on the trace."""
+    if cell not in NAMESPACED:
         return run_cell(cell, runs, folder)
     trace = os.path.join(folder, "trace")
-    sc = generate_scenarios.Scenario(cell.fault, (str(cell.expect),), cell.args, slow_link=True)
-    generate_scenarios.run_slow_link(sc, [*cell.args, "--diag", "--trace-dir", trace], rate=SLOW_LINK_RATE)
+    flags = (str(cell.expect),) if cell.expect else ()
+    sc = generate_scenarios.Scenario(cell.fault, flags, cell.args, slow_link=True)
+    generate_scenarios.run_slow_link(sc, [*cell.args, "--diag", "--trace-dir", trace], rate=NAMESPACED[cell])
     out = Outcome(cell, alarms([trace]))
-    out.steps_to_find = steps_to_find(trace, str(cell.expect), cell.rank)
+    if cell.expect is not None:
+        out.steps_to_find = steps_to_find(trace, cell.expect, cell.rank)
     return out

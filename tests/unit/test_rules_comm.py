@@ -69,6 +69,9 @@ def test_embedding_comm_below_threshold_is_silent(tmp_path):
     assert fired(job.write(str(tmp_path)), "embedding_comm") == []
 
 
+SLOW_BYTES = 512 << 10  # large enough for the bandwidth premise (256 KiB); in 15 ms: a slow CPU link
+
+
 def zero3_job(hosts: list[str], dur_ms: float) -> Job:
     job = Job(
         header={"zero_stage": 3, "dtype": "fp16", "ds_config": {"zero_optimization": {"stage": 3}}},
@@ -76,7 +79,7 @@ def zero3_job(hosts: list[str], dur_ms: float) -> Job:
     )
     job.each_step(
         lambda r, s: [
-            job.comm(r, s, op="all_gather_into_tensor", nbytes=8 << 20, at_ms=10 * i, dur_ms=dur_ms)
+            job.comm(r, s, op="all_gather_into_tensor", nbytes=SLOW_BYTES, at_ms=10 * i, dur_ms=dur_ms)
             for i in range(4)
         ]
     )
@@ -85,22 +88,23 @@ def zero3_job(hosts: list[str], dur_ms: float) -> Job:
 
 def test_zero3_slow_link_fires_across_hosts(tmp_path):
     (f,) = fired(zero3_job(["a", "b"], 15).write(str(tmp_path)), "zero3_slow_link")
-    # 8 MiB in 15 ms on 2 ranks: algbw 0.56 GB/s, busbw half of it, < 25% of the CPU link's 1.25 GB/s
-    assert f.evidence["busbw_gbs"] == pytest.approx((8 << 20) / 15e6 / 2, rel=1e-3)
+    # 512 KiB in 15 ms on 2 ranks: algbw 35 MB/s, busbw half of it, < 2% of the CPU link's 1.25 GB/s
+    assert f.evidence["busbw_gbs"] == pytest.approx(SLOW_BYTES / 15e6 / 2, rel=1e-3)
     assert f.evidence["step_share"] == pytest.approx(0.45, abs=0.01)  # 0-45 ms: overlaps count once
     patch = f.fixes[0].ds_config["zero_optimization"]
     assert "zero_hpz_partition_size" not in patch and patch["zero_quantized_weights"]  # 1 rank/node
     four = zero3_job(["a", "a", "b", "b"], 15)
     four.ranks = 4
-    four.each_step(lambda r, s: four.comm(r, s, op="all_gather_into_tensor", nbytes=8 << 20, dur_ms=60))
+    four.each_step(lambda r, s: four.comm(r, s, op="all_gather_into_tensor", nbytes=SLOW_BYTES, dur_ms=60))
     (g,) = fired(four.write(str(tmp_path / "four")), "zero3_slow_link")
     assert g.fixes[0].ds_config["zero_optimization"]["zero_hpz_partition_size"] == 2
     assert f.fixes[1].ds_config["zero_optimization"]["stage3_prefetch_bucket_size"] == int(2e8)  # 4x 5e7
     assert 0 < f.recoverable_s < f.evidence["cross_node_comm_s"]
-    # what-if: 4 x 8 MiB a step at the nominal 1.25 GB/s take 26.8 ms against 45 ms, on 7 steps
-    assert f.evidence["ideal_step_comm_s"] == pytest.approx(4 * (8 << 20) / 1.25e9, rel=1e-6)
-    assert f.evidence["what_if_lost_s"] == pytest.approx(7 * (0.045 - 4 * (8 << 20) / 1.25e9), rel=1e-3)
-    assert "the 7 steps would be up to 127.1 ms shorter in all" in f.detail
+    # what-if: 4 x 512 KiB a step at the nominal 1.25 GB/s take 1.7 ms against 45 ms, on 7 steps
+    assert f.evidence["ideal_step_comm_s"] == pytest.approx(4 * SLOW_BYTES / 1.25e9, rel=1e-6)
+    assert f.evidence["what_if_lost_s"] == pytest.approx(7 * (0.045 - 4 * SLOW_BYTES / 1.25e9), rel=1e-3)
+    lost_ms = 7 * (0.045 - 4 * SLOW_BYTES / 1.25e9) * 1e3
+    assert f"the 7 steps would be up to {lost_ms:.1f} ms shorter" in f.detail
 
 
 @pytest.mark.parametrize("hosts,dur_ms", [(["a", "a"], 15), (["a", "b"], 5)])
