@@ -26,20 +26,21 @@ its next step rank 1 sleeps 80 ms in its forward, before its LM head) are plante
 after 6 iterations and 5 s of the watcher's healthy baseline; the extra cells
 (tests/integration/faults_extra.py) plant a desync (SIGUSR1 makes rank 1 broadcast where rank 0
 all-reduces), memory growth, an input stall vs a compute straggler, and ZeRO-3 over a 40 Mbit/s link
-between two network namespaces. "Live" is `diag watch --json` following the trace directory of the
-running job: for an injected fault, the first line naming the expected rule and rank and its seconds
-after the signal (the goal: 10 s; a hang's line must also name the step the job was in: one after the
-last iteration it printed); for a fault planted from the first step, the number of steps after which the
-rule, on the trace cut there, names the rank (a job's first two steps are its start-up: the first has no
-duration, the second is warm-up; the rule compares 5 steps after them); for the straggler from mid-run,
-also how many of its slow steps the rule needs on the trace cut there (the goal: 5). "Post-mortem" is
-every rule of `diag analyze` on the trace (and the job's output as its log, for an injected fault),
-warnings and criticals only. Any other rule's finding, live or post-mortem, is a false alarm; a control
-must get none. A throttled rank is named from what `diag watch` sees: its process stopped and resumed
-again and again; its trace alone does not tell it from a rank a loaded host slowed (healthy controls'
-peers waited for their rank 0 at 79-100% of steps, 29-80% of the wall time, more than the throttle
-costs). The watch keeps its looks in the trace directory (`proc-<host>.jsonl`), from which `diag
-analyze` names it post-mortem; a job nobody watched gets no such verdict.
+between two network namespaces (and its control: the same namespaces joined by a plain veth). "Live" is
+`diag watch --json` following the trace directory of the running job: for an injected fault, the first
+line naming the expected rule and rank and its seconds after the signal (the goal: 10 s; a hang's line
+must also name the step the job was in: one after the last iteration it printed); for a fault planted
+from the first step, the number of steps after which the rule, on the trace cut there, names the rank (a
+job's first two steps are its start-up: the first has no duration, the second is warm-up; the rule
+compares 5 steps after them); for the straggler from mid-run, also how many of its slow steps the rule
+needs on the trace cut there (the goal: 5). "Post-mortem" is every rule of `diag analyze` on the trace
+(and the job's output as its log, for an injected fault), warnings and criticals only. Any other rule's
+finding, live or post-mortem, is a false alarm; a control must get none. A throttled rank is named from
+what `diag watch` sees: its process stopped and resumed again and again; its trace alone does not tell
+it from a rank a loaded host slowed (healthy controls' peers waited for their rank 0 at 79-100% of
+steps, 29-80% of the wall time, more than the throttle costs). The watch keeps its looks in the trace
+directory (`proc-<host>.jsonl`), from which `diag analyze` names it post-mortem; a job nobody watched
+gets no such verdict.
 
 """
 
