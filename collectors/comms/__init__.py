@@ -34,11 +34,15 @@ from diag.collectors.comms.ops import METHODS, Spec, dtype_name, is_async, paylo
 from diag.collectors.comms.timing import CommTiming, Later
 
 from diag import schema
+from diag.agent import pending
 from diag.agent.api import AgentAPI
 from diag.agent.undo import Undo
 
 NAME = "comms"
 _COMM = schema.COMM
+# a record: (_COMM, step, op, nbytes, dtype, group, size, ranks, ts, dur, module, async_op); its
+# duration (a `Later`) is its only Pending field
+RECORD_LEN, DUR_AT = 12, 9
 _now = time.perf_counter_ns
 
 State = tuple[int, int, Any, Later]
@@ -85,6 +89,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     from torch.distributed import ProcessGroup
 
     tracker = _track_modules(agent, undo)
+    pending.declare_spot(_COMM, RECORD_LEN, DUR_AT)
     timing = timing or CommTiming(agent)
     timing.install(undo)
     groups = Groups(lambda seen: _new_group(agent, seen), agent.unsettle)

@@ -18,6 +18,7 @@ from torch._C._distributed_c10d import Work
 from torch.distributed import ProcessGroup
 
 from diag import agent, schema
+from diag.agent import pending
 from tests.unit.fake_device import FakeDevice, installed
 
 
@@ -361,3 +362,19 @@ def test_a_group_is_held_until_its_future_callback_ran(tmp_path) -> None:
         th.join()
     finally:
         agent.stop()
+
+
+def test_the_writer_settles_collectives_at_their_declared_spot(group, tmp_path, monkeypatch) -> None:
+    """The comms collector declares where its records carry their duration; the writer then looks at
+    that field alone (the general look at every field: at most once, to learn the `Later` type)."""
+    general: list[object] = []
+    look = pending._pending_types
+    monkeypatch.setattr(pending, "_pending_types", lambda rec: general.append(rec[0]) or look(rec))
+    ag = agent.start(str(tmp_path), what=("comms",))
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4))
+    path = ag.status()["trace_file"]
+    agent.stop()
+    recs = _comm_lines(path)
+    assert len(recs) == 5 and all(type(r["dur"]) is int and r["dur"] > 0 for r in recs)
+    assert general.count(schema.COMM) <= 1
