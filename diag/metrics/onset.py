@@ -78,8 +78,9 @@ def onsets(
     was under `min_share` of the step (on par), and the run's median excess stands >= `margin`
     times out of that stretch's noise (the robust sigma of its excess and of the step time, the
     larger), and >= `steady` times out of its own noise over the run (a steady excess, not the
-    scheduler's swings),
-    and the run's excess adds up to >= `min_excess_s` (longer than the hiccups of a healthy host).
+    scheduler's swings), and the run's excess adds up to >= `min_excess_s` (longer than the
+    hiccups of a healthy host). One step between two slow ones does not end a run (`slow_runs`),
+    and steps at its ends with under half its median excess are not part of it (`_trimmed`).
 
     `df`: `compute_per_step`'s rows (rank, step, dur_s, compute_s, wait_s)."""
     wide = df.pivot_table(index="step", columns="rank", values="compute_s").dropna()
