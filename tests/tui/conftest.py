@@ -51,6 +51,24 @@ def sync(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     return wrapper
 
 
+def settled(app: Any, table_id: str) -> Callable[[], bool]:
+    """A `wait_for` condition: the table's cells are the same as at the previous check and every
+    column fits them. The cells can still change once the awaited state is reached (the replay
+    reads the ranks' files one after another: the last step shown before every rank's overflow
+    was read, a snapshot cut the health cell "straggler, slow x1.6, " short in CI twice)."""
+    from diag.tui.widgets.table import SyncTable
+
+    seen: list[Any] = [None]
+
+    def check() -> bool:
+        table = app.query_one(f"#{table_id}", SyncTable)
+        cells = [tuple(str(c) for c in table.get_column(key)) for key in table.columns]
+        same, seen[0] = cells == seen[0], cells
+        return same and columns_fit(app, table_id)
+
+    return check
+
+
 def columns_fit(app: Any, table_id: str) -> bool:
     """Every column of the table is as wide as its widest cell. The widths follow the cells at the
     table's next refresh: a check or a snapshot taken between the two sees a cell cut (a snapshot

@@ -9,7 +9,7 @@ from diag.analyzers import Finding, Fix
 
 from diag.tui.app import TopApp
 from diag.tui.source import ReplaySource
-from tests.tui.conftest import columns_fit, wait_for
+from tests.tui.conftest import settled, wait_for
 from tests.tui.synth import SynthJob
 
 SIZE = (150, 36)
@@ -30,11 +30,12 @@ def _findings(trace):
 
 
 STEPS = 12
+RANKS = 8
 
 
 @pytest.fixture
 def app(tmp_path) -> TopApp:
-    job = SynthJob(str(tmp_path), 8, slow_rank=5, t0=1_700_000_000_000_000_000, overflow_at=3)
+    job = SynthJob(str(tmp_path), RANKS, slow_rank=5, t0=1_700_000_000_000_000_000, overflow_at=3)
     for step in range(STEPS):
         job.write_step(step)
     job.close()
@@ -46,9 +47,14 @@ def _ready(app: TopApp):
         # every step read and shown, the analysis' marks in the cells and the columns widened to them
         await wait_for(
             pilot,
-            lambda: app.pump.analyses > 0 and app.view is not None and app.view.last_step == STEPS - 1,
+            lambda: (
+                app.pump.analyses > 0
+                and app.view is not None
+                and len(app.view.rank_rows) == RANKS
+                and all(r.step == STEPS - 1 for r in app.view.rank_rows)
+            ),
         )
-        await wait_for(pilot, lambda: columns_fit(app, "ranks-table"))
+        await wait_for(pilot, settled(app, "ranks-table"))
         await pilot.pause()
 
     return run_before
