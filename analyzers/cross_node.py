@@ -30,13 +30,10 @@ BW_BYTES = 256 << 10
 ZERO3_OPS = ("all_gather", "reduce_scatter")
 
 
-def on_gpu(trace: Trace) -> bool:
-    return not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
-
-
 def nominal_link_gbs(trace: Trace) -> float:
     """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
-    return LINK_GBS_GPU if on_gpu(trace) else LINK_GBS_CPU
+    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
+    return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
 
 
 @dataclass
@@ -44,8 +41,7 @@ class CrossNode:
     """ZeRO-3 all-gathers / reduce-scatters on groups spanning hosts: their records (`rows`, with a
     duration and a size), their union per rank and step (`per`), the median step and cross-node time
     per step, the bus bandwidth of the large ones (`BW_BYTES`) over their transfer time (the shortest
-    duration over the group: a rank's wait for a late peer is not the link's), the nominal link's
-    and the fraction of it under which the link is slow."""
+    duration over the group: a rank's wait for a late peer is not the link's) and the nominal link's."""
 
     rows: pd.DataFrame
     per: pd.DataFrame
@@ -53,13 +49,14 @@ class CrossNode:
     cross_s: float
     busbw: float
     link: float
-    fraction: float
 
     @property
     def slow(self) -> bool:
-        """`zero3_slow_link`'s premise: >= STEP_SHARE of the step, below `fraction` of the link."""
+        """`zero3_slow_link`'s premise: >= STEP_SHARE of the step, below SLOW_FRACTION of a GPU job's
+        link (SLOW_FRACTION_CPU of a CPU job's)."""
         share = self.cross_s / self.step_s if self.step_s > 0 else 0.0
-        return share >= STEP_SHARE and self.busbw < self.fraction * self.link
+        fraction = SLOW_FRACTION if self.link == LINK_GBS_GPU else SLOW_FRACTION_CPU
+        return share >= STEP_SHARE and self.busbw < fraction * self.link
 
 
 def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
@@ -79,13 +76,11 @@ def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
     if large.empty or per.empty:  # no size recorded, or none large: the bandwidth is not measured
         return None
     busbw = float((large["busbw"] * large["dur_s"]).sum() / xfer.reindex(large.index).sum())
-    gpu = on_gpu(trace)
     return CrossNode(
         rows,
         per,
         float(per["dur_s"].median()),
         float(per["comm_s"].median()),
         busbw,
-        LINK_GBS_GPU if gpu else LINK_GBS_CPU,
-        SLOW_FRACTION if gpu else SLOW_FRACTION_CPU,
+        nominal_link_gbs(trace),
     )

@@ -606,6 +606,7 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
         trace,
         metrics,
         df,
+        wide,
         slow,
         gap,
         (
@@ -628,18 +629,23 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
 
 
 def _judged(
-    trace: Trace, metrics: Metrics, df: pd.DataFrame, slow: int, gap: float, said: tuple[str, str, dict, list]
+    trace: Trace,
+    metrics: Metrics,
+    df: pd.DataFrame,
+    wide: pd.DataFrame,
+    slow: int,
+    gap: float,
+    said: tuple[str, str, dict, list],
 ) -> list[Finding]:
-    """What the whole run's test and the onset's share once a rank is slow over the steps of `df`:
-    silent for an input stall or a rank memory_growth names, an info finding when its host's CPUs
-    are oversubscribed, else the finding (`said`: title, detail, evidence, steps), priced by the
-    what-if over those steps."""
+    """What the whole run's test and the onset's share once a rank is slow over the steps of `df`
+    (`wide`: their compute per step and rank): silent for an input stall or a rank memory_growth
+    names, an info finding when its host's CPUs are oversubscribed, else the finding (`said`: title,
+    detail, evidence, steps), priced by the what-if over those steps."""
     if input_bound(metrics, slow, gap) or any(slow in f.ranks for f in memory_growth(trace, metrics)):
         return []
     contended = cpu_contended(trace, metrics, df, slow, gap)
     if contended is not None:
         return [contended]
-    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
     lost = what_if(df, wide[slow] - wide.drop(columns=slow).median(axis=1), slow)
     return [_priced(trace, slow, lost, df.groupby("step")["dur_s"].mean(), *said)]
 
@@ -662,12 +668,14 @@ def _by_onset(trace: Trace, metrics: Metrics, df: pd.DataFrame) -> list[Finding]
         return []
     o = max(found, key=lambda o: o.gap_s * len(o.steps))
     slow, run = o.rank, df[df["step"].isin(o.steps)]
-    med = run.pivot_table(index="step", columns="rank", values="compute_s").median()
+    wide = run.pivot_table(index="step", columns="rank", values="compute_s")
+    med = wide.median()
     others = float(med.drop(slow).median())
     return _judged(
         trace,
         metrics,
         run,
+        wide,
         slow,
         o.gap_s,
         (
