@@ -113,6 +113,14 @@ class Pump:
         self.tick_s.append(time.perf_counter() - t0)
         self.post(ViewUpdated(view, time.monotonic()))
 
+    def caught_up(self, shown: JobView | None) -> bool:
+        """Whether `shown` (the app's view) is built from the model as it is now and the latest
+        analysis read that model: nothing is left to show until the source gives more. Tests wait
+        for it before a snapshot (the analysis' straggler marks come one refresh after it)."""
+        with self.lock:
+            version, analyzed, analyses = self.model.version, self._analyzed, self.analyses
+        return shown is not None and analyses > 0 and shown.version == version == analyzed
+
     def _job_state(self) -> str | None:
         """Live sources, every `jobstate.EVERY_S`: whether the job still runs (None: not checked)."""
         now = time.monotonic()
@@ -152,11 +160,11 @@ class Pump:
         except Exception as exc:  # noqa: BLE001 - the UI keeps running whatever the analyzers do
             findings, failures, error = [], {}, f"{type(exc).__name__}: {exc}"
         self._analysis_cpu = time.thread_time() - cpu0
-        self.analyses += 1
         named = {int(r) for f in findings or [] if getattr(f, "rule", "") == "straggler" for r in f.ranks}
         with self.lock:  # the Ranks tab names the stragglers the Findings tab names
             unchanged = self.model.version == self._analyzed
             self.model.set_stragglers(named)
             if unchanged:  # a verdict is not new data to analyze again
                 self._analyzed = self.model.version
+            self.analyses += 1  # counted with its verdict in the model (`caught_up`)
         self.post(FindingsUpdated(list(findings or []), dict(failures or {}), error))

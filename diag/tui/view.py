@@ -73,6 +73,7 @@ class JobView:
     state: str = "live"  # of a followed job: live / ended / detached
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # "rank-00001.jsonl: a FIFO, ...: refused"
+    version: int = -1  # the model's version it was built from (`Pump.caught_up`)
 
 
 def build_view(m: JobModel) -> JobView:
@@ -83,6 +84,7 @@ def build_view(m: JobModel) -> JobView:
         loss_scale=m.loss_scale,
         skipped_steps=m.skipped_steps,
         events=m.events,
+        version=m.version,
     )
     steps = sorted(m.step_max)
     v.step_series = [m.step_max[s] / 1e6 for s in steps[-SPARK:]]

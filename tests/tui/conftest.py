@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import html
 import os
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -65,6 +67,31 @@ def settled(app: Any, table_id: str) -> Callable[[], bool]:
         cells = [tuple(str(c) for c in table.get_column(key)) for key in table.columns]
         same, seen[0] = cells == seen[0], cells
         return same and columns_fit(app, table_id)
+
+    return check
+
+
+def screen_text(app: Any) -> str:
+    """The screen's text as an SVG snapshot holds it (its lines run together)."""
+    svg = app.export_screenshot()
+    return html.unescape("".join(re.findall(r"<text[^>]*>(.*?)</text>", svg, re.S))).replace("\xa0", " ")
+
+
+def screen_shows(app: Any, table_id: str) -> Callable[[], bool]:
+    """A `wait_for` condition on what a snapshot takes: the screen, as exported, shows every cell of
+    the table in full and is the same as at the previous check. The table's own state is not
+    enough: a health cell was once painted cut to the column's previous width and stayed so
+    (`SyncTable`'s docstring; CI at 4ec48f9 and b1394f5)."""
+    from diag.tui.widgets.table import SyncTable
+
+    seen: list[str | None] = [None]
+
+    def check() -> bool:
+        table = app.query_one(f"#{table_id}", SyncTable)
+        text = screen_text(app)
+        same, seen[0] = text == seen[0], text
+        cells = {str(c) for key in table.columns for c in table.get_column(key)}
+        return same and all(c in text for c in cells)
 
     return check
 

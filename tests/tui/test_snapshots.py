@@ -9,7 +9,7 @@ from diag.analyzers import Finding, Fix
 
 from diag.tui.app import TopApp
 from diag.tui.source import ReplaySource
-from tests.tui.conftest import settled, wait_for
+from tests.tui.conftest import screen_shows, settled, wait_for
 from tests.tui.synth import SynthJob
 
 SIZE = (150, 36)
@@ -48,13 +48,13 @@ def _ready(app: TopApp):
         await wait_for(
             pilot,
             lambda: (
-                app.pump.analyses > 0
-                and app.view is not None
+                app.pump.caught_up(app.view)
                 and len(app.view.rank_rows) == RANKS
                 and all(r.step == STEPS - 1 for r in app.view.rank_rows)
             ),
         )
         await wait_for(pilot, settled(app, "ranks-table"))
+        await wait_for(pilot, screen_shows(app, "ranks-table"))
         await pilot.pause()
 
     return run_before
