@@ -153,13 +153,16 @@ def test_every_keyword_holds_an_anchor():
     assert all(any(a in w for w in prefilter.KEYWORDS) for a in prefilter.ANCHORS)
 
 
-@pytest.mark.parametrize("chatter", [0, 3])
-def test_the_fast_path_reads_the_bench_input_as_every_line_does(tmp_path, chatter):
+@pytest.mark.parametrize(("mb", "nodes", "chatter"), [(2, 2, 0), (2, 2, 3), (3, 1, 0)])
+def test_the_fast_path_reads_the_bench_input_as_every_line_does(tmp_path, mb, nodes, chatter):
     """The bench's multi-rank input (every fixture family behind launcher prefixes, with and without
-    lines no reader reads): the fast families (`fastpath`) read what offering every line reads."""
+    lines no reader reads): the fast families (`fastpath`) read what offering every line reads. With
+    several ranks in a file (3 MiB on one node), each prints every step: a record that holds the line's
+    figures already is only touched (`MegatronReader.fast_iteration`)."""
     from bench.logs import make_input
 
-    make_input(str(tmp_path), 2, 2, chatter)
+    _, ranks = make_input(str(tmp_path), mb, nodes, chatter)
+    assert ranks >= nodes * (1 + (mb > 2))
     for name in sorted(os.listdir(tmp_path)):
         _same(str(tmp_path / name))
 
@@ -258,3 +261,21 @@ def test_repeated_lines_with_no_keyword_still_name_their_ranks(tmp_path, monkeyp
     path.write_text("\n".join(lines) + "\n")
     _same(str(path))
     assert import_log(str(path)).ranks == list(range(7))
+
+
+def test_a_step_printed_again_with_more_figures_reads_as_every_line_reads(tmp_path):
+    """Several ranks print one iteration, not always with the same fields: a record that lacks a
+    figure the next line prints takes it (the fast path only touches a record holding them all)."""
+    path = tmp_path / "ranks.log"
+    path.write_bytes(
+        b"[rank0]: iteration 10/ 100 | lm loss: 2.0 |\n"
+        b"[rank1]: iteration 10/ 100 | lm loss: 2.5 | grad norm: 1.0 | number of skipped iterations: 1 |\n"
+        b"[rank1]: iteration 20/ 100 | lm loss: 2.5 | grad norm: 1.0 | number of skipped iterations: 0 |\n"
+        b"[rank0]: iteration 20/ 100 | lm loss: 2.0 | grad norm: 3.0 | number of skipped iterations: 2 |\n"
+        b"[rank2]: iteration 10/ 100 | lm loss: 2.0 | grad norm: 3.0 | number of skipped iterations: 2 |\n"
+        b"[rank3]: iteration 20/ 100 | lm loss: 1e999 | grad norm: 3.0 | number of skipped iterations: 2 |\n"
+    )
+    _same(str(path))
+    steps = import_log(str(path)).frames["log_step"].set_index("step")
+    assert steps.loc[10, ["loss", "grad_norm", "skipped_iters"]].tolist() == [2.0, 1.0, 1.0]
+    assert steps.loc[20, ["loss", "grad_norm", "rank", "loss_nonfinite"]].tolist() == [2.5, 1.0, 1, True]

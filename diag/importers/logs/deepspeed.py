@@ -119,7 +119,7 @@ class DeepSpeedReader:
     ) -> None:
         """The throughput timer's line (`step` 0: the engine's start, no step)."""
         if step > 0:
-            self.rec.step(ln, step, samples_per_sec=samples_per_sec)
+            self.rec.one(ln, step, "samples_per_sec", samples_per_sec)
             if mem is not None:
                 self.rec.add_memory(ln, step, mem * GB, max_mem * GB)  # type: ignore[operator]
 

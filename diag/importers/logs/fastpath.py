@@ -152,21 +152,30 @@ class FastLines:
     def line(self, m: re.Match[bytes], no: int, handler: Handler) -> bool:
         """Read the matched line `no`; False when it must go the per-line way (its head holds more
         than launcher prefixes: the text `Line` reads then starts before the family's own)."""
-        head = m.group("head")
+        head = m.group(1)  # "head"
         got = self.heads.get(head, False)
         if got is False:
-            if len(self.heads) > _HEADS_KEPT:
-                self.heads.clear()
-            text = head.decode("ascii")
-            rank, host, end = peel(text)
-            got = self.heads[head] = (rank, host, end) if not text[end:].strip() else None
+            got = self._head(head)
         if got is None:
             return False
         ln = BytesLine(m.string, no, *got)
-        if ln.rank >= 0 and (ln.rank, ln.host) not in self.told:  # `seen` again would change nothing
+        if got[0] < 0 and ln.rank >= 0 and (ln.rank, ln.host) not in self.told:  # a `[Rank r]` in the text
             self.told.add((ln.rank, ln.host))
             self.seen(ln.rank, ln.host)
         return handler(ln, m)
+
+    def _head(self, head: bytes) -> tuple[int, str | None, int] | None:
+        """A head not seen before: its prefixes' rank and host (told to `seen` now: `seen` again, for
+        a later line with the same head, would change nothing), None when more than prefixes."""
+        if len(self.heads) > _HEADS_KEPT:
+            self.heads.clear()
+        text = head.decode("ascii")
+        rank, host, end = peel(text)
+        got = self.heads[head] = (rank, host, end) if not text[end:].strip() else None  # type: ignore[assignment]
+        if got is not None and rank >= 0 and (rank, host) not in self.told:
+            self.told.add((rank, host))
+            self.seen(rank, host)
+        return got
 
     def _megatron(self, ln: Line, m: re.Match[bytes]) -> bool:
         if not self.megatron.fast_iteration(ln, int(m.group("it")), m.string[m.end() :]):
@@ -211,10 +220,10 @@ class FastLines:
         return True
 
     def _bar(self, ln: Line, m: re.Match[bytes]) -> bool:
-        count, total, rate = m.group("count", "total", "rate")
+        count, total, rate, unit = m.group("count", "total", "rate", "unit")
         try:
             r: float | None = float(rate)
         except ValueError:  # `1.2.3`
             r = None
-        self.hf.progress(ln, int(count), int(total), r, m.group("unit") == b"s/it")
+        self.hf.progress(ln, int(count), int(total), r, unit == b"s/it")
         return True  # the reader reads no more of the piece: no family named (as `HFReader.line`)

@@ -76,7 +76,7 @@ class HFReader:
         ms = None if not rate else (rate * 1e3 if per_step else 1e3 / rate)
         self.bar[total] = (count, ms)
         if total == self.total and count > 0:  # the training bar: a step record per step it shows
-            self.rec.step(ln, count, iter_ms=ms)
+            self.rec.one(ln, count, "iter_ms", ms)
 
     def _train_bar(self) -> tuple[int, float | None] | None:
         if self.total is not None and self.total in self.bar:

@@ -81,10 +81,15 @@ _WORLD_KEYS = {
 
 
 class _Shape(NamedTuple):
-    """A sequence of `key: number` fields: which values (by place) are which columns."""
+    """A sequence of `key: number` fields: which values (by place) are which columns; where the loss
+    and the skipped counter are (None: not printed), the only figures a record holding every column
+    still needs (`MegatronReader.fast_iteration`)."""
 
     places: tuple[int, ...]
     cols: tuple[str, ...]
+    colset: frozenset[str]
+    loss: int | None
+    skipped: int | None
 
 
 _SHAPES: dict[tuple[bytes, ...], _Shape | None] = {}
@@ -109,7 +114,8 @@ def _shape(keys: tuple[bytes, ...]) -> _Shape | None:
                 places.append(i)
                 cols.append(col)
         else:
-            got = _Shape(tuple(places), tuple(cols))
+            at = dict(zip(cols, places))
+            got = _Shape(tuple(places), tuple(cols), frozenset(cols), at.get("loss"), at.get("skipped_iters"))
         if len(_SHAPES) >= _SHAPES_KEPT:
             _SHAPES.clear()
         _SHAPES[keys] = got
@@ -198,6 +204,15 @@ class MegatronReader:
         if shape is None or parts[-1].strip():
             return False
         values = parts[1::2]
+        rec = self.rec.steps.get(it)
+        if rec is not None and shape.colset <= rec.keys():
+            # the step's record holds every figure (another rank printed the line): `_record` would
+            # only count the skipped iterations and note the loss
+            if shape.skipped is not None:
+                self._skips(it, float(values[shape.skipped]))
+            self.last_iter = it
+            self.rec._progressed(ln, it, rec, None if shape.loss is None else float(values[shape.loss]))
+            return True
         self._record(ln, it, {c: float(values[i]) for c, i in zip(shape.cols, shape.places)})
         return True
 
@@ -207,13 +222,17 @@ class MegatronReader:
             del f["loss_scale"]  # -1: DeepSpeed manages the scale, Megatron does not know it
         skipped = f.get("skipped_iters")
         if skipped is not None:
-            if self.last_iter is not None and self.last_iter < it:
-                first = self.last_iter + 1
-            else:  # the first line: it covers the `log_interval` iterations before it
-                first = max(1, it - (self.log_interval or int(skipped) or 1) + 1)
-            self.rec.skip_counts.append((first, it, int(skipped)))
+            self._skips(it, skipped)
         self.last_iter = it
         self.rec.merge(ln, it, f)
+
+    def _skips(self, it: int, skipped: float) -> None:
+        """The skipped-iteration counter of iteration `it`'s line: the iterations since the last line."""
+        if self.last_iter is not None and self.last_iter < it:
+            first = self.last_iter + 1
+        else:  # the first line: it covers the `log_interval` iterations before it
+            first = max(1, it - (self.log_interval or int(skipped) or 1) + 1)
+        self.rec.skip_counts.append((first, it, int(skipped)))
 
     def _argument(self, key: str, value: str) -> None:
         self.rec.args.setdefault(key, value)

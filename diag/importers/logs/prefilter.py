@@ -291,16 +291,6 @@ def _chunk_lines(
         blocked = fast is None or fast.blocked()
 
 
-def _fast(b: bytes, no: int, families: tuple[tuple[Any, Any], ...], fast: Fast) -> bool:
-    """Line `no` read by `fast` as the first of `families` whose regex matches it whole."""
-    if fast.blocked():
-        return False
-    for matcher, handler in families:
-        if m := matcher(b):
-            return fast.line(m, no, handler)
-    return False
-
-
 def _line(b: bytes, no: int, fast: Fast | None = None) -> Iterator[Line]:
     """Line `no`, or its pieces: a progress bar rewrites its line with `\r`, each piece counts (a bar
     piece read by `fast`)."""
@@ -309,6 +299,18 @@ def _line(b: bytes, no: int, fast: Fast | None = None) -> Iterator[Line]:
         if raw:
             yield Line(raw, no)
         return
-    for piece in b.rstrip(b"\r\n").split(b"\r"):
-        if piece and not (fast is not None and _fast(piece, no, (fast.bar,), fast)):
-            yield Line(piece.decode("utf-8", "replace"), no)
+    pieces = b.rstrip(b"\r\n").split(b"\r")
+    if fast is None:
+        for piece in pieces:
+            if piece:
+                yield Line(piece.decode("utf-8", "replace"), no)
+        return
+    (bar, handler), read = fast.bar, fast.line
+    blocked = fast.blocked()
+    for piece in pieces:
+        if not piece:
+            continue
+        if not blocked and (m := bar(piece)) and read(m, no, handler):
+            continue  # a bar piece read by `fast`: `blocked()` is what it was
+        yield Line(piece.decode("utf-8", "replace"), no)
+        blocked = fast.blocked()
