@@ -216,6 +216,14 @@ NEAR_MISSES = [
     b"  5%|5         | 1/20 [00:01<00:19,  1.00s/it]\r 10%|#         | 2/20 [00:02<00:18,  1.00s/it]",
     b"worker-0: [rank1]:  15%|\xe2\x96\x88         | 3/20 [00:03<00:17,  1.5it/s]",
     b"  0%|          | 0/20 [00:00<?, ?it/s]",
+    b"  Total optimization steps = 20",
+    b"worker-0: [rank1]:   {'loss': 1.5, 'grad_norm': 2.0, 'learning_rate': 1e-05, 'epoch': 0.1}",
+    b"  5%|5         | 1/20 [00:01<00:19,  1.00s/it]\r{'loss': 2.0, 'epoch': 0.05}\r"
+    b" 10%|#         | 2/20 [00:02<00:18,  1.00s/it]\r   {'loss': '1.9', 'grad_norm': 'inf', 'epoch': 0.1}",
+    b"{'loss': nan, 'grad_norm': 2.0, 'epoch': 0.15}",
+    b"{'eval_loss': 1.2, 'Eval Runtime': 3.0, 'epoch': 0.2}",
+    b"[Rank 1] {'loss': 1.4, 'epoch': 0.25}",
+    b"{'train_runtime': 85.46, 'train_samples_per_second': 11.7, 'train_loss': 0.5, 'epoch': 1.0}",
     b"------------------------ arguments ------------------------",
     b"[2024-03-08 16:30:43,778] [INFO] [logging.py:96:log_dist] [Rank 0] step=40, skipped=3, lr=[9.8e-06]",
     b" iteration 19/ 600 | lm loss: 2.0 |",
@@ -279,3 +287,16 @@ def test_a_step_printed_again_with_more_figures_reads_as_every_line_reads(tmp_pa
     steps = import_log(str(path)).frames["log_step"].set_index("step")
     assert steps.loc[10, ["loss", "grad_norm", "skipped_iters"]].tolist() == [2.0, 1.0, 1.0]
     assert steps.loc[20, ["loss", "grad_norm", "rank", "loss_nonfinite"]].tolist() == [2.5, 1.0, 1, True]
+
+
+def test_a_log_of_trainer_dicts_alone_reads_as_every_line_reads(tmp_path):
+    """A log whose only HF lines are its log dicts (the fast path reads them): the family is named."""
+    path = tmp_path / "dicts.log"
+    path.write_bytes(
+        b"worker-0: [rank0]:   {'loss': 1.5, 'grad_norm': 2.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n"
+        b"worker-0: [rank0]:   {'loss': 1.25, 'grad_norm': 2.5, 'learning_rate': 1e-05, 'epoch': 0.2}\n"
+    )
+    _same(str(path))
+    got = import_log(str(path))
+    assert got.headers[0]["log_families"] == ["hf"]
+    assert got.frames["log_step"]["loss"].tolist() == [1.5, 1.25]

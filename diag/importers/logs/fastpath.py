@@ -3,8 +3,8 @@ offer to every reader in turn.
 
 A long training log is mostly a few line families repeated: Megatron's `iteration N/ M | key: value |
 ...`, DeepSpeed's `step=N, skipped=K, lr=[...]`, its throughput timer, its fp16 `Skipping step` and
-`Grad overflow on iteration` lines, the HF Trainer's tqdm bar. `prefilter` already finds a keyword
-anchor in each line it keeps; the anchor names the families the line may be (`by_anchor`), and one
+`Grad overflow on iteration` lines, the HF Trainer's tqdm bar and log dicts. `prefilter` already finds a
+keyword anchor in each line it keeps; the anchor names the families the line may be (`by_anchor`), and one
 `fullmatch` of that family's compiled regex on the line's bytes captures its figures in named groups;
 a handler hands them to the family's reader (the same methods its per-line reading calls). Megatron's
 fields are split at their numbers with one regex call and the keys' sequence (the same in every line of
@@ -80,6 +80,18 @@ _BAR = (
     rb"[ \t]*\d{1,3}%\|[^|/\[\r\n]*\|[ \t]*(?P<count>\d+)/(?P<total>\d+)[ \t]*\[[^\]\r\n]*?,[ \t]*"
     rb"(?P<rate>[\d.]+)(?P<unit>s/it|it/s)\][ \t]*"
 )
+# the HF Trainer's log dict (`hf._DICT`), a line or a `\r` piece after the bar: keys lowercase words,
+# values numbers as `hf._FLAT` reads them (bare or quoted), nothing after it
+_F = rb"[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|[1-9]\d*|0)"
+_V = rb"(?:" + _F + rb"|'" + _F + rb"')"
+_HF_DICT = (
+    _HEAD.replace(rb"(?:[!-9;-~]*:", rb"(?:(?!\{)[!-9;-~]*:")  # the head's tokens: not the dict's first key
+    + rb"(?P<dict>\{'(?:loss|eval_loss|train_runtime|train_loss)': "
+    + _V
+    + rb"(?:, '[a-z_]+': "
+    + _V
+    + rb")*\})[ \t]*"
+)
 # each family's whole line (`fullmatch` of the line's bytes)
 MEGATRON = re.compile(_HEAD + _MEGATRON)
 DS_STEP = re.compile(_HEAD + _DS_PREFIX + _DS_STEP)
@@ -87,6 +99,7 @@ DS_TIMER = re.compile(_HEAD + _DS_PREFIX + _DS_TIMER)
 DS_OVERFLOW = re.compile(_HEAD + _DS_PREFIX + _DS_OVERFLOW)
 DS_GRAD = re.compile(_HEAD + _DS_PREFIX + _DS_GRAD)
 BAR = re.compile(_HEAD + _BAR)
+HF_DICT = re.compile(_HF_DICT)
 # words a strict pattern still lets through (a field name) that a reader before the family's would take
 POISON = (b"Segmentation fault", b"ChildFailedError")
 _HEADS_KEPT = 1 << 16
@@ -99,6 +112,7 @@ BY_ANCHOR = {
     b"kipping step": (DS_OVERFLOW,),
     b"it]": (BAR,),
     b"it/s]": (BAR,),
+    b"{'": (HF_DICT,),
 }
 Handler = Callable[[Line, re.Match[bytes]], bool]
 Matcher = Callable[[bytes], re.Match[bytes] | None]
@@ -128,8 +142,9 @@ class FastLines:
             DS_OVERFLOW: (DS_OVERFLOW.fullmatch, self._ds_overflow),
             DS_GRAD: (DS_GRAD.fullmatch, self._ds_grad),
             BAR: (BAR.fullmatch, self._bar),
+            HF_DICT: (HF_DICT.fullmatch, self._hf_dict),
         }
-        self.bar = family[BAR]
+        self.pieces = (family[BAR], family[HF_DICT])  # what a `\r` piece may be, in turn
         # the families a line may be, by the first keyword anchor (`prefilter.ANCHORS`) it holds
         self.by_anchor: dict[bytes, tuple[tuple[Matcher, Handler], ...]] = {
             a: tuple(family[rx] for rx in rxs) for a, rxs in BY_ANCHOR.items()
@@ -227,3 +242,9 @@ class FastLines:
             r = None
         self.hf.progress(ln, int(count), int(total), r, unit == b"s/it")
         return True  # the reader reads no more of the piece: no family named (as `HFReader.line`)
+
+    def _hf_dict(self, ln: Line, m: re.Match[bytes]) -> bool:
+        if not self.hf.log_dict(ln, m.group("dict").decode("ascii")):
+            return False
+        self.rec.families.add("hf")
+        return True

@@ -55,7 +55,7 @@ class HFReader:
                 self.progress(ln, int(m.group(1)), int(m.group(2)), num(m.group(3)), m.group(4) == "s/it")
                 t = t[m.end() :]
         if "{'" in t and (m := _DICT.search(t)):
-            return self._dict(ln, m.group(0))
+            return self.log_dict(ln, m.group(0))
         if " = " in t and (m := _BLOCK.search(t)):
             v = int(m.group(2).replace(",", ""))
             key = m.group(1)
@@ -83,7 +83,8 @@ class HFReader:
             return self.bar[self.total]
         return self.bar[max(self.bar)] if self.bar else None
 
-    def _dict(self, ln: Line, text: str) -> bool:
+    def log_dict(self, ln: Line, text: str) -> bool:
+        """A log dict (`text`: the dict); False when it is none."""
         f = _figures(_BARE_NONFINITE.sub(r"'\1'", text))
         if f is None:
             return False

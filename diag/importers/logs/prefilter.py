@@ -146,7 +146,7 @@ class Fast(Protocol):
     """The frequent lines' fast path (`fastpath.FastLines`)."""
 
     by_anchor: dict[bytes, tuple[tuple[Any, Any], ...]]
-    bar: tuple[Any, Any]
+    pieces: tuple[tuple[Any, Any], ...]
 
     def usable(self, chunk: bytes) -> bool: ...
 
@@ -305,12 +305,16 @@ def _line(b: bytes, no: int, fast: Fast | None = None) -> Iterator[Line]:
             if piece:
                 yield Line(piece.decode("utf-8", "replace"), no)
         return
-    (bar, handler), read = fast.bar, fast.line
+    families, read = fast.pieces, fast.line
     blocked = fast.blocked()
     for piece in pieces:
         if not piece:
             continue
-        if not blocked and (m := bar(piece)) and read(m, no, handler):
-            continue  # a bar piece read by `fast`: `blocked()` is what it was
+        if not blocked:
+            for matcher, handler in families:  # noqa: B007 - the first family whose regex matches whole
+                if m := matcher(piece):
+                    break
+            if m and read(m, no, handler):
+                continue  # a bar (or a log dict) read by `fast`: `blocked()` is what it was
         yield Line(piece.decode("utf-8", "replace"), no)
         blocked = fast.blocked()
