@@ -300,3 +300,51 @@ def test_a_log_of_trainer_dicts_alone_reads_as_every_line_reads(tmp_path):
     got = import_log(str(path))
     assert got.headers[0]["log_families"] == ["hf"]
     assert got.frames["log_step"]["loss"].tolist() == [1.5, 1.25]
+
+
+BLOCKS = [
+    # DeepSpeed's config dump and Megatron's arguments dump, with a long log's chatter (and lines the
+    # blocks read that hold no keyword: a config name without `print]`, `json = {`, a Unicode blank)
+    "[2024-03-08 16:30:25,100] [INFO] [config.py:984:print] DeepSpeedEngine configuration:",
+    "worker-1: [rank5]: gpu-node-3:4121:4388 [1] NCCL INFO Channel 02/0 : 1[1] -> 2[2] via P2P/CUMEM/read",
+    "  train_batch_size ............. 64",
+    "> building train, validation, and test datasets for GPT ...",
+    "  zero_optimization_stage ...... 2",
+    "------------------------ arguments ------------------------",
+    "  log_interval ........ 5",
+    "worker-2: [rank6]: > building train, validation, and test datasets for GPT ...",
+    "  micro_batch_size\u00a0.......... 4",
+    "  tensor_model_parallel_size ... 2",
+    "  fp16_enabled ...... True",
+    "-------------------- end of arguments ---------------------",
+    "  gradient_accumulation_steps .... 8",
+    "  bfloat16_enabled ...... True",
+    "some chatter . with a dot",
+    "[2024-03-08 16:30:25,112] [INFO] [config.py:986:print_user_config]   json = {",
+    '    "train_batch_size": 64,',
+    '    "gradient_accumulation_steps": 8',
+    "}",
+    " iteration 5/ 100 | lm loss: 2.0 | number of skipped iterations: 0 |",
+]
+
+
+@pytest.mark.parametrize("chatter", [0, 1, 2])
+def test_lines_inside_a_config_or_arguments_dump_read_as_every_line_reads(tmp_path, chatter):
+    """Inside an open dump only the lines it may read become `Line`s (`busy()`'s pattern): the
+    others, chatter between the dump's lines, change nothing."""
+    noise = ["worker-3: [rank7]: NCCL INFO Connected all rings", "  some_thing ... 1 (a name, blank, dot)"]
+    json_at = next(i for i, ln in enumerate(BLOCKS) if "json = {" in ln)  # the JSON dump is read unbroken
+    lines = [x for ln in BLOCKS[:json_at] for x in [ln, *noise[:chatter]]] + BLOCKS[json_at:]
+    path = tmp_path / "blocks.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _same(str(path))
+    got = import_log(str(path))
+    header = got.headers[got.ranks[0]]
+    assert (header["global_batch"], header["zero_stage"], header["micro_batch"], header["tp"]) == (
+        64,
+        2,
+        4,
+        2,
+    )
+    assert header["ds_config"] == {"train_batch_size": 64, "gradient_accumulation_steps": 8}
+    assert {5, 6, 7} - set(got.ranks) == ({7} if not chatter else set())
