@@ -153,13 +153,16 @@ def test_every_keyword_holds_an_anchor():
     assert all(any(a in w for w in prefilter.KEYWORDS) for a in prefilter.ANCHORS)
 
 
-@pytest.mark.parametrize("chatter", [0, 3])
-def test_the_fast_path_reads_the_bench_input_as_every_line_does(tmp_path, chatter):
+@pytest.mark.parametrize(("mb", "nodes", "chatter"), [(2, 2, 0), (2, 2, 3), (3, 1, 0)])
+def test_the_fast_path_reads_the_bench_input_as_every_line_does(tmp_path, mb, nodes, chatter):
     """The bench's multi-rank input (every fixture family behind launcher prefixes, with and without
-    lines no reader reads): the fast families (`fastpath`) read what offering every line reads."""
+    lines no reader reads): the fast families (`fastpath`) read what offering every line reads. With
+    several ranks in a file (3 MiB on one node), each prints every step: a record that holds the line's
+    figures already is only touched (`MegatronReader.fast_iteration`)."""
     from bench.logs import make_input
 
-    make_input(str(tmp_path), 2, 2, chatter)
+    _, ranks = make_input(str(tmp_path), mb, nodes, chatter)
+    assert ranks >= nodes * (1 + (mb > 2))
     for name in sorted(os.listdir(tmp_path)):
         _same(str(tmp_path / name))
 
@@ -182,7 +185,8 @@ def test_the_fast_path_reads_most_lines_of_the_bench_input(tmp_path, monkeypatch
 
     monkeypatch.setattr(fastpath.FastLines, "line", line)
     import_log(str(tmp_path / "node00.log"))
-    assert {"_megatron", "_ds_step", "_ds_timer", "_ds_overflow", "_ds_grad", "_bar"} <= set(taken)
+    families = {"_megatron", "_ds_step", "_ds_timer", "_ds_overflow", "_ds_grad", "_bar", "_hf_dict"}
+    assert families <= set(taken)
     assert scan([str(tmp_path / "node00.log")], match=True) == len(taken)
 
 
@@ -213,6 +217,14 @@ NEAR_MISSES = [
     b"  5%|5         | 1/20 [00:01<00:19,  1.00s/it]\r 10%|#         | 2/20 [00:02<00:18,  1.00s/it]",
     b"worker-0: [rank1]:  15%|\xe2\x96\x88         | 3/20 [00:03<00:17,  1.5it/s]",
     b"  0%|          | 0/20 [00:00<?, ?it/s]",
+    b"  Total optimization steps = 20",
+    b"worker-0: [rank1]:   {'loss': 1.5, 'grad_norm': 2.0, 'learning_rate': 1e-05, 'epoch': 0.1}",
+    b"  5%|5         | 1/20 [00:01<00:19,  1.00s/it]\r{'loss': 2.0, 'epoch': 0.05}\r"
+    b" 10%|#         | 2/20 [00:02<00:18,  1.00s/it]\r   {'loss': '1.9', 'grad_norm': 'inf', 'epoch': 0.1}",
+    b"{'loss': nan, 'grad_norm': 2.0, 'epoch': 0.15}",
+    b"{'eval_loss': 1.2, 'Eval Runtime': 3.0, 'epoch': 0.2}",
+    b"[Rank 1] {'loss': 1.4, 'epoch': 0.25}",
+    b"{'train_runtime': 85.46, 'train_samples_per_second': 11.7, 'train_loss': 0.5, 'epoch': 1.0}",
     b"------------------------ arguments ------------------------",
     b"[2024-03-08 16:30:43,778] [INFO] [logging.py:96:log_dist] [Rank 0] step=40, skipped=3, lr=[9.8e-06]",
     b" iteration 19/ 600 | lm loss: 2.0 |",
@@ -258,3 +270,82 @@ def test_repeated_lines_with_no_keyword_still_name_their_ranks(tmp_path, monkeyp
     path.write_text("\n".join(lines) + "\n")
     _same(str(path))
     assert import_log(str(path)).ranks == list(range(7))
+
+
+def test_a_step_printed_again_with_more_figures_reads_as_every_line_reads(tmp_path):
+    """Several ranks print one iteration, not always with the same fields: a record that lacks a
+    figure the next line prints takes it (the fast path only touches a record holding them all)."""
+    path = tmp_path / "ranks.log"
+    path.write_bytes(
+        b"[rank0]: iteration 10/ 100 | lm loss: 2.0 |\n"
+        b"[rank1]: iteration 10/ 100 | lm loss: 2.5 | grad norm: 1.0 | number of skipped iterations: 1 |\n"
+        b"[rank1]: iteration 20/ 100 | lm loss: 2.5 | grad norm: 1.0 | number of skipped iterations: 0 |\n"
+        b"[rank0]: iteration 20/ 100 | lm loss: 2.0 | grad norm: 3.0 | number of skipped iterations: 2 |\n"
+        b"[rank2]: iteration 10/ 100 | lm loss: 2.0 | grad norm: 3.0 | number of skipped iterations: 2 |\n"
+        b"[rank3]: iteration 20/ 100 | lm loss: 1e999 | grad norm: 3.0 | number of skipped iterations: 2 |\n"
+    )
+    _same(str(path))
+    steps = import_log(str(path)).frames["log_step"].set_index("step")
+    assert steps.loc[10, ["loss", "grad_norm", "skipped_iters"]].tolist() == [2.0, 1.0, 1.0]
+    assert steps.loc[20, ["loss", "grad_norm", "rank", "loss_nonfinite"]].tolist() == [2.5, 1.0, 1, True]
+
+
+def test_a_log_of_trainer_dicts_alone_reads_as_every_line_reads(tmp_path):
+    """A log whose only HF lines are its log dicts (the fast path reads them): the family is named."""
+    path = tmp_path / "dicts.log"
+    path.write_bytes(
+        b"worker-0: [rank0]:   {'loss': 1.5, 'grad_norm': 2.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n"
+        b"worker-0: [rank0]:   {'loss': 1.25, 'grad_norm': 2.5, 'learning_rate': 1e-05, 'epoch': 0.2}\n"
+    )
+    _same(str(path))
+    got = import_log(str(path))
+    assert got.headers[0]["log_families"] == ["hf"]
+    assert got.frames["log_step"]["loss"].tolist() == [1.5, 1.25]
+
+
+BLOCKS = [
+    # DeepSpeed's config dump and Megatron's arguments dump, with a long log's chatter (and lines the
+    # blocks read that hold no keyword: a config name without `print]`, `json = {`, a Unicode blank)
+    "[2024-03-08 16:30:25,100] [INFO] [config.py:984:print] DeepSpeedEngine configuration:",
+    "worker-1: [rank5]: gpu-node-3:4121:4388 [1] NCCL INFO Channel 02/0 : 1[1] -> 2[2] via P2P/CUMEM/read",
+    "  train_batch_size ............. 64",
+    "> building train, validation, and test datasets for GPT ...",
+    "  zero_optimization_stage ...... 2",
+    "------------------------ arguments ------------------------",
+    "  log_interval ........ 5",
+    "worker-2: [rank6]: > building train, validation, and test datasets for GPT ...",
+    "  micro_batch_size\u00a0.......... 4",
+    "  tensor_model_parallel_size ... 2",
+    "  fp16_enabled ...... True",
+    "-------------------- end of arguments ---------------------",
+    "  gradient_accumulation_steps .... 8",
+    "  bfloat16_enabled ...... True",
+    "some chatter . with a dot",
+    "[2024-03-08 16:30:25,112] [INFO] [config.py:986:print_user_config]   json = {",
+    '    "train_batch_size": 64,',
+    '    "gradient_accumulation_steps": 8',
+    "}",
+    " iteration 5/ 100 | lm loss: 2.0 | number of skipped iterations: 0 |",
+]
+
+
+@pytest.mark.parametrize("chatter", [0, 1, 2])
+def test_lines_inside_a_config_or_arguments_dump_read_as_every_line_reads(tmp_path, chatter):
+    """Inside an open dump only the lines it may read become `Line`s (`busy()`'s pattern): the
+    others, chatter between the dump's lines, change nothing."""
+    noise = ["worker-3: [rank7]: NCCL INFO Connected all rings", "  some_thing ... 1 (a name, blank, dot)"]
+    json_at = next(i for i, ln in enumerate(BLOCKS) if "json = {" in ln)  # the JSON dump is read unbroken
+    lines = [x for ln in BLOCKS[:json_at] for x in [ln, *noise[:chatter]]] + BLOCKS[json_at:]
+    path = tmp_path / "blocks.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _same(str(path))
+    got = import_log(str(path))
+    header = got.headers[got.ranks[0]]
+    assert (header["global_batch"], header["zero_stage"], header["micro_batch"], header["tp"]) == (
+        64,
+        2,
+        4,
+        2,
+    )
+    assert header["ds_config"] == {"train_batch_size": 64, "gradient_accumulation_steps": 8}
+    assert {5, 6, 7} - set(got.ranks) == ({7} if not chatter else set())

@@ -14,6 +14,7 @@ Unknown lines are ignored; a log with nothing readable is an `ImportProblem`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +23,11 @@ import pandas as pd
 from diag import schema
 from diag.importers.errors import ImportProblem
 from diag.importers.logs.crash import CrashReader, failure_frame, verdict
-from diag.importers.logs.deepspeed import DeepSpeedReader
+from diag.importers.logs.deepspeed import CONFIG_BYTES, DeepSpeedReader
 from diag.importers.logs.fastpath import FastLines
 from diag.importers.logs.hf import HFReader
 from diag.importers.logs.lines import read_lines
-from diag.importers.logs.megatron import MegatronReader
+from diag.importers.logs.megatron import ARG_BYTES, MegatronReader
 from diag.importers.logs.prefilter import keyword_lines
 from diag.importers.logs.records import STEP_COLUMNS, Records
 from diag.importers.logs.verl import VerlReader
@@ -113,16 +114,21 @@ def read_records(path: str, every_line: bool = False) -> Records:
         if host:
             rec.hosts.setdefault(rank, host)
 
-    def busy() -> bool:  # a reader inside a block of lines it reads whole
-        return bool(
-            megatron.in_args
-            or deepspeed.in_config
-            or deepspeed.json is not None
+    def busy() -> bool | re.Pattern[bytes]:
+        """A reader inside a block of lines: True when it reads every line, the pattern of the lines
+        without a keyword it may read when it reads only those (Megatron's arguments dump, DeepSpeed's
+        config dump: a long log's other lines need not become `Line`s while one is open)."""
+        if (
+            deepspeed.json is not None
             or crash.open_tb
             or crash.child is not None
             or verl.pending is not None
             or verl.config.depth > 0
-        )
+        ):
+            return True
+        if megatron.in_args:  # it takes every line: the readers after it see none
+            return ARG_BYTES
+        return CONFIG_BYTES if deepspeed.in_config else False
 
     fast = FastLines(rec, crash, megatron, deepspeed, hf, verl, seen)
     for ln in read_lines(path) if every_line else keyword_lines(path, busy, seen, fast):

@@ -52,11 +52,14 @@ _OVERFLOW = re.compile(
     r"fp16 dynamic loss scale overflow!\s*Skipping step)\.?"
     r"(?:\s*Attempted loss scale:\s*" + _N + r"(?:,\s*reducing to\s*" + _N + r")?)?"
 )
-_CONFIG = re.compile(
-    r"^\s*(world_size|train_batch_size|train_micro_batch_size_per_gpu|"
-    r"gradient_accumulation_steps|zero_optimization_stage|zero_config|fp16_enabled|bfloat16_enabled|float16_config|"
-    r"bfloat16_config|global_rank)\s+\.*\s*(.*?)\s*$"
+_CONFIG_KEYS = (
+    "world_size|train_batch_size|train_micro_batch_size_per_gpu|gradient_accumulation_steps|"
+    "zero_optimization_stage|zero_config|fp16_enabled|bfloat16_enabled|float16_config|bfloat16_config|global_rank"
 )
+_CONFIG = re.compile(r"^\s*(" + _CONFIG_KEYS + r")\s+\.*\s*(.*?)\s*$")
+# a line without a keyword the config block (`in_config`) may read, in bytes: `json = {` or a `_CONFIG`
+# name; or one of verl's config section (`verl.VerlReader`), which such a line reaches after this reader
+CONFIG_BYTES = re.compile(rb"json = \{|" + _CONFIG_KEYS.encode() + rb"|'trainer': \{")
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
 _MPI = re.compile(r"Discovered MPI settings of world_rank=(\d+),.*?\bworld_size=(\d+)")
 _GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
@@ -119,7 +122,7 @@ class DeepSpeedReader:
     ) -> None:
         """The throughput timer's line (`step` 0: the engine's start, no step)."""
         if step > 0:
-            self.rec.step(ln, step, samples_per_sec=samples_per_sec)
+            self.rec.one(ln, step, "samples_per_sec", samples_per_sec)
             if mem is not None:
                 self.rec.add_memory(ln, step, mem * GB, max_mem * GB)  # type: ignore[operator]
 

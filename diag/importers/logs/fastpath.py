@@ -3,8 +3,8 @@ offer to every reader in turn.
 
 A long training log is mostly a few line families repeated: Megatron's `iteration N/ M | key: value |
 ...`, DeepSpeed's `step=N, skipped=K, lr=[...]`, its throughput timer, its fp16 `Skipping step` and
-`Grad overflow on iteration` lines, the HF Trainer's tqdm bar. `prefilter` already finds a keyword
-anchor in each line it keeps; the anchor names the families the line may be (`by_anchor`), and one
+`Grad overflow on iteration` lines, the HF Trainer's tqdm bar and log dicts. `prefilter` already finds a
+keyword anchor in each line it keeps; the anchor names the families the line may be (`by_anchor`), and one
 `fullmatch` of that family's compiled regex on the line's bytes captures its figures in named groups;
 a handler hands them to the family's reader (the same methods its per-line reading calls). Megatron's
 fields are split at their numbers with one regex call and the keys' sequence (the same in every line of
@@ -80,6 +80,18 @@ _BAR = (
     rb"[ \t]*\d{1,3}%\|[^|/\[\r\n]*\|[ \t]*(?P<count>\d+)/(?P<total>\d+)[ \t]*\[[^\]\r\n]*?,[ \t]*"
     rb"(?P<rate>[\d.]+)(?P<unit>s/it|it/s)\][ \t]*"
 )
+# the HF Trainer's log dict (`hf._DICT`), a line or a `\r` piece after the bar: keys lowercase words,
+# values numbers as `hf._FLAT` reads them (bare or quoted), nothing after it
+_F = rb"[-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|[1-9]\d*|0)"
+_V = rb"(?:" + _F + rb"|'" + _F + rb"')"
+_HF_DICT = (
+    _HEAD.replace(rb"(?:[!-9;-~]*:", rb"(?:(?!\{)[!-9;-~]*:")  # the head's tokens: not the dict's first key
+    + rb"(?P<dict>\{'(?:loss|eval_loss|train_runtime|train_loss)': "
+    + _V
+    + rb"(?:, '[a-z_]+': "
+    + _V
+    + rb")*\})[ \t]*"
+)
 # each family's whole line (`fullmatch` of the line's bytes)
 MEGATRON = re.compile(_HEAD + _MEGATRON)
 DS_STEP = re.compile(_HEAD + _DS_PREFIX + _DS_STEP)
@@ -87,6 +99,7 @@ DS_TIMER = re.compile(_HEAD + _DS_PREFIX + _DS_TIMER)
 DS_OVERFLOW = re.compile(_HEAD + _DS_PREFIX + _DS_OVERFLOW)
 DS_GRAD = re.compile(_HEAD + _DS_PREFIX + _DS_GRAD)
 BAR = re.compile(_HEAD + _BAR)
+HF_DICT = re.compile(_HF_DICT)
 # words a strict pattern still lets through (a field name) that a reader before the family's would take
 POISON = (b"Segmentation fault", b"ChildFailedError")
 _HEADS_KEPT = 1 << 16
@@ -99,6 +112,7 @@ BY_ANCHOR = {
     b"kipping step": (DS_OVERFLOW,),
     b"it]": (BAR,),
     b"it/s]": (BAR,),
+    b"{'": (HF_DICT,),
 }
 Handler = Callable[[Line, re.Match[bytes]], bool]
 Matcher = Callable[[bytes], re.Match[bytes] | None]
@@ -128,8 +142,9 @@ class FastLines:
             DS_OVERFLOW: (DS_OVERFLOW.fullmatch, self._ds_overflow),
             DS_GRAD: (DS_GRAD.fullmatch, self._ds_grad),
             BAR: (BAR.fullmatch, self._bar),
+            HF_DICT: (HF_DICT.fullmatch, self._hf_dict),
         }
-        self.bar = family[BAR]
+        self.pieces = (family[BAR], family[HF_DICT])  # what a `\r` piece may be, in turn
         # the families a line may be, by the first keyword anchor (`prefilter.ANCHORS`) it holds
         self.by_anchor: dict[bytes, tuple[tuple[Matcher, Handler], ...]] = {
             a: tuple(family[rx] for rx in rxs) for a, rxs in BY_ANCHOR.items()
@@ -152,21 +167,30 @@ class FastLines:
     def line(self, m: re.Match[bytes], no: int, handler: Handler) -> bool:
         """Read the matched line `no`; False when it must go the per-line way (its head holds more
         than launcher prefixes: the text `Line` reads then starts before the family's own)."""
-        head = m.group("head")
+        head = m.group(1)  # "head"
         got = self.heads.get(head, False)
         if got is False:
-            if len(self.heads) > _HEADS_KEPT:
-                self.heads.clear()
-            text = head.decode("ascii")
-            rank, host, end = peel(text)
-            got = self.heads[head] = (rank, host, end) if not text[end:].strip() else None
+            got = self._head(head)
         if got is None:
             return False
         ln = BytesLine(m.string, no, *got)
-        if ln.rank >= 0 and (ln.rank, ln.host) not in self.told:  # `seen` again would change nothing
+        if got[0] < 0 and ln.rank >= 0 and (ln.rank, ln.host) not in self.told:  # a `[Rank r]` in the text
             self.told.add((ln.rank, ln.host))
             self.seen(ln.rank, ln.host)
         return handler(ln, m)
+
+    def _head(self, head: bytes) -> tuple[int, str | None, int] | None:
+        """A head not seen before: its prefixes' rank and host (told to `seen` now: `seen` again, for
+        a later line with the same head, would change nothing), None when more than prefixes."""
+        if len(self.heads) > _HEADS_KEPT:
+            self.heads.clear()
+        text = head.decode("ascii")
+        rank, host, end = peel(text)
+        got = self.heads[head] = (rank, host, end) if not text[end:].strip() else None  # type: ignore[assignment]
+        if got is not None and rank >= 0 and (rank, host) not in self.told:
+            self.told.add((rank, host))
+            self.seen(rank, host)
+        return got
 
     def _megatron(self, ln: Line, m: re.Match[bytes]) -> bool:
         if not self.megatron.fast_iteration(ln, int(m.group("it")), m.string[m.end() :]):
@@ -211,10 +235,16 @@ class FastLines:
         return True
 
     def _bar(self, ln: Line, m: re.Match[bytes]) -> bool:
-        count, total, rate = m.group("count", "total", "rate")
+        count, total, rate, unit = m.group("count", "total", "rate", "unit")
         try:
             r: float | None = float(rate)
         except ValueError:  # `1.2.3`
             r = None
-        self.hf.progress(ln, int(count), int(total), r, m.group("unit") == b"s/it")
+        self.hf.progress(ln, int(count), int(total), r, unit == b"s/it")
         return True  # the reader reads no more of the piece: no family named (as `HFReader.line`)
+
+    def _hf_dict(self, ln: Line, m: re.Match[bytes]) -> bool:
+        if not self.hf.log_dict(ln, m.group("dict").decode("ascii")):
+            return False
+        self.rec.families.add("hf")
+        return True

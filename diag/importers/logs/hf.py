@@ -55,7 +55,7 @@ class HFReader:
                 self.progress(ln, int(m.group(1)), int(m.group(2)), num(m.group(3)), m.group(4) == "s/it")
                 t = t[m.end() :]
         if "{'" in t and (m := _DICT.search(t)):
-            return self._dict(ln, m.group(0))
+            return self.log_dict(ln, m.group(0))
         if " = " in t and (m := _BLOCK.search(t)):
             v = int(m.group(2).replace(",", ""))
             key = m.group(1)
@@ -76,14 +76,15 @@ class HFReader:
         ms = None if not rate else (rate * 1e3 if per_step else 1e3 / rate)
         self.bar[total] = (count, ms)
         if total == self.total and count > 0:  # the training bar: a step record per step it shows
-            self.rec.step(ln, count, iter_ms=ms)
+            self.rec.one(ln, count, "iter_ms", ms)
 
     def _train_bar(self) -> tuple[int, float | None] | None:
         if self.total is not None and self.total in self.bar:
             return self.bar[self.total]
         return self.bar[max(self.bar)] if self.bar else None
 
-    def _dict(self, ln: Line, text: str) -> bool:
+    def log_dict(self, ln: Line, text: str) -> bool:
+        """A log dict (`text`: the dict); False when it is none."""
         f = _figures(_BARE_NONFINITE.sub(r"'\1'", text))
         if f is None:
             return False

@@ -33,6 +33,9 @@ _FIELD = re.compile(r"([^|:]+?)\s*:\s*([^|]*?)\s*(?=\||$)")
 _VALID = re.compile(r"validation loss at iteration\s+(\d+)\s*(?:on [\w ]+)?\|(.*)")
 _MEM = re.compile(r"\(after\s+(\d+)\s+iterations\)\s+memory \(MB\)\s*\|(.*)")
 _ARG = re.compile(r"^\s*([a-z][a-z0-9_]*)\s\.+\s(.*?)\s*$")
+# a line `_ARG` may read, in bytes: a name's last character, a blank (any Unicode one, as UTF-8), a dot;
+# inside the dump the other lines without a keyword change nothing (`prefilter` passes them by)
+ARG_BYTES = re.compile(rb"[a-z0-9_](?:[\t-\r\x1c-\x20]|[\x80-\xff]{2,3})\.")
 _WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
 _SIZES = re.compile(r"([a-z-]+?)[ -]size:\s*(\d+)")
 _GROUP = re.compile(r"has (data|tensor model|pipeline model|context) parallel group ?: \[([\d, ]*)\]")
@@ -81,10 +84,15 @@ _WORLD_KEYS = {
 
 
 class _Shape(NamedTuple):
-    """A sequence of `key: number` fields: which values (by place) are which columns."""
+    """A sequence of `key: number` fields: which values (by place) are which columns; where the loss
+    and the skipped counter are (None: not printed), the only figures a record holding every column
+    still needs (`MegatronReader.fast_iteration`)."""
 
     places: tuple[int, ...]
     cols: tuple[str, ...]
+    colset: frozenset[str]
+    loss: int | None
+    skipped: int | None
 
 
 _SHAPES: dict[tuple[bytes, ...], _Shape | None] = {}
@@ -109,7 +117,8 @@ def _shape(keys: tuple[bytes, ...]) -> _Shape | None:
                 places.append(i)
                 cols.append(col)
         else:
-            got = _Shape(tuple(places), tuple(cols))
+            at = dict(zip(cols, places))
+            got = _Shape(tuple(places), tuple(cols), frozenset(cols), at.get("loss"), at.get("skipped_iters"))
         if len(_SHAPES) >= _SHAPES_KEPT:
             _SHAPES.clear()
         _SHAPES[keys] = got
@@ -198,6 +207,15 @@ class MegatronReader:
         if shape is None or parts[-1].strip():
             return False
         values = parts[1::2]
+        rec = self.rec.steps.get(it)
+        if rec is not None and shape.colset <= rec.keys():
+            # the step's record holds every figure (another rank printed the line): `_record` would
+            # only count the skipped iterations and note the loss
+            if shape.skipped is not None:
+                self._skips(it, float(values[shape.skipped]))
+            self.last_iter = it
+            self.rec._progressed(ln, it, rec, None if shape.loss is None else float(values[shape.loss]))
+            return True
         self._record(ln, it, {c: float(values[i]) for c, i in zip(shape.cols, shape.places)})
         return True
 
@@ -207,13 +225,17 @@ class MegatronReader:
             del f["loss_scale"]  # -1: DeepSpeed manages the scale, Megatron does not know it
         skipped = f.get("skipped_iters")
         if skipped is not None:
-            if self.last_iter is not None and self.last_iter < it:
-                first = self.last_iter + 1
-            else:  # the first line: it covers the `log_interval` iterations before it
-                first = max(1, it - (self.log_interval or int(skipped) or 1) + 1)
-            self.rec.skip_counts.append((first, it, int(skipped)))
+            self._skips(it, skipped)
         self.last_iter = it
         self.rec.merge(ln, it, f)
+
+    def _skips(self, it: int, skipped: float) -> None:
+        """The skipped-iteration counter of iteration `it`'s line: the iterations since the last line."""
+        if self.last_iter is not None and self.last_iter < it:
+            first = self.last_iter + 1
+        else:  # the first line: it covers the `log_interval` iterations before it
+            first = max(1, it - (self.log_interval or int(skipped) or 1) + 1)
+        self.rec.skip_counts.append((first, it, int(skipped)))
 
     def _argument(self, key: str, value: str) -> None:
         self.rec.args.setdefault(key, value)

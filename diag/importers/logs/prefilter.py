@@ -10,9 +10,11 @@ tries the alternation only where a line holds one of the anchors' first bytes, s
 -> 0.42 s CPU on 50 MiB of the bench's input with NCCL/warning chatter, 0.30 -> 0.23 s on the
 fixture-only input, with no more lines let through on either). A line holding an anchor but no keyword
 is only offered to readers that ignore it. Only lines with an anchor, and every line while a reader is
-in the middle of a block (`busy`: Megatron's arguments dump, DeepSpeed's config or JSON dump, an open
-traceback, a torchrun failure report), are decoded and yielded, so every reader sees exactly the lines
-it acted on before. The ranks and hosts the launcher prefixes of the other lines name are still counted
+in the middle of a block (`busy`: DeepSpeed's JSON dump, an open traceback, a torchrun failure report),
+are decoded and yielded, so every reader sees exactly the lines it acted on before; inside Megatron's
+arguments dump or DeepSpeed's config dump, which read only some lines without a keyword, `busy` gives
+the bytes pattern of those (the chatter between a dump's lines, or after a config dump no `json = {`
+closes, stays bytes). The ranks and hosts the launcher prefixes of the other lines name are still counted
 (the run's ranks), in line order: each such line's head (its first tokens holding a `:`, which covers
 every prefix `lines.Line` peels) is taken by one anchored regex, and each distinct head is parsed once.
 A kept line of a frequent family (the anchor found names which: `fastpath`) is read by one regex match
@@ -146,7 +148,7 @@ class Fast(Protocol):
     """The frequent lines' fast path (`fastpath.FastLines`)."""
 
     by_anchor: dict[bytes, tuple[tuple[Any, Any], ...]]
-    bar: tuple[Any, Any]
+    pieces: tuple[tuple[Any, Any], ...]
 
     def usable(self, chunk: bytes) -> bool: ...
 
@@ -157,7 +159,7 @@ class Fast(Protocol):
 
 def keyword_lines(
     path: str,
-    busy: Callable[[], bool],
+    busy: Callable[[], bool | re.Pattern[bytes]],
     rank_seen: Callable[[int, str | None], None],
     fast: Fast | None = None,
 ) -> Iterator[Line]:
@@ -173,7 +175,10 @@ def keyword_lines(
 
 
 def _lines(
-    stream: object, busy: Callable[[], bool], rank_seen: Callable[[int, str | None], None], fast: Fast | None
+    stream: object,
+    busy: Callable[[], bool | re.Pattern[bytes]],
+    rank_seen: Callable[[int, str | None], None],
+    fast: Fast | None,
 ) -> Iterator[Line]:
     limit, max_line = safeio.max_input_bytes(), safeio.max_line_bytes()
     read = stream.read  # type: ignore[attr-defined]
@@ -242,7 +247,7 @@ def _chunk_lines(
     start: int,
     no: int,
     max_line: int,
-    busy: Callable[[], bool],
+    busy: Callable[[], bool | re.Pattern[bytes]],
     heads: _Heads,
     fast: Fast | None,
 ) -> Iterator[Line]:
@@ -265,7 +270,7 @@ def _chunk_lines(
         no += 1
         if len(b) > max_line:
             continue
-        if not every:
+        if every is not True and (every is False or not every.search(b)):  # type: ignore[union-attr]
             if b in quiet:  # the same line again (a warning, a library's INFO line): done before
                 continue
             k = search(b)
@@ -291,16 +296,6 @@ def _chunk_lines(
         blocked = fast is None or fast.blocked()
 
 
-def _fast(b: bytes, no: int, families: tuple[tuple[Any, Any], ...], fast: Fast) -> bool:
-    """Line `no` read by `fast` as the first of `families` whose regex matches it whole."""
-    if fast.blocked():
-        return False
-    for matcher, handler in families:
-        if m := matcher(b):
-            return fast.line(m, no, handler)
-    return False
-
-
 def _line(b: bytes, no: int, fast: Fast | None = None) -> Iterator[Line]:
     """Line `no`, or its pieces: a progress bar rewrites its line with `\r`, each piece counts (a bar
     piece read by `fast`)."""
@@ -309,6 +304,22 @@ def _line(b: bytes, no: int, fast: Fast | None = None) -> Iterator[Line]:
         if raw:
             yield Line(raw, no)
         return
-    for piece in b.rstrip(b"\r\n").split(b"\r"):
-        if piece and not (fast is not None and _fast(piece, no, (fast.bar,), fast)):
-            yield Line(piece.decode("utf-8", "replace"), no)
+    pieces = b.rstrip(b"\r\n").split(b"\r")
+    if fast is None:
+        for piece in pieces:
+            if piece:
+                yield Line(piece.decode("utf-8", "replace"), no)
+        return
+    families, read = fast.pieces, fast.line
+    blocked = fast.blocked()
+    for piece in pieces:
+        if not piece:
+            continue
+        if not blocked:
+            for matcher, handler in families:  # noqa: B007 - the first family whose regex matches whole
+                if m := matcher(piece):
+                    break
+            if m and read(m, no, handler):
+                continue  # a bar (or a log dict) read by `fast`: `blocked()` is what it was
+        yield Line(piece.decode("utf-8", "replace"), no)
+        blocked = fast.blocked()

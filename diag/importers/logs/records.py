@@ -123,6 +123,19 @@ class Records:
                 rec[k] = figures[k]
         return self._progressed(line, step, rec, figures.get("loss"))
 
+    def one(self, line: Line, step: int, key: str, value: Any) -> dict[str, Any]:
+        """`step` with one figure (not the loss): the frequent lines' update, without a figures dict."""
+        rec = self.steps.get(step)
+        if rec is None:
+            rec = self.steps[step] = {"rank": line.rank, "step": step, "ts": line.ts}
+        if value is not None and rec.get(key) is None:
+            rec[key] = value
+        if step >= self.last_step:
+            if step > self.last_step:
+                self._segment = []
+            self.last_step, self.last_step_line = step, line.no
+        return rec
+
     def _progressed(self, line: Line, step: int, rec: dict[str, Any], loss: Any) -> dict[str, Any]:
         """What `step` and `merge` both note of a record just updated: a printed nan/inf loss (not a
         missing one), and the last progress line when `step` is the newest."""
