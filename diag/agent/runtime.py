@@ -290,6 +290,7 @@ class Agent:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         self._flush(final=True)
+        self._sched.close()
         if self._file is not None:
             self._file.close()
         return failed
@@ -382,27 +383,48 @@ class Agent:
                 self._file.write_lines(lines, steps)
 
     def _ready(self, recs: list[tuple[Any, ...]], final: bool) -> list[tuple[Any, ...]]:
-        """Resolve pending GPU timings; hold back records whose CUDA events have not completed."""
-        if not recs and not self._held:
+        """Resolve pending GPU timings; hold back records whose CUDA events have not completed.
+        Records held from earlier flushes come first, then this flush's in order; a record settled
+        at once (nearly all: a CPU duration is known by the flush) is never paired with its time."""
+        held = self._held
+        if not recs and not held:
             return recs
         now = time.monotonic()
-        candidates = [*self._held, *((now, r) for r in recs)]
-        self._held = []
-        out = []
-        for since, rec in candidates:
-            done = _pending.settle(rec)
+        out: list[tuple[Any, ...]] = []
+        settle = _pending.settle
+        if held:
+            self._held = []
+            for since, rec in held:
+                self._place(since, rec, settle(rec), now, final, out)
+        for rec in recs:
+            done = settle(rec)
             if done is not None:
                 out.append(done)
-            elif final:  # stopping (detach): in flight, not failed; the job completes it unseen
-                out.append(_pending.resolve(rec, give_up=True))
-            elif now - since > _pending.MAX_HOLD_S:
-                self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
-                out.append(_pending.resolve(rec, give_up=True))
             else:
-                self._held.append((since, rec))
+                self._place(now, rec, None, now, final, out)
         if self._held:
             out.extend(self._entered.announce(self._held, now))
         return out
+
+    def _place(
+        self,
+        since: float,
+        rec: tuple[Any, ...],
+        done: tuple[Any, ...] | None,
+        now: float,
+        final: bool,
+        out: list[tuple[Any, ...]],
+    ) -> None:
+        """A record held since `since` (`done`: settled now): written, given up, or held again."""
+        if done is not None:
+            out.append(done)
+        elif final:  # stopping (detach): in flight, not failed; the job completes it unseen
+            out.append(_pending.resolve(rec, give_up=True))
+        elif now - since > _pending.MAX_HOLD_S:
+            self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
+            out.append(_pending.resolve(rec, give_up=True))
+        else:
+            self._held.append((since, rec))
 
     def _new_errors(self) -> list[dict[str, Any]]:
         out = []
