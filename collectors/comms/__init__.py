@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from diag.collectors.comms import dispatch
 from diag.collectors.comms.groups import Groups
-from diag.collectors.comms.ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
+from diag.collectors.comms.ops import METHODS, Spec, call_payload, dtype_name, is_async
 from diag.collectors.comms.timing import CPU_CALL, CommTiming, Later
 
 from diag import schema
@@ -172,15 +172,13 @@ def _recorder(
     cpu, bind, group_info, module_of = timing.cpu, timing.bind, groups.info, matched.module
 
     def before(t0: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
-        x = payload_arg(spec, args, kwargs)
-        nbytes, tensor = payload(x) if x is not None else (0, None)
+        nbytes, tensor = call_payload(spec, args, kwargs)
         return nbytes, tensor, start(tensor, t0)
 
     def after(t0: int, state: Any, pg: Any, work: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         async_op: bool | None
         if state is CPU_CALL:  # not on a GPU: timed by the wall clock from t0
-            x = payload_arg(spec, args, kwargs)
-            nbytes, tensor = payload(x) if x is not None else (0, None)
+            nbytes, tensor = call_payload(spec, args, kwargs)
             later = Later(cpu, t0)
         else:
             nbytes, tensor, later = state

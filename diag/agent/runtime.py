@@ -31,6 +31,7 @@ from diag.agent.sched import SchedReader
 from diag.agent.undo import Undo
 from diag.agent.wakeup import Wakeup
 from diag.trace.comm_line import comm_line
+from diag.trace.flat_line import flat_line
 from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
 FLUSH_INTERVAL_S = 0.2
@@ -105,16 +106,16 @@ class Agent:
         return time.perf_counter_ns()
 
     def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
-        """Wrap a hook so that nothing it raises reaches the job: the error is counted instead."""
+        """Wrap a hook so that nothing it raises reaches the job: the error is counted instead. An
+        injected fault (the `faults` option, fixed at start) is looked up here, not on each call."""
         label: str = where or str(getattr(fn, "__name__", "hook"))
         agent = self
+        action = self.faults.get(collector)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
-                if agent.faults:
-                    action = agent.faults.get(collector)
-                    if action:
-                        _faults.trigger(action)
+                if action:
+                    _faults.trigger(action)
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the whole point
                 agent.record_error(collector, label, exc)
@@ -355,13 +356,7 @@ class Agent:
                 kind = rec[0]
                 captured[kind] = captured.get(kind, 0) + 1
                 try:
-                    # a comm record (most of them) straight to its line; the rest through a dict
-                    line = comm_line(rec, wall0, perf0) if kind == _COMM else None
-                    if line is None:
-                        obj = schema.to_json(rec, wall0, perf0)
-                        line, step = dumps(obj), obj.get("step")
-                    else:
-                        step = rec[1]
+                    line, step = _line(rec, wall0, perf0)
                 except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
                     self.record_error("agent", f"format:{kind}", exc)
                     continue
@@ -375,10 +370,12 @@ class Agent:
                 self._last_stats = now
                 objs.append(schema.to_json(self._stats_record(), wall0, perf0))
             sched = self._sched.record(self.now()) if lines or objs else None
-            if sched is not None:
-                objs.append(schema.to_json(sched, wall0, perf0))
             lines.extend(dumps(o) for o in objs)
             steps.extend(o.get("step") for o in objs)
+            if sched is not None:
+                line, step = _line(sched, wall0, perf0)
+                lines.append(line)
+                steps.append(step)
             if lines:
                 self._file.write_lines(lines, steps)
 
@@ -477,6 +474,21 @@ class Agent:
             "hook_calls": self.hook_calls,
             "hook_ns_by": self.own_hook_ns_by(),
         }
+
+
+def _line(rec: tuple[Any, ...], wall0: int, perf0: int) -> tuple[str, Any]:
+    """A record's line and step: a collective (most records) and a flat record straight from the
+    tuple, the rest (a dict or a NaN in a field) through a dict and the encoder."""
+    if rec[0] == _COMM:
+        line = comm_line(rec, wall0, perf0)
+        if line is not None:
+            return line, rec[1]
+    else:
+        flat = flat_line(rec, wall0, perf0)
+        if flat is not None:
+            return flat
+    obj = schema.to_json(rec, wall0, perf0)
+    return dumps(obj), obj.get("step")
 
 
 _COLLECTOR_OF_KIND = {schema.COMM: "comms", schema.LAYER: "layers", schema.STEP: "steps"}
