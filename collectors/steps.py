@@ -243,7 +243,8 @@ class _Steps:
             self.see(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
         applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
-        self.say_origin("deepspeed")
+        if self.origin != "deepspeed":
+            self.say_origin("deepspeed")
         self.boundary(before[0] + 1, samples or None, applied, ds_step(engine))
 
     def _after_megatron(self, out: Any) -> None:

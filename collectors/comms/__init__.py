@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from diag.collectors.comms import dispatch
 from diag.collectors.comms.groups import Groups
-from diag.collectors.comms.ops import METHODS, Spec, dtype_name, is_async, payload, payload_arg
-from diag.collectors.comms.timing import CommTiming, Later
+from diag.collectors.comms.ops import METHODS, Spec, call_payload, dtype_name, is_async
+from diag.collectors.comms.timing import CPU_CALL, CommTiming, Later
 
 from diag import schema
 from diag.agent import pending
@@ -45,42 +45,52 @@ _COMM = schema.COMM
 RECORD_LEN, DUR_AT = 12, 9
 _now = time.perf_counter_ns
 
-State = tuple[int, int, Any, Later]
+State = tuple[int, Any, Later]  # (bytes, first tensor, duration) read before a call that may be on a GPU
 Key = tuple[str, int, str]
+
+
+class _Untracked:
+    """The module tracker where torch has no module hooks: no step is tracked."""
+
+    tracking = False
+
+    def track_again(self) -> None:
+        pass
 
 
 class Matched:
     """Modules of the last tracked step's collectives by (op, bytes, group) and occurrence; the
     current step's occurrences so far."""
 
-    __slots__ = ("learning", "miss", "seen", "step", "template", "tracking")
+    __slots__ = ("learning", "seen", "step", "template", "tracker")
 
     def __init__(self, tracker: Any = None) -> None:
-        # is this step tracked (the module stack is kept)? a collective with no match asks the
-        # tracker to track the next step
-        self.tracking: Callable[[], bool] = (lambda: tracker.tracking) if tracker else (lambda: False)
-        self.miss: Callable[[], None] = tracker.track_again if tracker else (lambda: None)
+        # `tracker.tracking`: is this step tracked (the module stack is kept)? A collective with
+        # no match asks the tracker to track the next step (`track_again`)
+        self.tracker: Any = tracker if tracker is not None else _Untracked()
         self.step: int | None = None
         self.seen: dict[Key, int] = {}
         self.template: dict[tuple[Key, int], str | None] = {}
         self.learning: dict[tuple[Key, int], str | None] = {}
 
-    def module(self, step: int, key: Key, module: str | None, tracked: bool) -> str | None:
+    def module(self, step: int, key: Key, module: str | None) -> str | None:
         """`module` as tracked (learned for later steps; None: issued outside any module, as the
         optimizer's collectives are), else the match's from the last tracked step."""
         if step != self.step:
             self.step, self.seen = step, {}
             if self.learning:
                 self.template, self.learning = self.learning, {}
-        n = self.seen.get(key, 0)
-        self.seen[key] = n + 1
-        if tracked:
-            self.learning[(key, n)] = module
-            return module
+        seen = self.seen
+        n = seen.get(key, 0)
+        seen[key] = n + 1
         at = (key, n)
-        if at in self.template:
-            return self.template[at]
-        self.miss()
+        if self.tracker.tracking:
+            self.learning[at] = module
+            return module
+        template = self.template
+        if at in template:
+            return template[at]
+        self.tracker.track_again()
         return None
 
 
@@ -107,9 +117,16 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
         if name in ProcessGroup.__dict__:
             original = getattr(ProcessGroup, name)
             parts = _recorder(agent, spec, groups, timing, matched)
-            undo.patch(ProcessGroup, name, _wrapper(agent, name, spec, original, parts, flop_seam))
+            wrapper = _wrapper(agent, name, original, parts, flop_seam, timing.may_be_gpu)
+            undo.patch(ProcessGroup, name, wrapper)
     # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
-    dispatch.register(undo, recorder, lambda fn, where: agent.guard(NAME, fn, where), _runner(flop_seam))
+    dispatch.register(
+        undo,
+        recorder,
+        lambda fn, where: agent.guard(NAME, fn, where),
+        _runner(flop_seam),
+        timing.may_be_gpu,
+    )
 
 
 LAYOUT_ROLES = ("tp", "pp", "dp", "cp", "ep")
@@ -143,34 +160,42 @@ def _recorder(
     matched: Matched,
     from_cpp: bool = False,
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """(before, after) of one kind of call: the payload and clock read before it, the record emitted
-    and its completion bound after it. Shared by the class-method wrappers and the dispatcher kernels.
+    """(before, after) of one kind of call, shared by the class-method wrappers and the dispatcher
+    kernels. The caller reads the clock before the call (`t0`, the record's ts) and runs `before`
+    only where the call may be on a GPU (`CommTiming.may_be_gpu`: its CUDA start event must be on
+    the stream before the collective); `after` does the rest: on CPU the whole record is one hook
+    (a hook runs cold between the job's calls: ~15 us of CPU each in bench/overhead's job).
     A call C++ issues (`from_cpp`: DDP's reducer, when a bucket's last gradient is ready) carries no
     module: the module whose backward then runs produced one gradient of the bucket, not its data (a
     nanoGPT bucket of all 108,352 parameters was `transformer.wte`'s: a false embedding_comm)."""
-    start, op, module_of, tracking = timing.start, spec.op, matched.module, matched.tracking
+    start, op, times_n = timing.start, spec.op, spec.times_n
+    cpu, bind, group_info, module_of = timing.cpu, timing.bind, groups.info, matched.module
 
-    def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
-        x = payload_arg(spec, args, kwargs)
-        nbytes, tensor = payload(x) if x is not None else (0, None)
-        t0 = _now()
-        return t0, nbytes, tensor, start(tensor, t0)
+    def before(t0: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
+        nbytes, tensor = call_payload(spec, args, kwargs)
+        return nbytes, tensor, start(tensor, t0)
 
-    def after(state: State, pg: Any, async_op: bool | None, work: Any) -> None:
-        t0, nbytes, tensor, later = state
-        group, size, ranks = groups.info(pg)
-        stack = agent.module_stack
+    def after(t0: int, state: Any, pg: Any, work: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        async_op: bool | None
+        if state is CPU_CALL:  # not on a GPU: timed by the wall clock from t0
+            nbytes, tensor = call_payload(spec, args, kwargs)
+            later = Later(cpu, t0)
+        else:
+            nbytes, tensor, later = state
+        group, size, ranks = group_info(pg)
         step = agent.step
-        nbytes = nbytes * size if spec.times_n else nbytes
-        module = (
-            None
-            if from_cpp
-            else module_of(step, (op, nbytes, group), stack[-1] if stack else None, tracking())
-        )
+        if times_n:
+            nbytes *= size
+        if from_cpp:
+            module, async_op = None, True
+        else:
+            stack = agent.module_stack
+            module = module_of(step, (op, nbytes, group), stack[-1] if stack else None)
+            async_op = is_async(spec, args, kwargs)
         agent.emit(
             (_COMM, step, op, nbytes, dtype_name(tensor), group, size, ranks, t0, later, module, async_op)
         )
-        timing.bind(work, later, spec.p2p, async_op, pg)
+        bind(work, later, spec.p2p, async_op, pg)
 
     return before, after
 
@@ -178,10 +203,10 @@ def _recorder(
 def _wrapper(
     agent: AgentAPI,
     name: str,
-    spec: Spec,
     original: Callable[..., Any],
     parts: tuple[Callable[..., Any], Callable[..., Any]],
     flop_seam: tuple[Callable[[], bool], Callable[[], Any]],
+    may_be_gpu: Callable[[], bool],
 ) -> Callable[..., Any]:
     guarded_before = agent.guard(NAME, parts[0], name)
     guarded_after = agent.guard(NAME, parts[1], name)
@@ -190,7 +215,8 @@ def _wrapper(
     below_autograd = torch._C._AutoDispatchBelowAutograd
 
     def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
-        state = guarded_before(args, kwargs)
+        t0 = _now()
+        state = guarded_before(t0, args, kwargs) if may_be_gpu() else CPU_CALL
         outer = getattr(mark, "on", False)
         mark.on = True  # the c10d kernel below leaves this call to us
         try:
@@ -204,8 +230,8 @@ def _wrapper(
                     work = original(pg, *args, **kwargs)
         finally:
             mark.on = outer
-        if state is not None:
-            guarded_after(state, pg, is_async(spec, args, kwargs), work)
+        if state is not None:  # None: `before` failed (counted)
+            guarded_after(t0, state, pg, work, args, kwargs)
         return work
 
     wrapper.__name__ = wrapper.__qualname__ = name

@@ -13,8 +13,11 @@ would have run. Undo destroys the registration, which restores the dispatcher ta
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+from diag.collectors.comms.timing import CPU_CALL
 
 from diag.agent.undo import Undo
 
@@ -44,8 +47,8 @@ OPS: dict[str, tuple[str, int]] = {
 # A Python wrapper of `comms` is running on this thread: its call is recorded there.
 marked = threading.local()
 
-Before = Callable[[tuple[Any, ...], dict[str, Any]], Any]
-After = Callable[[Any, Any, "bool | None", Any], None]
+Before = Callable[[int, tuple[Any, ...], dict[str, Any]], Any]
+After = Callable[[int, Any, Any, Any, tuple[Any, ...], dict[str, Any]], None]
 Recorder = Callable[[str], "tuple[Before, After] | None"]
 Guard = Callable[[Callable[..., Any], str], Callable[..., Any]]
 
@@ -55,11 +58,13 @@ def register(
     recorder: Recorder,
     guard: Guard,
     run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    may_be_gpu: Callable[[], bool],
 ) -> None:
     """A kernel at the Autograd key of every c10d op this torch has. `recorder(method)` gives the
     (before, after) of the ProcessGroup method whose arguments the op takes (None: not recorded),
     `guard(fn, where)` the agent's guard, `run(fn, args, kwargs)` the call as the wrappers make it
-    (below diag's FLOP counter on sampled steps)."""
+    (below diag's FLOP counter on sampled steps); `before` runs only where `may_be_gpu()`, as in
+    the wrappers (collectors/comms/__init__.py)."""
     import torch
     from torch._C._distributed_c10d import Work
     from torch.distributed import ProcessGroup
@@ -76,19 +81,26 @@ def register(
         before, after = parts
 
         def finish(
-            state: Any, args: tuple[Any, ...], out: Any, after: After = after, pg_index: int = pg_index
+            t0: int,
+            state: Any,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            out: Any,
+            after: After = after,
+            pg_index: int = pg_index,
         ) -> None:
             work = out[1] if type(out) is tuple and len(out) == 2 else out
             after(
+                t0,
                 state,
                 ProcessGroup.unbox(args[pg_index]),
-                True,
                 Work.unbox(work) if isinstance(work, torch.ScriptObject) else None,
+                args,
+                kwargs,
             )
 
-        lib.impl(
-            name, _kernel(packet.default, guard(before, name), guard(finish, name), below, run), "Autograd"
-        )
+        kernel = _kernel(packet.default, guard(before, name), guard(finish, name), below, run, may_be_gpu)
+        lib.impl(name, kernel, "Autograd")
 
 
 def _kernel(
@@ -97,16 +109,18 @@ def _kernel(
     finish: Callable[..., Any],
     below: Any,
     run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    may_be_gpu: Callable[[], bool],
 ) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if getattr(marked, "on", False):  # a Python wrapper of `comms` records this call
             with below():
                 return op(*args, **kwargs)
-        state = before(args, kwargs)
+        t0 = time.perf_counter_ns()
+        state = before(t0, args, kwargs) if may_be_gpu() else CPU_CALL
         with below():
             out = run(op, args, kwargs)
         if state is not None:
-            finish(state, args, out)
+            finish(t0, state, args, kwargs, out)
         return out
 
     return kernel

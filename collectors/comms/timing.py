@@ -30,6 +30,7 @@ CUDA-event timer (collectors/device/, which tests swap for a fake device); the h
 from __future__ import annotations
 
 import functools
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -39,10 +40,13 @@ from diag.collectors.device import CpuTimer, Timer, make_timer
 
 from diag import schema
 from diag.agent.api import AgentAPI
-from diag.agent.pending import Pending
+from diag.agent.pending import NOT_READY, Pending
 from diag.agent.undo import Undo
 
 UNFINISHED_AT_DETACH = schema.META_UNFINISHED_AT_DETACH
+# what a call not on a GPU hands its recorder instead of a `before` state: it is timed by the wall
+# clock from the t0 read before the call, and everything else is read after it (one hook, not two)
+CPU_CALL: Any = ("cpu",)
 DRAIN_S = 1.0  # a stop waits this long at most for pending future callbacks (normally none, or ms)
 
 
@@ -58,7 +62,9 @@ class Later(Pending):
 
     def finish(self) -> None:
         if self.dur is None:
-            self.dur = self.timer.stop(self.token)
+            timer = self.timer  # the wall clock's stop read here: one call fewer a collective
+            cpu = type(timer) is CpuTimer
+            self.dur = time.perf_counter_ns() - self.token if cpu else timer.stop(self.token)
 
     def ready(self) -> bool:
         d = self.dur
@@ -67,6 +73,10 @@ class Later(Pending):
     def value(self) -> Any:
         d = self.dur
         return d if type(d) is int else d.value()
+
+    def poll(self) -> Any:
+        d = self.dur
+        return d if type(d) is int else NOT_READY if d is None else d.poll()
 
 
 class _Unfinished(Pending):
@@ -105,6 +115,14 @@ class CommTiming:
         self.released: list[Any] = []  # groups whose callback ran: dropped by the writer thread
         self._finish = agent.guard("comms", self._finished, "complete")
         self._waited = agent.guard("comms", self._on_wait, "wait")
+        cuda = sys.modules.get("torch.cuda")
+        # could a call's tensors be on a GPU? Not before the job initialized CUDA: making a CUDA
+        # tensor initializes it (torch.cuda's own flag, as the device seam's `ready()` reads it)
+        self.may_be_gpu: Callable[[], bool] = (
+            (lambda: bool(getattr(cuda, "_initialized", True)))
+            if is_gpu is None and cuda is not None
+            else (lambda: True)
+        )
 
     def start(self, tensor: Any, t0: int) -> Later:
         """Before the call: a wall-clock start (t0), or a CUDA event on the current stream."""

@@ -68,6 +68,7 @@ def disable(agent: Any) -> None:
     agent._flush_now = Wakeup()
     _step(lambda a: a.undo.run(), agent)
     _step(lambda a: a.ring.drain(), agent)
+    _step(lambda a: a._sched.close(), agent)
     file, agent._file = getattr(agent, "_file", None), None
     if file is not None:
         _step(lambda f: f.forget(), file)

@@ -33,6 +33,14 @@ class Pending(ABC):
     def value(self) -> Any:
         """The resolved value; only called after `ready()` returned True."""
 
+    def poll(self) -> Any:
+        """`value()` if ready, else `NOT_READY`: the writer's one look at a record's declared spot
+        (a subclass answers in one call, not two)."""
+        return self.value() if self.ready() else NOT_READY
+
+
+NOT_READY: Any = object()  # what `Pending.poll` answers for a value not known yet
+
 
 _PENDING: set[type] = set()  # types seen so far, sorted once (an ABC isinstance costs ~1 us a field)
 _PLAIN: set[type] = set()
@@ -77,7 +85,8 @@ def settle(rec: tuple[Any, ...]) -> tuple[Any, ...] | None:
         v = rec[at]
         kind = type(v)
         if kind in _PENDING:
-            return (*rec[:at], v.value(), *rec[at + 1 :]) if v.ready() else None
+            value = v.poll()
+            return None if value is NOT_READY else (*rec[:at], value, *rec[at + 1 :])
         if kind in _PLAIN:
             return rec
     pending = _pending_types(rec)

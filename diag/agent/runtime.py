@@ -31,6 +31,7 @@ from diag.agent.sched import SchedReader
 from diag.agent.undo import Undo
 from diag.agent.wakeup import Wakeup
 from diag.trace.comm_line import comm_line
+from diag.trace.flat_line import flat_line
 from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
 FLUSH_INTERVAL_S = 0.2
@@ -105,16 +106,16 @@ class Agent:
         return time.perf_counter_ns()
 
     def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
-        """Wrap a hook so that nothing it raises reaches the job: the error is counted instead."""
+        """Wrap a hook so that nothing it raises reaches the job: the error is counted instead. An
+        injected fault (the `faults` option, fixed at start) is looked up here, not on each call."""
         label: str = where or str(getattr(fn, "__name__", "hook"))
         agent = self
+        action = self.faults.get(collector)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
-                if agent.faults:
-                    action = agent.faults.get(collector)
-                    if action:
-                        _faults.trigger(action)
+                if action:
+                    _faults.trigger(action)
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the whole point
                 agent.record_error(collector, label, exc)
@@ -290,6 +291,7 @@ class Agent:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         self._flush(final=True)
+        self._sched.close()
         if self._file is not None:
             self._file.close()
         return failed
@@ -354,13 +356,7 @@ class Agent:
                 kind = rec[0]
                 captured[kind] = captured.get(kind, 0) + 1
                 try:
-                    # a comm record (most of them) straight to its line; the rest through a dict
-                    line = comm_line(rec, wall0, perf0) if kind == _COMM else None
-                    if line is None:
-                        obj = schema.to_json(rec, wall0, perf0)
-                        line, step = dumps(obj), obj.get("step")
-                    else:
-                        step = rec[1]
+                    line, step = _line(rec, wall0, perf0)
                 except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
                     self.record_error("agent", f"format:{kind}", exc)
                     continue
@@ -374,35 +370,58 @@ class Agent:
                 self._last_stats = now
                 objs.append(schema.to_json(self._stats_record(), wall0, perf0))
             sched = self._sched.record(self.now()) if lines or objs else None
-            if sched is not None:
-                objs.append(schema.to_json(sched, wall0, perf0))
             lines.extend(dumps(o) for o in objs)
             steps.extend(o.get("step") for o in objs)
+            if sched is not None:
+                line, step = _line(sched, wall0, perf0)
+                lines.append(line)
+                steps.append(step)
             if lines:
                 self._file.write_lines(lines, steps)
 
     def _ready(self, recs: list[tuple[Any, ...]], final: bool) -> list[tuple[Any, ...]]:
-        """Resolve pending GPU timings; hold back records whose CUDA events have not completed."""
-        if not recs and not self._held:
+        """Resolve pending GPU timings; hold back records whose CUDA events have not completed.
+        Records held from earlier flushes come first, then this flush's in order; a record settled
+        at once (nearly all: a CPU duration is known by the flush) is never paired with its time."""
+        held = self._held
+        if not recs and not held:
             return recs
         now = time.monotonic()
-        candidates = [*self._held, *((now, r) for r in recs)]
-        self._held = []
-        out = []
-        for since, rec in candidates:
-            done = _pending.settle(rec)
+        out: list[tuple[Any, ...]] = []
+        settle = _pending.settle
+        if held:
+            self._held = []
+            for since, rec in held:
+                self._place(since, rec, settle(rec), now, final, out)
+        for rec in recs:
+            done = settle(rec)
             if done is not None:
                 out.append(done)
-            elif final:  # stopping (detach): in flight, not failed; the job completes it unseen
-                out.append(_pending.resolve(rec, give_up=True))
-            elif now - since > _pending.MAX_HOLD_S:
-                self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
-                out.append(_pending.resolve(rec, give_up=True))
             else:
-                self._held.append((since, rec))
+                self._place(now, rec, None, now, final, out)
         if self._held:
             out.extend(self._entered.announce(self._held, now))
         return out
+
+    def _place(
+        self,
+        since: float,
+        rec: tuple[Any, ...],
+        done: tuple[Any, ...] | None,
+        now: float,
+        final: bool,
+        out: list[tuple[Any, ...]],
+    ) -> None:
+        """A record held since `since` (`done`: settled now): written, given up, or held again."""
+        if done is not None:
+            out.append(done)
+        elif final:  # stopping (detach): in flight, not failed; the job completes it unseen
+            out.append(_pending.resolve(rec, give_up=True))
+        elif now - since > _pending.MAX_HOLD_S:
+            self.record_error("agent", "pending-timeout", TimeoutError("op never completed"))
+            out.append(_pending.resolve(rec, give_up=True))
+        else:
+            self._held.append((since, rec))
 
     def _new_errors(self) -> list[dict[str, Any]]:
         out = []
@@ -455,6 +474,21 @@ class Agent:
             "hook_calls": self.hook_calls,
             "hook_ns_by": self.own_hook_ns_by(),
         }
+
+
+def _line(rec: tuple[Any, ...], wall0: int, perf0: int) -> tuple[str, Any]:
+    """A record's line and step: a collective (most records) and a flat record straight from the
+    tuple, the rest (a dict or a NaN in a field) through a dict and the encoder."""
+    if rec[0] == _COMM:
+        line = comm_line(rec, wall0, perf0)
+        if line is not None:
+            return line, rec[1]
+    else:
+        flat = flat_line(rec, wall0, perf0)
+        if flat is not None:
+            return flat
+    obj = schema.to_json(rec, wall0, perf0)
+    return dumps(obj), obj.get("step")
 
 
 _COLLECTOR_OF_KIND = {schema.COMM: "comms", schema.LAYER: "layers", schema.STEP: "steps"}

@@ -6,11 +6,14 @@ what tells them apart: /proc/<pid>/task/<tid>/schedstat holds the thread's time 
 time runnable but waiting for one (run_delay, ns; CONFIG_SCHED_INFO, on in distribution kernels).
 The writer thread appends the main thread's two counters with each flush that writes something
 (at most every 0.2 s), so the rules interpolate them over any span of steps (the straggler rule:
-`cpu_contended`). One /proc read, about 20 us, off the hot path.
+`cpu_contended`). The file is held open and re-read with one `pread`: opening it each flush (a
+Python file object: open, fstat, ioctl, read, close) cost ~80 us of the writer's CPU a flush in
+bench/overhead's job, a third of the flush.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 from diag import schema
@@ -22,15 +25,27 @@ class SchedReader:
     def __init__(self) -> None:
         tid = threading.main_thread().native_id
         self.path: str | None = f"/proc/self/task/{tid}/schedstat" if tid is not None else None
+        self.fd: int | None = None
 
     def record(self, now_ns: int) -> tuple[object, ...] | None:
         """(`sched`, ts, cpu ns, run-queue wait ns), or None where the kernel does not say."""
         if self.path is None:
             return None
         try:
-            with open(self.path, "rb") as f:
-                cpu, runq = f.read().split()[:2]
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            cpu, runq = os.pread(self.fd, 256, 0).split()[:2]
             return (schema.SCHED, now_ns, int(cpu), int(runq))
         except (OSError, ValueError):
+            self.close()
             self.path = None
             return None
+
+    def close(self) -> None:
+        """Release the descriptor (the agent's stop, a forked child's copy)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
