@@ -12,14 +12,12 @@ kind) gives None: the general path writes it as before.
 
 from __future__ import annotations
 
-import json.encoder
 from typing import Any
 
 from diag import schema
+from diag.trace.comm_line import _FLAGS as _CONST
+from diag.trace.comm_line import _float, _str  # the writer's encoder's spelling, in one place
 
-_str = json.encoder.encode_basestring_ascii  # what the writer's encoder uses for strings
-_float = float.__repr__
-_CONST = {None: "null", True: "true", False: "false"}
 # kind -> ('"k":', '"step":', ...) and where its `ts` and `step` sit (-1: none)
 _HEADS: dict[str, tuple[tuple[str, ...], int, int]] = {}
 

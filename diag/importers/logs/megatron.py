@@ -214,7 +214,7 @@ class MegatronReader:
             if shape.skipped is not None:
                 self._skips(it, float(values[shape.skipped]))
             self.last_iter = it
-            self.rec._progressed(ln, it, rec, None if shape.loss is None else float(values[shape.loss]))
+            self.rec.progressed(ln, it, rec, None if shape.loss is None else float(values[shape.loss]))
             return True
         self._record(ln, it, {c: float(values[i]) for c, i in zip(shape.cols, shape.places)})
         return True

@@ -110,7 +110,7 @@ class Records:
         for k, v in figures.items():
             if v is not None and rec.get(k) is None:
                 rec[k] = v
-        return self._progressed(line, step, rec, figures.get("loss"))
+        return self.progressed(line, step, rec, figures.get("loss"))
 
     def merge(self, line: Line, step: int, figures: dict[str, Any]) -> dict[str, Any]:
         """`step` for figures with no None value (a figure a record holds is never None): the keys it
@@ -121,7 +121,7 @@ class Records:
         elif not figures.keys() <= rec.keys():
             for k in figures.keys() - rec.keys():
                 rec[k] = figures[k]
-        return self._progressed(line, step, rec, figures.get("loss"))
+        return self.progressed(line, step, rec, figures.get("loss"))
 
     def one(self, line: Line, step: int, key: str, value: Any) -> dict[str, Any]:
         """`step` with one figure (not the loss): the frequent lines' update, without a figures dict."""
@@ -130,14 +130,10 @@ class Records:
             rec = self.steps[step] = {"rank": line.rank, "step": step, "ts": line.ts}
         if value is not None and rec.get(key) is None:
             rec[key] = value
-        if step >= self.last_step:
-            if step > self.last_step:
-                self._segment = []
-            self.last_step, self.last_step_line = step, line.no
-        return rec
+        return self.progressed(line, step, rec, None)
 
-    def _progressed(self, line: Line, step: int, rec: dict[str, Any], loss: Any) -> dict[str, Any]:
-        """What `step` and `merge` both note of a record just updated: a printed nan/inf loss (not a
+    def progressed(self, line: Line, step: int, rec: dict[str, Any], loss: Any) -> dict[str, Any]:
+        """What `step`, `merge` and `one` note of a record just updated: a printed nan/inf loss (not a
         missing one), and the last progress line when `step` is the newest."""
         if isinstance(loss, float) and not math.isfinite(loss):
             rec["loss_nonfinite"] = True
