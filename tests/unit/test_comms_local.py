@@ -378,3 +378,21 @@ def test_the_writer_settles_collectives_at_their_declared_spot(group, tmp_path, 
     recs = _comm_lines(path)
     assert len(recs) == 5 and all(type(r["dur"]) is int and r["dur"] > 0 for r in recs)
     assert general.count(schema.COMM) <= 1
+
+
+def test_a_blocking_calls_end_is_read_as_its_wait_returns(group, tmp_path, monkeypatch) -> None:
+    """The duration ends when the job's wait returned, not when diag's wait hook got to read the
+    clock: a hook slowed by 200 ms (a cold or preempted one is slower by tens of us) adds nothing."""
+    finish = Later.finish
+
+    def slow(self: Later, end: int | None = None) -> None:
+        time.sleep(0.2)
+        finish(self, end)
+
+    monkeypatch.setattr(Later, "finish", slow)
+    ag = agent.start(str(tmp_path), what=("comms",))
+    dist.all_reduce(torch.ones(4))
+    path = ag.status()["trace_file"]
+    agent.stop()
+    (line,) = _comm_lines(path)
+    assert line["op"] == "all_reduce" and 0 < line["dur"] < 0.2e9
