@@ -62,6 +62,9 @@ class Agent:
         # run by the writer thread every flush: collectors that wrap a framework imported after the
         # agent started (`diag run`) patch it before the job's first step, not at its first boundary
         self.idle_listeners: list[Callable[[], bool | None]] = []
+        # by record kind: what the writer thread does to a record before writing it (the hooks leave
+        # it what need not run on the training thread: comms' module matching)
+        self.resolvers: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {}
         self._idle_lock = threading.Lock()  # no patching while stop() undoes
         self.engine: Any = None  # the DeepSpeed engine once seen
         self.state = CollectorState()  # what collectors keep for each other (module tracker, ...)
@@ -348,7 +351,7 @@ class Agent:
         with self._lock:
             if self._file is None:
                 return
-            recs = self._ready(self.ring.drain(), final)
+            recs = self._ready(self._resolved(self.ring.drain()), final)
             lines: list[str] = []
             steps: list[Any] = []
             captured, wall0, perf0 = self.captured, self._wall0, self._perf0
@@ -378,6 +381,17 @@ class Agent:
                 steps.append(step)
             if lines:
                 self._file.write_lines(lines, steps)
+
+    def _resolved(self, recs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Each record as its kind's resolver completes it (a resolver never raises)."""
+        resolvers = self.resolvers
+        if not resolvers:
+            return recs
+        out = []
+        for rec in recs:
+            fn = resolvers.get(rec[0])
+            out.append(rec if fn is None else fn(rec))
+        return out
 
     def _ready(self, recs: list[tuple[Any, ...]], final: bool) -> list[tuple[Any, ...]]:
         """Resolve pending GPU timings; hold back records whose CUDA events have not completed.

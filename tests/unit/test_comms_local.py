@@ -138,7 +138,8 @@ def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path
     (module hooks off) take their match's in the last tracked step, the same op, bytes and group
     (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None, and the
     step after it is tracked (22; at most one such step in 10: not 24). A collective issued outside
-    any module (an optimizer's) matches its tracked twin's None: no step is tracked for it (46)."""
+    any module (an optimizer's) matches its tracked twin's None: no step is tracked for it (46).
+    The writer thread matches at its flush (each 0.2 s in a job): flushed after each step here."""
     net = _Net()
     ag = agent.start(str(tmp_path), what=("comms",), attribute_every=10)
     steps = ((9, 2), (17, 2), (20, 2), (21, 3), (22, 2), (23, 5), (24, 5), (30, 5), (45, 5), (46, 5))
@@ -146,6 +147,7 @@ def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path
         ag.begin_step(step)
         net(torch.ones(rows, 4))
         dist.all_reduce(torch.ones(1))
+        ag.write_now()
     path = ag.status()["trace_file"]
     agent.stop()
     recs = _comm_lines(path)
