@@ -18,9 +18,10 @@ readers sum them.
 
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
-signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and again
-every `flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample); the samples
-in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
+signature (the outermost module's name, whether grad is on, and the shapes and dtypes of its
+tensor arguments) and again every `flops_every`-th sample of it (`AgentOptions.flops_every`;
+1 = every sample); the samples in between time every module and reuse the counted FLOPs of the
+same (module, phase, occurrence).
 Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
 FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
 
@@ -148,8 +149,9 @@ class LayerRecorder:
         device = job_device()  # the device seam (tests of the CUDA path on CPU swap its backend)
         self.timer = make_timer(device)
         self.memory = memory_probe(device)
-        self.sig = (outermost, *signature(args))  # a sample that began inside the model (attach,
-        # a pipeline stage's own root) must not reuse FLOPs counted from another module's start
+        self.sig = (outermost, torch.is_grad_enabled(), *signature(args))  # a sample that began
+        # inside the model (attach, a pipeline stage's own root) must not reuse FLOPs counted from
+        # another module's start, nor a training forward those of an eval one (no backward counted)
         self.occurrence.clear()
         self.counting = self._count_now(self.sig) or not self._pop()  # a mode it cannot pop still counts
         if self.counting:
