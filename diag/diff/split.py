@@ -26,6 +26,7 @@ import pandas as pd
 
 from diag.diff import adapter
 from diag.diff.align import comm_roles
+from diag.metrics.step_split import claim
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -101,29 +102,17 @@ def rank_intervals(trace: Trace, rank: int) -> RankIntervals:
 
 def _step(iv: RankIntervals, start: int, stop: int) -> tuple[dict[str, int], bool]:
     """Labels of one step window; the bool says whether compute was recorded inside it."""
-    parts: dict[str, int] = {}
-    taken = adapter.union([], [])  # the union of everything claimed so far
-
-    def claim(label: str, spans: adapter.Spans) -> None:
-        nonlocal taken
-        t = adapter.length(spans) - adapter.overlap(spans, taken)
-        if t:
-            parts[label] = parts.get(label, 0) + t
-        taken = adapter.union(np.concatenate([taken[0], spans[0]]), np.concatenate([taken[1], spans[1]]))
-
-    for lab in iv.blocking:
-        claim(lab.label, lab.clip(start, stop))
     comp = iv.compute.clip(start, stop) if iv.compute is not None else adapter.union([], [])
-    claim(COMPUTE, comp)
-    for lab in iv.background:
-        claim(lab.label, lab.clip(start, stop))
+    order = [(lab.label, lab.clip(start, stop)) for lab in iv.blocking]
+    order += [(COMPUTE, comp)] + [(lab.label, lab.clip(start, stop)) for lab in iv.background]
     if iv.optimizer is not None:
-        claim(OPTIMIZER, iv.optimizer.clip(start, stop))
+        order.append((OPTIMIZER, iv.optimizer.clip(start, stop)))
     sampled = len(comp[0]) > 0
     if sampled and not iv.on_device:
         first, last = int(comp[0][0]), int(comp[1][-1])
-        claim(IDLE, adapter.union([start], [first]))
-        claim(OTHER if iv.optimizer is not None else OPTIMIZER, adapter.union([last], [stop]))
+        order.append((IDLE, adapter.union([start], [first])))
+        order.append((OTHER if iv.optimizer is not None else OPTIMIZER, adapter.union([last], [stop])))
+    parts = claim(order)
     rest = (stop - start) - sum(parts.values())
     label = OTHER if sampled and not iv.on_device else IDLE
     if rest:

@@ -2,15 +2,18 @@
 
 A diag trace has no kernel timeline (that is Kineto's, `breakdown.temporal_breakdown`), but it has
 each step's span, every collective's interval and, on sampled steps, every module's forward and
-backward interval. Per step:
-- exposed communication = the union of the blocking (not async_op) collectives inside the step,
-  waiting for late ranks included (what the rank's step loses to them);
-- compute = the union of the outermost module intervals (the model's forward and backward) not
-  covered by those collectives;
+backward interval. Per step, each instant goes to the first of these that holds it (`claim`, which
+`diag diff`'s split uses too):
+- exposed communication = the blocking (not async_op) collectives inside the step, waiting for late
+  ranks included (what the rank's step loses to them), then the async ones (DDP's Reducer and
+  ZeRO's overlapped reductions issue theirs from C++ and wait for them there) where no compute
+  hides them;
+- compute = the union of the outermost module intervals (the model's forward and backward);
 - other = the rest: optimizer, data loading, host overhead, idle.
 Compute is known only on sampled steps, so the split is taken over the rank's steady sampled steps
 (their times include any FLOP counting); without sampled steps, over all steady steps with compute
-unknown (None) and `other` holding it.
+unknown (None) and `other` holding it, and exposed communication unknown too where async
+collectives ran in those steps: how much of them compute hid is not measured (it is not 0).
 
 A rank with a GPU kernel timeline (Kineto) is split on that timeline instead ("GPU timeline"), with
 the very figures the temporal breakdown, the overlap table and the exposed_comm rule use: over the
@@ -22,11 +25,16 @@ stream, so one report could otherwise show two exposed-communication figures for
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
 from diag.metrics import intervals
 from diag.metrics.activity import ByRank
+
+Spans = tuple[np.ndarray, np.ndarray]  # a union of intervals: sorted disjoint (starts, ends)
+EXPOSED = "exposed"
 
 COLUMNS = [
     "rank",
@@ -40,6 +48,20 @@ COLUMNS = [
     "comm_pct",
     "other_pct",
 ]
+
+
+def claim(parts: Iterable[tuple[str, Spans]]) -> dict[str, int]:
+    """Nanoseconds per label, each instant counted once, for the first label (in `parts`' order)
+    whose spans hold it: the priority that makes a step's parts sum to its time. A label may come
+    more than once; labels that claim nothing are left out."""
+    out: dict[str, int] = {}
+    taken: Spans = (np.empty(0, np.int64), np.empty(0, np.int64))
+    for label, spans in parts:
+        t = intervals.total(*spans) - intervals.overlap(spans, taken)
+        if t:
+            out[label] = out.get(label, 0) + t
+        taken = intervals.merge(np.concatenate([taken[0], spans[0]]), np.concatenate([taken[1], spans[1]]))
+    return out
 
 
 def _inside(df: pd.DataFrame, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,31 +80,42 @@ def _spans(df: pd.DataFrame) -> pd.DataFrame:
 
 def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> dict[str, object]:
     sampled = steps[steps["step"].isin(set(layers["step"]))] if len(layers) else steps.iloc[:0]
-    basis = "sampled steps" if len(sampled) else "all steps"
-    use = sampled if len(sampled) else steps
-    c, lay = _spans(comms), _spans(layers)
-    total = comm = compute = 0
-    for start, end in zip(use["start"].astype("int64"), use["end"].astype("int64")):
-        cu = _inside(c, start, end)
-        lu = _inside(lay, start, end)
-        total += end - start
-        comm += intervals.total(*cu)
-        compute += intervals.total(*lu) - intervals.overlap(lu, cu)
     known = bool(len(sampled))
-    other = total - comm - (compute if known else 0)
+    use = sampled if known else steps
+    flag = comms["async_op"].astype("boolean").fillna(False).astype(bool) if len(comms) else None
+    flag = pd.Series(False, index=comms.index) if flag is None else flag
+    sync, bg, lay = _spans(comms[~flag]), _spans(comms[flag]), _spans(layers)
+    total, parts = 0, {EXPOSED: 0, "compute": 0, "background": 0}
+    # the end in integer ns (`end` is float: an epoch-ns float is off by up to 256 ns)
+    starts = use["start"].astype("int64")
+    for start, end in zip(starts, starts + use["dur"].astype("int64")):
+        total += end - start
+        got = claim(
+            [
+                (EXPOSED, _inside(sync, start, end)),
+                ("compute", _inside(lay, start, end)),
+                (EXPOSED if known else "background", _inside(bg, start, end)),
+            ]
+        )
+        for k, v in got.items():
+            parts[k] += v
+    compute = parts["compute"] if known else None
+    # async collectives in steps without compute records: how much of them compute hid is unknown
+    comm = None if parts["background"] else parts[EXPOSED]
+    other = None if comm is None else total - comm - (compute or 0)
 
     def pct(v: int | None) -> float | None:
         return None if v is None or not total else round(100 * v / total, 2)
 
     return {
         "rank": rank,
-        "basis": basis,
+        "basis": "sampled steps" if known else "all steps",
         "steps": len(use),
         "total_ns": total,
-        "compute_ns": compute if known else None,
+        "compute_ns": compute,
         "comm_ns": comm,
         "other_ns": other,
-        "compute_pct": pct(compute if known else None),
+        "compute_pct": pct(compute),
         "comm_pct": pct(comm),
         "other_pct": pct(other),
     }
@@ -131,8 +164,7 @@ def step_split(
         span = gpu[gpu["rank"] == rank].iloc[0]  # type: ignore[index]
         rows.append(_gpu_rank(rank, (step_counts or {}).get(rank, 0), span, ov))
     if not steady_steps.empty:
-        blocking = comms[~comms["async_op"].astype("boolean").fillna(False)] if len(comms) else comms
-        mine, lay = ByRank(blocking), ByRank(layers)
+        mine, lay = ByRank(comms), ByRank(layers)
         rows += [
             _rank(int(rank), st, mine[rank], lay[rank] if len(layers) else layers)
             for rank, st in steady_steps.groupby("rank")

@@ -18,6 +18,19 @@ def _by(rows: list[dict[str, Any]], key: str, x: str, y: str, scale: float = 1.0
     return dict(out)
 
 
+def _split_bar(r: dict[str, Any]) -> dict[str, float]:
+    """One rank's step split in ms per step; a step whose exposed communication is unknown (async
+    collectives, no per-layer records to tell what hid them) is one bar, not a 0 ms part."""
+    per = 1e6 * r["steps"]
+    if r["comm_ns"] is None:
+        return {"not split (no per-layer sample)": r["total_ns"] / per}
+    return {
+        "compute": (r["compute_ns"] or 0) / per,
+        "exposed comm": r["comm_ns"] / per,
+        "other": r["other_ns"] / per,
+    }
+
+
 def _bars(m: dict[str, Any]) -> tuple[dict[str, dict[str, float]], str]:
     """Kineto's timeline breakdown, else a diag trace's split of a step (ms per step)."""
     if m["breakdown"]:
@@ -33,15 +46,7 @@ def _bars(m: dict[str, Any]) -> tuple[dict[str, dict[str, float]], str]:
             "ms",
         )
     return (
-        {
-            f"rank {r['rank']}": {
-                "compute": (r["compute_ns"] or 0) / 1e6 / r["steps"],
-                "exposed comm": r["comm_ns"] / 1e6 / r["steps"],
-                "other": r["other_ns"] / 1e6 / r["steps"],
-            }
-            for r in m.get("step_split") or []
-            if r["steps"]
-        },
+        {f"rank {r['rank']}": _split_bar(r) for r in m.get("step_split") or [] if r["steps"]},
         "ms per step",
     )
 

@@ -24,6 +24,11 @@ def split_table(doc: dict[str, Any]) -> list[Table]:
     if not rows:
         return []
     basis = ", ".join(sorted({r["basis"] for r in rows}))
+    if any(r["comm_pct"] is None for r in rows):
+        basis += (
+            "; exposed comm -: async collectives ran and no steady step has per-layer records to "
+            "tell how much compute hid them"
+        )
     return [
         (
             f"Step time per rank: compute / exposed communication / other ({basis})",
