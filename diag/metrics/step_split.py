@@ -32,6 +32,7 @@ import pandas as pd
 
 from diag.metrics import intervals
 from diag.metrics.activity import ByRank
+from diag.metrics.steps import NS
 
 Spans = tuple[np.ndarray, np.ndarray]  # a union of intervals: sorted disjoint (starts, ends)
 EXPOSED = "exposed"
@@ -78,18 +79,18 @@ def _spans(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"ts": ts.to_numpy(), "end": (ts + d["dur"].astype("int64")).to_numpy()})
 
 
-def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> dict[str, object]:
-    sampled = steps[steps["step"].isin(set(layers["step"]))] if len(layers) else steps.iloc[:0]
-    known = bool(len(sampled))
-    use = sampled if known else steps
+def _per_step(
+    steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame, known: bool
+) -> list[dict[str, int]]:
+    """`claim`'s parts of each of one rank's `steps` (blocking comm, then compute, then async comm
+    as EXPOSED where `known`, else as `background`), with `total`."""
     flag = comms["async_op"].astype("boolean").fillna(False).astype(bool) if len(comms) else None
     flag = pd.Series(False, index=comms.index) if flag is None else flag
     sync, bg, lay = _spans(comms[~flag]), _spans(comms[flag]), _spans(layers)
-    total, parts = 0, {EXPOSED: 0, "compute": 0, "background": 0}
+    out = []
     # the end in integer ns (`end` is float: an epoch-ns float is off by up to 256 ns)
-    starts = use["start"].astype("int64")
-    for start, end in zip(starts, starts + use["dur"].astype("int64")):
-        total += end - start
+    starts = steps["start"].astype("int64")
+    for start, end in zip(starts, starts + steps["dur"].astype("int64")):
         got = claim(
             [
                 (EXPOSED, _inside(sync, start, end)),
@@ -97,8 +98,41 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
                 (EXPOSED if known else "background", _inside(bg, start, end)),
             ]
         )
-        for k, v in got.items():
-            parts[k] += v
+        out.append({"total": int(end - start), **got})
+    return out
+
+
+def _sampled(steps: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    return steps[steps["step"].isin(set(layers["step"]))] if len(layers) else steps.iloc[:0]
+
+
+def exposed_per_step(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """Per steady step with per-layer records (rank, step, dur_s, exposed_s): seconds of `comms`'
+    [ts, ts + dur) intervals no compute hides, blocking or async (the exposed_comm rule passes
+    transfer intervals)."""
+    rows = []
+    mine, lay = ByRank(comms), ByRank(layers)
+    for rank, st in steady_steps.groupby("rank"):
+        use = _sampled(st, lay[rank] if len(layers) else layers)
+        for step, parts in zip(use["step"], _per_step(use, mine[rank], lay[rank], True)):
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "dur_s": parts["total"] / NS,
+                    "exposed_s": parts.get(EXPOSED, 0) / NS,
+                }
+            )
+    return pd.DataFrame(rows, columns=["rank", "step", "dur_s", "exposed_s"])
+
+
+def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> dict[str, object]:
+    sampled = _sampled(steps, layers)
+    known = bool(len(sampled))
+    use = sampled if known else steps
+    per = _per_step(use, comms, layers, known)
+    total = sum(p["total"] for p in per)
+    parts = {k: sum(p.get(k, 0) for p in per) for k in (EXPOSED, "compute", "background")}
     compute = parts["compute"] if known else None
     # async collectives in steps without compute records: how much of them compute hid is unknown
     comm = None if parts["background"] else parts[EXPOSED]
