@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from diag import schema
 from diag.tui.model import JobModel
+from diag.tui.state import RankState
 from diag.tui.view import JobView, leaf_layer_rows
 
 RANK = ("job", "rank", "host")
@@ -142,10 +143,11 @@ def _ranks(f: Families, m: JobModel, job: str) -> None:
         )
         f.gauge(
             "diag_exposed_comm_ratio",
-            "blocking collective time / step time of the last step",
+            "blocking collective time / step time of the last step; absent when async collectives "
+            "ran in it (DDP, ZeRO overlap: the part compute hid needs diag analyze's per-layer split)",
             RANK,
             lv,
-            st.exposed_share(),
+            _exposed_share(st),
         )
         f.counter(
             "diag_overflows_total", "loss-scale updates that found an overflow (fp16)", RANK, lv, st.overflows
@@ -178,6 +180,15 @@ def _ranks(f: Families, m: JobModel, job: str) -> None:
             lv,
             st.last_ts / 1e9 if st.last_ts else None,
         )
+
+
+def _exposed_share(st: RankState) -> float | None:
+    """The last step's blocking share, or None where async collectives ran in it: the live model
+    has no compute intervals to tell how much of them was exposed (DDP's read 0.0)."""
+    last = st.last_step
+    if last is not None and st.comm_ns.get(last[0], 0) > st.blocked_ns.get(last[0], 0):
+        return None
+    return st.exposed_share()
 
 
 def _role(m: JobModel, rank: int, group: str) -> str:

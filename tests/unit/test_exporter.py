@@ -207,3 +207,17 @@ def test_the_dashboard_uses_only_exported_metrics(tmp_path) -> None:
     exported = set(scrape(ex)) | {"diag_gpu_throttled"}  # a family with samples only while throttled
     used = {name for _, q in dashboard_queries() for name in re.findall(r"\bdiag_\w+", q)}
     assert len(used) >= 25 and used <= exported, sorted(used - exported)
+
+
+def test_exposed_share_is_absent_where_async_collectives_ran() -> None:
+    """A DDP job (sample_traces/ddp_contention, a real 2-rank run) waits for its Reducer's async
+    all-reduces inside C++: no blocking collective, so the blocking share read 0.0 while the
+    all-reduce cost the step time; live, without compute intervals, the exposed part is unknown."""
+    folder = os.path.join(ROOT, "sample_traces", "ddp_contention")
+    trace = diag.load(folder)
+    assert trace.comms["async_op"].astype(bool).any()
+    ex = Exporter(folder, "j", analyze=None)
+    read_all(ex)
+    m = scrape(ex)
+    assert len(by(m["diag_step_duration_seconds"], "rank")) == len(trace.ranks)
+    assert by(m.get("diag_exposed_comm_ratio", {}), "rank") == {}
