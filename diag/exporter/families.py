@@ -8,6 +8,7 @@ Counters are cumulative since the rank started (the trace holds every step), so 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from diag import schema
 from diag.tui.model import JobModel
 from diag.tui.state import RankState
-from diag.tui.view import JobView, leaf_layer_rows
+from diag.tui.view import MEAN_OVER, JobView, leaf_layer_rows
 
 RANK = ("job", "rank", "host")
 COMM = ("job", "rank", "host", "group", "role", "op")
@@ -121,7 +122,8 @@ def _ranks(f: Families, m: JobModel, job: str) -> None:
         f.gauge("diag_last_step", "number of the last completed step", RANK, lv, last[0] if last else None)
         f.counter(
             "diag_samples_total",
-            "samples the job reported per step (its data-parallel replica's)",
+            "the job's samples per step (DeepSpeed's global_samples: the global batch, the same on "
+            "every rank), summed over this rank's steps",
             RANK,
             lv,
             st.samples_total if st.samples is not None else None,
@@ -182,6 +184,16 @@ def _ranks(f: Families, m: JobModel, job: str) -> None:
         )
 
 
+def _samples_per_s(m: JobModel) -> float | None:
+    """The job's samples/s over the steps the view's step time reads: every rank reports the job's
+    global batch per step, so no factor of dp (the view's figure multiplies by it: 2x on 2 ranks)."""
+    steps = [s for s in sorted(m.step_max)[-MEAN_OVER:] if m.step_samples.get(s)]
+    secs = sum(m.step_max[s] for s in steps) / 1e9
+    if not steps or secs <= 0:
+        return None
+    return sum(statistics.fmean(m.step_samples[s]) for s in steps) / secs
+
+
 def _exposed_share(st: RankState) -> float | None:
     """The last step's blocking share, or None where async collectives ran in it: the live model
     has no compute intervals to tell how much of them was exposed (DDP's read 0.0)."""
@@ -234,11 +246,11 @@ def _job(f: Families, m: JobModel, view: JobView, job: str) -> None:
     )
     f.gauge(
         "diag_samples_per_second",
-        "global training throughput: samples per data-parallel replica "
-        "x dp over the job's step time (last 20 steps)",
+        "global training throughput: the job's samples per step (the global batch each rank "
+        "reports) over the job's step time (last 20 steps)",
         ("job",),
         lv,
-        view.samples_per_s,
+        _samples_per_s(m),
     )
     flops = _flops_per_step(m)
     f.gauge(

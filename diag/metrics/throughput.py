@@ -10,6 +10,12 @@ of the rank's nearest sampled step (exact where shapes follow a fixed batch). Sa
 slowed by the counting itself, so a rank's figure is the median over its steady steps that were not
 sampled (all steady steps when every step was sampled).
 
+Samples and tokens: a step record's `samples` is the job's (DeepSpeed's `global_samples` delta:
+micro batch x gradient accumulation x DP, the same on every rank). A rank's rate is its
+data-parallel replica's share (samples / dp / step time: the ranks of one replica under TP/PP work
+on the same samples), unknown where dp is; the job's rate is the global batch over the job's step
+time (`job_rates`).
+
 The model view (model_flops): Megatron's analytic FLOPs of one iteration over the whole world, per
 GPU: model FLOPs / (iteration time x world size), the figure Megatron prints.
 """
@@ -26,6 +32,8 @@ STEP_COLUMNS = [
     "step",
     "dur_ns",
     "sampled",
+    "samples",
+    "tokens",
     "flops",
     "tflops",
     "mfu",
@@ -66,9 +74,14 @@ def step_flops(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_step(
-    steps: pd.DataFrame, layers: pd.DataFrame, peak_tflops: float | None, seq_length: int | None
+    steps: pd.DataFrame,
+    layers: pd.DataFrame,
+    peak_tflops: float | None,
+    seq_length: int | None,
+    dp: int | None = None,
 ) -> pd.DataFrame:
-    """One row per (rank, step) with a duration (`steps` is `Metrics.steps`)."""
+    """One row per (rank, step) with a duration (`steps` is `Metrics.steps`): `samples`/`tokens` the
+    job's per step, `samples_per_s`/`tokens_per_s` the rank's replica's (NaN without `dp`)."""
     if steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     st = steps[["rank", "step", "dur"]].copy()
@@ -92,8 +105,8 @@ def per_step(
     st["mfu"] = st["tflops"] / peak_tflops if peak_tflops else np.nan
     if seq_length and st["tokens"].isna().all():
         st["tokens"] = st["samples"] * seq_length
-    st["samples_per_s"] = st["samples"] / sec
-    st["tokens_per_s"] = st["tokens"] / sec
+    st["samples_per_s"] = st["samples"] / (dp or np.nan) / sec
+    st["tokens_per_s"] = st["tokens"] / (dp or np.nan) / sec
     return st[STEP_COLUMNS].reset_index(drop=True)
 
 
@@ -120,11 +133,44 @@ def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=RANK_COLUMNS)
 
 
+def data_parallel(layout: dict[str, object]) -> int | None:
+    """The job's DP size: the recorded one, else world / (TP x PP) where all three are recorded
+    (a world size alone is no DP size: a TP=2 job's is 1)."""
+    dp, world, tp, pp = (layout.get(k) for k in ("dp", "world_size", "tp", "pp"))
+    if isinstance(dp, int) and dp > 0:
+        return dp
+    if isinstance(world, int) and isinstance(tp, int) and isinstance(pp, int) and min(world, tp, pp) > 0:
+        return world // (tp * pp)
+    return None
+
+
+def _job_steps(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per step the job's: slowest rank's dur, samples and tokens, sampled by any rank; steady steps
+    that were not sampled (all steady ones if every step was)."""
+    job = rows.groupby("step").agg(
+        dur=("dur_ns", "max"),
+        sampled=("sampled", "any"),
+        samples=("samples", "max"),
+        tokens=("tokens", "max"),
+    )
+    job = steady(job.reset_index().pipe(lambda j: j.assign(rank=0, dur_s=j["dur"] / NS)))
+    return job[~job["sampled"]] if (~job["sampled"]).any() else job
+
+
 def job_step_s(rows: pd.DataFrame) -> float | None:
     """The job's iteration time: per step the slowest rank, median over steady, unsampled steps."""
     if rows.empty:
         return None
-    job = rows.groupby("step").agg(dur=("dur_ns", "max"), sampled=("sampled", "any")).reset_index()
-    job = steady(job.assign(rank=0, dur_s=job["dur"] / NS))
-    quiet = job[~job["sampled"]] if (~job["sampled"]).any() else job
+    quiet = _job_steps(rows)
     return float(quiet["dur"].median()) / NS if len(quiet) else None
+
+
+def job_rates(rows: pd.DataFrame) -> dict[str, float | None]:
+    """The job's samples/s and tokens/s: the global batch over the job's step time, median over the
+    steps `job_step_s` reads (None where the job does not say)."""
+    quiet = _job_steps(rows) if not rows.empty else rows
+    out: dict[str, float | None] = {}
+    for col in ("samples", "tokens"):
+        v = (pd.to_numeric(quiet[col], errors="coerce") / quiet["dur_s"]).median() if len(quiet) else np.nan
+        out[f"{col}_per_s"] = None if pd.isna(v) else float(v)
+    return out

@@ -89,7 +89,8 @@ def section(
     value = peak["tflops"] if peak else None
     shape = {**(layout.get("model") or {}), **(model or {})}
     seq = shape.get("seq_length")
-    rows = throughput.per_step(metrics.steps, trace.layers, value, int(seq) if seq else None)
+    dp = throughput.data_parallel(layout)
+    rows = throughput.per_step(metrics.steps, trace.layers, value, int(seq) if seq else None, dp)
     ranks = throughput.per_rank(rows)
     known = ranks.dropna(subset=["tflops"])
     log = trace.frame("log_step")
@@ -109,7 +110,9 @@ def section(
             "tflops_per_gpu": known["tflops"].mean() if len(known) else None,
             "mfu": known["mfu"].mean() if len(known) and value else None,
             "flops_per_step": known["flops_per_step"].sum() if len(known) else None,
+            **throughput.job_rates(rows),  # the job's samples/s, tokens/s (per rank: `per_rank`)
         },
+        "dp": dp,
         "model": _model_view(trace, shape, layout, throughput.job_step_s(rows), value),
         "log_tflops_median": printed.median() if len(printed) else None,
         "per_rank": ranks.astype(object).to_dict("records"),

@@ -27,9 +27,18 @@ def throughput_table(doc: dict[str, Any]) -> list[Table]:
     ]
     if not rows:
         return []
+    title = "Throughput per rank (steady steps without FLOP counting, medians"
+    job = tp.get("measured") or {}
+    if job.get("samples_per_s") is not None:
+        dp = tp.get("dp")
+        share = f"1/{dp} of" if dp else "per rank unknown (no DP size recorded);"
+        title += f"; samples/s and tokens/s: the rank's data-parallel replica's, {share} the job's "
+        title += _rate(job["samples_per_s"], "samples")
+        if job.get("tokens_per_s") is not None:
+            title += ", " + _rate(job["tokens_per_s"], "tokens")
     return [
         (
-            "Throughput per rank (steady steps without FLOP counting, medians)",
+            title + ")",
             ["rank", "steps", "FLOPs/step", "step ms", "FLOP/s", "MFU", "samples/s", "tokens/s"],
             [
                 [

@@ -19,7 +19,7 @@ def layers(trace: Trace, peak_tflops: float | None) -> list[dict[str, Any]]:
 
 def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
     """One row per step: the slowest and fastest rank's time, whether every rank applied it, and the
-    throughput figures (mean over ranks)."""
+    throughput figures (FLOP/s: mean over ranks; samples/s: the job's)."""
     if not per_step:
         return []
     df = pd.DataFrame(per_step)
@@ -39,7 +39,8 @@ def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
                 "applied": bool(applied.get(step, True)),
                 "sampled": bool(g["sampled"].any()),
                 "tflops": g["tflops"].mean(),
-                "samples_per_s": g["samples_per_s"].mean(),
+                # the job's: its global batch over the slowest rank's time
+                "samples_per_s": slow["samples"] / slow["dur_ns"] * 1e9,
             }
         )
     return out

@@ -221,3 +221,16 @@ def test_exposed_share_is_absent_where_async_collectives_ran() -> None:
     m = scrape(ex)
     assert len(by(m["diag_step_duration_seconds"], "rank")) == len(trace.ranks)
     assert by(m.get("diag_exposed_comm_ratio", {}), "rank") == {}
+
+
+def test_samples_per_second_is_the_global_batch_over_the_step_time() -> None:
+    """Every rank reports the job's global batch per step (DeepSpeed's global_samples delta): the
+    job's rate is that over the job's step time, with no factor of dp (it read 2x on 2 ranks)."""
+    folder = os.path.join(ROOT, "sample_traces", "zero3")
+    st = diag.load(folder).steps.dropna(subset=["dur"])
+    ex = Exporter(folder, "j", analyze=None)
+    read_all(ex)
+    m = scrape(ex)
+    per_step = st.groupby("step").agg(samples=("samples", "max"), dur=("dur", "max")).tail(20)
+    want = per_step["samples"].astype(float).sum() / (per_step["dur"].sum() / 1e9)
+    assert m["diag_samples_per_second"][(("job", "j"),)] == pytest.approx(want)

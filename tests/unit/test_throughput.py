@@ -155,7 +155,7 @@ def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
         for s in (0, 4):
             _model_step(job, r, s)
     tr = job.write(str(tmp_path), step_ms={0: 100.0, 1: 200.0})
-    rows = throughput.per_step(Metrics(tr).steps, tr.layers, peak_tflops=1e-9, seq_length=64)
+    rows = throughput.per_step(Metrics(tr).steps, tr.layers, peak_tflops=1e-9, seq_length=64, dp=2)
     assert rows["flops"].eq(30).all() and list(rows[rows["rank"] == 0]["sampled"]) == [
         True,
         False,
@@ -168,7 +168,8 @@ def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
     ]
     r0 = rows[(rows["rank"] == 0) & (rows["step"] == 1)].iloc[0]
     assert r0["tflops"] == pytest.approx(30 / 0.1 / 1e12) and r0["mfu"] == pytest.approx(0.3)
-    assert r0["samples_per_s"] == pytest.approx(80) and r0["tokens_per_s"] == pytest.approx(80 * 64)
+    # the step's 8 samples are the job's (global batch): a rank's replica does 8 / dp of them
+    assert r0["samples_per_s"] == pytest.approx(40) and r0["tokens_per_s"] == pytest.approx(40 * 64)
     ranks = throughput.per_rank(rows).set_index("rank")
     assert ranks.loc[0, "steps"] == 6  # steady (no warm-up step 0) and not sampled: 1, 2, 3, 5, 6, 7
     assert ranks.loc[1, "step_ms"] == pytest.approx(200)
