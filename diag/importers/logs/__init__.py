@@ -3,8 +3,9 @@
 Each line is read once (`lines.Line` peels the launcher's rank/host/time prefixes) and offered to the
 family readers; what they find becomes frames of the `Trace`:
 - `log_step`: one row per framework iteration number (Megatron's `iteration`, DeepSpeed's `global_steps`,
-  HF's optimizer step, NeMo's `global_step`, verl's `step:`, nanoGPT's `iter`): step time in ms, samples/s, tokens/s,
-  TFLOPs as printed, loss, lr, grad norm, loss scale, skipped counters, eval loss (`records.STEP_COLUMNS`);
+  HF's optimizer step, NeMo's `global_step`, verl's `step:`, nanoGPT's `iter`): step time in ms,
+  samples/s, tokens/s, TFLOPs as printed, loss, lr, grad norm, loss scale, skipped counters, eval
+  loss (`records.STEP_COLUMNS`);
 - `overflow`: each skipped step once (`overflow.reconcile`), `memory`: memory lines in bytes;
 - the layout (world size, TP/PP/DP, ZeRO stage, dtype, batch sizes) into every rank's header;
 - a failed job (`crash.verdict`) becomes a `JobFailed` problem: one line naming the failure, its ranks,
