@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.report.ranks import rank_label, rank_list
 from diag.tui import fmt
 from diag.tui.view import JobView, RankRow
 
@@ -50,7 +51,7 @@ RANK_SORTS: dict[str, Any] = {
 
 def rank_cells(r: RankRow) -> tuple[str, ...]:
     return (
-        str(r.rank),
+        rank_label(r.rank),
         r.host,
         fmt.num(r.step),
         fmt.ms(r.step_ms),
@@ -63,7 +64,7 @@ def rank_cells(r: RankRow) -> tuple[str, ...]:
 
 
 def rank_rows(v: JobView) -> dict[str, tuple[str, ...]]:
-    return {str(r.rank): rank_cells(r) for r in v.rank_rows}
+    return {rank_label(r.rank): rank_cells(r) for r in v.rank_rows}
 
 
 def comm_rows(v: JobView) -> dict[str, tuple[str, ...]]:
@@ -100,7 +101,7 @@ def layer_rows(v: JobView) -> dict[str, tuple[str, ...]]:
 def overflow_rows(v: JobView) -> dict[str, tuple[str, ...]]:
     out = {}
     for r in v.overflow_rows:
-        ranks = ",".join(str(x) for x in sorted(set(r["ranks"]))) or "-"
+        ranks = rank_list(sorted(set(r["ranks"])), limit=None)
         out[str(r["step"])] = (
             str(r["step"]),
             ranks,
