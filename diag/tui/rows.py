@@ -22,7 +22,17 @@ RANK_COLUMNS = (
     "last collective",
     "health",
 )
-COMM_COLUMNS = ("group / op", "size", "count", "bytes", "mean bytes", "latency ms", "last ms", "busbw GB/s")
+# a collective of a group is one operation that each member rank records: calls and bytes per rank
+COMM_COLUMNS = (
+    "group / op",
+    "size",
+    "calls per rank",
+    "bytes per rank",
+    "mean bytes",
+    "latency ms",
+    "last ms",
+    "busbw GB/s",
+)
 LAYER_COLUMNS = ("module", "ms/step", "fwd ms", "bwd ms", "GFLOP/step", "TFLOP/s")
 OVERFLOW_COLUMNS = ("step", "overflow on ranks", "scale before", "scale after", "source")
 GPU_COLUMNS = (
@@ -74,8 +84,8 @@ def comm_rows(v: JobView) -> dict[str, tuple[str, ...]]:
         out[key] = (
             key,
             str(c.group_size),
-            str(c.count),
-            fmt.nbytes(c.bytes),
+            fmt.count(c.per_rank_count),
+            fmt.nbytes(c.per_rank_bytes),
             fmt.nbytes(c.bytes / c.count if c.count else None),
             fmt.ms(c.mean_latency / 1e6, 3),
             fmt.ms(c.last_dur / 1e6, 3),
