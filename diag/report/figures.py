@@ -70,10 +70,9 @@ def _step_lanes(doc: dict[str, Any], overflow_steps: list[int]) -> str:
     for r in doc.get("step_timeline") or []:
         hit = r["step"] in over or r.get("applied") is False
         color = OVERFLOW_COLOR if hit else STEP_COLORS[r["step"] % 2]
-        tip = f"{rank_name(r['rank'])} step {r['step']}: {r['dur_ms']:.1f} ms" + (
-            " (overflow)" if hit else ""
-        )
-        rows[rank_name(r["rank"])].append((r["start_ms"] / 1e3, r["dur_ms"] / 1e3, tip, color))
+        who = rank_name(r["rank"])
+        tip = f"{who} step {r['step']}: {r['dur_ms']:.1f} ms" + (" (overflow)" if hit else "")
+        rows[who].append((r["start_ms"] / 1e3, r["dur_ms"] / 1e3, tip, color))
     legend = {"step (shades alternate)": STEP_COLORS[0]}
     if any(c == OVERFLOW_COLOR for v in rows.values() for *_, c in v):
         legend["overflow step"] = OVERFLOW_COLOR

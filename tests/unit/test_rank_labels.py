@@ -55,11 +55,15 @@ def test_labels_of_ranks_pids_and_none() -> None:
     assert rank_list([0, -20267]) == "0,pid 20267" and rank_list([]) == "-"
 
 
-def test_analyze_names_the_process_by_its_pid_in_every_table(lone) -> None:
+def test_analyze_names_the_process_by_its_pid_in_every_table(lone, tmp_path) -> None:
     trace, pid = lone
-    out = launch.diag_cli("analyze", trace, env={"COLUMNS": "200"})
+    md, page = tmp_path / "report.md", tmp_path / "report.html"
+    out = launch.diag_cli(
+        "analyze", trace, "--markdown", str(md), "--html", str(page), env={"COLUMNS": "200"}
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert not re.search(rf"-{pid}\b", out.stdout), out.stdout
+    for text in (out.stdout, md.read_text(), page.read_text()):
+        assert not re.search(rf"-{pid}\b", text) and f"pid {pid}" in text
     titles = ("Throughput per rank", "Step time per rank", "Steps", "Memory per rank")
     for title in titles:
         table = out.stdout.split(title, 1)[1]
@@ -83,3 +87,29 @@ def test_top_shows_the_pid_in_the_ranks_table_and_drill_in(lone) -> None:
     assert list(table) == [f"pid {pid}"] and table[f"pid {pid}"][0] == f"pid {pid}"
     detail = rank_detail(m, -pid)
     assert detail.startswith(f"pid {pid} on ") and str(-pid) not in detail
+
+
+def test_top_app_drills_into_a_process_without_a_rank(lone) -> None:
+    """The ranks table's row key is the label: enter on `pid N` opens that process's page."""
+    import asyncio
+
+    from diag.tui.app import TopApp
+    from diag.tui.widgets.screens import TextScreen
+    from diag.tui.widgets.table import SyncTable
+    from tests.tui.conftest import wait_for
+
+    trace, pid = lone
+    app = TopApp(ReplaySource(trace, speed=0), analyze=None, interval=0.05)
+
+    async def drive() -> None:
+        async with app.run_test(size=(150, 30)) as pilot:
+            await wait_for(pilot, lambda: app.view is not None and len(app.view.rank_rows) == 1)
+            table = app.query_one("#ranks-table", SyncTable)
+            await wait_for(pilot, lambda: table.row_count == 1)
+            assert str(table.get_row_at(0)[0]) == f"pid {pid}"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, TextScreen))
+            assert app.screen.title_text == f"pid {pid}" and app.screen.text.startswith(f"pid {pid} on ")
+            await pilot.press("escape", "q")
+
+    asyncio.run(drive())
