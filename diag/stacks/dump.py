@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.errors import FAILURE, DiagError
-from diag.inject.checks import python_version, status_fields
+from diag.inject.checks import not_python_error, python_version, status_fields
 
 TIMEOUT_S = 30
 TRIES = 3  # a read of a changing stack fails now and then; the next one usually succeeds
@@ -65,7 +65,7 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
             why = _reason(proc.stderr)
         other = not_python(pid)
         if other is not None:  # py-spy's "Failed to find python version" does not say what is wrong
-            raise DiagError(f"pid {pid} is not a Python process ({other})", FAILURE)
+            raise not_python_error(pid, other)
         if not os.path.exists(f"/proc/{pid}"):
             break
         time.sleep(RETRY_S * (attempt + 1))
