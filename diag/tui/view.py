@@ -94,7 +94,7 @@ def build_view(m: JobModel) -> JobView:
         v.last_step, v.last_ms = steps[-1], m.step_max[steps[-1]] / 1e6
         recent = v.step_series[-MEAN_OVER:]
         v.mean_ms = sum(recent) / len(recent)
-        v.samples_per_s = _samples_per_s(m, steps[-MEAN_OVER:], v.layout)
+        v.samples_per_s = _samples_per_s(m, steps[-MEAN_OVER:])
     v.rank_rows = rank_rows(m)
     v.comm_rows = sorted(m.comms.values(), key=lambda c: (-c.dur, c.group, c.op))
     v.layer_rows = layer_rows(m)
@@ -126,15 +126,15 @@ def _layout(m: JobModel) -> dict[str, Any]:
     return out
 
 
-def _samples_per_s(m: JobModel, steps: list[int], layout: dict[str, Any]) -> float | None:
-    """Global samples/s: each data-parallel replica's samples (mean over the ranks reporting) x dp,
-    over the job's step time."""
+def _samples_per_s(m: JobModel, steps: list[int]) -> float | None:
+    """The job's samples/s: a step's samples (DeepSpeed's `global_samples` delta: the global batch,
+    the same on every rank; mean over the ranks reporting) over the job's step time (the slowest
+    rank's), as `diag analyze` gives the job's rate. It was multiplied by dp again: twice the rate."""
     per_step = [statistics.fmean(m.step_samples[s]) for s in steps if m.step_samples.get(s)]
     secs = sum(m.step_max[s] for s in steps if m.step_samples.get(s)) / 1e9
     if not per_step or secs <= 0:
         return None
-    dp = int(layout.get("dp") or layout.get("world_size") or len(m.headers) or 1)
-    return sum(per_step) * dp / secs
+    return sum(per_step) / secs
 
 
 def rank_rows(m: JobModel) -> list[RankRow]:

@@ -18,6 +18,7 @@ from diag.tui.model import JobModel
 from diag.tui.source import LiveSource, ReplaySource, trace_dir_of_pid
 from diag.tui.tail import DirTail
 from diag.tui.view import build_view
+from tests.conftest import ROOT
 
 
 def _view(path):
@@ -398,3 +399,21 @@ def test_analyses_are_spaced_by_their_own_cost(tmp_path):
     pump.maybe_analyze()
     assert pump.analyses == 2
     job.close()
+
+
+def test_samples_per_second_is_the_jobs_rate_as_analyze_gives_it():
+    """A DeepSpeed step's samples are the global batch (micro x accumulation x dp), the same on
+    every rank: the header's samples/s multiplied them by dp again (2 ranks: twice the rate)."""
+    from diag.analyzers import run_all
+
+    from diag.report import model
+
+    from diag.tui.view import MEAN_OVER
+
+    path = os.path.join(ROOT, "sample_traces", "zero3")
+    tr = diag.load(path)
+    steps = [s for s in model.build(tr, *run_all(tr))["steps"] if s["samples_per_s"]][-MEAN_OVER:]
+    secs = [s["max_ms"] / 1e3 for s in steps]  # the job's step: its slowest rank's
+    job = sum(s["samples_per_s"] * t for s, t in zip(steps, secs)) / sum(secs)
+    _, v = _view(path)
+    assert len(steps) == 5 and v.samples_per_s == pytest.approx(job, rel=1e-6)
