@@ -407,7 +407,6 @@ def test_samples_per_second_is_the_jobs_rate_as_analyze_gives_it():
     from diag.analyzers import run_all
 
     from diag.report import model
-
     from diag.tui.view import MEAN_OVER
 
     path = os.path.join(ROOT, "sample_traces", "zero3")
