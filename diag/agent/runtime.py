@@ -35,7 +35,14 @@ from diag.trace.comm_line import FIELDS as COMM_FIELDS
 from diag.trace.flat_line import flat_text
 from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
-FLUSH_INTERVAL_S = 0.2
+# the writer's flushes: a record is in the file at most this late, on ticks of the wall clock, so
+# every rank of a job (hosts in NTP sync) flushes at the same moments: a job killed at once leaves
+# each rank's records ending at the same tick, not up to one interval apart. 0.5 s, not 0.2: a flush
+# costs ~150 us of the rank's CPU in bench/overhead's job whatever it writes (cold code after the
+# wake, the schedstat read and the write), ~35 us a 45 ms step at 0.2 s; `diag top` refreshes each s
+FLUSH_INTERVAL_S = 0.5
+# while the job imports: idle listeners patch a framework imported after start before its first step
+IMPORT_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 _COMM = schema.COMM
@@ -312,8 +319,11 @@ class Agent:
     def _run(self) -> None:
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
+        modules = -1  # the first wait is short: a job started under `diag run` imports at once
         while not self._stop.is_set():
-            self._flush_now.wait(FLUSH_INTERVAL_S)
+            every = FLUSH_INTERVAL_S if len(sys.modules) == modules else IMPORT_INTERVAL_S
+            modules = len(sys.modules)
+            self._flush_now.wait(every - time.time() % every)  # to the next tick
             c0 = time.thread_time_ns()
             try:
                 self._flush(final=False)

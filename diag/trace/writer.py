@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import json.encoder
 import math
@@ -154,7 +155,7 @@ class TraceFileWriter:
             return
         lost = self._lost_line()
         head = [lost] if lost else []
-        data = ("\n".join([*head, *lines]) + "\n").encode()
+        data = "\n".join(itertools.chain(head, lines, ("",))).encode()  # one copy each, no concat
         whole, error = self._write_whole(data)
         if whole >= len(head):
             self._pending = [0, -1, -1]  # the earlier loss is on record now

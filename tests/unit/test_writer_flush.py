@@ -6,6 +6,7 @@ duration is not known yet is held, never lost, and given up (null) by the final 
 from __future__ import annotations
 
 import json
+import time
 
 from diag.collectors import comms
 from diag.collectors.comms.timing import Later
@@ -126,3 +127,26 @@ def test_a_record_that_cannot_be_written_is_one_lost_record(tmp_path, monkeypatc
         ("format:no-such-kind", "KeyError"),
     ]
     assert ag.captured == {"step": 2, "comm": 1, "no-such-kind": 1}
+
+
+def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
+    """Every rank's writer flushes at the same moments (multiples of FLUSH_INTERVAL_S on the wall
+    clock), so ranks killed at once leave records that end together; each flush's sched sample is
+    taken right after its tick (the first comes sooner: the job may still be importing)."""
+    from diag.agent import runtime
+
+    ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=("steps",)))
+    ag.start()
+    try:
+        for i in range(8):  # ~2 s of records, one every 0.25 s
+            ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
+            time.sleep(0.25)
+        path = ag.status()["trace_file"]
+    finally:
+        ag.stop()
+    with open(path) as f:
+        samples = [json.loads(line)["ts"] for line in f if json.loads(line)["k"] == "sched"]
+    every = runtime.FLUSH_INTERVAL_S
+    phases = sorted((ts / 1e9) % every for ts in samples[1:-1])  # not the first nor the stop's
+    assert len(phases) >= 2
+    assert phases[len(phases) // 2] < every / 4, phases  # most within a quarter interval of a tick
