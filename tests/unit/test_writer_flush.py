@@ -9,42 +9,22 @@ import json
 import time
 
 from diag.collectors import comms
-from diag.collectors.comms.timing import Later
 
 from diag import schema
 from diag.agent import AgentOptions, pending
 from diag.agent.runtime import Agent
 from diag.trace.writer import TraceFileWriter, dumps
-
-P0 = 10_000
+from tests.unit.test_comm_line import P0
+from tests.unit.test_comm_line import rec as comm_rec
+from tests.unit.test_pending_spot import _later
 
 
 class Sub(str):
     pass
 
 
-def _later(dur: int | None) -> Later:
-    later = Later(None, None)  # type: ignore[arg-type]  # no timer: its duration is set directly
-    later.dur = dur
-    return later
-
-
 def _comm(ts: int, dur: object, **kw: object) -> tuple[object, ...]:
-    fields = {
-        "step": 7,
-        "op": "all_reduce",
-        "bytes": 4096,
-        "dtype": "bfloat16",
-        "group": "dp:5",
-        "group_size": 2,
-        "group_ranks": (0, 1),
-        "ts": P0 + ts,
-        "dur": dur,
-        "module": "m.a",
-        "async_op": False,
-    }
-    fields.update(kw)
-    return (schema.COMM, *fields.values())
+    return comm_rec(ts=P0 + ts, dur=dur, **{"module": "m.a", **kw})
 
 
 def _settled(rec: tuple[object, ...], give_up: bool = False) -> tuple[object, ...]:
