@@ -18,9 +18,11 @@ readers sum them.
 
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
-signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and again
-every `flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample); the samples
-in between time every module and reuse the counted FLOPs of the same (module, phase, occurrence).
+signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and
+again every `flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample); the
+samples in between time every module and reuse the counted FLOPs of the same (module, phase,
+occurrence). A forward run with grad off (an evaluation inside a training loop) is never sampled:
+no backward follows it, and its counts reused for training steps had no backward FLOPs.
 Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
 FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
 
@@ -135,7 +137,10 @@ class LayerRecorder:
     # ---- sampling and the dispatch mode --------------------------------------------------------
     def _decide(self, outermost: str, args: tuple[Any, ...]) -> None:
         every = self.agent.layers_every
-        if self.steps_seen:
+        if not torch.is_grad_enabled():
+            want = False  # an eval forward inside a training step (nanoGPT's at iteration 0): no
+            # backward follows, so its times and FLOPs are not the step's training layers
+        elif self.steps_seen:
             want = bool(self.agent.sampled)
         else:
             want = every > 0 and self.micro % every == 0

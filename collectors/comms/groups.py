@@ -114,18 +114,18 @@ class Groups:
         on_bare: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._cache: dict[int, tuple[weakref.ref[Any], GroupInfo]] = {}
+        self.cache: dict[int, tuple[weakref.ref[Any], GroupInfo]] = {}
         self._bare: dict[int, tuple[weakref.ref[Any], float]] = {}  # id -> (group, first seen)
         self.seen: dict[str, dict[str, Any]] = {}
         self.on_new, self.on_bare, self.clock = on_new, on_bare, clock
 
     def info(self, pg: Any) -> GroupInfo:
-        hit = self._cache.get(id(pg))
+        hit = self.cache.get(id(pg))
         if hit is not None and hit[0]() is pg:
             return hit[1]
         info = describe(pg)
         ref = weakref.ref(pg)
-        self._cache[id(pg)] = (ref, info)
+        self.cache[id(pg)] = (ref, info)
         name, size, ranks = info
         if name not in self.seen:
             role = name.split(":", 1)[0] if ":" in name else None
@@ -143,7 +143,7 @@ class Groups:
         module's docstring). True once no bare group is left to look at (an idle listener)."""
         now, renamed = self.clock(), False
         for key, (ref, since) in list(self._bare.items()):
-            pg, hit = ref(), self._cache.get(key)
+            pg, hit = ref(), self.cache.get(key)
             if pg is None or hit is None or hit[0]() is not pg or now - since > RECHECK_S:
                 self._bare.pop(key, None)  # gone, replaced, or kept by no framework: bare for good
                 continue
@@ -152,7 +152,7 @@ class Groups:
                 self._bare.pop(key, None)
                 bare, size, ranks = hit[1]
                 name = f"{role}:{bare}"
-                self._cache[key] = (ref, (name, size, ranks))
+                self.cache[key] = (ref, (name, size, ranks))
                 self.seen[name] = _entry(role, size, ranks)
                 self.seen[bare] = {**_entry(None, size, ranks), "renamed": name}
                 renamed = True
@@ -161,5 +161,5 @@ class Groups:
         return not self._bare
 
     def clear(self) -> None:
-        self._cache.clear()
+        self.cache.clear()
         self._bare.clear()

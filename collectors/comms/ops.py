@@ -119,7 +119,7 @@ def is_async(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool 
     return getattr(opts, "asyncOp", None) if opts is not None else None
 
 
-_DTYPE_NAMES: dict[Any, str] = {}
+DTYPE_NAMES: dict[Any, str] = {}  # torch dtype -> its name, as records spell it
 
 
 def dtype_name(tensor: Any) -> str | None:
@@ -127,7 +127,7 @@ def dtype_name(tensor: Any) -> str | None:
     if tensor is None:
         return None
     dt = tensor.dtype
-    name = _DTYPE_NAMES.get(dt)
+    name = DTYPE_NAMES.get(dt)
     if name is None:
-        name = _DTYPE_NAMES[dt] = str(dt).removeprefix("torch.")
+        name = DTYPE_NAMES[dt] = str(dt).removeprefix("torch.")
     return name

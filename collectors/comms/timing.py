@@ -60,11 +60,14 @@ class Later(Pending):
         self.token = token
         self.dur: Any = None
 
-    def finish(self) -> None:
+    def finish(self, end: int | None = None) -> None:
+        """`end`: the wall clock read as the wait returned (before diag's own hook ran), if known."""
         if self.dur is None:
             timer = self.timer  # the wall clock's stop read here: one call fewer a collective
-            cpu = type(timer) is CpuTimer
-            self.dur = time.perf_counter_ns() - self.token if cpu else timer.stop(self.token)
+            if type(timer) is CpuTimer:
+                self.dur = (end or time.perf_counter_ns()) - self.token
+            else:
+                self.dur = timer.stop(self.token)
 
     def ready(self) -> bool:
         d = self.dur
@@ -171,14 +174,14 @@ class CommTiming:
             self.released.pop()
         return True
 
-    def _on_wait(self, work: Any) -> None:
+    def _on_wait(self, work: Any, end: int) -> None:
         if work is self.last:
             later = self.last_later
             self.last = self.last_later = None
         else:
             later = self.waiting.pop(work, None)
         if later is not None:
-            later.finish()
+            later.finish(end)
 
     def _forget(self) -> None:
         """Stop: every op still in flight gets a null duration (not an error) and is counted. The
@@ -204,12 +207,12 @@ class CommTiming:
         from torch._C._distributed_c10d import Work
 
         original = Work.wait
-        waited = self._waited
+        waited, now = self._waited, time.perf_counter_ns
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(work, *args, **kwargs)
             if work is self.last or self.waiting:
-                waited(work)
+                waited(work, now())  # the end as the wait returned, not after diag's hook began
             return result
 
         undo.patch(Work, "wait", wait)

@@ -53,6 +53,8 @@ class AgentAPI(Protocol):
     # called (guarded) by the writer thread at a flush after imports, until each returns True (settled)
     idle_listeners: list[Callable[[], bool | None]]
     engine: Any  # the DeepSpeed engine once seen, else None
+    # by record kind, run by the writer thread on each record before it is written (never raises)
+    resolvers: dict[str, Callable[[Record], Record]]
     state: CollectorState
 
     def now(self) -> int: ...

@@ -70,6 +70,9 @@ class Agent:
         # run by the writer thread every flush: collectors that wrap a framework imported after the
         # agent started (`diag run`) patch it before the job's first step, not at its first boundary
         self.idle_listeners: list[Callable[[], bool | None]] = []
+        # by record kind: what the writer thread does to a record before writing it (the hooks leave
+        # it what need not run on the training thread: comms' module matching)
+        self.resolvers: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {}
         self._idle_lock = threading.Lock()  # no patching while stop() undoes
         self.engine: Any = None  # the DeepSpeed engine once seen
         self.state = CollectorState()  # what collectors keep for each other (module tracker, ...)
@@ -359,7 +362,7 @@ class Agent:
         with self._lock:
             if self._file is None:
                 return
-            lines = self._lines(self.ring.drain(), final)
+            lines = self._lines(self._resolved(self.ring.drain()), final)
             if self._error_count != self._errors_done:
                 self._errors_done = self._error_count
                 lines.extend(dumps(o) for o in self._new_errors())
@@ -371,6 +374,17 @@ class Agent:
                 if sched is not None:
                     lines.append(_line(sched, self._wall0, self._perf0))
                 self._file.write_lines(lines)
+
+    def _resolved(self, recs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Each record as its kind's resolver completes it (a resolver never raises)."""
+        resolvers = self.resolvers
+        if not resolvers:
+            return recs
+        out = []
+        for rec in recs:
+            fn = resolvers.get(rec[0])
+            out.append(rec if fn is None else fn(rec))
+        return out
 
     def _lines(self, recs: list[tuple[Any, ...]], final: bool) -> list[str]:
         """The lines of the records written now, counted by kind in `captured`: those held from

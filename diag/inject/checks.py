@@ -47,7 +47,7 @@ def inspect(pid: int, need_torch: bool = True) -> Target:
         raise DiagError(f"pid {pid}: cannot read /proc/{pid} ({e.strerror})", FAILURE) from None
     version = python_version(exe, maps)
     if version is None:
-        raise DiagError(f"pid {pid} is not a Python process ({exe})", FAILURE)
+        raise not_python_error(pid, exe)
     if version < MIN_PYTHON:
         raise DiagError(
             f"pid {pid} runs Python {version[0]}.{version[1]}; diag needs "
@@ -60,6 +60,11 @@ def inspect(pid: int, need_torch: bool = True) -> Target:
             f"pid {pid} has not imported torch (attach once the job has started, or pass --no-torch)", FAILURE
         )
     return Target(pid, exe, version, has_torch)
+
+
+def not_python_error(pid: int, exe: str) -> DiagError:
+    """What attach and stacks say of a process that runs no Python."""
+    return DiagError(f"pid {pid} is not a Python process ({exe})", FAILURE)
 
 
 def python_version(exe: str, maps: str) -> tuple[int, int] | None:

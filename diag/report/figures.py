@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from diag.report import plots
+from diag.report.ranks import NO_RANK, rank_name
 from diag.report.trace_tables import per
 
 
@@ -14,7 +15,7 @@ def _by(rows: list[dict[str, Any]], key: str, x: str, y: str, scale: float = 1.0
     out: plots.Series = defaultdict(list)
     for r in rows:
         if r.get(x) is not None and r.get(y) is not None:
-            out[f"{key} {r[key]}" if key == "rank" else str(r[key])].append((r[x], r[y] * scale))
+            out[rank_name(r[key]) if key == "rank" else str(r[key])].append((r[x], r[y] * scale))
     return dict(out)
 
 
@@ -23,7 +24,7 @@ def _bars(m: dict[str, Any]) -> tuple[dict[str, dict[str, float]], str]:
     if m["breakdown"]:
         return (
             {
-                f"rank {r['rank']}": {
+                rank_name(r["rank"]): {
                     "compute": r["compute_ns"] / 1e6,
                     "non-compute": r["non_compute_ns"] / 1e6,
                     "idle": r["idle_ns"] / 1e6,
@@ -34,7 +35,7 @@ def _bars(m: dict[str, Any]) -> tuple[dict[str, dict[str, float]], str]:
         )
     return (
         {
-            f"rank {r['rank']}": {
+            rank_name(r["rank"]): {
                 "compute": (r["compute_ns"] or 0) / 1e6 / r["steps"],
                 "exposed comm": r["comm_ns"] / 1e6 / r["steps"],
                 "other": r["other_ns"] / 1e6 / r["steps"],
@@ -52,7 +53,7 @@ def _memory(doc: dict[str, Any]) -> plots.Series:
     for r in (doc.get("memory") or {}).get("timeline") or []:
         for key in ("allocated", "reserved", "rss"):
             if r.get(key) is not None and r.get("step") is not None:
-                who = f"rank {r['rank']}" if r["rank"] >= 0 else "log"
+                who = "log" if r["rank"] == NO_RANK else rank_name(r["rank"])
                 out[f"{who} {key}"].append((r["step"], r[key] / 2**20))
     return dict(out)
 
@@ -69,8 +70,9 @@ def _step_lanes(doc: dict[str, Any], overflow_steps: list[int]) -> str:
     for r in doc.get("step_timeline") or []:
         hit = r["step"] in over or r.get("applied") is False
         color = OVERFLOW_COLOR if hit else STEP_COLORS[r["step"] % 2]
-        tip = f"rank {r['rank']} step {r['step']}: {r['dur_ms']:.1f} ms" + (" (overflow)" if hit else "")
-        rows[f"rank {r['rank']}"].append((r["start_ms"] / 1e3, r["dur_ms"] / 1e3, tip, color))
+        who = rank_name(r["rank"])
+        tip = f"{who} step {r['step']}: {r['dur_ms']:.1f} ms" + (" (overflow)" if hit else "")
+        rows[who].append((r["start_ms"] / 1e3, r["dur_ms"] / 1e3, tip, color))
     legend = {"step (shades alternate)": STEP_COLORS[0]}
     if any(c == OVERFLOW_COLOR for v in rows.values() for *_, c in v):
         legend["overflow step"] = OVERFLOW_COLOR

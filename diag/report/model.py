@@ -14,6 +14,7 @@ import pandas as pd
 from diag import __version__
 from diag.metrics.stage import Metrics
 from diag.report import mfu, trace_doc
+from diag.report.ranks import rank_labels
 
 if TYPE_CHECKING:
     from diag.findings import Finding
@@ -130,6 +131,7 @@ def build(
             "diag_version": __version__,
             "sources": list(trace.sources),
             "ranks": trace.ranks,
+            "rank_labels": rank_labels(trace.ranks),  # -20267 -> "pid 20267": a process with no rank
             "layout": trace.layout(),
             "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
             "summary": {

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag import schema
+from diag.report.ranks import rank_name
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -126,7 +127,7 @@ def _metadata(ranks: list[int], hosts: dict[int, str], groups: dict[str, int]) -
                 "ph": "M",
                 "pid": rank,
                 "name": "process_name",
-                "args": {"name": f"rank {rank} ({hosts.get(rank, '?')})"},
+                "args": {"name": f"{rank_name(rank)} ({hosts.get(rank, '?')})"},
             }
         )
         out.append({"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}})

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.report.human import evidence_line, prose
+from diag.report.ranks import rank_label, rank_list
 from diag.report.trace_tables import per, trace_tables
 from diag.units import binary_bytes as _bytes
 from diag.units import flop_count, flop_rate, percent, rate, significant
@@ -33,7 +34,7 @@ def throughput_table(doc: dict[str, Any]) -> list[Table]:
             ["rank", "steps", "FLOPs/step", "step ms", "FLOP/s", "MFU", "samples/s", "tokens/s"],
             [
                 [
-                    str(r["rank"]),
+                    rank_label(r["rank"]),
                     str(r["steps"]),
                     flop_count(r["flops_per_step"]),
                     _num(r["step_ms"]),
@@ -106,7 +107,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                 ["rank", "source", "span ms", "compute %", "non-compute %", "idle %"],
                 [
                     [
-                        str(r["rank"]),
+                        rank_label(r["rank"]),
                         r["source"],
                         _ms(r["total_ns"]),
                         _num(r["compute_pct"]),
@@ -123,7 +124,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                 "Communication/computation overlap",
                 ["rank", "comm ms", "overlapped ms", "overlap %"],
                 [
-                    [str(r["rank"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _num(r["overlap_pct"])]
+                    [rank_label(r["rank"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _num(r["overlap_pct"])]
                     for r in m["overlap"]
                 ],
             )
@@ -135,7 +136,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                 ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
                 [
                     [
-                        str(r["rank"]),
+                        rank_label(r["rank"]),
                         r["op"],
                         str(r["calls"]),
                         _ms(r["time_ns"]),
@@ -154,7 +155,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                 ["rank", "last to arrive (share of collectives)", "median step ms", "straggler"],
                 [
                     [
-                        str(r["rank"]),
+                        rank_label(r["rank"]),
                         _num(r["last_arrival_frac"], ".1%"),
                         _ms(r["median_step_ns"]),
                         "yes" if r["straggler"] else "no",
@@ -170,7 +171,8 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
     """Detail lines under a finding's title: what, where, evidence, recoverable time (the fixes are
     rendered apart, as code: `human.fix_blocks`)."""
     lines = [prose(f["detail"])]
-    where = [f"{k}: {', '.join(map(str, f[k][:8]))}" for k in ("ranks", "layers", "steps") if f.get(k)]
+    where = [f"ranks: {rank_list(f['ranks'], sep=', ')}"] if f.get("ranks") else []
+    where += [f"{k}: {', '.join(map(str, f[k][:8]))}" for k in ("layers", "steps") if f.get(k)]
     if where:
         lines.append("; ".join(where))
     if f.get("evidence"):

@@ -19,6 +19,7 @@ from diag.report.human import fix_blocks, prose
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_RANK_COLUMNS = ("rank",)
 
 
 def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> None:
@@ -55,11 +56,11 @@ def plain_table(
     title: str, header: Sequence[str], rows: Iterable[Sequence[str]], left: Iterable[str] = ()
 ) -> Table:
     """A rich table whose title and cells are plain text (never markup); columns right-justified
-    but those named in `left`."""
+    but those named in `left`. A rank column is never wrapped (`pid 20267` on one line)."""
     lefts = set(left)
     t = Table(title=Text(title), title_justify="left")
     for h in header:
-        t.add_column(Text(h), justify="left" if h in lefts else "right")
+        t.add_column(Text(h), justify="left" if h in lefts else "right", no_wrap=h in _RANK_COLUMNS)
     for r in rows:
         t.add_row(*(Text(c) for c in r))
     return t

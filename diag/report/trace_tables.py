@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.report.ranks import rank_label
 from diag.units import binary_bytes, flop_count, flop_rate, percent, rate
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -30,7 +31,7 @@ def split_table(doc: dict[str, Any]) -> list[Table]:
             ["rank", "steps", "step ms (mean)", "compute %", "exposed comm %", "other %"],
             [
                 [
-                    str(r["rank"]),
+                    rank_label(r["rank"]),
                     str(r["steps"]),
                     _ms(r["total_ns"] / 1e6 / max(r["steps"], 1)),
                     _pct(r["compute_pct"]),
@@ -92,7 +93,7 @@ def steps_table(doc: dict[str, Any]) -> list[Table]:
                     str(r["step"]),
                     _ms(r["max_ms"]),
                     _ms(r["min_ms"]),
-                    str(r["slowest_rank"]),
+                    rank_label(r["slowest_rank"]),
                     "yes" if r["applied"] else "skipped",
                     flop_rate(r["tflops"]) + (" (sampled)" if r["sampled"] else ""),
                     "-" if r["samples_per_s"] is None else rate(r["samples_per_s"], "samples"),
@@ -113,7 +114,7 @@ def memory_table(doc: dict[str, Any]) -> list[Table]:
             ["rank", "device", "peak allocated", "peak reserved", "capacity", "peak / capacity", "peak RSS"],
             [
                 [
-                    str(r["rank"]),
+                    rank_label(r["rank"]),
                     r["device"],
                     binary_bytes(r["peak_allocated"]),
                     binary_bytes(r["peak_reserved"]),
@@ -137,7 +138,7 @@ def overflow_table(doc: dict[str, Any]) -> list[Table]:
             ["rank", "step", "loss scale", "source"],
             [
                 [
-                    "-" if r["rank"] is None or r["rank"] < 0 else str(r["rank"]),  # -1: no rank printed
+                    rank_label(r["rank"]),
                     str(r["step"]),
                     f"{_g(r.get('scale_before'))} -> {_g(r.get('scale_after'))}",
                     str(r.get("source") or "-"),

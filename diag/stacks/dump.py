@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.errors import FAILURE, DiagError
-from diag.inject.checks import status_fields
+from diag.inject.checks import not_python_error, python_version, status_fields
 
 TIMEOUT_S = 30
 TRIES = 3  # a read of a changing stack fails now and then; the next one usually succeeds
@@ -63,10 +63,25 @@ def dump(pid: int, native: bool = False) -> list[dict[str, Any]]:
                 why = "py-spy printed no JSON"
         else:
             why = _reason(proc.stderr)
+        other = not_python(pid)
+        if other is not None:  # py-spy's "Failed to find python version" does not say what is wrong
+            raise not_python_error(pid, other)
         if not os.path.exists(f"/proc/{pid}"):
             break
         time.sleep(RETRY_S * (attempt + 1))
     raise DiagError(f"py-spy dump of pid {pid} failed: {why}", FAILURE)
+
+
+def not_python(pid: int) -> str | None:
+    """The executable of a live process that runs no Python, by attach's own check (libpython in
+    its maps, else the executable's name or version); None when it does, or cannot be read."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read()
+    except OSError:
+        return None
+    return exe if python_version(exe, maps) is None else None
 
 
 def stopped(pid: int) -> bool:

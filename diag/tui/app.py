@@ -13,10 +13,11 @@ from textual.binding import Binding
 from textual.widgets import Footer, Sparkline, Static
 from textual.worker import get_current_worker
 
+from diag.report.ranks import rank_label, rank_name
 from diag.tui import rows
 from diag.tui.detail import rank_detail
 from diag.tui.pump import Analyze, FindingsUpdated, Pump, ViewUpdated, run_analyzers
-from diag.tui.view import JobView
+from diag.tui.view import JobView, RankRow
 from diag.tui.widgets.findings import FindingsPanel
 from diag.tui.widgets.panels import PANELS, Panels
 from diag.tui.widgets.screens import TextScreen, help_screen
@@ -63,6 +64,7 @@ class TopApp(App[None]):
         self.paused = False
         self.sort_index, self.sort_reverse = 0, False
         self.view: JobView | None = None
+        self._by_key: dict[str, RankRow] = {}  # the ranks table's row keys (rank labels) -> rows
         self._held: JobView | None = None
         self.refreshes = 0
         self.latencies: list[float] = []  # seconds from view built (worker) to shown (UI)
@@ -124,7 +126,7 @@ class TopApp(App[None]):
         if self.view is None:
             return
         name = list(rows.RANK_SORTS)[self.sort_index]
-        by_key = {str(r.rank): r for r in self.view.rank_rows}
+        by_key = self._by_key = {rank_label(r.rank): r for r in self.view.rank_rows}
         table = self.query_one("#ranks-table", SyncTable)
         changed = table.sync(
             rows.rank_rows(self.view),
@@ -141,10 +143,12 @@ class TopApp(App[None]):
     def on_data_table_row_selected(self, event: SyncTable.RowSelected) -> None:
         if event.data_table.id != "ranks-table" or event.row_key.value is None:
             return
-        rank = int(event.row_key.value)
+        row = self._by_key.get(event.row_key.value)  # the key is the rank's label (rows.rank_rows)
+        if row is None:
+            return
         with self.lock:
-            text = rank_detail(self.model, rank)
-        self.push_screen(TextScreen(text, f"rank {rank}"))
+            text = rank_detail(self.model, row.rank)
+        self.push_screen(TextScreen(text, rank_name(row.rank)))
 
     def _gpu_note(self) -> str:
         notes = [n for n in self.notes if "GPU" in n]

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from diag.report.ranks import rank_name
 from diag.tui import fmt
 from diag.tui.model import JobModel
 
 
 def rank_detail(m: JobModel, rank: int) -> str:
+    who = rank_name(rank)
     st = m.ranks.get(rank)
     if st is None:
-        return f"rank {rank}: no data"
+        return f"{who}: no data"
     h = m.headers.get(rank, {})
+    pid = f"pid {st.pid}" if rank >= 0 else "no rank"  # a process without a rank is named by its pid
     lines = [
-        f"rank {rank} on {st.host}, pid {st.pid}, local rank {h.get('local_rank', '-')}",
+        f"{who} on {st.host}, {pid}, local rank {h.get('local_rank', '-')}",
         f"argv: {' '.join(str(a) for a in h.get('argv') or [])}",
         f"versions: torch {h.get('torch')}, deepspeed {h.get('deepspeed')}, megatron {h.get('megatron')}",
         "",

@@ -25,6 +25,11 @@ def rate(x: float | None) -> str:
     return units.decimal_rate(x)
 
 
+def count(x: float) -> str:
+    """A count that may be a mean: `61`, or `60.5` while one rank is a call behind."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
 def num(x: Any, digits: int = 1) -> str:
     if x is None:
         return "-"

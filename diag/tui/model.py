@@ -29,7 +29,7 @@ class JobModel:
         self._min_rank: int | None = None  # whose loss scale is shown (min() per event cost O(ranks))
         self.step_max: dict[int, int] = {}  # step -> slowest rank's duration (the job's step time)
         self.step_samples: dict[int, list[int]] = defaultdict(list)
-        self.comms: dict[tuple[str, str], CommStat] = {}
+        self.comms: dict[tuple[str, str], CommStat] = {}  # every member rank's records of a group/op
         self.rank_comms: dict[int, dict[tuple[str, str], CommStat]] = defaultdict(dict)
         self.layers: dict[str, LayerStat] = {}
         self.layer_rank_steps: set[tuple[int, int]] = set()
@@ -144,7 +144,7 @@ class JobModel:
             stat = table.get(key)
             if stat is None:
                 stat = table[key] = CommStat(*key)
-            stat.add(ev)
+            stat.add(rank, ev)
         step, dur = int(ev.get("step") or 0), int(ev.get("dur") or 0)
         st.comm_ns[step] = st.comm_ns.get(step, 0) + dur
         if not ev.get("async_op"):

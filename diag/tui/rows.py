@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.report.ranks import rank_label, rank_list
 from diag.tui import fmt
 from diag.tui.view import JobView, RankRow
 
@@ -21,7 +22,17 @@ RANK_COLUMNS = (
     "last collective",
     "health",
 )
-COMM_COLUMNS = ("group / op", "size", "count", "bytes", "mean bytes", "latency ms", "last ms", "busbw GB/s")
+# a collective of a group is one operation that each member rank records: calls and bytes per rank
+COMM_COLUMNS = (
+    "group / op",
+    "size",
+    "calls per rank",
+    "bytes per rank",
+    "mean bytes",
+    "latency ms",
+    "last ms",
+    "busbw GB/s",
+)
 LAYER_COLUMNS = ("module", "ms/step", "fwd ms", "bwd ms", "GFLOP/step", "TFLOP/s")
 OVERFLOW_COLUMNS = ("step", "overflow on ranks", "scale before", "scale after", "source")
 GPU_COLUMNS = (
@@ -50,7 +61,7 @@ RANK_SORTS: dict[str, Any] = {
 
 def rank_cells(r: RankRow) -> tuple[str, ...]:
     return (
-        str(r.rank),
+        rank_label(r.rank),
         r.host,
         fmt.num(r.step),
         fmt.ms(r.step_ms),
@@ -63,7 +74,7 @@ def rank_cells(r: RankRow) -> tuple[str, ...]:
 
 
 def rank_rows(v: JobView) -> dict[str, tuple[str, ...]]:
-    return {str(r.rank): rank_cells(r) for r in v.rank_rows}
+    return {rank_label(r.rank): rank_cells(r) for r in v.rank_rows}
 
 
 def comm_rows(v: JobView) -> dict[str, tuple[str, ...]]:
@@ -73,8 +84,8 @@ def comm_rows(v: JobView) -> dict[str, tuple[str, ...]]:
         out[key] = (
             key,
             str(c.group_size),
-            str(c.count),
-            fmt.nbytes(c.bytes),
+            fmt.count(c.per_rank_count),
+            fmt.nbytes(c.per_rank_bytes),
             fmt.nbytes(c.bytes / c.count if c.count else None),
             fmt.ms(c.mean_latency / 1e6, 3),
             fmt.ms(c.last_dur / 1e6, 3),
@@ -100,7 +111,7 @@ def layer_rows(v: JobView) -> dict[str, tuple[str, ...]]:
 def overflow_rows(v: JobView) -> dict[str, tuple[str, ...]]:
     out = {}
     for r in v.overflow_rows:
-        ranks = ",".join(str(x) for x in sorted(set(r["ranks"]))) or "-"
+        ranks = rank_list(sorted(set(r["ranks"])), limit=None)
         out[str(r["step"])] = (
             str(r["step"]),
             ranks,

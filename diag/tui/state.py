@@ -70,7 +70,9 @@ class RankState:
 
 @dataclass
 class CommStat:
-    """One (process group, op): totals since start and the latest op."""
+    """One (process group, op): totals since start over the ranks that recorded it, and the latest
+    op. Every member rank records each collective of its group: `count` and `bytes` add up the
+    members' records, `per_rank_count` and `per_rank_bytes` are what the group ran."""
 
     group: str
     op: str
@@ -80,8 +82,10 @@ class CommStat:
     dur: int = 0
     bus_bytes: float = 0.0  # each op's bytes x its nccl-tests factor, summed
     last_dur: int = 0
+    ranks: set[int] = field(default_factory=set)  # the ranks whose records are summed here
 
-    def add(self, ev: dict[str, Any]) -> None:
+    def add(self, rank: int, ev: dict[str, Any]) -> None:
+        self.ranks.add(rank)
         self.count += 1
         nbytes = int(ev.get("bytes") or 0)
         self.bytes += nbytes
@@ -99,6 +103,15 @@ class CommStat:
     @property
     def mean_latency(self) -> float:
         return self.dur / self.count if self.count else 0.0
+
+    @property
+    def per_rank_count(self) -> float:
+        """Calls per rank (the mean over the ranks that recorded any: a live rank may lag by one)."""
+        return self.count / len(self.ranks) if self.ranks else 0.0
+
+    @property
+    def per_rank_bytes(self) -> float:
+        return self.bytes / len(self.ranks) if self.ranks else 0.0
 
 
 @dataclass

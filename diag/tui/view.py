@@ -3,8 +3,10 @@
 Definitions (the tests recompute them from `diag.load` of the same trace):
 - job step time: the slowest rank's duration of a step; sparkline = the last `SPARK` steps.
 - rank comm share: communication wall time / step time of that rank's last step.
-- collectives: per (process group, op): count, bytes, mean latency, busbw (`schema.bus_bandwidth`:
-  bus bytes over total time, as `diag analyze` reports it).
+- collectives: per (process group, op): calls and bytes per rank (every member rank records each
+  collective of its group: the members' records summed, over the number of ranks that recorded
+  them, as `diag analyze` counts per rank), mean latency, busbw (`schema.bus_bandwidth`: bus bytes
+  over total time, as `diag analyze` reports it).
 - layers: time and FLOPs per sampled (rank, step), leaves of the module tree, top `TOP_LAYERS`
   by time, plus the embedding / output layers always.
 """

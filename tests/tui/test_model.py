@@ -13,6 +13,7 @@ import pytest
 import diag
 from diag import schema
 from diag.errors import DiagError
+from diag.tui import fmt
 from diag.tui.model import JobModel
 from diag.tui.source import LiveSource, ReplaySource, trace_dir_of_pid
 from diag.tui.tail import DirTail
@@ -51,14 +52,18 @@ def test_collectives_layers_overflow_match_pandas(real_trace):
     factor = [schema.bus_factor(str(o), int(n or 0)) for o, n in zip(c["op"], c["group_size"])]
     c = c.assign(bus=c["bytes"] * factor)
     expect = (
-        {
-            (str(g), str(o)): (len(d), d["bytes"].sum(), d["bus"].sum() / d["dur"].sum())
+        {  # per rank: every member rank records each collective of its group
+            (str(g), str(o)): (
+                len(d) / d["rank"].nunique(),
+                d["bytes"].sum() / d["rank"].nunique(),
+                d["bus"].sum() / d["dur"].sum(),
+            )
             for (g, o), d in c.groupby(["group", "op"], observed=True)
         }
         if len(c)
         else {}
     )
-    got = {(r.group, r.op): (r.count, r.bytes, r.busbw) for r in v.comm_rows}
+    got = {(r.group, r.op): (r.per_rank_count, r.per_rank_bytes, r.busbw) for r in v.comm_rows}
     assert got.keys() == expect.keys()
     for k, (n, b, bw) in expect.items():
         assert got[k][:2] == (n, b) and got[k][2] == pytest.approx(bw)
@@ -173,6 +178,37 @@ def test_top_and_analyze_report_the_same_busbw(real_trace):
             per_call_differs += mine["busbw"].mean() != pytest.approx(stat.busbw, rel=1e-3)
             compared += 1
     assert compared >= 4 and per_call_differs >= 1  # the old mean would have failed here
+
+
+def test_collectives_panel_counts_a_groups_collective_once_as_analyze_does(real_trace):
+    """A collective of a group is one operation each member rank records: the panel added every
+    rank's records (2-rank DDP: all_reduce 122 and 1.5 GiB where each rank ran 61 of 12.7 MiB,
+    as `diag analyze` and Prometheus say). It shows calls and bytes per rank, and says so."""
+    from diag.analyzers import run_all
+
+    from diag.report import model
+    from diag.tui import rows
+
+    tr = diag.load(real_trace)
+    doc = model.build(tr, *run_all(tr))
+    analyze = {(r["rank"], r["op"]): (r["calls"], r["bytes"]) for r in doc["metrics"]["collectives"]}
+    m, v = _view(real_trace)
+    cells = rows.comm_rows(v)
+    assert rows.COMM_COLUMNS[2:4] == ("calls per rank", "bytes per rank")
+    compared = 0
+    for c in v.comm_rows:
+        if sum(1 for g, o in m.comms if o == c.op) > 1:
+            continue  # analyze's row sums the op over the rank's groups
+        assert len(c.ranks) == tr.comms[tr.comms["group"].astype(str) == c.group]["rank"].nunique() >= 2
+        for rank in c.ranks:
+            assert (c.per_rank_count, c.per_rank_bytes) == analyze[(rank, c.op)], (rank, c.group, c.op)
+        row = cells[f"{c.group} / {c.op}"]
+        assert row[2:4] == (
+            str(analyze[(min(c.ranks), c.op)][0]),
+            fmt.nbytes(analyze[(min(c.ranks), c.op)][1]),
+        )
+        compared += 1
+    assert compared >= 2
 
 
 def test_overflow_tab_keeps_every_overflowed_step_on_a_long_run():

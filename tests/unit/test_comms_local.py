@@ -138,7 +138,8 @@ def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path
     (module hooks off) take their match's in the last tracked step, the same op, bytes and group
     (issue 9: only 1 step in 10 was attributed); a collective with no match keeps None, and the
     step after it is tracked (22; at most one such step in 10: not 24). A collective issued outside
-    any module (an optimizer's) matches its tracked twin's None: no step is tracked for it (46)."""
+    any module (an optimizer's) matches its tracked twin's None: no step is tracked for it (46).
+    The writer thread matches at its flush (each 0.2 s in a job): flushed after each step here."""
     net = _Net()
     ag = agent.start(str(tmp_path), what=("comms",), attribute_every=10)
     steps = ((9, 2), (17, 2), (20, 2), (21, 3), (22, 2), (23, 5), (24, 5), (30, 5), (45, 5), (46, 5))
@@ -146,6 +147,7 @@ def test_modules_tracked_on_some_steps_and_matched_on_the_others(group, tmp_path
         ag.begin_step(step)
         net(torch.ones(rows, 4))
         dist.all_reduce(torch.ones(1))
+        ag.write_now()
     path = ag.status()["trace_file"]
     agent.stop()
     recs = _comm_lines(path)
@@ -378,3 +380,21 @@ def test_the_writer_settles_collectives_at_their_declared_spot(group, tmp_path, 
     recs = _comm_lines(path)
     assert len(recs) == 5 and all(type(r["dur"]) is int and r["dur"] > 0 for r in recs)
     assert general.count(schema.COMM) <= 1
+
+
+def test_a_blocking_calls_end_is_read_as_its_wait_returns(group, tmp_path, monkeypatch) -> None:
+    """The duration ends when the job's wait returned, not when diag's wait hook got to read the
+    clock: a hook slowed by 200 ms (a cold or preempted one is slower by tens of us) adds nothing."""
+    finish = Later.finish
+
+    def slow(self: Later, end: int | None = None) -> None:
+        time.sleep(0.2)
+        finish(self, end)
+
+    monkeypatch.setattr(Later, "finish", slow)
+    ag = agent.start(str(tmp_path), what=("comms",))
+    dist.all_reduce(torch.ones(4))
+    path = ag.status()["trace_file"]
+    agent.stop()
+    (line,) = _comm_lines(path)
+    assert line["op"] == "all_reduce" and 0 < line["dur"] < 0.2e9

@@ -180,6 +180,30 @@ def test_flops_counted_once_per_signature_then_reused(tmp_path) -> None:
     assert [r["value"] for r in meta] == [3]
 
 
+def test_an_eval_forward_does_not_lend_its_flops_to_training_steps(tmp_path) -> None:
+    """nanoGPT's loop: an eval forward under no_grad (same batch shape) opens the first sampled
+    step, then training. The eval forward has no backward, so its counted FLOPs must not be reused
+    for a training step's backward (it was: bwd FLOPs None, FLOPs/step a third of the truth), nor
+    its times and FLOPs be the step's (step 0 had two forwards' FLOPs and one backward's)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, flops_every=4)
+    for step in range(3):
+        ag.begin_step(step)
+        if step == 0:
+            with torch.no_grad():
+                model(torch.randn(6, 8))
+        model(torch.randn(6, 8)).sum().backward()
+    ag.begin_step(3)
+    diag_agent.stop()
+    got = _steps_of(str(tmp_path))
+    first, second = 2 * 6 * 8 * 16, 2 * 6 * 16 * 4
+    roots = [r["step"] for r in events(str(tmp_path), schema.LAYER) if r["module"] == "Sequential"]
+    assert roots == [0, 0, 1, 1, 2, 2]  # one forward and one backward a step: no eval forward
+    for step in (0, 1, 2):  # reused samples: the training forward's counts, backward included
+        assert got[step][("Sequential", "fwd")] == first + second
+        assert got[step][("Sequential", "bwd")] == first + 2 * second
+
+
 def test_flops_every_one_counts_every_sample(tmp_path) -> None:
     model = torch.nn.Linear(4, 4)
     ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, flops_every=1)

@@ -219,3 +219,26 @@ def test_dump_of_a_stopped_process_reads_its_stack(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_stacks_of_a_process_that_runs_no_python_says_so_in_one_line():
+    """py-spy's own words for a non-Python pid ("Failed to find python version from target process")
+    were passed on as they came; `diag stacks` says what `diag attach` says, and exits non-zero."""
+    import subprocess
+    import sys
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "diag", "stacks", str(sleeper.pid), "--interval", "0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert res.returncode != 0 and res.stderr.strip().count("\n") == 0, res.stderr
+    assert f"pid {sleeper.pid} is not a Python process (" in res.stderr, res.stderr
+    assert "Failed to find python version" not in res.stderr

@@ -71,6 +71,9 @@ KEYWORDS = (
     b"Total optimization steps",
     # verl.VerlReader
     b"step:",
+    # nanogpt.NanoGPTReader
+    b"ms, mfu ",
+    b", val loss ",
     # lines.Line: a rank named in the text
     b"[Rank",
 )
@@ -110,6 +113,8 @@ ANCHORS = (
     b"Accumulation steps",
     b"zation steps",
     b"tep:",
+    b"mfu ",
+    b"val loss ",
     b"Rank",
 )
 

@@ -10,13 +10,14 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from diag.report.ranks import rank_list
 from diag.tui.widgets.table import SyncTable
 
 COLUMNS = ("#", "severity", "rule", "finding", "ranks", "recoverable ms/step")
 
 
 def finding_cells(i: int, f: Any) -> tuple[str, ...]:
-    ranks = ",".join(str(r) for r in (f.ranks or [])[:8]) or "-"
+    ranks = rank_list(f.ranks)
     rec = f"{f.recoverable_s * 1e3:.1f}" if f.recoverable_s is not None else "-"
     return (str(i), f.severity, f.rule, f.title, ranks, rec)
 

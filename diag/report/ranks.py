@@ -1,0 +1,40 @@
+"""How a rank reads, in every report table, plot, `--json`'s `rank_labels` and `diag top`.
+
+The trace reader keys a process that ran without a rank (`diag run -- python train.py`, no launcher)
+by minus its pid, to keep it apart from the real ranks; a log line that names no rank is -1. Printed
+as numbers those keys read "-20267" in a rank column: here they read `pid 20267`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NO_RANK = -1  # a log line that names no rank (diag.importers.logs); pid 1 reads the same
+
+
+def rank_label(rank: Any) -> str:
+    """A rank column's cell: `3`, `pid 20267` for a process without a rank, `-` for none."""
+    if rank is None or rank != rank:  # None or NaN
+        return "-"
+    r = int(rank)
+    if r >= 0:
+        return str(r)
+    return "-" if r == NO_RANK else f"pid {-r}"
+
+
+def rank_name(rank: Any) -> str:
+    """The rank in a sentence or a plot's legend: `rank 3`, `pid 20267`, `no rank`."""
+    label = rank_label(rank)
+    if label == "-":
+        return "no rank"
+    return label if label.startswith("pid ") else f"rank {label}"
+
+
+def rank_list(ranks: Any, limit: int | None = 8, sep: str = ",") -> str:
+    """Several ranks in one cell, the first `limit` of them (None: all); `-` for none."""
+    return sep.join(rank_label(r) for r in list(ranks or [])[:limit]) or "-"
+
+
+def rank_labels(ranks: Any) -> dict[str, str]:
+    """`--json`'s `rank_labels`: each rank key of the document -> how the reports print it."""
+    return {str(r): rank_label(r) for r in ranks}
