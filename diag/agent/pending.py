@@ -78,17 +78,33 @@ def declare_spot(kind: str, length: int, index: int) -> None:
     _SPOTS[(kind, length)] = index
 
 
+def spot(kind: str, length: int) -> int | None:
+    """Where `kind` records of `length` fields were declared to carry their Pending (`declare_spot`)."""
+    return _SPOTS.get((kind, length))
+
+
+UNSEEN: Any = object()  # what `poll_spot` answers for a type not looked at yet
+
+
+def poll_spot(v: Any) -> Any:
+    """What a declared spot holding `v` settles to: `v` itself (not a Pending), its value (a ready
+    Pending), NOT_READY, or UNSEEN (a type not looked at yet: `settle` the record)."""
+    kind = type(v)
+    if kind in _PENDING:
+        return v.poll()
+    return v if kind in _PLAIN else UNSEEN
+
+
 def settle(rec: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """`resolve(rec)` if every Pending in it is ready, else None (one look at the fields)."""
     at = _SPOTS.get((rec[0], len(rec))) if rec else None
     if at is not None:
         v = rec[at]
-        kind = type(v)
-        if kind in _PENDING:
-            value = v.poll()
-            return None if value is NOT_READY else (*rec[:at], value, *rec[at + 1 :])
-        if kind in _PLAIN:
-            return rec
+        value = poll_spot(v)
+        if value is NOT_READY:
+            return None
+        if value is not UNSEEN:
+            return rec if value is v else (*rec[:at], value, *rec[at + 1 :])
     pending = _pending_types(rec)
     if not pending:
         return rec

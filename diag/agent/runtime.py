@@ -30,11 +30,19 @@ from diag.agent.ring import Ring
 from diag.agent.sched import SchedReader
 from diag.agent.undo import Undo
 from diag.agent.wakeup import Wakeup
-from diag.trace.comm_line import comm_line
-from diag.trace.flat_line import flat_line
+from diag.trace.comm_line import DUR_AT, comm_line, comm_text
+from diag.trace.comm_line import FIELDS as COMM_FIELDS
+from diag.trace.flat_line import flat_text
 from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
-FLUSH_INTERVAL_S = 0.2
+# the writer's flushes: a record is in the file at most this late, on ticks of the wall clock, so
+# every rank of a job (hosts in NTP sync) flushes at the same moments: a job killed at once leaves
+# each rank's records ending at the same tick, not up to one interval apart. 0.5 s, not 0.2: a flush
+# costs ~150 us of the rank's CPU in bench/overhead's job whatever it writes (cold code after the
+# wake, the schedstat read and the write), ~35 us a 45 ms step at 0.2 s; `diag top` refreshes each s
+FLUSH_INTERVAL_S = 0.5
+# while the job imports: idle listeners patch a framework imported after start before its first step
+IMPORT_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 _COMM = schema.COMM
@@ -314,8 +322,11 @@ class Agent:
     def _run(self) -> None:
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
+        modules = -1  # the first wait is short: a job started under `diag run` imports at once
         while not self._stop.is_set():
-            self._flush_now.wait(FLUSH_INTERVAL_S)
+            every = FLUSH_INTERVAL_S if len(sys.modules) == modules else IMPORT_INTERVAL_S
+            modules = len(sys.modules)
+            self._flush_now.wait(every - time.time() % every)  # to the next tick
             c0 = time.thread_time_ns()
             try:
                 self._flush(final=False)
@@ -351,36 +362,18 @@ class Agent:
         with self._lock:
             if self._file is None:
                 return
-            recs = self._ready(self._resolved(self.ring.drain()), final)
-            lines: list[str] = []
-            steps: list[Any] = []
-            captured, wall0, perf0 = self.captured, self._wall0, self._perf0
-            for rec in recs:
-                kind = rec[0]
-                captured[kind] = captured.get(kind, 0) + 1
-                try:
-                    line, step = _line(rec, wall0, perf0)
-                except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
-                    self.record_error("agent", f"format:{kind}", exc)
-                    continue
-                lines.append(line)
-                steps.append(step)
-            objs = []
+            lines = self._lines(self._resolved(self.ring.drain()), final)
             if self._error_count != self._errors_done:
                 self._errors_done = self._error_count
-                objs.extend(self._new_errors())
+                lines.extend(dumps(o) for o in self._new_errors())
             if stats_due:
                 self._last_stats = now
-                objs.append(schema.to_json(self._stats_record(), wall0, perf0))
-            sched = self._sched.record(self.now()) if lines or objs else None
-            lines.extend(dumps(o) for o in objs)
-            steps.extend(o.get("step") for o in objs)
-            if sched is not None:
-                line, step = _line(sched, wall0, perf0)
-                lines.append(line)
-                steps.append(step)
+                lines.append(dumps(schema.to_json(self._stats_record(), self._wall0, self._perf0)))
             if lines:
-                self._file.write_lines(lines, steps)
+                sched = self._sched.record(self.now())
+                if sched is not None:
+                    lines.append(_line(sched, self._wall0, self._perf0))
+                self._file.write_lines(lines)
 
     def _resolved(self, recs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Each record as its kind's resolver completes it (a resolver never raises)."""
@@ -393,29 +386,71 @@ class Agent:
             out.append(rec if fn is None else fn(rec))
         return out
 
-    def _ready(self, recs: list[tuple[Any, ...]], final: bool) -> list[tuple[Any, ...]]:
-        """Resolve pending GPU timings; hold back records whose CUDA events have not completed.
-        Records held from earlier flushes come first, then this flush's in order; a record settled
-        at once (nearly all: a CPU duration is known by the flush) is never paired with its time."""
+    def _lines(self, recs: list[tuple[Any, ...]], final: bool) -> list[str]:
+        """The lines of the records written now, counted by kind in `captured`: those held from
+        earlier flushes first (settled now, given up or held again), then this flush's in order, then
+        a `comm_open` for each held collective newly past `pending.OPEN_S`. A record whose GPU timing
+        is not known yet is held back (`diag.agent.pending`); nearly all are settled at once (a CPU
+        duration is known by the flush) and take one pass: a collective's duration is looked at in
+        its declared spot and handed to `comm_text` as it is (the record is not rebuilt), another
+        record whose fields are all plain values has a `flat_text` line and nothing to settle."""
+        lines: list[str] = []
         held = self._held
         if not recs and not held:
-            return recs
+            return lines
         now = time.monotonic()
-        out: list[tuple[Any, ...]] = []
-        settle = _pending.settle
         if held:
             self._held = []
+            out: list[tuple[Any, ...]] = []
             for since, rec in held:
-                self._place(since, rec, settle(rec), now, final, out)
+                self._place(since, rec, _pending.settle(rec), now, final, out)
+            self._add(out, lines)
+        captured, shift = self.captured, self._wall0 - self._perf0
+        fast = _pending.spot(_COMM, COMM_FIELDS) == DUR_AT  # where the comms collector declared it
+        poll, not_ready, unseen = _pending.poll_spot, _pending.NOT_READY, _pending.UNSEEN
         for rec in recs:
-            done = settle(rec)
-            if done is not None:
-                out.append(done)
-            else:
-                self._place(now, rec, None, now, final, out)
+            kind = rec[0]
+            if kind is _COMM and fast and len(rec) == COMM_FIELDS:
+                dur = poll(rec[DUR_AT])
+                if dur is not_ready or dur is unseen:
+                    self._settle(rec, now, final, lines)
+                    continue
+                captured[kind] = captured.get(kind, 0) + 1
+                try:
+                    line = comm_text(rec, dur, shift)
+                    if line is None:  # a field not of the agent's types: the general way
+                        line = _line((*rec[:DUR_AT], dur, *rec[DUR_AT + 1 :]), self._wall0, self._perf0)
+                except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
+                    self.record_error("agent", f"format:{kind}", exc)
+                    continue
+                lines.append(line)
+                continue
+            line = flat_text(rec, shift)
+            if line is None:  # a dict, a Pending, a NaN, ...: the general way
+                self._settle(rec, now, final, lines)
+                continue
+            captured[kind] = captured.get(kind, 0) + 1
+            lines.append(line)
         if self._held:
-            out.extend(self._entered.announce(self._held, now))
-        return out
+            self._add(self._entered.announce(self._held, now), lines)
+        return lines
+
+    def _settle(self, rec: tuple[Any, ...], now: float, final: bool, lines: list[str]) -> None:
+        """The general way for one of this flush's records: settled and written, or held."""
+        out: list[tuple[Any, ...]] = []
+        self._place(now, rec, _pending.settle(rec), now, final, out)
+        self._add(out, lines)
+
+    def _add(self, recs: list[tuple[Any, ...]], lines: list[str]) -> None:
+        """Count and write settled records through `_line` (a malformed one is one lost record)."""
+        captured, wall0, perf0 = self.captured, self._wall0, self._perf0
+        for rec in recs:
+            kind = rec[0]
+            captured[kind] = captured.get(kind, 0) + 1
+            try:
+                lines.append(_line(rec, wall0, perf0))
+            except Exception as exc:  # noqa: BLE001 - a malformed record is one lost record
+                self.record_error("agent", f"format:{kind}", exc)
 
     def _place(
         self,
@@ -490,19 +525,14 @@ class Agent:
         }
 
 
-def _line(rec: tuple[Any, ...], wall0: int, perf0: int) -> tuple[str, Any]:
-    """A record's line and step: a collective (most records) and a flat record straight from the
+def _line(rec: tuple[Any, ...], wall0: int, perf0: int) -> str:
+    """A settled record's line: a collective (most records) and a flat record straight from the
     tuple, the rest (a dict or a NaN in a field) through a dict and the encoder."""
     if rec[0] == _COMM:
         line = comm_line(rec, wall0, perf0)
-        if line is not None:
-            return line, rec[1]
     else:
-        flat = flat_line(rec, wall0, perf0)
-        if flat is not None:
-            return flat
-    obj = schema.to_json(rec, wall0, perf0)
-    return dumps(obj), obj.get("step")
+        line = flat_text(rec, wall0 - perf0)
+    return line if line is not None else dumps(schema.to_json(rec, wall0, perf0))
 
 
 _COLLECTOR_OF_KIND = {schema.COMM: "comms", schema.LAYER: "layers", schema.STEP: "steps"}

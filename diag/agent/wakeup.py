@@ -1,6 +1,6 @@
 """The writer thread's wake-up: an Event for one waiter, on a bare lock.
 
-The writer wakes every flush interval (5 times a second) whether or not a hook wrote anything, so
+The writer wakes every flush interval (twice a second) whether or not a hook wrote anything, so
 its idle wake is most of its CPU time on a job with long steps: `threading.Event.wait` runs about ten
 Python frames of `threading.Condition` per wake, `Lock.acquire(timeout=...)` none.
 """

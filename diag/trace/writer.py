@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import json.encoder
 import math
@@ -107,6 +108,21 @@ def make_private_dirs(directory: str) -> None:
     os.chmod(directory, DIR_MODE)  # mkdir's mode is masked by the umask too
 
 
+def _steps_of(lines: list[str], steps: list[Any] | None, start: int) -> list[Any]:
+    """The steps of `lines[start:]` (lost): from `steps`, else read back from the lines (a JSON line
+    has the step its record had: an int step is the same int; any other is not counted)."""
+    if steps is not None:
+        return steps[start:]
+    out = []
+    for line in lines[start:]:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        out.append(obj.get("step") if isinstance(obj, dict) else None)
+    return out
+
+
 class TraceFileWriter:
     """Writes JSON lines to one file descriptor; counts what could not be written.
 
@@ -129,16 +145,17 @@ class TraceFileWriter:
 
     def write_lines(self, lines: list[str], steps: list[Any] | None = None) -> None:
         """One `write` per batch: a SIGKILL leaves whole lines plus at most one partial last line;
-        a failed write leaves whole lines only (those after the last whole one are lost)."""
+        a failed write leaves whole lines only (those after the last whole one are lost). `steps`
+        (each line's step, for the `lost` record) is read back from the lost lines when not given:
+        the agent's flushes do not keep one beside each line for a write that nearly never fails."""
         if not lines:
             return
-        steps = steps or [None] * len(lines)
         if self._fd < 0:
-            self._lose(steps)
+            self._lose(_steps_of(lines, steps, 0))
             return
         lost = self._lost_line()
         head = [lost] if lost else []
-        data = ("\n".join([*head, *lines]) + "\n").encode()
+        data = "\n".join(itertools.chain(head, lines, ("",))).encode()  # one copy each, no concat
         whole, error = self._write_whole(data)
         if whole >= len(head):
             self._pending = [0, -1, -1]  # the earlier loss is on record now
@@ -146,7 +163,7 @@ class TraceFileWriter:
         self.lines_written += done
         if error is not None:
             self.last_error = error
-            self._lose(steps[done:])
+            self._lose(_steps_of(lines, steps, done))
 
     def _write_whole(self, data: bytes) -> tuple[int, str | None]:
         """(lines written, error or None): on a failure the file is cut back to the end of its

@@ -69,11 +69,14 @@ def test_other_types_take_the_general_path(r):
 
 
 def test_a_cached_call_shape_does_not_serve_equal_values_of_other_types():
-    """The call's part of the line is cached by (op, bytes, dtype, group, size, ranks): 4096.0 and
-    True hash and compare equal to 4096 and 1, and must still take the general path."""
+    """The call's parts of the line are cached by (op, bytes, dtype, group, size, ranks, module,
+    async_op): 4096.0 and True hash and compare equal to 4096 and 1, and must still take the general
+    path."""
     assert comm_line(rec(), W0, P0) is not None  # the int shape is cached now
     assert comm_line(rec(bytes=4096.0), W0, P0) is None
     assert comm_line(rec(group_size=True), W0, P0) is None
+    assert comm_line(rec(async_op=True), W0, P0) is not None
+    assert comm_line(rec(async_op=1), W0, P0) is None
     assert comm_line(rec(module="m"), W0, P0) == dumps(schema.to_json(rec(module="m"), W0, P0))
 
 
@@ -84,4 +87,4 @@ def test_the_caches_start_over_past_their_bound(monkeypatch):
     for n in range(10):
         r = rec(bytes=n, module=f"m{n}")
         assert comm_line(r, W0, P0) == dumps(schema.to_json(r, W0, P0))
-    assert len(cl._SHAPES) <= 4 and len(cl._MODULES) <= 4
+    assert len(cl._PLANS) <= 4
