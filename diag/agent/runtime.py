@@ -37,12 +37,12 @@ from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
 # the writer's flushes: a record is in the file at most this late, on ticks of the wall clock, so
 # every rank of a job (hosts in NTP sync) flushes at the same moments: a job killed at once leaves
-# each rank's records ending at the same tick, not up to one interval apart. 0.5 s, not 0.2: a flush
-# costs ~150 us of the rank's CPU in bench/overhead's job whatever it writes (cold code after the
-# wake, the schedstat read and the write), ~35 us a 45 ms step at 0.2 s; `diag top` refreshes each s
-FLUSH_INTERVAL_S = 0.5
-# while the job imports: idle listeners patch a framework imported after start before its first step
-IMPORT_INTERVAL_S = 0.2
+# each rank's records ending at the same tick, not up to one interval apart. A flush costs ~150 us
+# of the rank's CPU in bench/overhead's job whatever it writes (cold code after the wake, the
+# schedstat read and the write); 0.5 s would save ~15 us a 45 ms step there, but a rank killed just
+# before a tick would then lose 0.5 s of records, the margin by which the rules tell which rank died
+# first (analyzers/liveness.FIRST_BY_S) and read a stopped rank's last records (hang_desync)
+FLUSH_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 _COMM = schema.COMM
@@ -322,10 +322,8 @@ class Agent:
     def _run(self) -> None:
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
-        modules = -1  # the first wait is short: a job started under `diag run` imports at once
+        every = FLUSH_INTERVAL_S
         while not self._stop.is_set():
-            every = FLUSH_INTERVAL_S if len(sys.modules) == modules else IMPORT_INTERVAL_S
-            modules = len(sys.modules)
             self._flush_now.wait(every - time.time() % every)  # to the next tick
             c0 = time.thread_time_ns()
             try:

@@ -112,7 +112,7 @@ def test_a_record_that_cannot_be_written_is_one_lost_record(tmp_path, monkeypatc
 def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     """Every rank's writer flushes at the same moments (multiples of FLUSH_INTERVAL_S on the wall
     clock), so ranks killed at once leave records that end together; each flush's sched sample is
-    taken right after its tick (the first comes sooner: the job may still be importing)."""
+    taken right after its tick (the first and the stop's aside)."""
     from diag.agent import runtime
 
     ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=("steps",)))
