@@ -32,6 +32,7 @@ DEEPSPEED = "deepspeed"
 TORCHREC = "torchrec"
 FSDP = "fsdp"
 DDP = "ddp"
+TORCH = "torch"  # a plain PyTorch training loop (DDP or the job's own collectives), no engine
 UNKNOWN = "unknown"
 
 # Kineto op-name signs (record_function / module names each framework emits), checked in this order
@@ -234,7 +235,22 @@ def detect(trace: Trace) -> Job:
                 job.framework = name
                 job.why.append(f"op {hit!r} in the trace")
                 break
+    if job.framework == UNKNOWN:
+        loop = _loop_origin(heads)
+        if loop is not None:
+            job.framework = TORCH
+            job.why.append(f"steps numbered by the training loop ({loop}), not by an engine")
     return job
+
+
+def _loop_origin(heads: list[dict[str, Any]]) -> str | None:
+    """Every rank's steps numbered by the job's own loop or torch's optimizer (diag's `step_origin`):
+    no DeepSpeed engine or Megatron optimizer took them (the steps collector numbers by those
+    first; a DeepSpeed engine that runs the optimizer always shows). None where a rank says
+    otherwise or nothing."""
+    origins = [h.get("step_origin") for h in heads]
+    plain = all(isinstance(o, str) and (o.startswith("loop:") or o == "optimizer") for o in origins)
+    return str(origins[0]) if origins and plain else None
 
 
 _JOBS: weakref.WeakKeyDictionary[Metrics, Job] = weakref.WeakKeyDictionary()

@@ -82,3 +82,5 @@ def test_the_rule_reads_the_async_exposure(sampled: Job) -> None:
     assert bool(found) == bool((share >= EXPOSED_SHARE).any()), (share, found)
     if found:
         assert found[0].evidence["exposed_share"] == pytest.approx(share.to_dict())
+        # a plain DDP loop (its own steps: step_origin loop:...) has no DeepSpeed knob to turn
+        assert [f for f in found[0].fixes if f.ds_config] == [], found[0].fixes

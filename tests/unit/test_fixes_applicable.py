@@ -395,3 +395,17 @@ def test_hpz_size_is_ranks_per_node(tmp_path):
     two = gathers(Job(ranks=4, header=z3, hosts=["a", "a", "b", "b"]))
     (f,) = fired(two.write(str(tmp_path / "two")), "embedding_comm")
     assert f.fixes[0].ds_config["zero_optimization"]["zero_hpz_partition_size"] == 2
+
+
+def test_a_plain_torch_loop_gets_no_deepspeed_fix() -> None:
+    """A DDP job numbers its own steps (diag's step_origin `loop:step`): no DeepSpeed engine ran
+    it, so exposed_comm's `overlap_comm` patch (offered "if the job uses DeepSpeed ZeRO" while the
+    framework was unknown: the nanoGPT user trial) names a knob the job does not have."""
+    from diag.analyzers.exposed_comm import _fixes
+
+    import diag
+
+    tr = diag.load(str(ROOT / "sample_traces" / "ddp_contention"))
+    job = framework.detect(tr)
+    assert (job.framework, job.deepspeed) == (framework.TORCH, False), job.why
+    assert _fixes(tr, job) == []
