@@ -137,7 +137,8 @@ def test_linear_flops_are_exact(pair: tuple[Job, Job]) -> None:
 def test_throughput_is_the_models_flops_over_step_time(pair: tuple[Job, Job]) -> None:
     """`diag analyze`'s FLOPs per step and rank are the model's: forward 2*M*N*K of every linear plus
     SDPA's QK^T and AV; backward twice that plus the score matrix SDPA's backward recomputes. TFLOP/s
-    is that over the step's own time, samples/s the engine's samples over it."""
+    is that over the step's own time, samples/s the rank's replica's share of the engine's samples
+    (the global batch over dp: 2 ranks, micro-batch b each) over it."""
     from diag.report import model as report
 
     on, _ = pair
@@ -151,7 +152,7 @@ def test_throughput_is_the_models_flops_over_step_time(pair: tuple[Job, Job]) ->
     for r in rows:
         assert r["flops"] == want
         assert r["tflops"] == pytest.approx(want / r["dur_ns"] / 1e3)
-        assert r["samples_per_s"] == pytest.approx(2 * b / (r["dur_ns"] / 1e9))
+        assert r["samples_per_s"] == pytest.approx(b / (r["dur_ns"] / 1e9))
     assert tp["peak"] is None and "CPU" in tp["peak_note"]
 
 
