@@ -3,6 +3,7 @@
     python -m bench.analyze [--ranks 16] [--steps 40] [--mib-per-rank N] [--keep DIR]
     python -m bench.analyze --sweep 1,10,100,1000 [--ranks 2] [--hta-max-mib 1200] [--keep DIR]
     python -m bench.analyze --tiny [--repeat 9]    (2 KB inputs: start-up, bench/analyze_startup.py)
+    python -m bench.analyze --diag-trace 16x1000,64x1000 [--baseline /path/to/other/checkout]
 
 Input: a real 2-rank gloo run (sample_traces/generate_kineto.py, `--steps` profiled steps) in its
 GPU-shaped form (HTA only analyzes GPU kernels), replicated to `--ranks` uncompressed rank files,
@@ -237,11 +238,11 @@ def _bytecode_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _watch(cmd: list[str], what: str) -> tuple[str, float, int, int, float]:
+def _watch(cmd: list[str], what: str, root: str = ROOT) -> tuple[str, float, int, int, float]:
     """(stdout, wall seconds from start to exit, peak RSS-sum, peak PSS-sum, CPU seconds of the
-    process and the workers it waited for) of one command. The CPU time is what a loaded machine
-    does not inflate: wall time there includes waiting for a core."""
-    env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    process and the workers it waited for) of one command, with diag imported from `root`. The CPU
+    time is what a loaded machine does not inflate: wall time there includes waiting for a core."""
+    env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
@@ -276,12 +277,44 @@ def measure(tool: str, folder: str) -> dict[str, float]:
     }
 
 
-def measure_cli(folder: str) -> dict[str, float]:
-    """`diag analyze --json` as a user runs it: wall time with process start, peak memory."""
-    _, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "diag", "analyze", "--json", folder], "diag"
+def measure_cli(folder: str, root: str = ROOT) -> dict[str, Any]:
+    """`diag analyze --json` as a user runs it (diag from the checkout `root`): wall time with
+    process start, peak memory, and the report itself."""
+    out, wall, peak_rss, peak_pss, cpu = _watch(
+        [sys.executable, "-m", "diag", "analyze", "--json", folder], "diag", root
     )
-    return {"wall": wall, "peak_rss": peak_rss, "peak_pss": peak_pss, "cpu": cpu}
+    return {"wall": wall, "peak_rss": peak_rss, "peak_pss": peak_pss, "cpu": cpu, "report": out}
+
+
+def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> None:
+    """`--diag-trace RANKSxSTEPS`: one line per checkout (this one, and `baseline` when given) with
+    input MiB, wall and CPU seconds and the peak PSS of the whole process tree, then the ratio; the
+    two reports must be the same document (bounded memory may not change a finding or figure). The
+    input is deleted afterwards unless `--keep` was given."""
+    ranks, steps = (int(x) for x in shape.lower().split("x"))
+    sub = os.path.join(folder, f"diag-{ranks}x{steps}")
+    traces = os.path.join(sub, "traces")
+    size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
+    runs = [("this", measure_cli(traces))]
+    if baseline:
+        runs.append(("baseline", measure_cli(traces, os.path.abspath(baseline))))
+    for name, r in runs:
+        print(
+            f"{ranks:5d} ranks x {steps:6d} steps {size / 2**20:8.1f} MiB  {name:8s} "
+            f"{r['wall']:7.2f} s {r['cpu']:7.2f} CPU s  peak PSS {r['peak_pss'] / 2**20:6.0f} MiB "
+            f"({r['peak_pss'] / size:.2f}x the input)",
+            flush=True,
+        )
+    if baseline:
+        new, old = runs[0][1], runs[1][1]
+        same = "same report" if new["report"] == old["report"] else "REPORTS DIFFER"
+        print(
+            f"{'':44s}peak PSS baseline/this {old['peak_pss'] / new['peak_pss']:.2f}x, "
+            f"CPU {old['cpu'] / new['cpu']:.2f}x, {same}",
+            flush=True,
+        )
+    if not keep:
+        shutil.rmtree(sub, ignore_errors=True)
 
 
 def sweep(folder: str, sizes_mib: list[float], ranks: int, steps: int, hta_max_mib: float) -> None:
@@ -334,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RANKSxSTEPS",
         help="diag's own traces (tiled from sample_traces/zero3): diag analyze's time and peak memory",
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="--diag-trace: also run diag from this checkout (another commit), side by side",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("TOOL", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -348,16 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
         return 0
     if args.diag_trace:
-        ranks, steps = (int(x) for x in args.diag_trace.lower().split("x"))
-        sub = os.path.join(folder, f"diag-{ranks}x{steps}")
-        traces = os.path.join(sub, "traces")
-        size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
-        r = measure_cli(traces)
-        print(
-            f"diag trace {ranks} ranks x {steps} steps, {size / 2**20:.1f} MiB: diag analyze "
-            f"{r['wall']:.2f} s ({r['cpu']:.2f} CPU s), peak PSS {r['peak_pss'] / 2**20:.0f} MiB "
-            f"({r['peak_pss'] / size:.2f}x the input)"
-        )
+        for shape in args.diag_trace.split(","):
+            diag_trace(folder, shape, args.baseline, keep=bool(args.keep))
         return 0
     if args.sweep:
         sweep(folder, [float(x) for x in args.sweep.split(",")], args.ranks, args.steps, args.hta_max_mib)

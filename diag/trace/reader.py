@@ -197,9 +197,12 @@ def _finish(kind: str, df: pd.DataFrame) -> pd.DataFrame:
     for col in ("rank", *schema.FIELDS.get(kind, ())):
         if col not in df.columns:
             df[col] = schema.DEFAULTS.get(col)
+    import pandas as pd
+
     df = df.drop(columns=["k"], errors="ignore")
     for col in CATEGORICAL:
-        if col in df.columns and df[col].dtype == object:
+        # pandas 3 reads text as `str` (StringDtype), not object: both become categoricals
+        if col in df.columns and (df[col].dtype == object or isinstance(df[col].dtype, pd.StringDtype)):
             try:
                 df[col] = df[col].astype("category")
             except TypeError:  # unhashable values (lists) stay objects

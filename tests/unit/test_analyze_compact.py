@@ -1,0 +1,74 @@
+"""Bounded-memory analysis of diag's own traces (issue 14): the compact frames `diag analyze` reads
+(string columns held as categoricals, their categories united across rank files, docs/scale.md)
+give the report the plainest reading gives, on every diag trace among the samples and fixtures and
+on a long tiled one. The plainest reading is every record read together, each string column a
+column of strings: what the reader gave before (pandas 3 reads text as `str`, which the reader's
+`dtype == object` test did not turn into categoricals)."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+from diag.analyzers import run_all
+
+from diag.importers import load_inputs
+from diag.metrics.stage import Metrics
+from diag.report import json_report, model
+from diag.trace import perfile, reader
+from tests.conftest import ROOT, sample_folders
+
+DIAG_DIRS = [d for d in sample_folders() if any(f.endswith(".jsonl") for f in os.listdir(d))]
+
+
+def _report(path: str) -> str:
+    """`diag analyze --json`'s document of `path`."""
+    trace = load_inputs([path], slim=True)
+    metrics = Metrics(trace)
+    findings, failures = run_all(trace, None, metrics)
+    assert not failures, failures
+    return json_report.render(model.build(trace, findings, failures, metrics))
+
+
+def _plain_report(path: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The report of every record read together with no categorical column (the reference)."""
+    with monkeypatch.context() as m:
+        m.setattr(reader, "CATEGORICAL", ())
+        m.setattr(perfile, "CATEGORICAL", ())
+        m.setattr(reader, "load_trace", lambda p, strict=False, window=reader.ALL: _plain(p, window))
+        return _report(path)
+
+
+def _plain(path: str, window: reader.Window) -> reader.Trace:
+    trace = reader._load(path, False, window, None)
+    for df in trace.frames.values():
+        assert not any(isinstance(t, pd.CategoricalDtype) for t in df.dtypes), "not the plain reading"
+    return trace
+
+
+@pytest.mark.parametrize("path", DIAG_DIRS, ids=os.path.basename)
+def test_compact_frames_give_the_plain_report(path, monkeypatch):
+    assert _report(path) == _plain_report(path, monkeypatch)
+
+
+def test_a_long_tiled_trace_gives_the_plain_report(tmp_path, monkeypatch):
+    """bench.analyze's input (the real ZeRO-3 run tiled, 3 ranks x 30 steps), in chunks of 500
+    records: the categories of one file's chunks and of the files are united."""
+    from bench.analyze import make_diag_input
+
+    monkeypatch.setattr(reader, "CHUNK", 500)
+    make_diag_input(str(tmp_path), 3, 30)
+    path = str(tmp_path / "traces")
+    assert _report(path) == _plain_report(path, monkeypatch)
+
+
+def test_the_frames_analysis_reads_are_compact():
+    """The string columns of the per-call frames are categoricals, one category per distinct value
+    of the whole trace (what makes a 16-rank x 1,000-step comm frame 119 MiB, not 297)."""
+    trace = reader.load_trace(os.path.join(ROOT, "sample_traces", "zero3"))
+    comms = trace.comms
+    for col in ("op", "dtype", "group"):
+        assert isinstance(comms[col].dtype, pd.CategoricalDtype), col
+        assert list(comms[col].cat.categories) == sorted(comms[col].dropna().unique()), col
+    assert isinstance(trace.layers["module"].dtype, pd.CategoricalDtype)
