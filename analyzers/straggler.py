@@ -15,6 +15,7 @@ from diag.metrics.idle import gaps
 from diag.metrics.onset import Onset, onsets, robust_sigma
 from diag.metrics.sched import runq_per_step
 from diag.metrics.steps import NS
+from diag.metrics.text import as_text
 from diag.metrics.throttle import WINDOW_S, throttled_spans
 
 if TYPE_CHECKING:
@@ -174,10 +175,10 @@ def arrivals(c: pd.DataFrame) -> pd.DataFrame:
     if c.empty:
         return pd.DataFrame(columns=cols)
     c = c.sort_values("ts", kind="stable")
-    k = c.groupby([c["rank"], c["group"].astype(str)], observed=True).cumcount()
+    k = c.groupby([c["rank"], as_text(c["group"])], observed=True).cumcount()
     wide = pd.DataFrame(
         {
-            "g": c["group"].astype(str),
+            "g": as_text(c["group"]),
             "k": k,
             "rank": c["rank"],
             "dur": pd.to_numeric(c["dur"], errors="coerce"),

@@ -98,7 +98,7 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "per_step": n,
                 "tiny_s": tiny_s,
                 "step_s": step_s,
-                "by_op": {str(k): int(v) for k, v in rows["kind"].value_counts().items()},
+                "by_op": {str(k): int(v) for k, v in rows["kind"].astype(str).value_counts().items()},
                 "median_bytes": float(rows["bytes"].median()),
             },
             ranks=sorted(int(r) for r in rows["rank"].unique()),

@@ -72,3 +72,21 @@ def test_the_frames_analysis_reads_are_compact():
         assert isinstance(comms[col].dtype, pd.CategoricalDtype), col
         assert list(comms[col].cat.categories) == sorted(comms[col].dropna().unique()), col
     assert isinstance(trace.layers["module"].dtype, pd.CategoricalDtype)
+
+
+def test_text_columns_stay_categorical_where_that_reads_the_same():
+    """`as_text` and `map_categories` give `astype(str)` / `.map` values without a string per row;
+    a categorical of anything but sorted strings is turned into strings as before."""
+    from diag.metrics.text import as_text, map_categories
+    from diag.vocab import canonical_op
+
+    ops = pd.Series(["all_gather_into_tensor", "broadcast", "allreduce", "broadcast"], dtype="category")
+    assert as_text(ops) is ops
+    kind = map_categories(ops, canonical_op)
+    assert isinstance(kind.dtype, pd.CategoricalDtype)
+    assert list(kind) == [canonical_op(o) for o in ops.astype(str)]
+    assert list(kind.cat.categories) == sorted(set(kind))
+    numbered = pd.Series([3, 1], dtype="category")
+    assert list(as_text(numbered)) == ["3", "1"]
+    assert map_categories(numbered.astype(str), canonical_op) is None  # a string column: mapped as before
+    assert map_categories(pd.Series(["x", None], dtype="category"), canonical_op) is None
