@@ -174,7 +174,7 @@ def arrivals(c: pd.DataFrame) -> pd.DataFrame:
     cols = ["rank", "collectives", "last_share", "others_wait_s"]
     if c.empty:
         return pd.DataFrame(columns=cols)
-    c = c.sort_values("ts", kind="stable")
+    c = c[["rank", "group", "ts", "dur"]].sort_values("ts", kind="stable")  # these columns copied only
     k = c.groupby([c["rank"], as_text(c["group"])], observed=True).cumcount()
     wide = pd.DataFrame(
         {
@@ -267,7 +267,7 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
     one rank (a TP=2 job's rank 0 kept its peer waiting 256 ms in steps 0-1, then the planted 80 ms
     straggler on rank 1 took over), and arrival counts are not the wait (rank 0 arrived last at 69% of
     step 2's all-reduces, its peer waited 7 ms; rank 1 at 31%, 86 ms)."""
-    c = metrics.comms
+    c = metrics.comms[["rank", "group", "step", "ts", "dur"]]  # what `arrivals` reads: a filter copies these
     first = c.groupby("rank")["step"].transform("min") if not c.empty else None
     if first is not None and c["step"].nunique() > 1:  # a warm-up step before the one recorded
         c = c[c["step"] > first]

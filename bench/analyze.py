@@ -248,7 +248,10 @@ def _watch(cmd: list[str], what: str, root: str = ROOT) -> tuple[str, float, int
     env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    # run from `root`: `python -m` puts the working directory first on sys.path, before PYTHONPATH
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, cwd=root
+    )
     ps, peak_rss, peak_pss = psutil.Process(proc.pid), 0, 0
     out: list[str] = []
     import threading
@@ -274,7 +277,7 @@ def _watch(cmd: list[str], what: str, root: str = ROOT) -> tuple[str, float, int
 def measure(tool: str, folder: str) -> dict[str, float]:
     """Run one worker; its result plus the peak RSS-sum and PSS-sum (bytes) of its process tree."""
     out, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "bench.analyze", "--worker", tool, folder], tool
+        [sys.executable, "-m", "bench.analyze", "--worker", tool, os.path.abspath(folder)], tool
     )
     return {
         **json.loads(out.strip().splitlines()[-1]),
@@ -289,7 +292,7 @@ def measure_cli(folder: str, root: str = ROOT) -> dict[str, Any]:
     """`diag analyze --json` as a user runs it (diag from the checkout `root`): wall time with
     process start, peak memory, and the report itself."""
     out, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "diag", "analyze", "--json", folder], "diag", root
+        [sys.executable, "-m", "diag", "analyze", "--json", os.path.abspath(folder)], "diag", root
     )
     return {
         "wall": wall,
