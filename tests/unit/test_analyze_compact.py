@@ -90,3 +90,15 @@ def test_text_columns_stay_categorical_where_that_reads_the_same():
     assert list(as_text(numbered)) == ["3", "1"]
     assert map_categories(numbered.astype(str), canonical_op) is None  # a string column: mapped as before
     assert map_categories(pd.Series(["x", None], dtype="category"), canonical_op) is None
+
+
+def test_tiny_collectives_counts_only_the_ops_it_found_tiny(tmp_path):
+    """`kind` is a categorical: its `value_counts` on the tiny calls alone would also list the large
+    ops, with 0 (the evidence's by_op must name the tiny ones only, as from strings)."""
+    from tests.unit.synth_trace import Job, fired
+
+    job = Job(header={"zero_stage": 1, "ds_config": {"zero_optimization": {"stage": 1}}})
+    job.each_step(lambda r, s: [job.comm(r, s, nbytes=4096, at_ms=10 + i, dur_ms=0.5) for i in range(40)])
+    job.each_step(lambda r, s: job.comm(r, s, op="broadcast", nbytes=8 << 20, at_ms=70, dur_ms=5))
+    (f,) = fired(job.write(str(tmp_path)), "tiny_collectives")
+    assert f.evidence["by_op"] == {"all_reduce": 80 * job.steps}
