@@ -24,6 +24,7 @@ from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics.positions import within_runs
 from diag.metrics.steps import NS
 from diag.metrics.text import as_text
 from diag.vocab import P2P
@@ -64,21 +65,7 @@ def _position(c: pd.DataFrame) -> np.ndarray:
     keys = (pd.factorize(c["group"])[0], c["step"].to_numpy(), c["rank"].to_numpy())
     order = np.lexsort((issued, *reversed(keys)))
     del issued
-    return _within_runs(order, keys)
-
-
-def _within_runs(order: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
-    """Each row's index within its run of equal `keys` in `order` (a sorted permutation)."""
-    n = len(order)
-    new = np.zeros(n, dtype=bool)
-    new[:1] = True
-    for key in keys:
-        sorted_key = key[order]
-        new[1:] |= sorted_key[1:] != sorted_key[:-1]
-    starts = np.flatnonzero(new)
-    out = np.empty(n, np.int64)
-    out[order] = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-    return out
+    return within_runs(order, keys)
 
 
 def _sig(row: Any) -> tuple[str, int | None]:
