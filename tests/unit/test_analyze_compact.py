@@ -102,3 +102,50 @@ def test_tiny_collectives_counts_only_the_ops_it_found_tiny(tmp_path):
     job.each_step(lambda r, s: job.comm(r, s, op="broadcast", nbytes=8 << 20, at_ms=70, dur_ms=5))
     (f,) = fired(job.write(str(tmp_path)), "tiny_collectives")
     assert f.evidence["by_op"] == {"all_reduce": 80 * job.steps}
+
+
+def _by_groupby(c: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """transfer_dur and arrival_wait as groupbys define them (their first form): the k-th call of a
+    (rank, group) in time order; per (group, k) the least duration where every member has one, and
+    each call's start before the latest."""
+    key = c["group"].astype(str)
+    k = pd.DataFrame({"ts": c["ts"]}).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
+    frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"]), "ts": c["ts"]})
+    by_op = frame.groupby(["g", "k"])
+    members = pd.Series(c["rank"].to_numpy(), index=c.index).groupby(key).transform("nunique")
+    transfer = by_op["dur"].transform("min").where(by_op["dur"].transform("size") >= members)
+    last = by_op["ts"].transform("max")
+    wait = (last - c["ts"]).clip(lower=0).clip(upper=pd.to_numeric(c["dur"]).fillna(0)).astype(float)
+    return transfer, wait
+
+
+def test_positions_on_integer_arrays_equal_the_groupbys():
+    """`comms.transfer_dur` / `arrival_wait` (integer arrays, `diag.metrics.positions`) on random
+    calls: ties in time, calls of no group, unknown durations, categorical groups, shuffled rows."""
+    import random
+
+    from diag.metrics.comms import arrival_wait, transfer_dur
+
+    rng, partial = random.Random(5), 0
+    for _ in range(80):
+        rows, ts = [], 1_796_222_274_263_065_762
+        for r in rng.sample([0, 1, 2, -77], rng.randint(1, 4)):
+            for _ in range(rng.randint(1, 12)):
+                ts += rng.choice([0, 1, 1000])
+                rows.append(
+                    {
+                        "rank": r,
+                        "group": rng.choice(["world:0", "tp:1", "tp:1", None]),
+                        "ts": ts,
+                        "dur": rng.choice([5, 7, 2000, None]),
+                    }
+                )
+        rng.shuffle(rows)
+        c = pd.DataFrame(rows, index=rng.sample(range(1000), len(rows)))
+        if rng.random() < 0.5:
+            c["group"] = c["group"].astype("category")
+        transfer, wait = _by_groupby(c)
+        partial += bool(transfer.isna().any() and transfer.notna().any())
+        pd.testing.assert_series_equal(transfer_dur(c), transfer, check_names=False)
+        pd.testing.assert_series_equal(arrival_wait(c), wait, check_names=False)
+    assert partial > 20  # positions some members lack were drawn
