@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
+from diag.metrics.positions import within_runs
 from diag.metrics.steps import NS
+from diag.metrics.text import as_text
 from diag.vocab import P2P
 
 if TYPE_CHECKING:
@@ -45,11 +48,24 @@ def _final(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
 
 
 def _aligned(c: pd.DataFrame) -> pd.DataFrame:
-    """Each record's position: its group, step and index among that rank's calls in them."""
+    """Each record's position: its group, step and index among that rank's calls in them (`k`)."""
     first = c.groupby("rank")["step"].min()  # a trace may begin mid-step (attach), whatever its number
-    c = c[(c["step"] > c["rank"].map(first)).to_numpy()]  # before sorting: one copy fewer of the rest
-    c = c.sort_values("ts", kind="stable")
-    return c.assign(k=c.groupby(["group", "step", "rank"]).cumcount())
+    c = c[(c["step"] > c["rank"].map(first)).to_numpy()]
+    return c.assign(k=_position(c))
+
+
+def _position(c: pd.DataFrame) -> np.ndarray:
+    """Each call's index among its rank's calls in its group and step, in issue (ts) order: what
+    `groupby([group, step, rank]).cumcount()` of the calls sorted by ts gives, from a few integer
+    arrays instead of a sorted copy of the frame (a copy and the groupby's keys were this rule's
+    peak: +112 MiB for 843,360 calls)."""
+    n = len(c)
+    issued = np.empty(n, np.int64)
+    issued[np.argsort(c["ts"].to_numpy(), kind="stable")] = np.arange(n)
+    keys = (pd.factorize(c["group"])[0], c["step"].to_numpy(), c["rank"].to_numpy())
+    order = np.lexsort((issued, *reversed(keys)))
+    del issued
+    return within_runs(order, keys)
 
 
 def _sig(row: Any) -> tuple[str, int | None]:
@@ -99,12 +115,12 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     # the columns read, first: each filter below copies what it keeps (a 64-rank trace's 3.4 M calls)
     c = c[[col for col in ("rank", "group", "step", "ts", "dur", "kind", "bytes") if col in c]]
     c = c[~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()]
-    c = c.assign(group=c["group"].astype(str), step=pd.to_numeric(c["step"]).astype(int))
+    c = c.assign(group=as_text(c["group"]), step=pd.to_numeric(c["step"]).astype(int))
     c = _aligned(_final(trace, c))
     out = []
     for group, step, k in _first_differing(c):
         g = c[c["group"] == group]
-        at = g[(g["step"] == step) & (g["k"] == k)]
+        at = g[(g["step"] == step) & (g["k"] == k)].sort_values("ts", kind="stable")  # in issue order
         out.append(_finding(str(group), step, k, at, g))
     return out
 
@@ -112,20 +128,47 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
 def _first_differing(c: pd.DataFrame) -> list[tuple[str, int, int]]:
     """Per group, the first (step, k) that every member recorded and whose calls differ (`_sig`),
     found with whole-column operations: a live job of fast steps has hundreds of thousands of
-    positions, and one Python step per position took 5.7 s a look in `diag watch`."""
+    positions, and one Python step per position took 5.7 s a look in `diag watch`. On integer
+    arrays sorted once (a groupby's nunique of the frame took +113 MiB for 843,360 calls)."""
     if c.empty:
         return []
     nbytes = pd.to_numeric(c["bytes"], errors="coerce").where(~c["kind"].isin(ANY_SIZE))
-    size = nbytes.fillna(-1).round().astype("int64")  # -1: None
-    # one integer per distinct (op, size): strings of them took 200 MB for 3.4 M calls
-    sig = pd.DataFrame({"kind": c["kind"].astype(str), "size": size}).groupby(["kind", "size"]).ngroup()
-    c = pd.DataFrame({"group": c["group"], "step": c["step"], "k": c["k"], "rank": c["rank"], "sig": sig})
-    members = c.groupby("group")["rank"].nunique()
-    at = c.groupby(["group", "step", "k"], sort=True).agg(ranks=("rank", "nunique"), sigs=("sig", "nunique"))
-    full = at["ranks"].to_numpy() == members.reindex(at.index.get_level_values("group")).to_numpy()
-    odd = at[full & (at["sigs"].to_numpy() > 1) & (at["ranks"].to_numpy() >= 2)]
-    firsts = odd.reset_index().groupby("group", sort=True).first()
-    return [(str(g), int(row["step"]), int(row["k"])) for g, row in firsts.iterrows()]
+    size = pd.factorize(nbytes.fillna(-1).round().astype("int64"))[0]  # -1: None
+    kind = pd.factorize(c["kind"])[0]
+    # one integer per distinct (op, size), -1 for a call of no op (not counted among the
+    # signatures, as a groupby's NaN key is not): strings of them took 200 MB for 3.4 M calls
+    sig = np.where(kind < 0, -1, kind.astype(np.int64) * (int(size.max()) + 1) + size)
+    group, names = pd.factorize(c["group"], sort=True)  # missing: -1, in no group
+    rank = pd.factorize(c["rank"])[0]
+    step, k = c["step"].to_numpy(np.int64), c["k"].to_numpy(np.int64)
+    keep = group >= 0
+    if not keep.all():  # (a copy of each array: only where some call has no group)
+        group, rank, step, k, sig = group[keep], rank[keep], step[keep], k[keep], sig[keep]
+    if not len(group):
+        return []
+    # members per group: distinct (group, rank) pairs
+    pairs = np.unique(group.astype(np.int64) * (int(rank.max()) + 1) + rank)
+    members = np.bincount(pairs // (int(rank.max()) + 1), minlength=len(names))
+    order = np.lexsort((sig, k, step, group))
+    group, step, k, sig = group[order], step[order], k[order], sig[order]
+    del order
+    new = np.ones(len(group), dtype=bool)
+    new[1:] = (group[1:] != group[:-1]) | (step[1:] != step[:-1]) | (k[1:] != k[:-1])
+    starts = np.flatnonzero(new)
+    # a rank has one call at a position: calls there = ranks there; distinct sigs = 1 + changes
+    ranks = np.diff(np.append(starts, len(group)))
+    changed = np.zeros(len(group), dtype=np.int64)
+    changed[1:] = (sig[1:] != sig[:-1]) & ~new[1:]
+    sigs = 1 + np.add.reduceat(changed, starts) - (sig[starts] < 0)  # a call of no op: no signature
+    g = group[starts]
+    odd = (ranks == members[g]) & (sigs > 1) & (ranks >= 2)
+    out = []
+    seen: set[int] = set()
+    for i in np.flatnonzero(odd):  # sorted by group, step, k: each group's first is its first here
+        if g[i] not in seen:
+            seen.add(int(g[i]))
+            out.append((str(names[g[i]]), int(step[starts[i]]), int(k[starts[i]])))
+    return out
 
 
 def _finding(group: str, step: int, k: int, at: pd.DataFrame, g: pd.DataFrame) -> Finding:

@@ -11,6 +11,7 @@ from diag.analyzers.base import rule
 from diag import schema
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
+from diag.metrics.text import as_text
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -42,7 +43,7 @@ def _size(nbytes: Any) -> int | None:
 def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     """Per group: each member rank's count of collectives and its last one (op, bytes, step)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    by = c.groupby([c["group"].astype(str), "rank"], observed=True)
+    by = c.groupby([as_text(c["group"]), "rank"], observed=True)
     counts, last = by.size(), c.loc[by["ts"].idxmax()]
     for (group, rank), n, op, nbytes, step in zip(
         counts.index, counts, last["kind"], last["bytes"], last["step"]
@@ -123,7 +124,7 @@ def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: lis
         st = metrics.steps
         ended = st[st["rank"] == row["rank"]]["step"]
         step = max(step, int(ended.max()) + 1) if not ended.empty else step
-    done = c[(c["group"].astype(str) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
+    done = c[(as_text(c["group"]) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
     counts = {int(r): int(n) for r, n in done.groupby("rank").size().items()}
     return {
         "group": group,

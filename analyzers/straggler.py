@@ -15,6 +15,7 @@ from diag.metrics.idle import gaps
 from diag.metrics.onset import Onset, onsets, robust_sigma
 from diag.metrics.sched import runq_per_step
 from diag.metrics.steps import NS
+from diag.metrics.text import as_text
 from diag.metrics.throttle import WINDOW_S, throttled_spans
 
 if TYPE_CHECKING:
@@ -173,11 +174,11 @@ def arrivals(c: pd.DataFrame) -> pd.DataFrame:
     cols = ["rank", "collectives", "last_share", "others_wait_s"]
     if c.empty:
         return pd.DataFrame(columns=cols)
-    c = c.sort_values("ts", kind="stable")
-    k = c.groupby([c["rank"], c["group"].astype(str)], observed=True).cumcount()
+    c = c[["rank", "group", "ts", "dur"]].sort_values("ts", kind="stable")  # these columns copied only
+    k = c.groupby([c["rank"], as_text(c["group"])], observed=True).cumcount()
     wide = pd.DataFrame(
         {
-            "g": c["group"].astype(str),
+            "g": as_text(c["group"]),
             "k": k,
             "rank": c["rank"],
             "dur": pd.to_numeric(c["dur"], errors="coerce"),
@@ -266,7 +267,7 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
     one rank (a TP=2 job's rank 0 kept its peer waiting 256 ms in steps 0-1, then the planted 80 ms
     straggler on rank 1 took over), and arrival counts are not the wait (rank 0 arrived last at 69% of
     step 2's all-reduces, its peer waited 7 ms; rank 1 at 31%, 86 ms)."""
-    c = metrics.comms
+    c = metrics.comms[["rank", "group", "step", "ts", "dur"]]  # what `arrivals` reads: a filter copies these
     first = c.groupby("rank")["step"].transform("min") if not c.empty else None
     if first is not None and c["step"].nunique() > 1:  # a warm-up step before the one recorded
         c = c[c["step"] > first]

@@ -76,14 +76,15 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier")
     per = metrics.comm_per_step(tiny)
-    counts = c[tiny].groupby(["rank", "step"], observed=True).size().rename("n").reset_index()
+    counts = c.loc[tiny, ["rank", "step"]].groupby(["rank", "step"], observed=True).size()
+    counts = counts.rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})
     if per.empty:
         return []
     n, tiny_s, step_s = float(per["n"].median()), float(per["comm_s"].median()), float(per["dur_s"].median())
     if n < MIN_PER_STEP or step_s <= 0 or tiny_s / step_s < STEP_SHARE:
         return []
-    rows = c[tiny]
+    rows = c.loc[tiny, ["rank", "kind", "bytes", "dur_s", "module"]]  # what the finding reads, copied
     cost = Cost(tiny_s, step_s)
     return [
         Finding(
@@ -98,7 +99,7 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "per_step": n,
                 "tiny_s": tiny_s,
                 "step_s": step_s,
-                "by_op": {str(k): int(v) for k, v in rows["kind"].value_counts().items()},
+                "by_op": {str(k): int(v) for k, v in rows["kind"].astype(str).value_counts().items()},
                 "median_bytes": float(rows["bytes"].median()),
             },
             ranks=sorted(int(r) for r in rows["rank"].unique()),

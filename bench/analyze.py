@@ -3,6 +3,7 @@
     python -m bench.analyze [--ranks 16] [--steps 40] [--mib-per-rank N] [--keep DIR]
     python -m bench.analyze --sweep 1,10,100,1000 [--ranks 2] [--hta-max-mib 1200] [--keep DIR]
     python -m bench.analyze --tiny [--repeat 9]    (2 KB inputs: start-up, bench/analyze_startup.py)
+    python -m bench.analyze --diag-trace 16x1000,64x1000 [--baseline /path/to/other/checkout]
 
 Input: a real 2-rank gloo run (sample_traces/generate_kineto.py, `--steps` profiled steps) in its
 GPU-shaped form (HTA only analyzes GPU kernels), replicated to `--ranks` uncompressed rank files,
@@ -237,21 +238,32 @@ def _bytecode_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _watch(cmd: list[str], what: str) -> tuple[str, float, int, int, float]:
+HIGH_WATER: dict[str, int] = {}  # what -> peak RSS (bytes) of the largest process of its last run
+
+
+def _watch(cmd: list[str], what: str, root: str = ROOT) -> tuple[str, float, int, int, float]:
     """(stdout, wall seconds from start to exit, peak RSS-sum, peak PSS-sum, CPU seconds of the
-    process and the workers it waited for) of one command. The CPU time is what a loaded machine
-    does not inflate: wall time there includes waiting for a core."""
-    env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    process and the workers it waited for) of one command, with diag imported from `root`. The CPU
+    time is what a loaded machine does not inflate: wall time there includes waiting for a core."""
+    env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    # run from `root`: `python -m` puts the working directory first on sys.path, before PYTHONPATH
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, cwd=root
+    )
     ps, peak_rss, peak_pss = psutil.Process(proc.pid), 0, 0
     out: list[str] = []
     import threading
 
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
     reader.start()  # a big JSON report must not fill the pipe and stall the tool
-    while proc.poll() is None:
+    while True:  # reaped here: wait4 gives the kernel's own high-water mark, which sampling can miss
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            HIGH_WATER[what] = usage.ru_maxrss << 10  # KiB: the largest process of the tree
+            break
         rss, pss = _tree_memory(ps)
         peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
         time.sleep(0.02)
@@ -265,7 +277,7 @@ def _watch(cmd: list[str], what: str) -> tuple[str, float, int, int, float]:
 def measure(tool: str, folder: str) -> dict[str, float]:
     """Run one worker; its result plus the peak RSS-sum and PSS-sum (bytes) of its process tree."""
     out, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "bench.analyze", "--worker", tool, folder], tool
+        [sys.executable, "-m", "bench.analyze", "--worker", tool, os.path.abspath(folder)], tool
     )
     return {
         **json.loads(out.strip().splitlines()[-1]),
@@ -276,12 +288,52 @@ def measure(tool: str, folder: str) -> dict[str, float]:
     }
 
 
-def measure_cli(folder: str) -> dict[str, float]:
-    """`diag analyze --json` as a user runs it: wall time with process start, peak memory."""
-    _, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "diag", "analyze", "--json", folder], "diag"
+def measure_cli(folder: str, root: str = ROOT) -> dict[str, Any]:
+    """`diag analyze --json` as a user runs it (diag from the checkout `root`): wall time with
+    process start, peak memory, and the report itself."""
+    out, wall, peak_rss, peak_pss, cpu = _watch(
+        [sys.executable, "-m", "diag", "analyze", "--json", os.path.abspath(folder)], "diag", root
     )
-    return {"wall": wall, "peak_rss": peak_rss, "peak_pss": peak_pss, "cpu": cpu}
+    return {
+        "wall": wall,
+        "peak_rss": peak_rss,
+        "peak_pss": peak_pss,
+        "high_water": HIGH_WATER["diag"],
+        "cpu": cpu,
+        "report": out,
+    }
+
+
+def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> None:
+    """`--diag-trace RANKSxSTEPS`: one line per checkout (this one, and `baseline` when given) with
+    input MiB, wall and CPU seconds, the peak RSS (the kernel's high-water mark of the largest
+    process: `diag analyze` on a diag trace runs in one) and the sampled peak PSS of the process
+    tree, then the ratio; the two reports must be the same document (bounded memory may not change
+    a finding or figure). The input is deleted afterwards unless `--keep` was given."""
+    ranks, steps = (int(x) for x in shape.lower().split("x"))
+    sub = os.path.join(folder, f"diag-{ranks}x{steps}")
+    traces = os.path.join(sub, "traces")
+    size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
+    runs = [("this", measure_cli(traces))]
+    if baseline:
+        runs.append(("baseline", measure_cli(traces, os.path.abspath(baseline))))
+    for name, r in runs:
+        print(
+            f"{ranks:5d} ranks x {steps:6d} steps {size / 2**20:8.1f} MiB  {name:8s} "
+            f"{r['wall']:7.2f} s {r['cpu']:7.2f} CPU s  peak RSS {r['high_water'] / 2**20:6.0f} MiB "
+            f"({r['high_water'] / size:.2f}x the input; sampled PSS {r['peak_pss'] / 2**20:.0f})",
+            flush=True,
+        )
+    if baseline:
+        new, old = runs[0][1], runs[1][1]
+        same = "same report" if new["report"] == old["report"] else "REPORTS DIFFER"
+        print(
+            f"{'':44s}peak RSS baseline/this {old['high_water'] / new['high_water']:.2f}x, "
+            f"CPU {old['cpu'] / new['cpu']:.2f}x, {same}",
+            flush=True,
+        )
+    if not keep:
+        shutil.rmtree(sub, ignore_errors=True)
 
 
 def sweep(folder: str, sizes_mib: list[float], ranks: int, steps: int, hta_max_mib: float) -> None:
@@ -334,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RANKSxSTEPS",
         help="diag's own traces (tiled from sample_traces/zero3): diag analyze's time and peak memory",
     )
+    ap.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="--diag-trace: also run diag from this checkout (another commit), side by side",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("TOOL", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -348,16 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
         return 0
     if args.diag_trace:
-        ranks, steps = (int(x) for x in args.diag_trace.lower().split("x"))
-        sub = os.path.join(folder, f"diag-{ranks}x{steps}")
-        traces = os.path.join(sub, "traces")
-        size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
-        r = measure_cli(traces)
-        print(
-            f"diag trace {ranks} ranks x {steps} steps, {size / 2**20:.1f} MiB: diag analyze "
-            f"{r['wall']:.2f} s ({r['cpu']:.2f} CPU s), peak PSS {r['peak_pss'] / 2**20:.0f} MiB "
-            f"({r['peak_pss'] / size:.2f}x the input)"
-        )
+        for shape in args.diag_trace.split(","):
+            diag_trace(folder, shape, args.baseline, keep=bool(args.keep))
         return 0
     if args.sweep:
         sweep(folder, [float(x) for x in args.sweep.split(",")], args.ranks, args.steps, args.hta_max_mib)

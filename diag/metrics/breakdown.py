@@ -21,6 +21,7 @@ import pandas as pd
 from diag import schema
 from diag.metrics import bandwidth, intervals
 from diag.metrics.activity import Activities
+from diag.metrics.text import as_text
 from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
@@ -88,10 +89,11 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(
             columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
         )
-    c = c.assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
+    # the columns read, first: a filter or a column set below copies only these
+    c = c[["rank", "op", "dur", "group_size"]].assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
     sized = c["bytes"].notna()
     c = c.assign(
-        op=c["op"].astype(str),
+        op=as_text(c["op"]),  # a categorical stays one: 843,360 calls' op as strings took 55 MiB
         bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]),
         sized_ns=c["dur"].where(sized, 0),
     )
@@ -103,6 +105,7 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
         group_size=("group_size", "max"),
         sized_ns=("sized_ns", "sum"),
     ).reset_index()
+    df["op"] = df["op"].astype(str)  # one row per rank and op: as the strings' groupby gave it
     df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()  # NaN: no call's size is known
     df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
     df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
@@ -121,12 +124,14 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     c = trace.comms
     if c.empty:
         return pd.DataFrame(columns=["op", "bytes", "busbw", "calls"])
-    c = c[c["bytes"] > 0].assign(op=lambda d: d["op"].astype(str))
-    return (
-        c.groupby(["op", "bytes"], observed=True)
+    c = c.loc[c["bytes"] > 0, ["op", "bytes", "busbw"]]  # the filter copies these columns only
+    df = (
+        c.assign(op=as_text(c["op"]))
+        .groupby(["op", "bytes"], observed=True)
         .agg(busbw=("busbw", "median"), calls=("busbw", "size"))
         .reset_index()
     )
+    return df.assign(op=df["op"].astype(str))
 
 
 def stragglers(trace: Trace) -> pd.DataFrame:
@@ -136,7 +141,8 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     cols = ["rank", "last_arrival_frac", "median_step_ns"]
     if len(ranks) < 2:
         return pd.DataFrame(columns=cols)
-    c = c.sort_values(["rank", "ts"]).assign(k=lambda d: d.groupby("rank").cumcount())
+    c = c[["rank", "ts", "dur"]].sort_values(["rank", "ts"])  # sorts these columns, not every one
+    c = c.assign(k=c.groupby("rank").cumcount())
     wide = c.pivot_table(index="k", columns="rank", values="dur", aggfunc="first").dropna()
     last = wide.idxmin(axis=1).value_counts() / max(len(wide), 1)
     steps = trace.steps.groupby("rank")["dur"].median() if not trace.steps.empty else pd.Series()

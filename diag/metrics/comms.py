@@ -6,10 +6,12 @@ Pure pandas on frames; `diag.metrics.stage.Metrics` computes them once per trace
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from diag.metrics import bandwidth
+from diag.metrics import bandwidth, positions
 from diag.metrics.steps import NS, join_steps, union_by_step
+from diag.metrics.text import map_categories
 from diag.vocab import canonical_op
 
 
@@ -20,8 +22,11 @@ def comm_frame(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     df = comms.copy(deep=False)  # copy-on-write: the columns set below leave `comms` as it is
     if df.empty:
         return df.assign(kind=pd.Series(dtype=str), dur_s=pd.Series(dtype=float))
-    ops = df["op"].astype(str)
-    df["kind"] = ops.map({op: canonical_op(op) for op in ops.unique()})
+    kind = map_categories(df["op"], canonical_op)  # a categorical: 1 MiB, not 55, for 843,360 calls
+    if kind is None:
+        ops = df["op"].astype(str)
+        kind = ops.map({op: canonical_op(op) for op in ops.unique()})
+    df["kind"] = kind
     dur = pd.to_numeric(df["dur"], errors="coerce").fillna(0)
     df["dur_s"] = dur / NS
     # busbw again from the canonical name, for traces whose writer knew only canonical spellings
@@ -54,14 +59,17 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     read "44% of each step waits on communication" live, from its first 7 steps)."""
     if c.empty:
         return pd.Series(dtype=float)
-    key = c["group"].astype(str)
-    # sorted: only the columns the order needs (the whole frame's copy was most of a 64-rank
-    # trace's peak memory)
-    k = pd.DataFrame({"ts": c["ts"]}).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
-    frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"])})
-    by_op = frame.groupby(["g", "k"])["dur"]
-    members = pd.Series(c["rank"].to_numpy(), index=c.index).groupby(key).transform("nunique")
-    return by_op.transform("min").where(by_op.transform("size") >= members)
+    group, rank, k = positions.in_group(c, c["ts"])
+    dur = pd.to_numeric(c["dur"])
+    order, starts, sizes = positions.per_position(group, k)
+    out = np.full(len(c), np.nan)
+    if len(order):
+        least = np.fmin.reduceat(dur.to_numpy(dtype=float, na_value=np.nan)[order], starts)  # NaN skipped
+        whole = sizes >= positions.members(group, rank)[group[order[starts]]]
+        out[order] = np.repeat(np.where(whole, least, np.nan), sizes)
+    if dur.dtype.kind in "iu" and not np.isnan(out).any():  # as the groupby's min of integers stays
+        return pd.Series(out.astype(dur.dtype), index=c.index, name="dur")
+    return pd.Series(out, index=c.index, name="dur")
 
 
 def arrival_wait(c: pd.DataFrame) -> pd.Series:
@@ -73,11 +81,17 @@ def arrival_wait(c: pd.DataFrame) -> pd.Series:
     durations showed was its own stops)."""
     if c.empty:
         return pd.Series(dtype=float)
-    key = c["group"].astype(str)
     ts = pd.to_numeric(c["ts"]).astype("int64")
-    k = c.assign(ts=ts).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
-    frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "ts": ts})
-    last = frame.groupby(["g", "k"])["ts"].transform("max")
+    group, _, k = positions.in_group(c, ts)
+    order, starts, sizes = positions.per_position(group, k)
+    latest = np.zeros(len(c), np.int64)
+    if len(order):
+        latest[order] = np.repeat(np.maximum.reduceat(ts.to_numpy()[order], starts), sizes)
+    placed = group >= 0
+    # integers where every call has a position, else floats with NaN: as the groupby's max gave
+    last = pd.Series(
+        latest if placed.all() else np.where(placed, latest.astype(float), np.nan), index=c.index, name="ts"
+    )
     return (last - ts).clip(lower=0).clip(upper=pd.to_numeric(c["dur"]).fillna(0)).astype(float)
 
 

@@ -128,15 +128,18 @@ class Metrics:
     def comm_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
         comm_s."""
-        c = self._selected(mask)
+        c = self._selected(mask, ["rank", "step", "dur_s"])
         return steps.join_steps(
             self.steady_steps, c.groupby(["rank", "step"], observed=True)["dur_s"].sum(), "comm_s"
         )
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
-        return steps.join_steps(self.steady_steps, steps.union_by_step(self._selected(mask)), "comm_s")
+        c = self._selected(mask, ["rank", "step", "ts", "dur"])
+        return steps.join_steps(self.steady_steps, steps.union_by_step(c), "comm_s")
 
-    def _selected(self, mask: pd.Series | None) -> pd.DataFrame:
-        c = self.comms
+    def _selected(self, mask: pd.Series | None, columns: list[str]) -> pd.DataFrame:
+        """The selected calls' `columns` (only they are copied: a mask over every call of a
+        16-rank x 1,000-step trace copied 76 MiB of columns nothing read)."""
+        c = self.comms[columns]
         return c if mask is None else c[mask.reindex(c.index, fill_value=False)]

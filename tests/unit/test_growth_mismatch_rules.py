@@ -127,7 +127,8 @@ def test_a_partial_first_step_numbered_0_is_silent(tmp_path):
 def test_the_first_differing_call_matches_a_call_by_call_search():
     """`_first_differing` finds with whole-column operations what a search call by call finds (the
     rule's first form, 5.7 s a look on a 1-minute DDP job of 1 ms steps in `diag watch`): random
-    traces of 1-4 ranks, two groups, missing calls, unknown sizes and all-to-all sizes."""
+    traces of 1-4 ranks, two groups, missing calls, unknown sizes and all-to-all sizes; and each
+    call's position `k` is the one a groupby of the calls sorted by time gives."""
     import random
 
     import pandas as pd
@@ -165,6 +166,8 @@ def test_the_first_differing_call_matches_a_call_by_call_search():
                         }
                     )
         c = cm._aligned(pd.DataFrame(rows))
+        by_ts = c.sort_values("ts", kind="stable")  # `k` as the groupby of a sorted copy gives it
+        assert c["k"].tolist() == by_ts.groupby(["group", "step", "rank"]).cumcount()[c.index].tolist()
         expected = by_call(c)
         found += bool(expected)
         assert cm._first_differing(c) == expected

@@ -58,6 +58,9 @@ def _write(tmp_path, rank: int, records: list[dict]) -> None:
         ([{"ts": 1, "x": True}], [{"ts": 2, "x": 1}], True),
         ([{"ts": 1, "x": "a"}], [{"ts": 2, "x": None}, {"ts": 3, "x": 2}], True),
         ([{"ts": 1, "bytes": 4, "x": None}], [{"ts": 2, "bytes": None, "x": [1]}], False),
+        ([{"ts": 1, "op": "broadcast"}], [{"ts": 2}], False),  # a categorical one file lacks
+        ([{"ts": 1, "group": "tp"}], [{"ts": 2, "group": None, "module": "fc"}], False),
+        ([{"ts": 1, "group": 1}], [{"ts": 2, "group": "tp"}], True),  # categories of mixed types
     ],
 )
 def test_files_whose_dtypes_differ(tmp_path, a, b, uneven):
