@@ -42,26 +42,6 @@ def timeline_exposed(metrics: Metrics) -> pd.DataFrame | None:
     )
 
 
-def _medians(df: pd.DataFrame) -> pd.DataFrame:
-    """Per rank with >= MIN_STEPS steps whose exposed time is known: median exposed_s, dur_s, share."""
-    df = df.dropna(subset=["exposed_s"])  # steps whose transfer times are not all known yet
-    if df.empty:
-        return pd.DataFrame(columns=["exposed_s", "dur_s", "share"])
-    counted = df.groupby("rank")["step"].transform("size")
-    med = df[counted >= MIN_STEPS].groupby("rank")[["exposed_s", "dur_s"]].median()
-    return med.assign(share=med["exposed_s"] / med["dur_s"])
-
-
-def _larger(every: pd.DataFrame, sampled: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, the larger share of two measures: blocking collectives over all steady steps (a
-    lower bound: async ones are left out, compute unknown) and every collective over the steps with
-    per-layer records (async ones count where no compute hides them)."""
-    both = pd.concat([every, sampled])
-    if both.empty:
-        return both
-    return both.sort_values("share", kind="stable").groupby(level=0).tail(1).sort_index()
-
-
 def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     """Only changes to what the job runs: DeepSpeed's ZeRO overlap where DeepSpeed runs it and
     gradients are reduced over data parallelism (DP > 1), Megatron-LM's overlap flags it has not set.
@@ -109,11 +89,8 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
 
 @rule("exposed_comm")
 def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Fires when communication no compute overlaps covers >= 40% of the median step on some rank:
-    blocking (non-async) collectives over all steady steps, and, over steady steps with per-layer
-    records, async ones too where no compute hides them (DDP's Reducer issues its all-reduces async
-    from C++ and waits for them after backward); per rank the larger of the two medians. Each
-    collective counts its transfer time (its shortest duration over the ranks, the end of its interval:
+    """Fires when blocking (non-async, hence not overlapped) communication covers >= 40% of the median
+    step on some rank, counting each collective's transfer time (its shortest duration over the ranks:
     the time others spent waiting for a late rank is the straggler rule's business; with pp > 1 the
     pipeline's send/recv are left to pipeline_bubble).
     Fix, only where it changes the job's setting and exists in its framework: DeepSpeed overlap_comm
@@ -124,24 +101,20 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     cross-node gathers run slow (zero3_slow_link's premise) and make >= 50% (DEFER_SHARE = 0.5) of
     the exposed time: that fault is zero3_slow_link's, with its fixes. From diag's records, a rank's
     median is taken over >= 5 steady steps (MIN_STEPS)."""
-    df, sampled = metrics.exposed, metrics.exposed_sampled
+    df = metrics.exposed
     if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
         # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
         # gradient or TP traffic: counted there, not here
         c = metrics.comms
-        c = c[~c["kind"].isin(P2P)]
-        df, sampled = (
-            comms.blocking_per_step(c, metrics.steady_steps, waits=False),
-            metrics.exposed_in_sampled(c),
-        )
+        df = comms.blocking_per_step(c[~c["kind"].isin(P2P)], metrics.steady_steps, waits=False)
     med = timeline_exposed(metrics)
-    if med is not None:
-        med = med.assign(share=med["exposed_s"] / med["dur_s"])
-    else:
-        med = _larger(_medians(df), _medians(sampled))
-        if med.empty:
+    if med is None:
+        df = df.dropna(subset=["exposed_s"])  # steps whose transfer times are not all known yet
+        if df.empty:
             return []
-        df = pd.concat([df, sampled]).dropna(subset=["exposed_s"])
+        counted = df.groupby("rank")["step"].transform("size")
+        med = df[counted >= MIN_STEPS].groupby("rank")[["exposed_s", "dur_s"]].median()
+    med["share"] = med["exposed_s"] / med["dur_s"]
     bad = med[med["share"] >= EXPOSED_SHARE]
     if bad.empty:
         return []

@@ -99,28 +99,6 @@ class Metrics:
         return comms.blocking_per_step(self.comms, self.steady_steps, waits=False)
 
     @cached_property
-    def exposed_sampled(self) -> pd.DataFrame:
-        """Like `exposed`, over the steady steps with per-layer records, async collectives included
-        where no compute hides them (DDP's Reducer and ZeRO's overlapped reductions issue theirs
-        from C++ and wait for them there; `exposed` sees only blocking ones)."""
-        return self.exposed_in_sampled(self.comms)
-
-    def exposed_in_sampled(self, c: pd.DataFrame) -> pd.DataFrame:
-        """`exposed_sampled` of the collectives `c` (rows of `comms`): each one's transfer time
-        (`comms.transfer_dur`) taken as the end of its interval (a rank waits for a late peer before
-        the transfer, not after); NaN where a transfer time is unknown."""
-        cols = ["rank", "step", "dur_s", "exposed_s"]
-        if c.empty or self.steady_steps.empty:
-            return pd.DataFrame(columns=cols)
-        tr, dur = comms.transfer_dur(c), pd.to_numeric(c["dur"])
-        ok = tr.notna() & dur.notna()
-        moved = c[ok].assign(ts=c.loc[ok, "ts"].astype("int64") + (dur - tr)[ok].astype("int64"), dur=tr[ok])
-        out = step_split.exposed_per_step(self.steady_steps, moved, self.trace.layers)
-        gone = pd.MultiIndex.from_frame(c.loc[tr.isna() & dur.notna(), ["rank", "step"]])
-        at = pd.MultiIndex.from_frame(out[["rank", "step"]]).isin(gone)
-        return out.assign(exposed_s=out["exposed_s"].mask(at))
-
-    @cached_property
     def blocked(self) -> pd.DataFrame:
         """Like `exposed`, with the time spent waiting for late ranks (what a rank's step loses)."""
         return comms.blocking_per_step(self.comms, self.steady_steps, waits=True)

@@ -32,7 +32,6 @@ import pandas as pd
 
 from diag.metrics import intervals
 from diag.metrics.activity import ByRank
-from diag.metrics.steps import NS
 
 Spans = tuple[np.ndarray, np.ndarray]  # a union of intervals: sorted disjoint (starts, ends)
 EXPOSED = "exposed"
@@ -104,26 +103,6 @@ def _per_step(
 
 def _sampled(steps: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
     return steps[steps["step"].isin(set(layers["step"]))] if len(layers) else steps.iloc[:0]
-
-
-def exposed_per_step(steady_steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
-    """Per steady step with per-layer records (rank, step, dur_s, exposed_s): seconds of `comms`'
-    [ts, ts + dur) intervals no compute hides, blocking or async (the exposed_comm rule passes
-    transfer intervals)."""
-    rows = []
-    mine, lay = ByRank(comms), ByRank(layers)
-    for rank, st in steady_steps.groupby("rank"):
-        use = _sampled(st, lay[rank] if len(layers) else layers)
-        for step, parts in zip(use["step"], _per_step(use, mine[rank], lay[rank], True)):
-            rows.append(
-                {
-                    "rank": rank,
-                    "step": step,
-                    "dur_s": parts["total"] / NS,
-                    "exposed_s": parts.get(EXPOSED, 0) / NS,
-                }
-            )
-    return pd.DataFrame(rows, columns=["rank", "step", "dur_s", "exposed_s"])
 
 
 def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) -> dict[str, object]:
