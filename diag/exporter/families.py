@@ -8,7 +8,6 @@ Counters are cumulative since the rank started (the trace holds every step), so 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from diag import schema
 from diag.tui.model import JobModel
 from diag.tui.state import RankState
-from diag.tui.view import MEAN_OVER, JobView, leaf_layer_rows
+from diag.tui.view import JobView, leaf_layer_rows
 
 RANK = ("job", "rank", "host")
 COMM = ("job", "rank", "host", "group", "role", "op")
@@ -184,16 +183,6 @@ def _ranks(f: Families, m: JobModel, job: str) -> None:
         )
 
 
-def _samples_per_s(m: JobModel) -> float | None:
-    """The job's samples/s over the steps the view's step time reads: every rank reports the job's
-    global batch per step, so no factor of dp (the view's figure multiplies by it: 2x on 2 ranks)."""
-    steps = [s for s in sorted(m.step_max)[-MEAN_OVER:] if m.step_samples.get(s)]
-    secs = sum(m.step_max[s] for s in steps) / 1e9
-    if not steps or secs <= 0:
-        return None
-    return sum(statistics.fmean(m.step_samples[s]) for s in steps) / secs
-
-
 def _exposed_share(st: RankState) -> float | None:
     """The last step's blocking share, or None where async collectives ran in it: the live model
     has no compute intervals to tell how much of them was exposed (DDP's read 0.0)."""
@@ -250,7 +239,7 @@ def _job(f: Families, m: JobModel, view: JobView, job: str) -> None:
         "reports) over the job's step time (last 20 steps)",
         ("job",),
         lv,
-        _samples_per_s(m),
+        view.samples_per_s,
     )
     flops = _flops_per_step(m)
     f.gauge(
