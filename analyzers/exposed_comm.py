@@ -12,6 +12,7 @@ from diag.analyzers.cross_node import zero3_cross_node
 from diag.findings import Cost, Finding, Fix
 from diag.metrics import comms
 from diag.metrics.steps import NS
+from diag.ranks import rank_name
 from diag.vocab import P2P
 
 if TYPE_CHECKING:
@@ -127,8 +128,8 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     return [
         Finding(
             severity=cost.severity,
-            title=f"{cost.share:.0%} of each step waits on communication (rank {worst})",
-            detail=(f"rank {worst} is blocked in collectives that no compute overlaps: this {cost.text}."),
+            title=f"{cost.share:.0%} of each step waits on communication ({rank_name(worst)})",
+            detail=f"{rank_name(worst)} is blocked in collectives no compute overlaps: this {cost.text}.",
             evidence={
                 **cost.evidence(),
                 "exposed_s": evidence.by_rank(med["exposed_s"]),

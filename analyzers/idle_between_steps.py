@@ -9,6 +9,7 @@ from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics.idle import gaps
+from diag.ranks import rank_name
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -51,7 +52,7 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
             title=f"{cost.share:.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
             detail=(
                 "nothing runs between one optimizer step and the next forward: the input pipeline is "
-                f"late; on rank {worst} this {cost.text}"
+                f"late; on {rank_name(worst)} this {cost.text}"
             ),
             evidence={
                 **cost.evidence(),

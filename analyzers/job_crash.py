@@ -25,6 +25,7 @@ from diag.analyzers.base import rule
 from diag import schema
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
+from diag.ranks import NO_RANK, rank_name, rank_names
 from diag.vocab import PEER_LOST, STOP_SIGNALS
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         if first["exc"] == "exit"
         else _WHAT.get(kind, str(first["exc"]))
     )
-    where = f"rank {rank}" if rank >= 0 else "a rank the log does not name"
+    where = rank_name(rank) if rank != NO_RANK else "a rank the log does not name"
     same = fail[(fail["kind"] == first["kind"]) & (fail["exc"] == first["exc"])]
     ev: dict[str, Any] = {
         "kind": kind,
@@ -197,7 +198,7 @@ def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
                 steps=[last] if last is not None else [],
             )
         ]
-    who = f"rank {rank}" + (f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else "")
+    who = rank_name(rank) + (f" (and {len(ranks) - 1} more)" if len(ranks) > 1 else "")
     at = f"at step {last + 1}" if last is not None else "before its first step"
     where, mine = first.get("where"), first.get("job_frame")
     called = f" (called from the job's {mine})" if mine and mine != where else ""
@@ -205,15 +206,19 @@ def _uncaught(trace: Trace, metrics: Metrics) -> list[Finding]:
         Finding(
             severity="critical",
             title=f"job crashed {at}: {what} on {who}"[:200],
-            detail=f"the main thread of rank(s) {', '.join(map(str, ranks))} ended in an exception"
+            detail=f"the main thread of {rank_names(ranks)} ended in an exception"
             + (f", raised at {where}{called}" if where else "")
-            + f". Rank {rank} raised first; the others' errors may be its consequences.",
+            + (
+                f". {rank_name(rank).capitalize()} raised first; the others' errors may be its consequences."
+                if len(ranks) > 1
+                else "."
+            ),
             evidence=ev,
             ranks=ranks,
             steps=[last + 1] if last is not None else [],
             fixes=[
                 Fix(
-                    f"read rank {rank}'s traceback (its stderr)"
+                    f"read {rank_name(rank)}'s traceback (its stderr)"
                     + (f": the job's own code at {mine} led to it" if mine else "")
                     + "; fix that error before looking at performance"
                 )
@@ -285,7 +290,7 @@ def _dead_rank(
     if not left.empty:
         row = left.sort_values("ts").iloc[-1]
         ev.update(group=str(row["group"]), collective=str(row["kind"]), step=int(row["step"]))
-        where = f"; rank {int(row['rank'])} was left in {row['kind']} (group {row['group']}"
+        where = f"; {rank_name(row['rank'])} was left in {row['kind']} (group {row['group']}"
         where += f", step {ev['step']})"
     hows = {down[r]["how"] for r in dead}
     seen = (
@@ -295,11 +300,11 @@ def _dead_rank(
         if hows == {"ended"}
         else "its trace ends without the agent's close while its peers closed theirs after it"
     )
-    who = ", ".join(map(str, dead))
+    who = rank_names(dead)
     return [
         Finding(
             severity="critical",
-            title=f"job crashed: rank {who} died"
+            title=f"job crashed: {who} died"
             + (f" after step {step[dead[0]]}" if dead[0] in step else "")
             + (  # a killed rank's last flush (up to 0.2 s of records) is lost with it
                 f" (its last record; its peers completed step {peer_step})"
@@ -307,7 +312,7 @@ def _dead_rank(
                 else ""
             )
             + where,
-            detail=f"rank {who}: {seen} (killed: SIGKILL, the OOM killer, a segfault). Its peers' "
+            detail=f"{who}: {seen} (killed: SIGKILL, the OOM killer, a segfault). Its peers' "
             "collectives then wait for it or fail.",
             evidence=ev,
             ranks=dead,

@@ -11,6 +11,7 @@ from diag.analyzers import evidence
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.ranks import rank_name
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -80,7 +81,7 @@ def launch_bound(trace: Trace, metrics: Metrics) -> list[Finding]:
         Finding(
             severity=cost.severity,
             title=f"launch-bound GPU: {share[worst]:.0%} of the GPU's time waits for kernel launches "
-            f"(rank {worst})",
+            f"({rank_name(worst)})",
             detail=(
                 f"{w['short_share']:.0%} of kernels run shorter than their launch call (median kernel "
                 f"{w['median_kernel_us']:.1f} us, median launch {w['median_launch_us']:.1f} us): the "

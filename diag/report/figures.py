@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from diag.ranks import NO_RANK, rank_name
 from diag.report import plots
-from diag.report.ranks import NO_RANK, rank_name
 from diag.report.trace_tables import per
 
 

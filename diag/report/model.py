@@ -13,8 +13,8 @@ import pandas as pd
 
 from diag import __version__
 from diag.metrics.stage import Metrics
+from diag.ranks import rank_labels
 from diag.report import mfu, trace_doc
-from diag.report.ranks import rank_labels
 
 if TYPE_CHECKING:
     from diag.findings import Finding

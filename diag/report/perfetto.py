@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag import schema
-from diag.report.ranks import rank_name
+from diag.ranks import rank_name
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace

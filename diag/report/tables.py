@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.ranks import rank_count, rank_label, rank_list
 from diag.report.human import evidence_line, prose
-from diag.report.ranks import rank_label, rank_list
 from diag.report.trace_tables import per, trace_tables
 from diag.units import binary_bytes as _bytes
 from diag.units import flop_count, flop_rate, percent, rate, significant
@@ -194,7 +194,7 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
 def summary_line(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     st = s["steps"]
-    bits = [f"{len(doc['ranks'])} rank(s)", f"{len(doc['sources'])} input(s)"]
+    bits = [rank_count(doc["ranks"]), f"{len(doc['sources'])} input(s)"]
     if st.get("count"):
         seen = st.get("recorded") or st["count"]
         counted = f"{seen} steps" + (f" ({st['count']} timed)" if seen != st["count"] else "")

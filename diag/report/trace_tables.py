@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.report.ranks import rank_label
+from diag.ranks import rank_label
 from diag.units import binary_bytes, flop_count, flop_rate, percent, rate
 
 Table = tuple[str, list[str], list[list[str]]]

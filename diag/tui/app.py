@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Sparkline, Static
 from textual.worker import get_current_worker
 
-from diag.report.ranks import rank_label, rank_name
+from diag.ranks import rank_label, rank_name
 from diag.tui import rows
 from diag.tui.detail import rank_detail
 from diag.tui.pump import Analyze, FindingsUpdated, Pump, ViewUpdated, run_analyzers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diag.report.ranks import rank_name
+from diag.ranks import rank_name
 from diag.tui import fmt
 from diag.tui.model import JobModel
 

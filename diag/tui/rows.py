@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.report.ranks import rank_label, rank_list
+from diag.ranks import rank_label, rank_list
 from diag.tui import fmt
 from diag.tui.view import JobView, RankRow
 

@@ -62,7 +62,7 @@ def test_empty_directory_and_event_fields_missing(tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"diag analyze: error: {tmp_path / 'empty'}: empty directory: no traces or logs in it"
     ]
-    assert "2 rank(s)" in r.stdout
+    assert "2 ranks" in r.stdout
 
 
 def test_nothing_readable_and_unknown_rule(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import diag
-from diag.report.ranks import rank_label, rank_list, rank_name
+from diag.ranks import rank_label, rank_list, rank_name
 from diag.tui import rows
 from diag.tui.detail import rank_detail
 from diag.tui.model import JobModel
@@ -113,3 +113,36 @@ def test_top_app_drills_into_a_process_without_a_rank(lone) -> None:
             await pilot.press("escape", "q")
 
     asyncio.run(drive())
+
+
+LATE_AND_CRASHING = """import time, torch
+m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(12):
+    time.sleep(0.03)  # the input pipeline is late on every step
+    m(torch.randn(16, 32)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+raise RuntimeError("planted")
+"""
+
+
+def test_findings_name_a_process_without_a_rank_by_its_pid(tmp_path) -> None:
+    """The rules' titles and details printed the reader's key ("rank -20267", "Rank -20267 raised
+    first"): a process that ran without a rank reads `pid N` there too, and the summary says what it is."""
+    (tmp_path / "train.py").write_text(LATE_AND_CRASHING)
+    trace = tmp_path / "trace"
+    args = ("run", "--trace-dir", str(trace), "--layers-every", "1", "--", sys.executable)
+    launch.diag_cli(*args, str(tmp_path / "train.py"))
+    (header,) = diag.load(str(trace)).headers.values()
+    pid = header["pid"]
+    out = launch.diag_cli("analyze", str(trace), "--json")
+    doc = json.loads(out.stdout)
+    rules = {f["rule"]: f for f in doc["findings"]}
+    assert {"idle_between_steps", "job_crash"} <= set(rules), sorted(rules)
+    for f in rules.values():
+        text = " ".join([f["title"], f["detail"], *(x.get("text", "") for x in f.get("fixes", []))])
+        assert str(-pid) not in text and f"pid {pid}" in text, text
+    assert f"pid {pid} raised" not in rules["job_crash"]["detail"]  # alone: nobody raised "first"
+    plain = launch.diag_cli("analyze", str(trace), env={"COLUMNS": "200"})
+    assert "0 ranks" not in plain.stdout and "1 process without a rank" in plain.stdout

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from diag.report.ranks import rank_list
+from diag.ranks import rank_list
 from diag.tui.widgets.table import SyncTable
 
 COLUMNS = ("#", "severity", "rule", "finding", "ranks", "recoverable ms/step")

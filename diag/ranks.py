@@ -38,3 +38,24 @@ def rank_list(ranks: Any, limit: int | None = 8, sep: str = ",") -> str:
 def rank_labels(ranks: Any) -> dict[str, str]:
     """`--json`'s `rank_labels`: each rank key of the document -> how the reports print it."""
     return {str(r): rank_label(r) for r in ranks}
+
+
+def rank_names(ranks: Any) -> str:
+    """Several ranks in a sentence: `rank 3`, `ranks 0, 2`, `pid 20267`, `rank 0, pid 20267`."""
+    labels = [rank_label(r) for r in list(ranks or [])]
+    if not labels:
+        return "no rank"
+    if any(lb.startswith("pid ") or lb == "-" for lb in labels):
+        return ", ".join(rank_name(r) for r in ranks)
+    return f"rank{'s' if len(labels) > 1 else ''} {', '.join(labels)}"
+
+
+def rank_count(ranks: Any) -> str:
+    """How many processes a document holds: `2 ranks`, `1 process without a rank`, `1 rank`."""
+    keys = [int(r) for r in list(ranks or []) if r == r and r is not None]
+    real = sum(1 for r in keys if r >= 0)
+    other = len(keys) - real
+    bits = [f"{real} rank{'s' if real != 1 else ''}"] if real or not other else []
+    if other:
+        bits.append(f"{other} process{'es' if other != 1 else ''} without a rank")
+    return ", ".join(bits)
