@@ -19,7 +19,9 @@ with atheris.instrument_imports():
     from diag.trace.reader import load_trace
     from diag.tui.tail import DirTail
 
-_DIR = tempfile.mkdtemp(prefix="diag-atheris-")
+# the test gives its tmp_path: libFuzzer ends the process with exit(), so nothing here could remove
+# a folder of its own
+_DIR = os.environ.get("DIAG_FUZZ_DIR") or tempfile.mkdtemp(prefix="diag-atheris-")
 _PATH = os.path.join(_DIR, "rank-00000.jsonl")
 _HEADER = b'{"k":"header","schema":1,"rank":0,"pid":1}\n'
 

@@ -232,7 +232,7 @@ def test_atheris_reader_short_run(tmp_path) -> None:
         text=True,
         timeout=120,
         cwd=launch.ROOT,
-        env=launch.job_env(),
+        env={**launch.job_env(), "DIAG_FUZZ_DIR": str(tmp_path)},
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Done 3000 runs" in res.stderr, res.stderr[-2000:]
