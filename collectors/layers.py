@@ -1,11 +1,13 @@
 """Per-module forward and backward time, FLOPs and memory delta on sampled steps.
 
 A sampled step is one where `agent.sampled` is set (the steps collector, every `layers_every`
-steps). Before any step boundary has been seen (attach into a loop the steps collector does not
-know), every `layers_every`-th outermost forward (micro-batch) is sampled instead, counting from the
-first one seen. Sampled steps are always tracked steps of the module tracker (collectors/modules.py),
-whose hooks drive this recorder; on other steps its global hooks are off (except every
-`attribute_every`-th step, where the only cost is the tracker's plus one check per outermost forward).
+steps). Before any step boundary has been seen, the step under way is sampled whole when the agent
+started with the job, and not at all after an attach (it is partial); a loop with no boundary within
+64 micro-batches (one the steps collector does not know) has every `layers_every`-th outermost
+forward (micro-batch) sampled from then on. Sampled steps are always tracked steps of the module
+tracker (collectors/modules.py), whose hooks drive this recorder; on other steps its global hooks
+are off (except every `attribute_every`-th step, where the only cost is the tracker's plus one check
+per outermost forward).
 
 On a sampled micro-batch that counts FLOPs a `FlopMode` (a TorchDispatchMode, thread-local) is
 pushed on the training thread from the outermost forward's pre-hook and popped at the step boundary
@@ -19,12 +21,14 @@ readers sum them.
 Counting is most of a sampled step's cost (every op through Python), and a module's FLOPs follow
 from the shapes it sees. So FLOPs are counted on the first sampled micro-batch of each input
 signature (the outermost module's name and the shapes and dtypes of its tensor arguments) and
-again every `flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample); the
-samples in between time every module and reuse the counted FLOPs of the same (module, phase,
-occurrence). A forward run with grad off (an evaluation inside a training loop) is never sampled:
-no backward follows it, and its counts reused for training steps had no backward FLOPs.
-Exact for models whose shapes follow their inputs; where they do not (MoE routing), a module's
-FLOPs lag by at most `flops_every` samples; one never counted under this signature is null.
+again every `flops_every`-th sample of it (`AgentOptions.flops_every`; 1 = every sample), with
+the later micro-batches of a step that counts (a pipeline stage runs its forwards before its
+backwards: all of them count); the samples in between time every module and reuse the counted
+FLOPs of the same (module, phase, occurrence). A forward run with grad off (an evaluation inside a
+training loop) is never sampled: no backward follows it, and its counts reused for training steps
+had no backward FLOPs. Exact for models whose shapes follow their inputs; where they do not (MoE
+routing), a module's FLOPs lag by at most `flops_every` samples; one never counted under this
+signature is null.
 
 Emits `(LAYER, step, module, phase, ts, dur, flops, mem_delta)`, phase "fwd"/"bwd"; `dur` is a
 CUDA-event `Pending` on GPU (collectors/device/) and `mem_delta` the allocator's allocated-bytes
@@ -54,6 +58,7 @@ from diag.agent.undo import Undo
 
 _graph_task_id = torch._C._current_graph_task_id
 MAX_SIGNATURES = 64  # distinct input signatures remembered before the FLOP cache starts over
+FIRST_STEP_MICRO = 64  # micro-batches before a first step boundary that make a loop boundary-less
 
 
 class FlopMode(TorchDispatchMode):
@@ -98,6 +103,8 @@ class LayerRecorder:
         self.open: dict[tuple[str, str], tuple[int, Any, int, int | None]] = {}
         self.flops_every = agent.options.flops_every
         self.counting = False  # this sample runs the FlopMode (else: reuses counted FLOPs)
+        self.count_step: int | None = None  # the step whose micro-batches the FlopMode counts
+        self.joined = agent.options.joined
         self.sig: tuple[Any, ...] = ()
         self.since: dict[tuple[Any, ...], int] = {}  # signature -> samples since it was counted
         self.flops: dict[tuple[Any, ...], int] = {}  # (signature, module, phase, occurrence) -> FLOPs
@@ -143,8 +150,14 @@ class LayerRecorder:
         elif self.steps_seen:
             want = bool(self.agent.sampled)
         else:
-            want = every > 0 and self.micro % every == 0
-            self.micro += 1
+            want = every > 0 and self._first_step_sample()
+        if want and self.counting and self.mode is not None and self.count_step == self.agent.step:
+            # a later micro-batch of a step that counts: it counts too. A pipeline stage runs
+            # F F B B: deciding again here popped the mode, and neither backward was counted
+            self.sig = (outermost, *signature(args))
+            self.occurrence.clear()
+            self.active = True
+            return
         self.open.clear()
         if not want:
             self._pop()
@@ -159,7 +172,20 @@ class LayerRecorder:
         self.counting = self._count_now(self.sig) or not self._pop()  # a mode it cannot pop still counts
         if self.counting:
             self._push()
+            self.count_step = self.agent.step
         self.active = not self.counting or self.mode is not None
+
+    def _first_step_sample(self) -> bool:
+        """Before any step boundary: the step under way whole, every micro-batch of it, when the
+        agent started with the job (sampling its first micro-batch alone gave a step of GAS 2 half
+        its FLOPs, reused up to the first sampled step); none of it after an attach, which lands
+        mid-step. No boundary within FIRST_STEP_MICRO micro-batches: a loop the steps collector does
+        not know, sampled every `layers_every`-th micro-batch from then on."""
+        every, micro = self.agent.layers_every, self.micro
+        self.micro += 1
+        if micro < max(every, FIRST_STEP_MICRO):
+            return not self.joined
+        return micro % every == 0
 
     def _count_now(self, sig: tuple[Any, ...]) -> bool:
         """Count FLOPs on this sample? The first of a signature, then every `flops_every`-th."""

@@ -42,6 +42,9 @@ class AgentOptions:
     control: serve `diag status/detach` on a control socket (attach and `diag run` ask for it).
     follow_forks: a child forked after start gets an agent of its own (by default forked children,
         DataLoader workers, start without one: diag/agent/fork.py).
+    joined: started inside a running job (`diag attach` sets it): the step under way is partial, so
+        its micro-batches are not sampled for layers (a job started with the agent samples its first
+        step whole).
     """
 
     trace_dir: str | None = None
@@ -55,6 +58,7 @@ class AgentOptions:
     faults: Mapping[str, str] | None = None
     control: bool = False
     follow_forks: bool = False
+    joined: bool = False
 
     def __post_init__(self) -> None:
         names = collector_names(self.what)
@@ -63,7 +67,7 @@ class AgentOptions:
         object.__setattr__(self, "what", names)
         for name, minimum in _MINIMUM.items():
             _check_int(name, getattr(self, name), minimum)
-        for name in ("self_time", "memory_reset_peak", "control", "follow_forks"):
+        for name in ("self_time", "memory_reset_peak", "control", "follow_forks", "joined"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.trace_dir is not None and not isinstance(self.trace_dir, str):

@@ -79,7 +79,7 @@ def start_agent(opts: dict[str, Any]) -> Any:
 
     if agent.current() is not None:
         return agent.current()
-    running = agent.start_with(AgentOptions.from_mapping({**opts, "control": True}))  # checked here
+    running = agent.start_with(AgentOptions.from_mapping({**opts, "control": True, "joined": True}))
     atexit.register(agent.stop)
     running.undo.call(lambda: atexit.unregister(agent.stop), "atexit")
     if agent.current() is not running:  # a detach came through the socket before this line

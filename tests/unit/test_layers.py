@@ -457,3 +457,61 @@ def test_a_forward_that_raised_leaves_no_record(tmp_path) -> None:
     fwd = [r for r in recs if r["phase"] == "fwd" and r["step"] == 1 and r["module"] == "self_attention"]
     assert [r["flops"] for r in fwd] == [2 * 4 * 8 * 8]
     assert truth.module_tree_problems(recs) == []
+
+
+def _accumulating(trace: str, steps: int, joined: bool, ff_bb: bool = False, **options: Any) -> list[dict]:
+    """A plain torch loop of 2 micro-batches a step (gradient accumulation), numbered by the steps
+    collector from its first optimizer step; F B F B, or a pipeline stage's F F B B."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    diag_agent.start(trace, what=("layers",), joined=joined, **options)
+    for _ in range(steps):
+        if ff_bb:
+            losses = [model(torch.randn(6, 8)).sum() for _ in range(2)]
+            for loss in losses:
+                loss.backward()
+        else:
+            for _ in range(2):
+                model(torch.randn(6, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    diag_agent.stop()
+    return events(trace, schema.LAYER)
+
+
+ROOT_FWD, ROOT_BWD = 2 * 6 * 8 * 16 + 2 * 6 * 16 * 4, 2 * 6 * 8 * 16 + 2 * 2 * 6 * 16 * 4
+
+
+def _root_flops(recs: list[dict]) -> dict[int, tuple[int, int, int]]:
+    """step -> (root forwards recorded, forward FLOPs, backward FLOPs) summed over micro-batches."""
+    out: dict[int, tuple[int, int, int]] = {}
+    for r in recs:
+        if r["module"] == "Sequential":
+            n, f, b = out.get(r["step"], (0, 0, 0))
+            fwd = r["phase"] == "fwd"
+            out[r["step"]] = (n + fwd, f + (r["flops"] if fwd else 0), b + (0 if fwd else r["flops"]))
+    return out
+
+
+def test_the_first_step_is_sampled_whole_or_not_at_all(tmp_path) -> None:
+    """Megatron-DeepSpeed, 2 micro-batches a step: before the first boundary the recorder sampled
+    the first micro-batch alone, so step 1 had half its FLOPs (34.6 MFLOP for 69.2), reused for every
+    step up to the first sampled one. Started with the job, the first step is sampled whole; after
+    an attach (joined), which lands mid-step, not at all."""
+    whole = _root_flops(_accumulating(str(tmp_path / "start"), 7, joined=False, layers_every=3))
+    assert sorted(whole) == [0, 3, 6]
+    assert all(v == (2, 2 * ROOT_FWD, 2 * ROOT_BWD) for v in whole.values()), whole
+    joined = _root_flops(_accumulating(str(tmp_path / "attach"), 7, joined=True, layers_every=3))
+    assert sorted(joined) == [3, 6] and joined[3] == (2, 2 * ROOT_FWD, 2 * ROOT_BWD)
+
+
+def test_a_stage_running_forwards_before_backwards_counts_both_backwards(tmp_path) -> None:
+    """A pipeline stage (DeepSpeed's PipelineEngine, stage 0 of 2 with 2 micro-batches) runs F F B B.
+    With flops_every 4 the second forward decided afresh not to count and popped the counting mode:
+    both backwards had no FLOPs (stage 0's step 50: forward 7.34 M, backward none)."""
+    recs = _accumulating(str(tmp_path), 6, joined=True, ff_bb=True, layers_every=1, flops_every=4)
+    got = _root_flops(recs)
+    assert sorted(got) == [1, 2, 3, 4, 5]  # step 0 is the attach's partial step
+    assert all(v == (2, 2 * ROOT_FWD, 2 * ROOT_BWD) for v in got.values()), got
+    assert all(r["flops"] is not None for r in recs)
