@@ -135,6 +135,11 @@ def test_tiny_collectives(tmp_path):
     few = healthy()
     few.each_step(lambda r, s: [few.comm(r, s, nbytes=4096, at_ms=10 + i, dur_ms=0.5) for i in range(20)])
     assert fired(few.write(str(tmp_path / "few")), "tiny_collectives") == []
+    tp = healthy()  # Megatron's per-layer TP all-reduces: no bucket merges them, nothing to offer
+    tp.each_step(
+        lambda r, s: [tp.comm(r, s, nbytes=8192, at_ms=10 + i, dur_ms=0.5, group="tp:6") for i in range(40)]
+    )
+    assert fired(tp.write(str(tmp_path / "tp")), "tiny_collectives") == []
 
 
 def test_tp_cross_node(tmp_path):
