@@ -9,7 +9,7 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix, severity_of
-from diag.metrics.overflows import one_source
+from diag.metrics.overflows import LOG_SOURCES, one_source
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -23,8 +23,10 @@ COLLAPSE_SCALE = 1.0  # or the loss scale fell to this (or to min_loss_scale)
 ALL_SKIPPED_STEPS = 64
 
 
-def per_step(trace: Trace) -> pd.DataFrame:
-    """One row per (rank, step): overflow seen, last loss scale."""
+def per_step(trace: Trace, logged: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (rank, step): overflow seen, last loss scale. A log's overflow rows are its
+    skipped iterations only: the iterations it timed (`logged`, rank and step) are the steps that
+    were not (from the log alone, 7 skipped of 40 iterations read as 7 of 7, all calibration)."""
     of = one_source(trace.overflow)  # a trace and its log record the same skips: count them once
     if of.empty:
         return pd.DataFrame(columns=["rank", "step", "overflow", "scale"])
@@ -32,12 +34,21 @@ def per_step(trace: Trace) -> pd.DataFrame:
         overflow=of["overflow"].fillna(False).astype(bool),
         scale=pd.to_numeric(of["scale_after"], errors="coerce"),
     )
-    return (
+    df = (
         df.sort_values("ts")
         .groupby(["rank", "step"], observed=True)
         .agg(overflow=("overflow", "any"), scale=("scale", "last"))
         .reset_index()
     )
+    from_log = "source" in of.columns and of["source"].astype(str).isin(LOG_SOURCES).all()
+    if not from_log or logged is None or logged.empty:
+        return df
+    steps = pd.to_numeric(logged["step"], errors="coerce").dropna().astype(int).unique()
+    have = set(zip(df["rank"].astype(int), df["step"].astype(int)))
+    fill = [(r, s) for r in df["rank"].astype(int).unique() for s in steps if (r, s) not in have]
+    extra = pd.DataFrame(fill, columns=["rank", "step"]).assign(overflow=False, scale=float("nan"))
+    out = pd.concat([df, extra], ignore_index=True) if fill else df
+    return out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
 
 
 def after_calibration(df: pd.DataFrame) -> pd.DataFrame:
@@ -170,7 +181,7 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     --initial-loss-scale, --loss-scale-window, --hysteresis, --clip-grad.
     recoverable_s: skipped steps per step times the median step time (work thrown away). Severity: the
     skipped share of the recorded steps' time; critical when the scale collapsed."""
-    df = per_step(trace)
+    df = per_step(trace, metrics.step_times)
     if df.empty:
         return []
     if _all_skipped(df, metrics):

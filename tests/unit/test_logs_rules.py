@@ -227,3 +227,34 @@ def test_a_job_stopped_from_outside_is_no_crash():
         timeout=120,
     )
     assert res.returncode == 0 and "job failed" not in res.stderr, res.stderr
+
+
+def _megatron_ds_iterations(skipped: set[int], n: int = 40) -> str:
+    """Megatron-DeepSpeed's iteration lines (its cumulative-free 'number of skipped iterations' per
+    logged interval of 1), the loss scale halving at each skipped iteration."""
+    lines, scale = [], 2.0**20
+    for it in range(1, n + 1):
+        skip = it in skipped
+        scale = scale / 2 if skip else scale
+        lines.append(
+            f" iteration {it:8d}/{n:8d} | consumed samples: {2 * it:12d} | elapsed time per iteration (ms): "
+            f"{100.0 + it % 3:.1f} | learning rate: 1.000E-03 | global batch size:     2 | "
+            + ("" if skip else f"lm loss: {7.0 - it * 0.01:.6E} | ")
+            + f"loss scale: {scale:.1f} | number of skipped iterations: {int(skip):3d} | "
+            "number of nan iterations:   0 |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def test_overflow_storm_from_a_log_alone_counts_its_timed_iterations(tmp_path) -> None:
+    """The trial's Megatron-DeepSpeed fp16 job skipped iterations 1-3 (calibration), 15, 16, 38 and
+    39 of 40. Its trace said 'overflow storm: 11% of steps skipped after calibration'; its log alone
+    said nothing: a log's overflow rows are its skipped iterations only, so every one of them looked
+    like calibration. The timed iterations are the steps that were not skipped."""
+    log = tmp_path / "job.log"
+    log.write_text(_megatron_ds_iterations({1, 2, 3, 15, 16, 38, 39}))
+    f = _one("overflow_storm", "", path=str(log))
+    assert f.evidence["overflow_steps"] == 4 and f.evidence["steps"] == 37
+    healthy = tmp_path / "calibration.log"
+    healthy.write_text(_megatron_ds_iterations({1, 2, 3}))
+    assert [g for g in _findings(path=str(healthy)) if g.rule == "overflow_storm"] == []
