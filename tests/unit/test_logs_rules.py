@@ -45,6 +45,9 @@ HEALTHY = [
     "megatron_lm_fp16.log",
     "nemo_llama_sft.log",
     "hf_noisy_finetune.log",
+    # bf16 Megatron (`loss scale: 1.0` on every line) skipping one NaN-gradient iteration: read as
+    # "fp16 loss scale collapsed to 1" (epfLLM/Megatron-LLM#34's log), a scale that never moved
+    "megatron_bf16_grad_nan_skip.log",
 ]
 
 
@@ -148,6 +151,9 @@ def test_too_few_records_are_not_judged():
         ("crash_16ranks_before_step1.log", "exception", 11, 1, 9, {r: 1 for r in range(16)}),
         ("nccl_timeout_desync.log", "nccl_timeout", 0, 121, 2, {0: -6}),
         ("hf_oom_sigkill.log", "oom", -1, 2, 12, {1: -9}),
+        # one process, its traceback unprefixed: the OOM is rank 0's and leads, not torchrun's
+        # "exit code 1" with "rank(s) ? raised" after it (jindajia/Megatron-LM debug/terminal.txt)
+        ("oom_single_gpu_unprefixed.log", "oom", 0, 1, 16, {0: 1}),
     ],
 )
 def test_job_crash_finding(name, kind, rank, iteration, line, codes):

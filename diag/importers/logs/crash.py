@@ -226,7 +226,13 @@ def ranks_text(ranks: list[int]) -> str:
 
 
 def evidence(rec: Records) -> tuple[list[Failure], list[Failure]]:
-    """(causes, launcher exits) of a failed job; both empty when the job did not fail."""
+    """(causes, launcher exits) of a failed job; both empty when the job did not fail. In a job of one
+    process (world size 1) a sign that names no rank is rank 0's: a single-GPU run's traceback has no
+    `[rankN]:` prefix, and torchrun's report of its exit names rank 0 as the root cause."""
+    if rec.layout.get("world_size") == 1:
+        for f in rec.failures:
+            if f.rank < 0:
+                f.rank = 0
     exits = [f for f in rec.failures if f.exc == "exit"]
     if any(not f.detail.get("local") for f in exits):  # torchrun's `local_rank:` is per node: the
         exits = [f for f in exits if not f.detail.get("local")]  # report's global ranks say more
