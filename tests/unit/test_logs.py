@@ -264,6 +264,18 @@ def test_nemo_progress_bar():
     assert _layout(res) == {"tp": 2, "pp": 1, "dp": 4, "world_size": 8}
 
 
+def test_nemo2_progress_printer():
+    """NeMo 2's ProgressPrinter (bionemo-recipes#740's log): `iteration` restarts each epoch, `global_step`
+    is the step; its `key: value` fields were read as a Megatron iteration line with none of its keys
+    (steps numbered per epoch, no loss, no time)."""
+    st = _steps(_load("nemo2_progress_printer.log"))
+    assert list(st.index) == [9, 19, 29, 39, 49]
+    assert list(st["iter_ms"]) == [2417.0, 2391.0, 2402.0, 2398.0, 2409.0]
+    assert list(st["loss"]) == [1.872, 1.514, 1.388, 1.297, 1.251] and st.loc[39, "lr"] == 1e-05
+    assert st.loc[49, "consumed_samples"] == 1600 and set(st["global_batch"]) == {32}
+    assert st["eval_loss"].isna()[:2].all() and st.loc[29, "eval_loss"] == 1.406
+
+
 # -- HF Trainer -----------------------------------------------------------------------------------
 
 

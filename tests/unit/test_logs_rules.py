@@ -48,6 +48,8 @@ HEALTHY = [
     # bf16 Megatron (`loss scale: 1.0` on every line) skipping one NaN-gradient iteration: read as
     # "fp16 loss scale collapsed to 1" (epfLLM/Megatron-LLM#34's log), a scale that never moved
     "megatron_bf16_grad_nan_skip.log",
+    "nemo2_progress_printer.log",
+    "torchtitan_llama3_fsdp.log",
 ]
 
 

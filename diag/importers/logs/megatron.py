@@ -15,6 +15,10 @@
   size: 2`
 - NeMo (Lightning) progress: `Epoch 0: 50%| 50/100 [..., reduced_train_loss=0.186, global_step=49.00,
   consumed_samples=51200.0, train_step_timing in s=24.00, val_loss=0.21]`
+- NeMo 2 (`nemo.lightning` ProgressPrinter): `Training epoch 0, iteration 120/149 | lr: 3e-05 |
+  consumed_samples: 121 | global_batch_size: 1 | global_step: 120 | reduced_train_loss: 1.233 |
+  train_step_timing in s: 0.03146 | val_loss: 4.106`: `iteration` counts within the epoch, `global_step`
+  is the step; the figures are means over the log interval, `val_loss` the last validation's.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ _WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
 _SIZES = re.compile(r"([a-z-]+?)[ -]size:\s*(\d+)")
 _GROUP = re.compile(r"has (data|tensor model|pipeline model|context) parallel group ?: \[([\d, ]*)\]")
 _NEMO = re.compile(r"(\w[\w ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]]|$)")
+_NEMO2 = re.compile(r"\bepoch \d+, iteration \d+/\d+ \|(.*)")
 
 _KEYS = {
     "consumed samples": "consumed_samples",
@@ -135,6 +140,8 @@ class MegatronReader:
     def line(self, ln: Line) -> bool:
         t = ln.text
         if "iteration" in t:
+            if "global_step:" in t and (m := _NEMO2.search(t)):
+                return self._nemo2(ln, m.group(1))
             if m := _ITER.search(t):
                 return self._iteration(ln, int(m.group(1)), m.group(2))
             if m := _VALID.search(t):
@@ -252,6 +259,24 @@ class MegatronReader:
                 self.rec.set_layout(**{_ARGS[key]: int(v)})
         elif key in ("fp16", "bf16") and value == "True":
             self.rec.set_layout(dtype=key)
+
+    def _nemo2(self, ln: Line, fields: str) -> bool:
+        f = {k.strip(): num(v) for k, _, v in (x.partition(":") for x in fields.split("|"))}
+        step = f.get("global_step")
+        if step is None or step != step:
+            return False
+        sec = f.get("train_step_timing in s")
+        self.rec.step(
+            ln,
+            int(step),
+            loss=f.get("reduced_train_loss"),
+            lr=f.get("lr"),
+            consumed_samples=f.get("consumed_samples"),
+            global_batch=f.get("global_batch_size"),
+            eval_loss=f.get("val_loss"),
+            iter_ms=None if sec is None else sec * 1e3,
+        )
+        return True
 
     def _nemo(self, ln: Line, t: str) -> bool:
         f = {k.strip(): num(v) for k, v in _NEMO.findall(t)}
