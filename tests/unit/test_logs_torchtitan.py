@@ -55,3 +55,27 @@ def test_the_2024_format_without_grad_norm_and_tflops(tmp_path) -> None:
     st = import_log(str(path)).frames["log_step"].set_index("step")
     assert st.loc[1, "tokens_per_sec_per_gpu"] == 3311 and st.loc[1, "loss"] == 10.8765
     assert pd.isna(st.loc[1, "tflops"]) and pd.isna(st.loc[1, "grad_norm"])
+
+
+@pytest.mark.parametrize("prefixed", [True, False])
+def test_a_nan_loss_fix_names_no_knob_torchtitan_lacks(tmp_path, prefixed) -> None:
+    """nan_loss offered ds_config `gradient_clipping` and Megatron's `--clip-grad` to any job: a
+    torchtitan log is a training loop of its own (framework `torch`), neither exists there. A log
+    whose lines name no rank says nothing of its framework: the DeepSpeed patch is conditional."""
+    from diag.analyzers import run_all
+
+    from diag.importers import load_inputs
+
+    text = open(FIX).read().replace("loss:  6.6017", "loss:     nan")
+    if not prefixed:
+        text = text.replace("[rank0]:", "")
+    path = tmp_path / "titan.log"
+    path.write_text(text)
+    found, failures = run_all(load_inputs([str(path)]))
+    (f,) = [f for f in found if f.rule == "nan_loss"]
+    assert failures == {} and f.steps == [50] and f.evidence["last_finite"]["step"] == 40
+    assert all(not fix.megatron_args for fix in f.fixes)
+    if prefixed:
+        assert [(fix.ds_config, fix.megatron_args) for fix in f.fixes] == [(None, [])]
+    else:
+        assert all(fix.summary.startswith("if the job uses DeepSpeed") for fix in f.fixes if fix.ds_config)
