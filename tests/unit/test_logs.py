@@ -264,6 +264,20 @@ def test_nemo_progress_bar():
     assert _layout(res) == {"tp": 2, "pp": 1, "dp": 4, "world_size": 8}
 
 
+def test_megatron_2021_memory_line_without_rank_or_parentheses():
+    """`after 5 iterations memory (MB) | ...` (Megatron-LM 2020-21, NVIDIA/Megatron-LM#60's log) was
+    not read: only `[Rank 0] (after 5 iterations) memory (MB)` was. The fp16 calibration before it
+    (every iteration of the first 15 skipped) is no finding (test_logs_rules)."""
+    res = _load("megatron_lm_2021_fp16_calibration.log")
+    mem = res.frames["memory"]
+    assert len(mem) == 1 and mem.iloc[0]["step"] == 5
+    assert mem.iloc[0]["allocated"] == pytest.approx(9821.2548828125 * MiB)
+    assert mem.iloc[0]["peak"] == pytest.approx(11933.7119140625 * MiB)
+    assert mem.iloc[0]["reserved"] == pytest.approx(16804.0 * MiB)
+    st = _steps(res)
+    assert list(st.index) == [5, 10, 15, 20, 25, 30] and st.loc[20, "loss"] == pytest.approx(10.95114)
+
+
 def test_nemo2_progress_printer():
     """NeMo 2's ProgressPrinter (bionemo-recipes#740's log): `iteration` restarts each epoch, `global_step`
     is the step; its `key: value` fields were read as a Megatron iteration line with none of its keys

@@ -50,6 +50,7 @@ HEALTHY = [
     "megatron_bf16_grad_nan_skip.log",
     "nemo2_progress_printer.log",
     "torchtitan_llama3_fsdp.log",
+    "megatron_lm_2021_fp16_calibration.log",
 ]
 
 

@@ -10,6 +10,7 @@
   for TFLOP/s and `tokens per GPU (tokens/s/GPU):`: the first is the figure.
 - `validation loss at iteration 100 | lm loss value: 5.1E+00 | lm loss PPL: 1.6E+02 |`
 - `[Rank 0] (after 10 iterations) memory (MB) | allocated: 1.2 | max allocated: 3.4 | reserved: 5.6 |`
+  (releases of 2020-21: `after 10 iterations memory (MB) | ...`, no rank, no parentheses)
 - the arguments dump between `---- arguments ----` and `---- end of arguments ----`, and
   `using world size: 8, data-parallel size: 2, ..., tensor-model-parallel size: 2, pipeline-model-parallel
   size: 2`
@@ -35,7 +36,7 @@ from diag.importers.logs.records import MB, Records
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
 _FIELD = re.compile(r"([^|:]+?)\s*:\s*([^|]*?)\s*(?=\||$)")
 _VALID = re.compile(r"validation loss at iteration\s+(\d+)\s*(?:on [\w ]+)?\|(.*)")
-_MEM = re.compile(r"\(after\s+(\d+)\s+iterations\)\s+memory \(MB\)\s*\|(.*)")
+_MEM = re.compile(r"\(?after\s+(\d+)\s+iterations\)?\s+memory \(MB\)\s*\|(.*)")
 _ARG = re.compile(r"^\s*([a-z][a-z0-9_]*)\s\.+\s(.*?)\s*$")
 # a line `_ARG` may read, in bytes: a name's last character, a blank (any Unicode one, as UTF-8), a dot;
 # inside the dump the other lines without a keyword change nothing (`prefilter` passes them by)
