@@ -57,7 +57,7 @@ def nan_loss(trace: Trace, metrics: Metrics) -> list[Finding]:
             severity="critical",
             title=f"training loss became nan/inf at step {first}",
             detail=(
-                f"{len(bad)} logged iteration(s) printed a nan/inf loss"
+                f"{len(bad)} logged iteration(s) had a nan/inf loss (printed, or left out by Megatron)"
                 + (
                     f"; Megatron counted {int(nan_iters.fillna(0).sum())} nan iteration(s)"
                     if len(counted)

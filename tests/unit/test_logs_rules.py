@@ -114,6 +114,36 @@ def test_megatron_nan_iteration_counter(tmp_path):
     assert f.steps == [20] and f.evidence["nan_iterations"] == 2 and f.evidence["nonfinite_steps"] == 0
 
 
+def test_megatron_leaves_a_nan_loss_out_of_its_line():
+    """Megatron prints a loss only where its interval mean is > 0: epfLLM/Megatron-LLM#33's bf16 run
+    went on with lines without `lm loss` (grad norm nan, nothing skipped) and diag saw nothing. A line
+    without the loss the earlier ones printed, whose interval applied an iteration, is a nan loss; the
+    fp16 calibration (every iteration skipped, no loss printed) and a skipped nan-gradient iteration
+    stay silent (HEALTHY)."""
+    f = _one("nan_loss", "megatron_bf16_nan_loss_left_out.log")
+    assert f.steps == [2104, 2105, 2106] and f.evidence["nonfinite_steps"] == 3
+    assert f.evidence["last_finite"] == {"step": 2103, "loss": pytest.approx(0.6902)}
+    assert "left out by Megatron" in f.detail
+
+
+def test_a_stage_without_the_loss_is_no_nan_loss(tmp_path):
+    """Pipeline stages before the last have no loss: where they print the iteration line too (here
+    first), the last stage's line of the same iteration has it."""
+    line = (
+        "[rank{r}]: iteration {it:8d}/     100 | elapsed time per iteration (ms): 812.3 |{loss} loss scale:"
+        " 1.0 | grad norm: 3.300 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    path = tmp_path / "pp.log"
+    path.write_text(
+        "\n".join(
+            line.format(r=r, it=it, loss=" lm loss: 7.1E+00 |" if r == 3 else "")
+            for it in (10, 20, 30)
+            for r in (0, 3)
+        )
+    )
+    assert [f for f in _findings(path=str(path)) if f.rule == "nan_loss"] == []
+
+
 def test_a_missing_loss_is_not_a_nan_loss():
     """DeepSpeed's `step=` lines print no loss: NaN in the frame, but not a nan loss."""
     assert [f for f in _findings("ds_zero2_fp16.log") if f.rule == "nan_loss"] == []

@@ -157,6 +157,7 @@ def read_records(path: str, every_line: bool = False) -> Records:
                 rec.families.add(name)
                 break
     verl.flush()
+    megatron.flush()
     return rec
 
 

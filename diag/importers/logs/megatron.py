@@ -5,9 +5,10 @@
   loss scale: 65536.0 | grad norm: 3.3 | number of skipped iterations: 1 | number of nan iterations: 0 |`
   (Megatron-DeepSpeed adds `samples per second:`, `tokens per gpu per second (tgs):`, `TFLOPs:`, and
   some forks spell the loss `lm-loss:`). `loss scale: -1.0` is DeepSpeed managing the scale: no scale.
-  `number of skipped iterations` counts the iterations since the previous line. AMD's Primus trainer
-  prints `elapsed time per iteration (ms): 4000.0/3900.0` (this interval / the running mean), the same
-  for TFLOP/s and `tokens per GPU (tokens/s/GPU):`: the first is the figure.
+  `number of skipped iterations` counts the iterations since the previous line. Megatron leaves out a
+  loss whose mean over the interval is nan (it prints only means > 0): such a line is a nan loss.
+  AMD's Primus trainer prints `elapsed time per iteration (ms): 4000.0/3900.0` (this interval / the
+  running mean), the same for TFLOP/s and `tokens per GPU (tokens/s/GPU):`: the first is the figure.
 - `validation loss at iteration 100 | lm loss value: 5.1E+00 | lm loss PPL: 1.6E+02 |`
 - `[Rank 0] (after 10 iterations) memory (MB) | allocated: 1.2 | max allocated: 3.4 | reserved: 5.6 |`
   (releases of 2020-21: `after 10 iterations memory (MB) | ...`, no rank, no parentheses)
@@ -137,6 +138,7 @@ class MegatronReader:
         self.in_args = False
         self.last_iter: int | None = None
         self.log_interval: int | None = None
+        self.iters: set[int] = set()  # the iteration lines' numbers
 
     def line(self, ln: Line) -> bool:
         t = ln.text
@@ -235,7 +237,26 @@ class MegatronReader:
         if skipped is not None:
             self._skips(it, skipped)
         self.last_iter = it
+        self.iters.add(it)
         self.rec.merge(ln, it, f)
+
+    def flush(self) -> None:
+        """Megatron prints a loss only where its mean over the interval is > 0: an iteration no line
+        printed the loss of, after iterations that did (or with a nan grad norm), whose interval
+        applied at least one iteration, had a nan/inf loss. An interval whose iterations were all
+        skipped (fp16 calibration) prints no loss either: no sign. Judged once every line is read:
+        in a log of several ranks, one rank's line may print what another's leaves out."""
+        printed, prev = False, None
+        for it in sorted(self.iters):
+            rec = self.rec.steps[it]
+            loss, skipped, norm = rec.get("loss"), rec.get("skipped_iters"), rec.get("grad_norm")
+            n = it - prev if prev is not None else self.log_interval
+            prev = it
+            if loss is not None:
+                printed = True
+            elif skipped is not None and (printed or (norm is not None and norm != norm)):
+                if skipped == 0 or (n is not None and skipped < n):
+                    rec["loss"], rec["loss_nonfinite"] = math.nan, True
 
     def _skips(self, it: int, skipped: float) -> None:
         """The skipped-iteration counter of iteration `it`'s line: the iterations since the last line."""
