@@ -83,6 +83,8 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         else _WHAT.get(kind, str(first["exc"]))
     )
     where = rank_name(rank) if rank != NO_RANK else "a rank the log does not name"
+    # no progress line read: "step 0" is no step, so the finding names none
+    known = bool(step) or _val(first.get("steps_known")) is None or bool(first.get("steps_known"))
     same = fail[(fail["kind"] == first["kind"]) & (fail["exc"] == first["exc"])]
     ev: dict[str, Any] = {
         "kind": kind,
@@ -90,8 +92,8 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         "message": str(first["message"]),
         "first_rank": rank,
         "ranks": sorted({int(r) for r in same["rank"] if r >= 0}),
-        "last_completed_step": step,
-        "failed_iteration": step + 1,
+        "last_completed_step": step if known else None,
+        "failed_iteration": step + 1 if known else None,
         "path": _val(first.get("path")),
         "line": int(first["line"]),
         "log_line": _val(first.get("text")),
@@ -116,13 +118,13 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
                 f"job crashed at iteration {step + 1}: {what} on {where}"
                 if step
                 else f"job crashed before its first step: {what} on {where}"
-                if _val(first.get("steps_known")) is None or bool(first.get("steps_known"))
+                if known
                 else f"job crashed: {what} on {where} (the log has no progress line diag reads)"
             ),
             detail=str(_val(first.get("statement")) or what),
             evidence=ev,
             ranks=sorted({int(r) for r in fail["rank"] if r >= 0}),
-            steps=[step + 1],
+            steps=[step + 1] if known else [],
             fixes=fixes,
         )
     ]

@@ -250,6 +250,8 @@ def test_torchrun_root_cause_leads_and_an_unread_log_claims_no_step():
     f = _one("job_crash", "torchrun_peer_killed_no_progress.log")
     assert f.evidence["first_rank"] == 1 and f.evidence["signal"] == "SIGKILL"
     assert "before its first step" not in f.title and "no progress line" in f.title
+    # nor does it name a step (it said steps [1], iteration 1: F5-TTS#346's NCCL timeout log too)
+    assert f.steps == [] and f.evidence["failed_iteration"] is None
     assert "root cause" in f.detail and "then rank(s) 0 raised RuntimeError" in f.detail
 
 
