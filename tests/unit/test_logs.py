@@ -278,6 +278,44 @@ def test_megatron_2021_memory_line_without_rank_or_parentheses():
     assert list(st.index) == [5, 10, 15, 20, 25, 30] and st.loc[20, "loss"] == pytest.approx(10.95114)
 
 
+def test_deepspeed_0_5_timer_line_samples_per_sec():
+    """DeepSpeed 0.3-0.6 print `0/40, SamplesPerSec=83.5, MemAllocated=0.26GB, MaxMemAllocated=9.02GB`
+    (DeepSpeed#1825's, #849's logs; 0.3 without the memory): neither throughput nor memory was read."""
+    res = _load("ds_0_5_samples_per_sec.log")
+    st = _steps(res)
+    assert list(st.index) == [10, 20, 30, 40] and st.loc[30, "samples_per_sec"] == pytest.approx(
+        51.51904318722645
+    )
+    assert st.loc[20, "iter_ms"] == pytest.approx((19.655 - 3.412) / 10 * 1e3)
+    mem = res.frames["memory"].set_index("step")
+    assert mem.loc[40, "allocated"] == pytest.approx(1.87 * GiB) and mem.loc[40, "peak"] == pytest.approx(
+        6.43 * GiB
+    )
+    ov = res.frames["overflow"]
+    assert list(ov["step"]) == [11] and list(ov["scale_after"]) == [32768]
+
+
+def test_deepspeed_0_3_timer_line_without_memory(tmp_path):
+    path = tmp_path / "ds.log"
+    path.write_text(
+        "[2021-01-19 16:40:08,337] [INFO] [timer.py:154:stop] 0/50, SamplesPerSec=48.97215470127398\n"
+    )
+    st = _steps(import_log(str(path)))
+    assert list(st.index) == [50] and st.loc[50, "samples_per_sec"] == pytest.approx(48.97215470127398)
+
+
+def test_gpt_neox_iteration_and_validation_lines():
+    """GPT-NeoX's iteration line: `samples/sec` in front, `approx flops per GPU: 112.4TFLOPS` with its
+    own unit, `lm_loss` (DeepSpeed#3742's log: no loss, no TFLOP/s were read), and its validation line."""
+    st = _steps(_load("gpt_neox_iterations.log"))
+    assert list(st.index) == [10, 20, 30] and list(st["loss"]) == [10.87123, 9.915543, 9.201187]
+    assert list(st["tflops"]) == pytest.approx([112.4, 112.2, 0.9876])  # 987.6GFLOPS
+    assert list(st["samples_per_sec"]) == [7.764, 7.75, 7.73] and st.loc[20, "iter_ms"] == 4129.1
+    assert st.loc[30, "eval_loss"] == pytest.approx(9.187345) and st.loc[30, "eval_ppl"] == pytest.approx(
+        9776.014
+    )
+
+
 def test_nemo2_progress_printer():
     """NeMo 2's ProgressPrinter (bionemo-recipes#740's log): `iteration` restarts each epoch, `global_step`
     is the step; its `key: value` fields were read as a Megatron iteration line with none of its keys

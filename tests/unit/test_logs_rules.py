@@ -51,6 +51,8 @@ HEALTHY = [
     "nemo2_progress_printer.log",
     "torchtitan_llama3_fsdp.log",
     "megatron_lm_2021_fp16_calibration.log",
+    "ds_0_5_samples_per_sec.log",
+    "gpt_neox_iterations.log",
 ]
 
 

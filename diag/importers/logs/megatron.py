@@ -10,6 +10,10 @@
   AMD's Primus trainer prints `elapsed time per iteration (ms): 4000.0/3900.0` (this interval / the
   running mean), the same for TFLOP/s and `tokens per GPU (tokens/s/GPU):`: the first is the figure.
 - `validation loss at iteration 100 | lm loss value: 5.1E+00 | lm loss PPL: 1.6E+02 |`
+- GPT-NeoX (a Megatron fork on DeepSpeed): ` samples/sec: 7.799 | iteration 34/ 10000 | elapsed time per
+  iteration (ms): 4103.1 | learning rate: 2.1E-06 | approx flops per GPU: 112.9TFLOPS | lm_loss:
+  1.1E+01 | ...` and `validation results at iteration 100 | lm_loss value: 6.9E+00 | lm_loss_ppl value:
+  9.9E+02 |`
 - `[Rank 0] (after 10 iterations) memory (MB) | allocated: 1.2 | max allocated: 3.4 | reserved: 5.6 |`
   (releases of 2020-21: `after 10 iterations memory (MB) | ...`, no rank, no parentheses)
 - the arguments dump between `---- arguments ----` and `---- end of arguments ----`, and
@@ -36,7 +40,7 @@ from diag.importers.logs.records import MB, Records
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)")
 _FIELD = re.compile(r"([^|:]+?)\s*:\s*([^|]*?)\s*(?=\||$)")
-_VALID = re.compile(r"validation loss at iteration\s+(\d+)\s*(?:on [\w ]+)?\|(.*)")
+_VALID = re.compile(r"validation (?:loss|results) at iteration\s+(\d+)\s*(?:on [\w ]+)?\|(.*)")
 _MEM = re.compile(r"\(?after\s+(\d+)\s+iterations\)?\s+memory \(MB\)\s*\|(.*)")
 _ARG = re.compile(r"^\s*([a-z][a-z0-9_]*)\s\.+\s(.*?)\s*$")
 # a line `_ARG` may read, in bytes: a name's last character, a blank (any Unicode one, as UTF-8), a dot;
@@ -46,6 +50,9 @@ _WORLD = re.compile(r"using world size:\s*(\d+)(.*)")
 _SIZES = re.compile(r"([a-z-]+?)[ -]size:\s*(\d+)")
 _GROUP = re.compile(r"has (data|tensor model|pipeline model|context) parallel group ?: \[([\d, ]*)\]")
 _NEMO = re.compile(r"(\w[\w ]*?)=([-+0-9.eE]+|nan|inf)(?=[,\]]|$)")
+_FLOP_UNITS = "KMGTPEZ"  # human_readable_flops' prefixes, 1000 apart (T: 1e12, the unit of `tflops`)
+_FLOPS = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTPEZ])FLOPS")
+_SPS = re.compile(r"samples/sec:\s*(" + NUM.decode() + r")\s*\|\s*$")
 _NEMO2 = re.compile(r"\bepoch \d+, iteration \d+/\d+ \|(.*)")
 
 _KEYS = {
@@ -57,6 +64,8 @@ _KEYS = {
     "global batch size": "global_batch",
     "lm loss": "loss",
     "lm-loss": "loss",
+    "lm_loss": "loss",  # GPT-NeoX
+    "approx flops per gpu": "tflops",  # GPT-NeoX: `112.9TFLOPS`, the unit its own (`_flops`)
     "loss": "loss",
     "loss scale": "loss_scale",
     "grad norm": "grad_norm",
@@ -132,6 +141,12 @@ def _shape(keys: tuple[bytes, ...]) -> _Shape | None:
     return got  # type: ignore[return-value]
 
 
+def _flops(text: str) -> float | None:
+    """TFLOP/s from GPT-NeoX's `human_readable_flops` (`112.9TFLOPS`, `987.6GFLOPS`, `1.2PFLOPS`)."""
+    m = _FLOPS.fullmatch(text.strip())
+    return float(m.group(1)) * 1000.0 ** (_FLOP_UNITS.index(m.group(2)) - 3) if m else None
+
+
 class MegatronReader:
     def __init__(self, rec: Records) -> None:
         self.rec = rec
@@ -146,12 +161,13 @@ class MegatronReader:
             if "global_step:" in t and (m := _NEMO2.search(t)):
                 return self._nemo2(ln, m.group(1))
             if m := _ITER.search(t):
-                return self._iteration(ln, int(m.group(1)), m.group(2))
+                sps = _SPS.search(t, 0, m.start()) if m.start() > 12 else None  # GPT-NeoX's, in front
+                return self._iteration(ln, int(m.group(1)), m.group(2), num(sps.group(1)) if sps else None)
             if m := _VALID.search(t):
                 f = {k.strip().lower(): num(v) for k, v in _FIELD.findall(m.group(2))}
-                self.rec.step(
-                    ln, int(m.group(1)), eval_loss=f.get("lm loss value"), eval_ppl=f.get("lm loss ppl")
-                )
+                loss = f.get("lm loss value", f.get("lm_loss value"))  # GPT-NeoX: `lm_loss value`
+                ppl = f.get("lm loss ppl", f.get("lm_loss_ppl value"))
+                self.rec.step(ln, int(m.group(1)), eval_loss=loss, eval_ppl=ppl)
                 return True
             if "memory (MB)" in t and (m := _MEM.search(t)):
                 f = {k.strip(): num(v) for k, v in _FIELD.findall(m.group(2))}
@@ -187,8 +203,8 @@ class MegatronReader:
             return self._nemo(ln, t)
         return False
 
-    def _iteration(self, ln: Line, it: int, rest: str) -> bool:
-        f: dict[str, float | None] = {}
+    def _iteration(self, ln: Line, it: int, rest: str, samples_per_sec: float | None = None) -> bool:
+        f: dict[str, float | None] = {} if samples_per_sec is None else {"samples_per_sec": samples_per_sec}
         for field in rest.split("|"):  # what `_FIELD.findall` reads, without the regex
             if field[:1] == ":":  # no key before the colon: the key starts after it
                 field = field.lstrip(":")
@@ -205,6 +221,8 @@ class MegatronReader:
                     x = num(v)
                 if x is None and "/" in v:  # `4000.0/3900.0`: this interval's figure / the running mean
                     x = num(v.split("/", 1)[0])
+                elif x is None and key == "tflops":
+                    x = _flops(v)
                 f[key] = x
         self._record(ln, it, {k: v for k, v in f.items() if v is not None})
         return True
