@@ -316,6 +316,42 @@ def test_gpt_neox_iteration_and_validation_lines():
     )
 
 
+def test_gpt_neox_arguments_dump_and_its_oom_fix():
+    """GPT-NeoX's dump (`model_parallel_size .... 1......updated`, VHellendoorn/Code-LMs#21's log) gave no
+    layout, was taken for Megatron's (a Megatron-LM job: `--micro-batch-size` fixes), and its OOM got
+    Megatron-LM flags NeoX has not: the layout is read, the arguments are not Megatron's, the fix is in
+    NeoX's config keys."""
+    res = _load("gpt_neox_oom_at_start.log")
+    assert _layout(res) == {
+        "world_size": 4,
+        "tp": 1,
+        "pp": 1,
+        "zero_stage": 1,
+        "dtype": "fp16",
+        "micro_batch": 8,
+        "global_batch": 32,
+        "grad_accum": 1,
+    }
+    head = res.headers[0]
+    assert "megatron_args" not in head and head["model"]["num_layers"] == 24
+    assert "neox" in head["log_families"]
+    fail = res.frames["log_failure"]
+    fix = fail.loc[fail["first"], "fix"].iloc[0]
+    assert "train_micro_batch_size_per_gpu" in fix and "--" not in fix
+
+
+def test_an_oom_of_no_known_framework_names_no_knob(tmp_path):
+    path = tmp_path / "oom.log"
+    path.write_text(
+        'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+        " of 79.15 GiB of which 1.05 GiB is free.\n"
+    )
+    fail = import_log(str(path)).frames["log_failure"]
+    fix = fail.loc[fail["first"], "fix"].iloc[0]
+    assert fix.startswith("lower the per-GPU batch size") and "_" not in fix and "--" not in fix
+
+
 def test_nemo2_progress_printer():
     """NeMo 2's ProgressPrinter (bionemo-recipes#740's log): `iteration` restarts each epoch, `global_step`
     is the step; its `key: value` fields were read as a Megatron iteration line with none of its keys

@@ -79,3 +79,20 @@ def test_a_nan_loss_fix_names_no_knob_torchtitan_lacks(tmp_path, prefixed) -> No
         assert [(fix.ds_config, fix.megatron_args) for fix in f.fixes] == [(None, [])]
     else:
         assert all(fix.summary.startswith("if the job uses DeepSpeed") for fix in f.fixes if fix.ds_config)
+
+
+def test_an_oom_fix_in_torchtitan_terms(tmp_path) -> None:
+    """The OOM fix named DeepSpeed's keys (`train_micro_batch_size_per_gpu`, `zero_optimization.stage`)
+    for any log of no family it knew; a torchtitan log gets torchtitan's."""
+    text = [
+        *open(FIX).read().splitlines()[:6],
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/torchtitan/torchtitan/train.py", line 540, in train_step',
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a total"
+        " capacity of 79.11 GiB of which 2.07 GiB is free.",
+    ]
+    path = tmp_path / "titan.log"
+    path.write_text("\n".join(text) + "\n")
+    fail = import_log(str(path)).frames["log_failure"]
+    fix = fail.loc[fail["first"], "fix"].iloc[0]
+    assert "local_batch_size" in fix and "zero_optimization" not in fix and "--" not in fix

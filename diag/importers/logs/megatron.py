@@ -89,6 +89,16 @@ _ARGS = {
     "micro_batch_size": "micro_batch",
     "global_batch_size": "global_batch",
 }
+# GPT-NeoX's arguments dump (`NeoXArgs.print`): `  model_parallel_size ..... 2..........updated`
+_NEOX_SUFFIX = re.compile(r"(?:\.{3,}|(?<=[\]}'\"]))(?:updated|default)$")
+_NEOX_ARGS = {
+    "global_num_gpus": "world_size",
+    "model_parallel_size": "tp",
+    "pipe_parallel_size": "pp",
+    "train_micro_batch_size_per_gpu": "micro_batch",
+    "train_batch_size": "global_batch",
+    "gradient_accumulation_steps": "grad_accum",
+}
 _PADDED = re.compile(r"padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 _WORLD_KEYS = {
     "data-parallel": "dp",
@@ -285,6 +295,13 @@ class MegatronReader:
         self.rec.skip_counts.append((first, it, int(skipped)))
 
     def _argument(self, key: str, value: str) -> None:
+        if m := _NEOX_SUFFIX.search(value):  # GPT-NeoX's dump: `1...........updated`
+            value = value[: m.start()]
+            self.rec.families.add("neox")
+        if "neox" in self.rec.families:
+            # its arguments are NeoX's YAML keys, no Megatron flags: not `args` (framework detection)
+            self._neox(key, value)
+            return
         self.rec.args.setdefault(key, value)
         if key in schema.MEGATRON_MODEL_ARGS:
             model = self.rec.layout.setdefault("model", {})
@@ -299,6 +316,17 @@ class MegatronReader:
                 self.rec.set_layout(**{_ARGS[key]: int(v)})
         elif key in ("fp16", "bf16") and value == "True":
             self.rec.set_layout(dtype=key)
+
+    def _neox(self, key: str, value: str) -> None:
+        """GPT-NeoX's arguments: the layout, and the model's shape (its names are Megatron's)."""
+        if key in schema.MEGATRON_MODEL_ARGS and (v := num(value)) is not None and math.isfinite(v):
+            self.rec.layout.setdefault("model", {}).setdefault(key, int(v) if v == int(v) else v)
+        if key == "precision":
+            self.rec.set_layout(dtype={"fp16": "fp16", "bfloat16": "bf16", "fp32": "fp32"}.get(value))
+        elif key == "zero_optimization" and (m := re.search(r"'stage': (\d)", value)):
+            self.rec.set_layout(zero_stage=int(m.group(1)))
+        elif key in _NEOX_ARGS and (v := num(value)) is not None and v == v:
+            self.rec.set_layout(**{_NEOX_ARGS[key]: max(int(v), 1)})  # pipe_parallel_size 0: no pipeline
 
     def _nemo2(self, ln: Line, fields: str) -> bool:
         f = {k.strip(): num(v) for k, _, v in (x.partition(":") for x in fields.split("|"))}
