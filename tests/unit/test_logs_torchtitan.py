@@ -34,8 +34,29 @@ def test_metrics_lines_become_steps_with_their_figures() -> None:
     assert pd.isna(st.loc[1, "iter_ms"])
     mem = res.frames["memory"]
     assert set(mem["rank"]) == {0} and mem["reserved"].max() == pytest.approx(60.02 * GB)
-    assert res.ranks == [0] and res.problems == []
+    assert res.ranks == list(range(8)) and res.problems == []  # the mesh: 8 ranks, rank 0 logs
+    lay = {k: res.headers[0].get(k) for k in ("world_size", "tp", "pp", "cp", "dp")}
+    assert lay == {"world_size": 8, "tp": 1, "pp": 1, "cp": 1, "dp": 8}
     assert detect.kind_of_file(FIX) == detect.LOG
+
+
+@pytest.mark.parametrize(
+    "line,layout",
+    [
+        ("Building 3-D device mesh with ['dp_replicate', 'dp_shard', 'tp'], [2, 4, 2]", (16, 2, 1, 8)),
+        ("Building 2-D device mesh with ['dp', 'tp'], [4, 2]", (8, 2, 1, 4)),
+        (
+            "Building device mesh with parallelism: pp=2, dp_replicate=1, dp_shard=4, cp=1, tp=2, ep=1",
+            (16, 2, 2, 4),
+        ),
+    ],
+)
+def test_the_layout_from_the_device_mesh(tmp_path, line, layout) -> None:
+    """(world size, TP, PP, DP): DP is the replicas times the FSDP shards."""
+    path = tmp_path / "titan.log"
+    path.write_text("[rank0]:[titan] 2025-06-02 10:14:05,402 - root - INFO - " + line + "\n")
+    head = import_log(str(path)).headers[0]
+    assert (head["world_size"], head["tp"], head["pp"], head["dp"]) == layout
 
 
 def test_every_rank_printing_the_line_counts_the_step_once(tmp_path) -> None:

@@ -9,6 +9,10 @@
 - `validate step: 100  loss:  2.9120  memory: ...  tps: ...`: the step's validation loss. torchtitan
   restarts its timer after a validation, and so does the step time: the validation's time is no step's.
 Every rank logs the same line (no rank prefix unless torchrun's `--tee`): the step counts once.
+- the layout, from the device mesh it builds: `Building 2-D device mesh with ['dp_shard', 'tp'], [4, 2]`
+  (2024-25; `dp` in the first releases), `Building device mesh with parallelism: pp=1, dp_replicate=1,
+  dp_shard=8, cp=1, tp=1, ep=1` (2026): TP, PP, CP, DP (replicas x FSDP shards) and their product, the
+  world size.
 Forks that print their evaluation in the same shape (`context: val  step: 3  loss: ...`) number it by
 the evaluation's own batches: not read.
 """
@@ -28,6 +32,31 @@ _LINE = re.compile(
 )
 
 
+_MESH = re.compile(
+    r"Building (?:\d-D device mesh with \[([^\]]*)\], \[([\d, ]*)\]|device mesh with parallelism: (.*))"
+)
+_DEGREE = re.compile(r"\b(pp|dp_replicate|dp_shard|dp|cp|tp)=(\d+)")
+
+
+def mesh_layout(text: str) -> dict[str, int] | None:
+    """TP, PP, CP, DP and world size from torchtitan's device-mesh line; None when it is none."""
+    m = _MESH.search(text)
+    if m is None:
+        return None
+    if m.group(3) is not None:
+        sizes = {k: int(v) for k, v in _DEGREE.findall(m.group(3))}
+    else:
+        names = [n.strip().strip("'\"") for n in m.group(1).split(",") if n.strip()]
+        degrees = [int(d) for d in m.group(2).split(",") if d.strip()]
+        if len(names) != len(degrees):
+            return None
+        sizes = dict(zip(names, degrees))
+    dp = sizes.get("dp", 1) * sizes.get("dp_replicate", 1) * sizes.get("dp_shard", 1)
+    out = {"tp": sizes.get("tp", 1), "pp": sizes.get("pp", 1), "cp": sizes.get("cp", 1), "dp": dp}
+    out["world_size"] = out["tp"] * out["pp"] * out["cp"] * dp
+    return out
+
+
 class TorchtitanReader:
     def __init__(self, rec: Records) -> None:
         self.rec = rec
@@ -35,6 +64,9 @@ class TorchtitanReader:
 
     def line(self, ln: Line) -> bool:
         t = ln.text
+        if "device mesh with" in t and (lay := mesh_layout(t)) is not None:
+            self.rec.set_layout(**lay)
+            return True
         if "step:" not in t or "GiB(" not in t or "context: val" in t:
             return False
         if "\x1b" in t:
