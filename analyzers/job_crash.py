@@ -104,10 +104,20 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         ev.update(seq=_int(first.get("seq")), op=_val(first.get("op")))
     fixes = [Fix(str(first["fix"]))] if _val(first.get("fix")) else []
     if kind == "nccl_timeout":
+        timed = same[same["kind"] == "nccl_timeout"]
+        desync = len({(_int(q), _val(o)) for q, o in zip(timed["seq"], timed["op"])}) > 1
         fixes.append(
             Fix(
-                "look at the rank(s) on another sequence number: their stacks (py-spy dump / "
-                "`diag stacks`) and Flight Recorder dumps say where they were",
+                # every rank that reported waits in one collective: the one holding it is among those
+                # that did not report (or the network)
+                (
+                    "look at the rank(s) on another sequence number"
+                    if desync
+                    else "look at the ranks that reported no timeout (one that never reached this"
+                    " collective holds the others)"
+                )
+                + ": their stacks (py-spy dump / `diag stacks`) and Flight Recorder dumps say where they"
+                " were",
                 env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
             )
         )

@@ -206,11 +206,26 @@ def test_job_crash_finding(name, kind, rank, iteration, line, codes):
 
 
 def test_job_crash_keeps_nccl_seq_and_the_oom_fix():
-    ev = _one("job_crash", "nccl_timeout_desync.log").evidence
-    assert (ev["seq"], ev["op"]) == (48211, "ALLREDUCE")
+    f = _one("job_crash", "nccl_timeout_desync.log")
+    assert (f.evidence["seq"], f.evidence["op"]) == (48211, "ALLREDUCE")
+    assert f.fixes[-1].summary.startswith("look at the rank(s) on another sequence number")
     oom = _one("job_crash", "oom_megatron_after_step3.log")
     assert "--micro-batch-size" in oom.fixes[0].summary
     assert _one("job_crash", "torchrun_sigkill.log").evidence["signal"] == "SIGKILL"
+
+
+def test_a_timeout_every_reporting_rank_shares_points_at_the_silent_ranks(tmp_path):
+    """LlamaFactory#7396: every rank that reported timed out on SeqNum 1580: no rank is on "another
+    sequence number", the one holding them is among those that reported nothing."""
+    line = (
+        "[rank{r}]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective"
+        " operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466119168,"
+        " NumelOut=466119168, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+    )
+    path = tmp_path / "t.log"
+    path.write_text("\n".join(line.format(r=r) for r in (0, 4, 2)) + "\n")
+    f = _one("job_crash", "", path=str(path))
+    assert f.fixes[-1].summary.startswith("look at the ranks that reported no timeout")
 
 
 def test_a_survived_traceback_is_no_crash():
