@@ -31,13 +31,21 @@ from diag.importers.logs.records import GB, Records
 _N = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf))"
 _STEP = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)(?:,\s*lr=\[([^\]]*)\])?")
 _TIMER = re.compile(
-    r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*(?:RunningAvgSamplesPerSec="
+    r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*RunningAvgSamplesPerSec="
     + _N
     + r",\s*CurrSamplesPerSec="
     + _N
-    + r"|SamplesPerSec="
+    + r"(?:,\s*MemAllocated="
     + _N
-    + r")(?:,\s*MemAllocated="
+    + r"GB,\s*MaxMemAllocated="
+    + _N
+    + r"GB)?"
+)
+# DeepSpeed 0.3-0.6's timer line: the samples/s since the start, memory from 0.5 on
+_OLD_TIMER = re.compile(
+    r"\b\d+/(\d+),\s*SamplesPerSec="
+    + _N
+    + r"(?:,\s*MemAllocated="
     + _N
     + r"GB,\s*MaxMemAllocated="
     + _N
@@ -99,9 +107,13 @@ class DeepSpeedReader:
             self.json = None  # another line came first (interleaved output): no config to read
         if "skipped=" in t and (m := _STEP.search(t)):
             return self._step(ln, int(m.group(1)), int(m.group(2)), m.group(3))
-        if "SamplesPerSec=" in t and (m := _TIMER.search(t)):
-            self.timer(ln, int(m.group(1)), num(m.group(3) or m.group(4)), num(m.group(5)), num(m.group(6)))
-            return True
+        if "SamplesPerSec=" in t:
+            if m := _TIMER.search(t):
+                self.timer(ln, int(m.group(1)), num(m.group(3)), num(m.group(4)), num(m.group(5)))
+                return True
+            if m := _OLD_TIMER.search(t):
+                self.timer(ln, int(m.group(1)), num(m.group(2)), num(m.group(3)), num(m.group(4)))
+                return True
         if "iter time (s)" in t and (m := _PIPE.search(t)):
             sec = num(m.group(3))
             self.rec.step(
