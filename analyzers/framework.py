@@ -50,6 +50,7 @@ _MEGATRON_FLAGS = (
     "--micro-batch-size",
     "--global-batch-size",
 )
+_LOOP_LOGS = ("torchtitan", "nanogpt")  # log families (importers/logs) of trainers with their own loop
 _DS_FLAGS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config", "--zero-stage")
 
 
@@ -235,6 +236,11 @@ def detect(trace: Trace) -> Job:
                 job.framework = name
                 job.why.append(f"op {hit!r} in the trace")
                 break
+    if job.framework == UNKNOWN:
+        own = sorted({f for h in heads for f in h.get("log_families") or () if f in _LOOP_LOGS})
+        if own:  # a log only these print: their training loops run no DeepSpeed engine, no Megatron
+            job.framework = TORCH
+            job.why.append(f"{', '.join(own)} progress lines in the log")
     if job.framework == UNKNOWN:
         loop = _loop_origin(heads)
         if loop is not None:

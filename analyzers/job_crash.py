@@ -83,6 +83,8 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         else _WHAT.get(kind, str(first["exc"]))
     )
     where = rank_name(rank) if rank != NO_RANK else "a rank the log does not name"
+    # no progress line read: "step 0" is no step, so the finding names none
+    known = bool(step) or _val(first.get("steps_known")) is None or bool(first.get("steps_known"))
     same = fail[(fail["kind"] == first["kind"]) & (fail["exc"] == first["exc"])]
     ev: dict[str, Any] = {
         "kind": kind,
@@ -90,8 +92,8 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         "message": str(first["message"]),
         "first_rank": rank,
         "ranks": sorted({int(r) for r in same["rank"] if r >= 0}),
-        "last_completed_step": step,
-        "failed_iteration": step + 1,
+        "last_completed_step": step if known else None,
+        "failed_iteration": step + 1 if known else None,
         "path": _val(first.get("path")),
         "line": int(first["line"]),
         "log_line": _val(first.get("text")),
@@ -102,10 +104,20 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
         ev.update(seq=_int(first.get("seq")), op=_val(first.get("op")))
     fixes = [Fix(str(first["fix"]))] if _val(first.get("fix")) else []
     if kind == "nccl_timeout":
+        timed = same[same["kind"] == "nccl_timeout"]
+        desync = len({(_int(q), _val(o)) for q, o in zip(timed["seq"], timed["op"])}) > 1
         fixes.append(
             Fix(
-                "look at the rank(s) on another sequence number: their stacks (py-spy dump / "
-                "`diag stacks`) and Flight Recorder dumps say where they were",
+                # every rank that reported waits in one collective: the one holding it is among those
+                # that did not report (or the network)
+                (
+                    "look at the rank(s) on another sequence number"
+                    if desync
+                    else "look at the ranks that reported no timeout (one that never reached this"
+                    " collective holds the others)"
+                )
+                + ": their stacks (py-spy dump / `diag stacks`) and Flight Recorder dumps say where they"
+                " were",
                 env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
             )
         )
@@ -116,13 +128,13 @@ def job_crash(trace: Trace, metrics: Metrics) -> list[Finding]:
                 f"job crashed at iteration {step + 1}: {what} on {where}"
                 if step
                 else f"job crashed before its first step: {what} on {where}"
-                if _val(first.get("steps_known")) is None or bool(first.get("steps_known"))
+                if known
                 else f"job crashed: {what} on {where} (the log has no progress line diag reads)"
             ),
             detail=str(_val(first.get("statement")) or what),
             evidence=ev,
             ranks=sorted({int(r) for r in fail["rank"] if r >= 0}),
-            steps=[step + 1],
+            steps=[step + 1] if known else [],
             fixes=fixes,
         )
     ]

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from diag.analyzers import framework
 from diag.analyzers.base import rule
+from diag.analyzers.loss_series import clip_fix
 
 from diag.findings import Finding, Fix
 
@@ -55,7 +57,7 @@ def nan_loss(trace: Trace, metrics: Metrics) -> list[Finding]:
             severity="critical",
             title=f"training loss became nan/inf at step {first}",
             detail=(
-                f"{len(bad)} logged iteration(s) printed a nan/inf loss"
+                f"{len(bad)} logged iteration(s) had a nan/inf loss (printed, or left out by Megatron)"
                 + (
                     f"; Megatron counted {int(nan_iters.fillna(0).sum())} nan iteration(s)"
                     if len(counted)
@@ -70,16 +72,24 @@ def nan_loss(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "last_finite": {"step": last_ok[0], "loss": last_ok[1]} if last_ok else None,
             },
             steps=steps[:50],
-            fixes=[
-                Fix(
-                    "restart from the last checkpoint before the nan with gradient clipping and a lower LR",
-                    ds_config={"gradient_clipping": 1.0},
-                    megatron_args=["--clip-grad 1.0"],
-                ),
-                Fix(
-                    "in fp16, move to bf16 (Ampere+): no overflow into inf",
-                    ds_config={"bf16": {"enabled": True}, "fp16": {"enabled": False}},
-                ),
-            ],
+            fixes=_fixes(trace, framework.job_of(metrics)),
         )
     ]
+
+
+def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
+    """Clipping and a lower LR, bf16 for fp16, each in the job's own terms (`loss_series.clip_fix`):
+    DeepSpeed's config, Megatron-LM's flags, the words alone for a job neither runs (torchtitan,
+    nanoGPT, a plain DDP loop), a DeepSpeed patch only "if the job uses DeepSpeed" where not known."""
+    restart = "restart from the last checkpoint before the nan"
+    fixes = clip_fix(trace, restart + " with gradient clipping and a lower LR") or [
+        Fix(restart + " with a lower LR")
+    ]
+    bf16 = "in fp16, move to bf16 (Ampere+): no overflow into inf"
+    if job.framework == framework.MEGATRON_LM:
+        if not job.arg("bf16") and (args := job.flags("--bf16")):
+            fixes.append(Fix(bf16, megatron_args=args))
+    elif job.deepspeed is not False:
+        lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
+        fixes.append(Fix(lead + bf16, ds_config={"bf16": {"enabled": True}, "fp16": {"enabled": False}}))
+    return fixes

@@ -174,8 +174,8 @@ def _never_applied(df: pd.DataFrame, fixes: list[Fix]) -> Finding:
 @rule("overflow_storm")
 def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when, after each rank's initial calibration overflows, >= 10% of steps (and >= 3) overflow,
-    or when the loss scale collapses to <= max(1, min_loss_scale), or (critical) every recorded step,
-    at least 64 of them, was skipped. Fix (only values that change the job's
+    or when the loss scale collapses to <= max(1, min_loss_scale) from above it, or (critical) every
+    recorded step, at least 64 of them, was skipped. Fix (only values that change the job's
     setting, in its framework's terms): bf16 on Ampere+, initial_scale_power - 4 (not below 8),
     loss_scale_window 2000, hysteresis 4, gradient clipping 1.0; Megatron-LM: --bf16,
     --initial-loss-scale, --loss-scale-window, --hysteresis, --clip-grad.
@@ -192,7 +192,9 @@ def overflow_storm(trace: Trace, metrics: Metrics) -> list[Finding]:
     rate = n_over / max(n_steps, 1)
     floor = max(COLLAPSE_SCALE, float(config.setting(trace, "min_loss_scale")))
     min_scale = float(df["scale"].min()) if df["scale"].notna().any() else None
-    collapsed = min_scale is not None and min_scale <= floor
+    # a scale that never stood above the floor did not collapse: Megatron prints `loss scale: 1.0` on
+    # every line of a bf16/fp32 run (no grad scaler), whose skipped iterations are NaN-gradient skips
+    collapsed = min_scale is not None and min_scale <= floor < float(df["scale"].max())
     if not collapsed and (n_over < MIN_OVERFLOWS or rate < RATE):
         return []
     bad = post[post["overflow"]]

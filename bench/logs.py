@@ -211,6 +211,7 @@ def measure(tool: str, files: list[str]) -> dict[str, float]:
 def public_table(folder: str) -> None:
     """What diag reads from each real log, next to a grep of the same file."""
     from diag.importers import load_inputs
+    from diag.trace.reader import Unreadable
 
     print(
         f"\n{'log':46s} {'iterations':>10s} {'diag steps':>10s} {'last it.':>8s} {'diag last':>9s} "
@@ -229,7 +230,11 @@ def public_table(folder: str) -> None:
         ds_skip = [int(m) for m in re.findall(r"step=\d+, skipped=(\d+)", text)]
         skipped = skipped or (max(ds_skip) if ds_skip else 0)
         world = re.search(r"(?:using world size:|dist_world_size=|world_size \.+)\s*(\d+)", text)
-        trace = load_inputs([path])
+        try:
+            trace = load_inputs([path])
+        except Unreadable as e:  # a file diag cannot read is a row saying so, not the table's end
+            print(f"{name[:46]:46s} {len(set(its)):10d}  unreadable: {str(e)[:120]}")
+            continue
         log = trace.frame("log_step")
         diag_world = trace.layout().get("world_size")
         ov = int(trace.overflow["overflow"].astype(bool).sum()) if not trace.overflow.empty else 0

@@ -264,6 +264,106 @@ def test_nemo_progress_bar():
     assert _layout(res) == {"tp": 2, "pp": 1, "dp": 4, "world_size": 8}
 
 
+def test_megatron_2021_memory_line_without_rank_or_parentheses():
+    """`after 5 iterations memory (MB) | ...` (Megatron-LM 2020-21, NVIDIA/Megatron-LM#60's log) was
+    not read: only `[Rank 0] (after 5 iterations) memory (MB)` was. The fp16 calibration before it
+    (every iteration of the first 15 skipped) is no finding (test_logs_rules)."""
+    res = _load("megatron_lm_2021_fp16_calibration.log")
+    mem = res.frames["memory"]
+    assert len(mem) == 1 and mem.iloc[0]["step"] == 5
+    assert mem.iloc[0]["allocated"] == pytest.approx(9821.2548828125 * MiB)
+    assert mem.iloc[0]["peak"] == pytest.approx(11933.7119140625 * MiB)
+    assert mem.iloc[0]["reserved"] == pytest.approx(16804.0 * MiB)
+    st = _steps(res)
+    assert list(st.index) == [5, 10, 15, 20, 25, 30] and st.loc[20, "loss"] == pytest.approx(10.95114)
+
+
+def test_deepspeed_0_5_timer_line_samples_per_sec():
+    """DeepSpeed 0.3-0.6 print `0/40, SamplesPerSec=83.5, MemAllocated=0.26GB, MaxMemAllocated=9.02GB`
+    (DeepSpeed#1825's, #849's logs; 0.3 without the memory): neither throughput nor memory was read."""
+    res = _load("ds_0_5_samples_per_sec.log")
+    st = _steps(res)
+    assert list(st.index) == [10, 20, 30, 40] and st.loc[30, "samples_per_sec"] == pytest.approx(
+        51.51904318722645
+    )
+    assert st.loc[20, "iter_ms"] == pytest.approx((19.655 - 3.412) / 10 * 1e3)
+    mem = res.frames["memory"].set_index("step")
+    assert mem.loc[40, "allocated"] == pytest.approx(1.87 * GiB) and mem.loc[40, "peak"] == pytest.approx(
+        6.43 * GiB
+    )
+    ov = res.frames["overflow"]
+    assert list(ov["step"]) == [11] and list(ov["scale_after"]) == [32768]
+
+
+def test_deepspeed_0_3_timer_line_without_memory(tmp_path):
+    path = tmp_path / "ds.log"
+    path.write_text(
+        "[2021-01-19 16:40:08,337] [INFO] [timer.py:154:stop] 0/50, SamplesPerSec=48.97215470127398\n"
+    )
+    st = _steps(import_log(str(path)))
+    assert list(st.index) == [50] and st.loc[50, "samples_per_sec"] == pytest.approx(48.97215470127398)
+
+
+def test_gpt_neox_iteration_and_validation_lines():
+    """GPT-NeoX's iteration line: `samples/sec` in front, `approx flops per GPU: 112.4TFLOPS` with its
+    own unit, `lm_loss` (DeepSpeed#3742's log: no loss, no TFLOP/s were read), and its validation line."""
+    st = _steps(_load("gpt_neox_iterations.log"))
+    assert list(st.index) == [10, 20, 30] and list(st["loss"]) == [10.87123, 9.915543, 9.201187]
+    assert list(st["tflops"]) == pytest.approx([112.4, 112.2, 0.9876])  # 987.6GFLOPS
+    assert list(st["samples_per_sec"]) == [7.764, 7.75, 7.73] and st.loc[20, "iter_ms"] == 4129.1
+    assert st.loc[30, "eval_loss"] == pytest.approx(9.187345) and st.loc[30, "eval_ppl"] == pytest.approx(
+        9776.014
+    )
+
+
+def test_gpt_neox_arguments_dump_and_its_oom_fix():
+    """GPT-NeoX's dump (`model_parallel_size .... 1......updated`, VHellendoorn/Code-LMs#21's log) gave no
+    layout, was taken for Megatron's (a Megatron-LM job: `--micro-batch-size` fixes), and its OOM got
+    Megatron-LM flags NeoX has not: the layout is read, the arguments are not Megatron's, the fix is in
+    NeoX's config keys."""
+    res = _load("gpt_neox_oom_at_start.log")
+    assert _layout(res) == {
+        "world_size": 4,
+        "tp": 1,
+        "pp": 1,
+        "zero_stage": 1,
+        "dtype": "fp16",
+        "micro_batch": 8,
+        "global_batch": 32,
+        "grad_accum": 1,
+    }
+    head = res.headers[0]
+    assert "megatron_args" not in head and head["model"]["num_layers"] == 24
+    assert "neox" in head["log_families"]
+    fail = res.frames["log_failure"]
+    fix = fail.loc[fail["first"], "fix"].iloc[0]
+    assert "train_micro_batch_size_per_gpu" in fix and "--" not in fix
+
+
+def test_an_oom_of_no_known_framework_names_no_knob(tmp_path):
+    path = tmp_path / "oom.log"
+    path.write_text(
+        'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+        " of 79.15 GiB of which 1.05 GiB is free.\n"
+    )
+    fail = import_log(str(path)).frames["log_failure"]
+    fix = fail.loc[fail["first"], "fix"].iloc[0]
+    assert fix.startswith("lower the per-GPU batch size") and "_" not in fix and "--" not in fix
+
+
+def test_nemo2_progress_printer():
+    """NeMo 2's ProgressPrinter (bionemo-recipes#740's log): `iteration` restarts each epoch, `global_step`
+    is the step; its `key: value` fields were read as a Megatron iteration line with none of its keys
+    (steps numbered per epoch, no loss, no time)."""
+    st = _steps(_load("nemo2_progress_printer.log"))
+    assert list(st.index) == [9, 19, 29, 39, 49]
+    assert list(st["iter_ms"]) == [2417.0, 2391.0, 2402.0, 2398.0, 2409.0]
+    assert list(st["loss"]) == [1.872, 1.514, 1.388, 1.297, 1.251] and st.loc[39, "lr"] == 1e-05
+    assert st.loc[49, "consumed_samples"] == 1600 and set(st["global_batch"]) == {32}
+    assert st["eval_loss"].isna()[:2].all() and st.loc[29, "eval_loss"] == 1.406
+
+
 # -- HF Trainer -----------------------------------------------------------------------------------
 
 

@@ -45,6 +45,14 @@ HEALTHY = [
     "megatron_lm_fp16.log",
     "nemo_llama_sft.log",
     "hf_noisy_finetune.log",
+    # bf16 Megatron (`loss scale: 1.0` on every line) skipping one NaN-gradient iteration: read as
+    # "fp16 loss scale collapsed to 1" (epfLLM/Megatron-LLM#34's log), a scale that never moved
+    "megatron_bf16_grad_nan_skip.log",
+    "nemo2_progress_printer.log",
+    "torchtitan_llama3_fsdp.log",
+    "megatron_lm_2021_fp16_calibration.log",
+    "ds_0_5_samples_per_sec.log",
+    "gpt_neox_iterations.log",
 ]
 
 
@@ -108,6 +116,36 @@ def test_megatron_nan_iteration_counter(tmp_path):
     assert f.steps == [20] and f.evidence["nan_iterations"] == 2 and f.evidence["nonfinite_steps"] == 0
 
 
+def test_megatron_leaves_a_nan_loss_out_of_its_line():
+    """Megatron prints a loss only where its interval mean is > 0: epfLLM/Megatron-LLM#33's bf16 run
+    went on with lines without `lm loss` (grad norm nan, nothing skipped) and diag saw nothing. A line
+    without the loss the earlier ones printed, whose interval applied an iteration, is a nan loss; the
+    fp16 calibration (every iteration skipped, no loss printed) and a skipped nan-gradient iteration
+    stay silent (HEALTHY)."""
+    f = _one("nan_loss", "megatron_bf16_nan_loss_left_out.log")
+    assert f.steps == [2104, 2105, 2106] and f.evidence["nonfinite_steps"] == 3
+    assert f.evidence["last_finite"] == {"step": 2103, "loss": pytest.approx(0.6902)}
+    assert "left out by Megatron" in f.detail
+
+
+def test_a_stage_without_the_loss_is_no_nan_loss(tmp_path):
+    """Pipeline stages before the last have no loss: where they print the iteration line too (here
+    first), the last stage's line of the same iteration has it."""
+    line = (
+        "[rank{r}]: iteration {it:8d}/     100 | elapsed time per iteration (ms): 812.3 |{loss} loss scale:"
+        " 1.0 | grad norm: 3.300 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    path = tmp_path / "pp.log"
+    path.write_text(
+        "\n".join(
+            line.format(r=r, it=it, loss=" lm loss: 7.1E+00 |" if r == 3 else "")
+            for it in (10, 20, 30)
+            for r in (0, 3)
+        )
+    )
+    assert [f for f in _findings(path=str(path)) if f.rule == "nan_loss"] == []
+
+
 def test_a_missing_loss_is_not_a_nan_loss():
     """DeepSpeed's `step=` lines print no loss: NaN in the frame, but not a nan loss."""
     assert [f for f in _findings("ds_zero2_fp16.log") if f.rule == "nan_loss"] == []
@@ -148,6 +186,9 @@ def test_too_few_records_are_not_judged():
         ("crash_16ranks_before_step1.log", "exception", 11, 1, 9, {r: 1 for r in range(16)}),
         ("nccl_timeout_desync.log", "nccl_timeout", 0, 121, 2, {0: -6}),
         ("hf_oom_sigkill.log", "oom", -1, 2, 12, {1: -9}),
+        # one process, its traceback unprefixed: the OOM is rank 0's and leads, not torchrun's
+        # "exit code 1" with "rank(s) ? raised" after it (jindajia/Megatron-LM debug/terminal.txt)
+        ("oom_single_gpu_unprefixed.log", "oom", 0, 1, 16, {0: 1}),
     ],
 )
 def test_job_crash_finding(name, kind, rank, iteration, line, codes):
@@ -165,11 +206,26 @@ def test_job_crash_finding(name, kind, rank, iteration, line, codes):
 
 
 def test_job_crash_keeps_nccl_seq_and_the_oom_fix():
-    ev = _one("job_crash", "nccl_timeout_desync.log").evidence
-    assert (ev["seq"], ev["op"]) == (48211, "ALLREDUCE")
+    f = _one("job_crash", "nccl_timeout_desync.log")
+    assert (f.evidence["seq"], f.evidence["op"]) == (48211, "ALLREDUCE")
+    assert f.fixes[-1].summary.startswith("look at the rank(s) on another sequence number")
     oom = _one("job_crash", "oom_megatron_after_step3.log")
     assert "--micro-batch-size" in oom.fixes[0].summary
     assert _one("job_crash", "torchrun_sigkill.log").evidence["signal"] == "SIGKILL"
+
+
+def test_a_timeout_every_reporting_rank_shares_points_at_the_silent_ranks(tmp_path):
+    """LlamaFactory#7396: every rank that reported timed out on SeqNum 1580: no rank is on "another
+    sequence number", the one holding them is among those that reported nothing."""
+    line = (
+        "[rank{r}]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective"
+        " operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466119168,"
+        " NumelOut=466119168, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+    )
+    path = tmp_path / "t.log"
+    path.write_text("\n".join(line.format(r=r) for r in (0, 4, 2)) + "\n")
+    f = _one("job_crash", "", path=str(path))
+    assert f.fixes[-1].summary.startswith("look at the ranks that reported no timeout")
 
 
 def test_a_survived_traceback_is_no_crash():
@@ -211,6 +267,8 @@ def test_torchrun_root_cause_leads_and_an_unread_log_claims_no_step():
     f = _one("job_crash", "torchrun_peer_killed_no_progress.log")
     assert f.evidence["first_rank"] == 1 and f.evidence["signal"] == "SIGKILL"
     assert "before its first step" not in f.title and "no progress line" in f.title
+    # nor does it name a step (it said steps [1], iteration 1: F5-TTS#346's NCCL timeout log too)
+    assert f.steps == [] and f.evidence["failed_iteration"] is None
     assert "root cause" in f.detail and "then rank(s) 0 raised RuntimeError" in f.detail
 
 

@@ -1,11 +1,12 @@
-"""Import DeepSpeed, Megatron-LM / Megatron-DeepSpeed / NeMo, HF Trainer, verl and nanoGPT training logs.
+"""Import DeepSpeed, Megatron-LM / Megatron-DeepSpeed / NeMo, HF Trainer, verl, nanoGPT and torchtitan
+training logs.
 
 Each line is read once (`lines.Line` peels the launcher's rank/host/time prefixes) and offered to the
 family readers; what they find becomes frames of the `Trace`:
 - `log_step`: one row per framework iteration number (Megatron's `iteration`, DeepSpeed's `global_steps`,
-  HF's optimizer step, NeMo's `global_step`, verl's `step:`, nanoGPT's `iter`): step time in ms,
-  samples/s, tokens/s, TFLOPs as printed, loss, lr, grad norm, loss scale, skipped counters, eval
-  loss (`records.STEP_COLUMNS`);
+  HF's optimizer step, NeMo's `global_step`, verl's `step:`, nanoGPT's `iter`, torchtitan's `step:`):
+  step time in ms, samples/s, tokens/s, TFLOPs as printed, loss, lr, grad norm, loss scale, skipped
+  counters, eval loss (`records.STEP_COLUMNS`);
 - `overflow`: each skipped step once (`overflow.reconcile`), `memory`: memory lines in bytes;
 - the layout (world size, TP/PP/DP, ZeRO stage, dtype, batch sizes) into every rank's header;
 - a failed job (`crash.verdict`) becomes a `JobFailed` problem: one line naming the failure, its ranks,
@@ -32,6 +33,7 @@ from diag.importers.logs.megatron import ARG_BYTES, MegatronReader
 from diag.importers.logs.nanogpt import NanoGPTReader
 from diag.importers.logs.prefilter import keyword_lines
 from diag.importers.logs.records import STEP_COLUMNS, Records
+from diag.importers.logs.torchtitan import TorchtitanReader
 from diag.importers.logs.verl import VerlReader
 from diag.trace.model import LoadProblem
 
@@ -61,6 +63,7 @@ MARKERS = (
     b"(main_task pid=",
     b"ms, mfu ",
     b", val loss ",
+    b"GiB(",
 )
 
 
@@ -116,6 +119,7 @@ def read_records(path: str, every_line: bool = False) -> Records:
         ("hf", hf),
         ("verl", verl),
         ("nanogpt", NanoGPTReader(rec)),
+        ("torchtitan", TorchtitanReader(rec)),
     ]
     crash = CrashReader(rec)
 
@@ -153,6 +157,7 @@ def read_records(path: str, every_line: bool = False) -> Records:
                 rec.families.add(name)
                 break
     verl.flush()
+    megatron.flush()
     return rec
 
 
@@ -172,7 +177,8 @@ def import_log(path: str, every_line: bool = False) -> LogImport:
     failed = verdict(rec)
     if not frames and not rec.layout and failed is None:
         raise ImportProblem(
-            "no DeepSpeed/Megatron/HF Trainer/verl/nanoGPT progress, overflow, layout or error lines found"
+            "no DeepSpeed/Megatron/HF Trainer/verl/nanoGPT progress, torchtitan metrics, overflow, layout "
+            "or error lines found"
         )
     layout = {k: rec.layout[k] for k in schema.LAYOUT_KEYS if rec.layout.get(k) is not None}
     if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):

@@ -209,6 +209,15 @@ _FIXES = {
     " actor_rollout_ref.rollout.gpu_memory_utilization",
     "hf": "lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch) or set"
     " gradient_checkpointing=True",
+    "neox": "lower train_micro_batch_size_per_gpu (raise gradient_accumulation_steps to keep the batch), set"
+    " checkpoint_activations: true, or raise model_parallel_size / pipe_parallel_size in the NeoX config",
+    "torchtitan": "lower the per-rank batch or sequence length ([training] local_batch_size / seq_len;"
+    " num_tokens_per_microbatch_per_dp_rank in 2026 releases), turn on full activation checkpointing, or"
+    " shard over more GPUs (tensor_parallel_degree, data_parallel_shard_degree)",
+    "nanogpt": "lower batch_size (raise gradient_accumulation_steps to keep the batch) or block_size",
+    # no family known: no framework's knob names
+    "": "lower the per-GPU batch size (more gradient accumulation keeps the batch), turn on activation"
+    " checkpointing, or shard the model over more GPUs",
 }
 
 
@@ -226,7 +235,13 @@ def ranks_text(ranks: list[int]) -> str:
 
 
 def evidence(rec: Records) -> tuple[list[Failure], list[Failure]]:
-    """(causes, launcher exits) of a failed job; both empty when the job did not fail."""
+    """(causes, launcher exits) of a failed job; both empty when the job did not fail. In a job of one
+    process (world size 1) a sign that names no rank is rank 0's: a single-GPU run's traceback has no
+    `[rankN]:` prefix, and torchrun's report of its exit names rank 0 as the root cause."""
+    if rec.layout.get("world_size") == 1:
+        for f in rec.failures:
+            if f.rank < 0:
+                f.rank = 0
     exits = [f for f in rec.failures if f.exc == "exit"]
     if any(not f.detail.get("local") for f in exits):  # torchrun's `local_rank:` is per node: the
         exits = [f for f in exits if not f.detail.get("local")]  # report's global ranks say more
@@ -367,7 +382,8 @@ def _r(rank: int) -> str:
 
 def oom_fix(rec: Records) -> str:
     """The OOM fix in the job's own framework's terms."""
-    family = next((f for f in ("megatron", "verl", "hf", "deepspeed") if f in rec.families), "deepspeed")
+    order = ("neox", "torchtitan", "nanogpt", "megatron", "verl", "hf", "deepspeed")  # neox: megatron's too
+    family = next((f for f in order if f in rec.families), "")
     return _FIXES[family]
 
 

@@ -4,7 +4,9 @@ overflows, the engine's config dump, the launcher's world layout and `see_memory
 - `[Rank 0] step=20, skipped=17, lr=[5e-05], mom=[(0.9, 0.999)]` (every `steps_per_print` steps;
   `skipped` is cumulative; `step=0` at start-up is not a step)
 - `epoch=0/micro_step=40/global_step=10, RunningAvgSamplesPerSec=25.0, CurrSamplesPerSec=25.7,
-  MemAllocated=4.32GB, MaxMemAllocated=38.49GB` (older: `0/20, RunningAvgSamplesPerSec=...`)
+  MemAllocated=4.32GB, MaxMemAllocated=38.49GB` (older: `0/20, RunningAvgSamplesPerSec=...`; 0.3-0.6:
+  `0/40, SamplesPerSec=83.5, MemAllocated=0.26GB, MaxMemAllocated=9.02GB`, the mean since the start,
+  the memory figures from 0.5 on)
 - PipelineEngine `steps: 100 loss: 2.1 iter time (s): 0.512 samples/sec: 62.5` (also `step: 100 / 500`)
 - `OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 256, reducing to 128` (or `..., but hysteresis
   is 2. Reducing hysteresis to 1`), `Overflow detected. Skipping step. Attempted loss scale: ...`,
@@ -32,6 +34,16 @@ _TIMER = re.compile(
     r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*RunningAvgSamplesPerSec="
     + _N
     + r",\s*CurrSamplesPerSec="
+    + _N
+    + r"(?:,\s*MemAllocated="
+    + _N
+    + r"GB,\s*MaxMemAllocated="
+    + _N
+    + r"GB)?"
+)
+# DeepSpeed 0.3-0.6's timer line: the samples/s since the start, memory from 0.5 on
+_OLD_TIMER = re.compile(
+    r"\b\d+/(\d+),\s*SamplesPerSec="
     + _N
     + r"(?:,\s*MemAllocated="
     + _N
@@ -95,9 +107,13 @@ class DeepSpeedReader:
             self.json = None  # another line came first (interleaved output): no config to read
         if "skipped=" in t and (m := _STEP.search(t)):
             return self._step(ln, int(m.group(1)), int(m.group(2)), m.group(3))
-        if "SamplesPerSec=" in t and (m := _TIMER.search(t)):
-            self.timer(ln, int(m.group(1)), num(m.group(3)), num(m.group(4)), num(m.group(5)))
-            return True
+        if "SamplesPerSec=" in t:
+            if m := _TIMER.search(t):
+                self.timer(ln, int(m.group(1)), num(m.group(3)), num(m.group(4)), num(m.group(5)))
+                return True
+            if m := _OLD_TIMER.search(t):
+                self.timer(ln, int(m.group(1)), num(m.group(2)), num(m.group(3)), num(m.group(4)))
+                return True
         if "iter time (s)" in t and (m := _PIPE.search(t)):
             sec = num(m.group(3))
             self.rec.step(

@@ -74,6 +74,8 @@ KEYWORDS = (
     # nanogpt.NanoGPTReader
     b"ms, mfu ",
     b", val loss ",
+    # torchtitan.TorchtitanReader (its metrics line holds `step:`, verl's)
+    b"device mesh with",
     # lines.Line: a rank named in the text
     b"[Rank",
 )
@@ -115,6 +117,7 @@ ANCHORS = (
     b"tep:",
     b"mfu ",
     b"val loss ",
+    b"mesh with",  # `m` is a first byte already (`mfu `): no slower (an anchor at `B`/`D`: +12% scan)
     b"Rank",
 )
 
