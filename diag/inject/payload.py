@@ -62,7 +62,7 @@ def _start(options_file: str) -> None:
         os.unlink(options_file)
         if expired:
             return
-        running = start_agent(opts)
+        running = start_agent({**opts, "joined": True})  # mid-job: the step under way is partial
         if not os.path.exists(_socket()):
             raise RuntimeError(f"control socket missing: {running.error_messages}")
     except Exception as exc:  # noqa: BLE001 - report to the attach command, never to the job
@@ -79,7 +79,7 @@ def start_agent(opts: dict[str, Any]) -> Any:
 
     if agent.current() is not None:
         return agent.current()
-    running = agent.start_with(AgentOptions.from_mapping({**opts, "control": True, "joined": True}))
+    running = agent.start_with(AgentOptions.from_mapping({**opts, "control": True}))  # checked here
     atexit.register(agent.stop)
     running.undo.call(lambda: atexit.unregister(agent.stop), "atexit")
     if agent.current() is not running:  # a detach came through the socket before this line

@@ -88,3 +88,22 @@ def test_peer_credentials_are_read_and_checked(running, monkeypatch):
     monkeypatch.setattr(server, "peer_uid", lambda conn: 4242)
     with pytest.raises(DiagError, match="uid 4242 not allowed"):
         request(os.getpid(), "status")
+
+
+def test_an_attach_starts_the_agent_as_joined_and_diag_run_does_not(private, tmp_path):
+    """An attach lands mid-step, so its agent is `joined` (the step under way is not sampled for
+    layers); `diag run` starts with the job through the same `start_agent`, and samples its first
+    step whole (it had been marked joined too, and a 6-step run lost every layer record)."""
+    from diag.inject import payload
+
+    opts = {"trace_dir": str(tmp_path / "trace"), "what": ["steps"]}
+    payload._start(payload.write_options(os.getpid(), opts))
+    try:
+        assert agent.current() is not None and agent.current().options.joined is True
+    finally:
+        agent.stop()
+    started = payload.start_agent(opts)
+    try:
+        assert started.options.joined is False
+    finally:
+        agent.stop()
