@@ -590,3 +590,23 @@ def test_small_logs_are_detected_as_logs(tmp_path, first):
     path = tmp_path / "job.out"
     path.write_text(first + "\n")
     assert detect.kind_of_file(str(path)) == detect.LOG
+
+
+def test_megatron_deepspeed_iteration_line_wins_over_deepspeeds_engine_line(tmp_path):
+    """Under Megatron-DeepSpeed the engine prints `steps: N loss: .. iter time (s): ..` before
+    Megatron's iteration line: the first line's figures were kept (92.0 ms median where Megatron
+    says 99.85, a 4-decimal loss). The job's own iteration line states the step."""
+    path = tmp_path / "job.log"
+    path.write_text(
+        "steps: 1 loss: 6.9237 iter time (s): 0.111 samples/sec: 18.013\n"
+        " iteration        1/      40 | consumed samples:            2 | elapsed time per iteration (ms): "
+        "113.4 | learning rate: 1.000E-03 | global batch size:     2 | lm loss: 6.923712E+00 | loss scale: "
+        "1.0 | number of skipped iterations:   0 | number of nan iterations:   0 | "
+        "samples per second: 17.640 | tokens per gpu per second (tgs): 564.494 |\n"
+        "steps: 2 loss: 6.9204 iter time (s): 0.068 samples/sec: 29.480\n"  # no Megatron line for step 2
+    )
+    st = _steps(import_log(str(path)))
+    assert st.loc[1, "iter_ms"] == 113.4 and st.loc[1, "loss"] == 6.923712
+    assert st.loc[1, "samples_per_sec"] == 17.64
+    assert st.loc[1, "tokens_per_sec_per_gpu"] == 564.494
+    assert st.loc[2, "iter_ms"] == 68.0 and st.loc[2, "loss"] == 6.9204  # the engine's line alone

@@ -116,7 +116,7 @@ class DeepSpeedReader:
                 return True
         if "iter time (s)" in t and (m := _PIPE.search(t)):
             sec = num(m.group(3))
-            self.rec.step(
+            self.rec.weak_step(
                 ln,
                 int(m.group(1)),
                 loss=num(m.group(2)),

@@ -79,6 +79,9 @@ class Failure:
     text: str = ""  # the log line itself, as printed (up to 300 characters)
 
 
+WEAK = "_weak"  # a step record's key: the figures a later iteration line of the job may replace
+
+
 class Records:
     """Everything read from one log, in the framework's own numbering."""
 
@@ -114,14 +117,30 @@ class Records:
 
     def merge(self, line: Line, step: int, figures: dict[str, Any]) -> dict[str, Any]:
         """`step` for figures with no None value (a figure a record holds is never None): the keys it
-        lacks taken at once, not one test per figure."""
+        lacks taken at once, not one test per figure; and the figures a `weak_step` line gave."""
         rec = self.steps.get(step)
         if rec is None:
             rec = self.steps[step] = {"rank": line.rank, "step": step, "ts": line.ts, **figures}
-        elif not figures.keys() <= rec.keys():
-            for k in figures.keys() - rec.keys():
-                rec[k] = figures[k]
+        else:
+            if WEAK in rec:
+                for k in rec.pop(WEAK) & figures.keys():
+                    rec[k] = figures[k]
+            if not figures.keys() <= rec.keys():
+                for k in figures.keys() - rec.keys():
+                    rec[k] = figures[k]
         return self.progressed(line, step, rec, figures.get("loss"))
+
+    def weak_step(self, line: Line, step: int, **figures: Any) -> dict[str, Any]:
+        """`step` for a line whose figures the job's own iteration line, where it prints one, states
+        better: DeepSpeed's `steps: N loss: .. iter time (s): ..` under Megatron-DeepSpeed prints
+        before Megatron's line (4-decimal loss, the engine's time without Megatron's own, 92.0 ms
+        median where Megatron says 99.85). A later `merge` of the step takes its figures instead."""
+        had = self.steps.get(step, {}).keys() if step in self.steps else set()
+        set_here = {k for k, v in figures.items() if v is not None and k not in had}
+        rec = self.step(line, step, **figures)
+        if set_here:
+            rec.setdefault(WEAK, set()).update(set_here)
+        return rec
 
     def one(self, line: Line, step: int, key: str, value: Any) -> dict[str, Any]:
         """`step` with one figure (not the loss): the frequent lines' update, without a figures dict."""
