@@ -92,8 +92,8 @@ def render(
 ) -> str:
     groups = cluster(stacks)
     lines = [f"{len(stacks)} rank(s), {len(groups)} distinct stack(s)"]
-    odd = odd_ones_out(groups)
-    if odd:
+    odd = odd_ones_out(groups) if found else []  # a healthy job's ranks are at different points
+    if odd:  # of a step: "odd one(s) out" on its own read as a fault (a PP stage in compute)
         lines.append("odd one(s) out: " + ", ".join(r.label for r in odd))
     for g in groups:
         lines.append(f"\n[{g.labels}]")

@@ -242,3 +242,15 @@ def test_stacks_of_a_process_that_runs_no_python_says_so_in_one_line():
     assert res.returncode != 0 and res.stderr.strip().count("\n") == 0, res.stderr
     assert f"pid {sleeper.pid} is not a Python process (" in res.stderr, res.stderr
     assert "Failed to find python version" not in res.stderr
+
+
+def test_render_names_odd_ones_out_only_beside_a_verdict():
+    """A healthy pipeline job's dump (3 ranks in an all-reduce, stage 0's rank in compute) headed
+    "odd one(s) out: rank 0" while its verdict said no rank waits on a missing peer."""
+    from diag.cli.stacks import render
+
+    sts = stacks(IN_ALL_REDUCE, IN_LOADER, IN_ALL_REDUCE, IN_ALL_REDUCE)
+    healthy = render(sts, {}, None, all_threads=False)
+    assert "odd one" not in healthy and "verdict: no rank is waiting on a missing peer" in healthy
+    stuck = render(sts, {}, "rank 0 stuck in all_reduce; never arrived: rank 1", all_threads=False)
+    assert "odd one(s) out: rank 1" in stuck
