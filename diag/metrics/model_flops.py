@@ -110,7 +110,9 @@ def megatron_lm(m: dict[str, Any], batch: int) -> float:
     kv_ch = _int(m, "kv_channels", h // heads)
     q, kv = kv_ch * heads, kv_ch * groups
     ffn_mult = 3 if _true(m, "swiglu") else 2
-    if m.get("num_experts") not in (None, "None"):
+    experts = m.get("num_experts")  # Megatron-DeepSpeed prints [1] for a dense model
+    experts = max(experts, default=1) if isinstance(experts, list) else experts
+    if experts not in (None, "None", 1, "[1]"):
         ffn = _int(m, "moe_ffn_hidden_size", ffn) * _int(m, "moe_router_topk", 2)
     per_token = 6 * (h * ffn * ffn_mult * layers + layers * (h * (q + 2 * kv) + q * h) + h * vocab)
     core = 6 * q * layers  # 3 x 2 x q / 2 (causal half) x 2 (QK^T and AV), per s^2

@@ -204,7 +204,7 @@ def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
     layout = _layout(res)
     assert res.headers[0]["model"] == {
         "data_parallel_size": 1,
-        "deepspeed": "True",
+        "deepspeed": True,  # the value, as the agent reads it from the args
         "global_batch_size": 4,
         "micro_batch_size": 1,
         "world_size": 4,

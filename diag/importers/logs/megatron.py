@@ -29,9 +29,10 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from diag import schema
 from diag.importers.logs.lines import NUM_BYTES as NUM
@@ -304,10 +305,7 @@ class MegatronReader:
             return
         self.rec.args.setdefault(key, value)
         if key in schema.MEGATRON_MODEL_ARGS:
-            model = self.rec.layout.setdefault("model", {})
-            v = num(value)
-            finite = v is not None and math.isfinite(v)
-            model.setdefault(key, v if finite and v != int(v) else int(v) if finite else value)  # type: ignore[arg-type]
+            self.rec.layout.setdefault("model", {}).setdefault(key, _arg_value(value))
         if key == "log_interval":
             self.log_interval = int(num(value) or 0) or None
         elif key in _ARGS:
@@ -362,3 +360,23 @@ class MegatronReader:
             iter_ms=None if sec is None else sec * 1e3,
         )
         return True
+
+
+def _arg_value(value: str) -> Any:
+    """A Megatron argument as its Python value, as the agent reads it from the job's args (the
+    dump prints repr(value)): 64, 0.1, True, None, [1]; text where it is none of those."""
+    v = num(value)
+    if v is not None and math.isfinite(v):
+        return v if v != int(v) else int(v)
+    if value in _CONSTANTS:
+        return _CONSTANTS[value]
+    if value[:1] in "[(" and len(value) < 200:
+        try:
+            out = ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return value
+        return list(out) if isinstance(out, tuple) else out
+    return value
+
+
+_CONSTANTS = {"True": True, "False": False, "None": None}
