@@ -19,7 +19,7 @@ import os
 from diag.collectors import device
 
 from diag import schema
-from diag.agent.api import AgentAPI
+from diag.agent.api import AgentAPI, StepListener
 from diag.agent.undo import Undo
 
 NAME = "memory"
@@ -101,7 +101,7 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     """Register the per-step listener; close the statm file on undo."""
     state = _Memory(agent, agent.options.memory_reset_peak)
     undo.call(state.close, "memory: close /proc/self/statm")
-    listener = agent.guard(NAME, state.on_step, "step")
+    listener = StepListener(NAME, "step", state.on_step)
     agent.step_listeners.append(listener)
     undo.call(
         lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,

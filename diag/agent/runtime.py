@@ -22,7 +22,7 @@ from diag.agent import faults as _faults
 from diag.agent import fork as _fork
 from diag.agent import pending as _pending
 from diag.agent import uncaught as _uncaught
-from diag.agent.api import CollectorState, Installer
+from diag.agent.api import CollectorState, Installer, StepListener
 from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
@@ -66,7 +66,7 @@ class Agent:
         self.layers_every = options.layers_every  # 0: no sampled steps
         self.sampled = False  # is the current step a per-layer sampled step
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
-        self.step_listeners: list[Callable[[int], None]] = []
+        self.step_listeners: list[StepListener] = []
         # run by the writer thread every flush: collectors that wrap a framework imported after the
         # agent started (`diag run`) patch it before the job's first step, not at its first boundary
         self.idle_listeners: list[Callable[[], bool | None]] = []
@@ -206,8 +206,14 @@ class Agent:
         self.sampled = every > 0 and step % every == 0
         if not (self._layout_known and self._rank_known):
             self._learn_layout()
-        for listener in self.step_listeners:
-            listener(step)
+        faults = self.faults
+        for collector, where, fn in self.step_listeners:  # inline, each guarded here (StepListener)
+            try:
+                if faults and collector in faults:
+                    _faults.trigger(faults[collector])
+                fn(step)
+            except Exception as exc:  # noqa: BLE001 - counted, never raised into the job
+                self.record_error(collector, where, exc)
 
     def _learn_layout(self) -> None:
         """Write rank / world and Megatron's TP/PP/DP as meta once they exist (checked per step
