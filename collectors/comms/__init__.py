@@ -137,7 +137,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
         if name in ProcessGroup.__dict__:
             original = getattr(ProcessGroup, name)
             parts = _recorder(agent, spec, groups, timing, matched)
-            wrapper = _wrapper(agent, name, original, parts, flop_seam, timing.may_be_gpu)
+            wrapper = _wrapper(agent, name, original, parts, flop_seam, timing)
             undo.patch(ProcessGroup, name, wrapper)
     # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
     dispatch.register(
@@ -190,7 +190,13 @@ def _recorder(
     nanoGPT bucket of all 108,352 parameters was `transformer.wte`'s: a false embedding_comm)."""
     start, op, times_n, p2p = timing.start, spec.op, spec.times_n, spec.p2p
     arg_at, opts_at = spec.arg, spec.opts
-    cpu, bind, group_info, tracker = timing.cpu, timing.bind, groups.info, matched.tracker
+    cpu, bind, group_info, tracker, blocked = (
+        timing.cpu,
+        timing.bind,
+        groups.info,
+        matched.tracker,
+        timing.blocked,
+    )
     cache, names, emit, tensor_type = groups.cache, DTYPE_NAMES, agent.emit, torch.Tensor
 
     def before(t0: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
@@ -233,6 +239,7 @@ def _recorder(
         dtype = None if tensor is None else names.get(tensor.dtype) or dtype_name(tensor)
         emit((_COMM, step, op, nbytes, dtype, group, size, ranks, t0, later, module, async_op))
         if async_op is False and later.timer is cpu and work is not None and not p2p:
+            blocked.add(later)  # in flight until the wrapper's wait returns (a detach counts it)
             return later  # blocking, on the wall clock: the wrapper waits for it (timing's doc)
         bind(work, later, p2p, async_op, pg)
         return None
@@ -246,8 +253,9 @@ def _wrapper(
     original: Callable[..., Any],
     parts: tuple[Callable[..., Any], Callable[..., Any]],
     flop_seam: tuple[Callable[[], bool], Callable[[], Any]],
-    may_be_gpu: Callable[[], bool],
+    timing: CommTiming,
 ) -> Callable[..., Any]:
+    may_be_gpu, blocked = timing.may_be_gpu, timing.blocked
     guarded_before = agent.guard(NAME, parts[0], name)
     guarded_after = agent.guard(NAME, parts[1], name)
     flop_mode_on_top, below_it = flop_seam
@@ -275,7 +283,8 @@ def _wrapper(
             blocking = guarded_after(t0, state, pg, work, args, kwargs)
             if blocking is not None:  # torch waits for it next: wait here, the end read as it returns
                 wait(work)  # (what it raises is the job's, as torch's own wait would raise it)
-                blocking.finish(_now())
+                blocking.finish(_now())  # a no-op if a stop gave it up meanwhile (unfinished)
+                blocked.discard(blocking)
         return work
 
     wrapper.__name__ = wrapper.__qualname__ = name

@@ -121,6 +121,7 @@ class CommTiming:
         self.last: Any = None  # the blocking call's Work, until the wait torch makes next
         self.last_later: Later | None = None
         self.inflight: set[Later] = set()  # async calls finished by their future's callback
+        self.blocked: set[Later] = set()  # blocking calls the comms wrapper is waiting for now
         self.held: dict[Later, Any] = {}  # each pending callback's process group, kept alive
         self.released: list[Any] = []  # groups whose callback ran: dropped by the writer thread
         self._finish = agent.guard("comms", self._finished, "complete")
@@ -207,7 +208,7 @@ class CommTiming:
         while self.held and time.monotonic() < deadline:
             time.sleep(0.005)  # the GIL released: gloo's threads run the callbacks they hold
         self.drop_released()  # the groups still held stay alive: their callbacks never ran
-        pending = [*self.inflight, *self.waiting.values(), self.last_later]
+        pending = [*self.inflight, *self.waiting.values(), *self.blocked, self.last_later]
         self.waiting.clear()
         self.inflight.clear()
         self.last = self.last_later = None

@@ -270,7 +270,10 @@ class Agent:
             self._calibrate()
         self._thread = threading.Thread(target=self._run, name="diag-writer", daemon=True)
         self._thread.start()  # before the installs: on attach, events flow while `layers` warms up
-        for name in sorted(self.what, key=lambda n: n == "layers"):  # its 1-3 s install goes last
+        # memory's step listener before steps' first boundary (an attach lands mid-run: each step
+        # record has its memory record); steps before comms (a collective carries the job's step
+        # number); layers' 1-3 s install last
+        for name in sorted(self.what, key=lambda n: (n == "layers", n != "memory")):
             self._install(name)
         # the control socket is started by diag.agent.start() once this agent is the current one:
         # a `detach` that arrives at once must find it there (else it stops a half-started agent)
