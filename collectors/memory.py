@@ -52,17 +52,10 @@ class _Memory:
             os.close(self.fd)
             self.fd = None
 
-    def rss(self) -> int | None:
-        if self.fd is None:
-            return None
-        fields = os.pread(self.fd, 128, 0).split()
-        return int(fields[1]) * PAGE if len(fields) > 1 else None
-
-    def device(self) -> tuple[str, int | None, int | None, int | None, int | None]:
-        """(device, allocated, reserved, peak, capacity): CUDA counters, or the host's RAM on CPU."""
+    def cuda(self) -> tuple[str, int | None, int | None, int | None, int | None]:
+        """(device, allocated, reserved, peak, capacity) from the CUDA allocator's counters (once the
+        job initialized CUDA; on CPU `cpu_row`: the host's RAM)."""
         dev = device.backend
-        if not dev.ready():
-            return self.cpu_row
         index = dev.current_device()
         stats = dev.memory_stats(index)
         cap = self.capacity.get(index)
@@ -83,18 +76,15 @@ class _Memory:
         )
 
     def on_step(self, next_step: int) -> None:
-        """Boundary of the step before `next_step`: record what it left and reached."""
-        stack = self.agent.module_stack
-        self.agent.emit(
-            (
-                schema.MEMORY,
-                next_step - 1,
-                self.agent.now(),
-                *self.device(),
-                self.rss(),
-                stack[-1] if stack else None,
-            )
-        )
+        """Boundary of the step before `next_step`: record what it left and reached. The statm read
+        is inline (one call fewer: a layer of Python costs ~2-3 us where the hook runs cold)."""
+        agent, fd = self.agent, self.fd
+        now = agent.now()
+        row = self.cuda() if device.backend.ready() else self.cpu_row
+        fields = os.pread(fd, 128, 0).split() if fd is not None else ()
+        rss = int(fields[1]) * PAGE if len(fields) > 1 else None
+        stack = agent.module_stack
+        agent.emit((schema.MEMORY, next_step - 1, now, *row, rss, stack[-1] if stack else None))
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:

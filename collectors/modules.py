@@ -159,7 +159,7 @@ class ModuleTracker:
             self.windows.scan()
         if self.tracked(step):
             self._hooks_on(step)
-        else:
+        elif self._handles is not None or self.tracking:  # else off already (most boundaries)
             self._hooks_off()
 
     def _hooks_on(self, step: int) -> None:

@@ -221,17 +221,19 @@ class _Steps:
         self.say_origin("megatron" if iteration is not None else "attach")
 
     def _after_engine(self, engine: Any, before: tuple[int, int]) -> None:
-        if engine.global_steps == before[0]:
+        taken = engine.global_steps
+        if taken == before[0]:
             return  # not a boundary (`step` fallback between accumulation boundaries)
         if (
             engine is not self.last_engine() and engine not in self.seen
         ):  # attached inside a step: no forward yet
             self.see(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
-        applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
+        was_applied = getattr(engine, "was_step_applied", None)
+        applied = bool(was_applied()) if was_applied is not None else None
         if self.origin != "deepspeed":
             self.say_origin("deepspeed")
-        self.boundary(before[0] + 1, samples or None, applied, ds_step(engine))
+        self.boundary(before[0] + 1, samples or None, applied, int(taken) + 1)  # ds_step's number
 
     def _after_megatron(self, out: Any) -> None:
         applied = bool(out[0]) if isinstance(out, tuple) and out else None
