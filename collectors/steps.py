@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,7 @@ NAME = "steps"
 DS_ENGINE = "deepspeed.runtime.engine"
 MEGATRON_OPTIMIZER = "megatron.core.optimizer.optimizer"
 WATCHED = {"deepspeed": DS_ENGINE, "megatron": MEGATRON_OPTIMIZER}  # what patch_loaded waits for
+_now = time.perf_counter_ns
 TORCH_GRACE = 2  # torch-hook steps without a DeepSpeed engine before they count
 MEGATRON_ARGS = ("megatron.training.global_vars", "megatron.global_vars")  # Megatron-LM, -DeepSpeed
 
@@ -258,7 +260,7 @@ class _Steps:
             self.agent.set_meta(schema.META_STEP_ORIGIN, origin)
 
     def boundary(self, step: int, samples: int | None, applied: bool | None, next_step: int) -> None:
-        now = self.agent.now()
+        now = _now()  # agent.now's clock, one call fewer
         prev, self.last_ts = self.last_ts, now
         start = self.t_install if prev is None else prev
         dur = None if prev is None else now - prev

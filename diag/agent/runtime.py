@@ -23,7 +23,7 @@ from diag.agent import fork as _fork
 from diag.agent import pending as _pending
 from diag.agent import uncaught as _uncaught
 from diag.agent.api import CollectorState, Installer, StepListener
-from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
+from diag.agent.header import MEGATRON_STATE, build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
@@ -79,6 +79,7 @@ class Agent:
         self._header_rank: int | None = None
         self._rank_known = False  # header lacked the rank (agent started before the process group)
         self._layout_known = False  # Megatron's parallel state is initialized after the agent starts
+        self._layout_modules = -1  # len(sys.modules) when a check found no Megatron to ask (skip it)
         # bookkeeping
         self.errors: dict[ErrorKey, int] = {}
         self.error_messages: list[tuple[str, str, str, str]] = []  # (*key, first message)
@@ -204,7 +205,7 @@ class Agent:
         self.step = step
         every = self.layers_every
         self.sampled = every > 0 and step % every == 0
-        if not (self._layout_known and self._rank_known):
+        if not (self._layout_known and self._rank_known) and len(sys.modules) != self._layout_modules:
             self._learn_layout()
         faults = self.faults
         for collector, where, fn in self.step_listeners:  # inline, each guarded here (StepListener)
@@ -232,6 +233,8 @@ class Agent:
                     self._layout_known = True
                     for key, value in layout.items():
                         self.set_meta(key, value)
+                elif self._rank_known and MEGATRON_STATE not in sys.modules:
+                    self._layout_modules = len(sys.modules)  # nothing to ask until an import
         except Exception as exc:  # noqa: BLE001
             self._layout_known = self._rank_known = True  # don't retry a broken parallel state
             self.record_error("agent", "layout", exc)
