@@ -83,6 +83,38 @@ def instrument() -> None:
         setattr(runtime.Agent, meth, timed_meth)
 
 
+def _nested(label: str, fn: Any) -> Any:
+    """`fn` timed as a part of the hook that runs it (listed apart, marked >)."""
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            _count(f"> {label}", t0)
+
+    return timed
+
+
+def instrument_inline(ag: Any) -> None:
+    """Time what runs inline in another hook (after the agent started): the step listeners and
+    the DeepSpeed boundary's parts."""
+    from diag.collectors.boundary import DsBoundary
+
+    from diag.agent.api import StepListener
+
+    ag.step_listeners[:] = [StepListener(c, w, _nested(f"{c}:{w}", fn)) for c, w, fn in ag.step_listeners]
+    boundary = ag.state.get(DsBoundary)
+    if boundary is not None:
+        boundary.parts = [
+            p._replace(
+                before=_nested(f"{p.collector}:ds-before", p.before),
+                after=_nested(f"{p.collector}:ds-after", p.after),
+            )
+            for p in boundary.parts
+        ]
+
+
 def main(argv: list[str]) -> None:
     steps = int(argv[0]) if argv else 20
     args = gpt_ds.parse_args([*JOB, *argv[1:]])
@@ -96,6 +128,7 @@ def main(argv: list[str]) -> None:
 
     agent.start(tempfile.mkdtemp(prefix="diag-probe-"), layers_every=NEVER)
     run_block(engine, args, rank, 1000, 2)
+    instrument_inline(agent.current())
     PER.clear()
     w0 = agent.current().status()["writer_cpu_ns"]  # type: ignore[union-attr]
     prof = cProfile.Profile() if os.environ.get("PROBE_CPROFILE") and rank == 0 else None

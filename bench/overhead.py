@@ -145,7 +145,14 @@ def own_lines(ranks: list[dict[str, Any]], times: Times, block: int) -> str:
     )
 
 
-FIXED = ("steps", "overflow", "memory", "modules", "layers")  # once per step, whatever the job issues
+FIXED = (
+    "boundary",
+    "steps",
+    "overflow",
+    "memory",
+    "modules",
+    "layers",
+)  # once per step, whatever the job issues
 
 
 def split_line(ranks: list[dict[str, Any]], counted: int) -> str:

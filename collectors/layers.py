@@ -53,7 +53,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from diag import schema
-from diag.agent.api import AgentAPI
+from diag.agent.api import AgentAPI, StepListener
 from diag.agent.undo import Undo
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -137,9 +137,10 @@ class LayerRecorder:
     def on_step(self, step: int) -> None:
         """Step boundary: the sampled micro-batches are over; the next outermost forward decides."""
         self.steps_seen = True
-        self.active = False
-        self.open.clear()
-        self._pop()
+        if self.active or self.open or self.mode is not None:  # else (most steps) nothing to end
+            self.active = False
+            self.open.clear()
+            self._pop()
 
     # ---- sampling and the dispatch mode --------------------------------------------------------
     def _decide(self, outermost: str, args: tuple[Any, ...]) -> None:
@@ -292,7 +293,7 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     recorder.fwd = guard("layers", recorder.fwd, "fwd")  # type: ignore[method-assign]
     recorder.fwd_end = guard("layers", recorder.fwd_end, "fwd-end")  # type: ignore[method-assign]
     recorder.bwd = guard("layers", recorder.bwd, "bwd")  # type: ignore[method-assign]
-    listener = guard("layers", recorder.on_step, "step")
+    listener = StepListener("layers", "step", recorder.on_step)
     tracker.listener = recorder
     agent.step_listeners.append(listener)
     agent.state.put(recorder)

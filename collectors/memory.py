@@ -15,11 +15,12 @@ step's own peak. A `memory_peak` meta record ("running" / "per_step") says which
 from __future__ import annotations
 
 import os
+import time
 
 from diag.collectors import device
 
 from diag import schema
-from diag.agent.api import AgentAPI
+from diag.agent.api import AgentAPI, StepListener
 from diag.agent.undo import Undo
 
 NAME = "memory"
@@ -52,17 +53,10 @@ class _Memory:
             os.close(self.fd)
             self.fd = None
 
-    def rss(self) -> int | None:
-        if self.fd is None:
-            return None
-        fields = os.pread(self.fd, 128, 0).split()
-        return int(fields[1]) * PAGE if len(fields) > 1 else None
-
-    def device(self) -> tuple[str, int | None, int | None, int | None, int | None]:
-        """(device, allocated, reserved, peak, capacity): CUDA counters, or the host's RAM on CPU."""
+    def cuda(self) -> tuple[str, int | None, int | None, int | None, int | None]:
+        """(device, allocated, reserved, peak, capacity) from the CUDA allocator's counters (once the
+        job initialized CUDA; on CPU `cpu_row`: the host's RAM)."""
         dev = device.backend
-        if not dev.ready():
-            return self.cpu_row
         index = dev.current_device()
         stats = dev.memory_stats(index)
         cap = self.capacity.get(index)
@@ -83,25 +77,22 @@ class _Memory:
         )
 
     def on_step(self, next_step: int) -> None:
-        """Boundary of the step before `next_step`: record what it left and reached."""
-        stack = self.agent.module_stack
-        self.agent.emit(
-            (
-                schema.MEMORY,
-                next_step - 1,
-                self.agent.now(),
-                *self.device(),
-                self.rss(),
-                stack[-1] if stack else None,
-            )
-        )
+        """Boundary of the step before `next_step`: record what it left and reached. The statm read
+        is inline (one call fewer: a layer of Python costs ~2-3 us where the hook runs cold)."""
+        agent, fd = self.agent, self.fd
+        now = time.perf_counter_ns()  # agent.now's clock, one call fewer
+        row = self.cuda() if device.backend.ready() else self.cpu_row
+        fields = os.pread(fd, 128, 0).split() if fd is not None else ()
+        rss = int(fields[1]) * PAGE if len(fields) > 1 else None
+        stack = agent.module_stack
+        agent.emit((schema.MEMORY, next_step - 1, now, *row, rss, stack[-1] if stack else None))
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:
     """Register the per-step listener; close the statm file on undo."""
     state = _Memory(agent, agent.options.memory_reset_peak)
     undo.call(state.close, "memory: close /proc/self/statm")
-    listener = agent.guard(NAME, state.on_step, "step")
+    listener = StepListener(NAME, "step", state.on_step)
     agent.step_listeners.append(listener)
     undo.call(
         lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,

@@ -49,7 +49,7 @@ from diag.collectors.windows import Windows
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from diag import schema
-from diag.agent.api import AgentAPI
+from diag.agent.api import AgentAPI, StepListener
 from diag.agent.undo import Undo
 
 Path = tuple[str, ...]
@@ -118,7 +118,7 @@ class ModuleTracker:
         self.windows.scan()
         agent.set_meta(schema.META_ATTRIBUTE_EVERY, self.every)
         self._hooks_on(agent.step)  # until the first step boundary: always on
-        listener = agent.guard("modules", self.on_step, "step")
+        listener = StepListener("modules", "step", self.on_step)
         agent.step_listeners.append(listener)
         undo.call(
             lambda: agent.step_listeners.remove(listener) if listener in agent.step_listeners else None,
@@ -159,7 +159,7 @@ class ModuleTracker:
             self.windows.scan()
         if self.tracked(step):
             self._hooks_on(step)
-        else:
+        elif self._handles is not None or self.tracking:  # else off already (most boundaries)
             self._hooks_off()
 
     def _hooks_on(self, step: int) -> None:

@@ -1,12 +1,13 @@
 """Loss-scale updates and non-finite values: one `overflow` record per optimizer step with a scaler.
 
 DeepSpeed fp16 (every ZeRO stage, pipeline too): a class-level wrapper of
-`DeepSpeedEngine._take_model_step` reads the loss scale before and after (`loss_scale_config.cur_scale`
-at stage 0, `loss_scaler.cur_scale` under ZeRO: host floats), the optimizer's `overflow` flag and
-`engine.skipped_steps`; source "deepspeed_fp16"; numbered as collectors/steps.py numbers steps
-(DeepSpeed's `global_steps` once taken), so they are the log's skipped iterations. One wrapper at
-the boundary covers every optimizer type, where `DynamicLossScaler.update_scale` /
-`FP16_UnfusedOptimizer._update_scale` / `has_overflow` differ per optimizer and stage.
+`DeepSpeedEngine._take_model_step` (one wrapper shared with steps: collectors/boundary.py) reads
+the loss scale before and after (`loss_scale_config.cur_scale` at stage 0, `loss_scaler.cur_scale`
+under ZeRO: host floats), the optimizer's `overflow` flag and `engine.skipped_steps`; source
+"deepspeed_fp16"; numbered as collectors/steps.py numbers steps (DeepSpeed's `global_steps` once
+taken), so they are the log's skipped iterations. One wrapper at the boundary covers every
+optimizer type, where `DynamicLossScaler.update_scale` / `FP16_UnfusedOptimizer._update_scale` /
+`has_overflow` differ per optimizer and stage.
 Megatron: `DynamicGradScaler.update(found_inf)` (and `ConstantGradScaler`); found_inf is already a
 host bool, the scale a device tensor copied asynchronously (`device.host_scalar`), never `.item()`;
 `skipped_steps` counts found_inf updates since install (Megatron keeps no such counter); source
@@ -31,10 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from diag.collectors import device
+from diag.collectors.boundary import DsBoundary, Part
 from diag.collectors.steps import DS_ENGINE, engine_class, megatron_step_classes, settled
 
 from diag import schema
-from diag.agent.api import AgentAPI
+from diag.agent.api import AgentAPI, StepListener
 from diag.agent.undo import Undo
 
 NAME = "overflow"
@@ -110,8 +112,10 @@ class _Overflow:
         self.megatron_skipped = 0
         self.losses: list[Callable[[], Any]] = []  # weak refs to DeepSpeed's losses since the boundary
         self.retain_at: int | None = None  # `retain_graph`'s place among backward's args after the loss
+        # (weak ref to an engine, its fp16_enabled()): fixed by its config; read once, not at each
+        # backward and boundary (a DeepSpeed method, ~3 us where the hook runs cold)
+        self.fp16_of: tuple[Callable[[], Any], bool] = (_gone, False)
         g = agent.guard
-        self.ds_before, self.ds_after = g(NAME, self._ds_before), g(NAME, self._ds_after)
         self.loss_check = g(NAME, self._loss_check)
         self.mg_before, self.mg_after = g(NAME, self._mg_before), g(NAME, self._mg_after)
         self.mg_step_after = g(NAME, self._mg_step_after)
@@ -133,8 +137,9 @@ class _Overflow:
         cls = engine_class()
         if cls is not None and "deepspeed" not in self.done:
             self.done.add("deepspeed")
-            name = "_take_model_step" if hasattr(cls, "_take_model_step") else "step"
-            self.undo.patch(cls, name, _around(getattr(cls, name), self.ds_before, self.ds_after))
+            boundary = DsBoundary.of(self.agent, self.undo)  # shared with steps: one wrapper
+            boundary.add(Part(0, NAME, self._ds_before, self._ds_after))
+            boundary.patch(cls)
             self.retain_at = _after_loss(cls.backward, "retain_graph")
             self.undo.patch(cls, "backward", _first(cls.backward, self.loss_check))
         scalers = sys.modules.get(GRAD_SCALER)
@@ -153,15 +158,29 @@ class _Overflow:
         self.agent.emit((schema.OVERFLOW, step, self.agent.now(), overflow, before, after, skipped, source))
 
     # ---- DeepSpeed ---------------------------------------------------------------------------
-    def _ds_before(self, engine: Any, *_a: Any, **_k: Any) -> tuple[int, Any]:
-        scale = device.host_float(engine._get_optimizer_loss_scale()) if engine.fp16_enabled() else None
-        return int(engine.global_steps), scale
+    def fp16(self, engine: Any) -> bool:
+        """The engine's `fp16_enabled()`, asked once per engine."""
+        known = self.fp16_of
+        if known[0]() is engine:
+            return known[1]
+        fp16 = bool(engine.fp16_enabled())
+        try:
+            self.fp16_of = (weakref.ref(engine), fp16)
+        except TypeError:  # no weak references to it: asked each time
+            pass
+        return fp16
 
-    def _ds_after(self, engine: Any, token: tuple[int, Any] | None, _out: Any, *_a: Any, **_k: Any) -> None:
-        if token is None or engine.global_steps == token[0]:
+    def _ds_before(self, engine: Any) -> tuple[int, Any, bool]:
+        known = self.fp16_of
+        fp16 = known[1] if known[0]() is engine else self.fp16(engine)
+        scale = device.host_float(engine._get_optimizer_loss_scale()) if fp16 else None
+        return int(engine.global_steps), scale, fp16
+
+    def _ds_after(self, engine: Any, token: tuple[int, Any, bool]) -> None:
+        if engine.global_steps == token[0]:
             return
         skipped = int(engine.skipped_steps)
-        if engine.fp16_enabled():
+        if token[2]:  # fp16, as `_ds_before` found it
             overflow = bool(getattr(engine.optimizer, "overflow", False))
             after = device.host_float(engine._get_optimizer_loss_scale())
             self.emit(token[0] + 1, overflow, token[1], after, skipped, "deepspeed_fp16")
@@ -175,7 +194,8 @@ class _Overflow:
             self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_loss")
 
     def _loss_check(self, engine: Any, loss: Any = None, *args: Any, **kwargs: Any) -> None:
-        if engine.fp16_enabled():
+        known = self.fp16_of
+        if known[1] if known[0]() is engine else self.fp16(engine):
             return
         at = self.retain_at
         if kwargs.get("retain_graph") or (at is not None and len(args) > at and args[at]):
@@ -224,20 +244,25 @@ def _nothing(*_a: Any, **_k: Any) -> None:
     return None
 
 
+def _gone() -> None:
+    """A dead weak reference's answer: no engine seen yet."""
+    return None
+
+
 def install(agent: AgentAPI, undo: Undo) -> None:
     """Wrap the loaded DeepSpeed engine / Megatron scalers; patch later imports at step boundaries
     until the job's framework is wrapped (then the writer thread's idle listener, within a flush,
     covers what is imported later: a step listener is a call on every step, ~3 us in a job)."""
     state = _Overflow(agent, undo)
     state.patch_loaded()
-    listener: Callable[[int], None] | None = None
+    listener: StepListener | None = None
 
     def late_install(step: int) -> None:
         if state.patch_loaded(step) and state.done:
             agent.step_listeners = [f for f in agent.step_listeners if f is not listener]  # not in place:
             # begin_step is iterating the list
 
-    listener = agent.guard(NAME, late_install, "late-install")
+    listener = StepListener(NAME, "late-install", late_install)
     agent.step_listeners.append(listener)
     agent.idle_listeners.append(agent.guard(NAME, state.patch_loaded, "late-install"))  # cleared by stop
     undo.call(

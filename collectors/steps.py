@@ -1,7 +1,8 @@
 """Step boundaries: one `step` record per optimizer step, and `agent.begin_step` for the others.
 
 Sources, in order of trust:
-- DeepSpeed: a class-level wrapper of `DeepSpeedEngine._take_model_step`, the boundary itself
+- DeepSpeed: a class-level wrapper of `DeepSpeedEngine._take_model_step`, the boundary itself (one
+  wrapper shared with the overflow collector: collectors/boundary.py)
   (`engine.step()` calls it only at gradient-accumulation boundaries, and `PipelineEngine.train_batch`
   calls it directly, bypassing `step()`). A step carries the number the job gives it: `engine.global_steps`
   once it is taken (`global_steps + 1` while it runs), which is what DeepSpeed logs as `step=N` and
@@ -32,10 +33,12 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from diag.collectors.boundary import DsBoundary, Part
 from diag.collectors.steps_origin import ProgramCounter
 
 from diag import schema
@@ -46,6 +49,7 @@ NAME = "steps"
 DS_ENGINE = "deepspeed.runtime.engine"
 MEGATRON_OPTIMIZER = "megatron.core.optimizer.optimizer"
 WATCHED = {"deepspeed": DS_ENGINE, "megatron": MEGATRON_OPTIMIZER}  # what patch_loaded waits for
+_now = time.perf_counter_ns
 TORCH_GRACE = 2  # torch-hook steps without a DeepSpeed engine before they count
 MEGATRON_ARGS = ("megatron.training.global_vars", "megatron.global_vars")  # Megatron-LM, -DeepSpeed
 
@@ -121,8 +125,7 @@ class _Steps:
         self._patching = threading.Lock()  # the training thread and the writer thread both patch
         self.seen: weakref.WeakSet[Any] = weakref.WeakSet()  # engines described so far
         self.last_engine: Any = lambda: None  # weak ref to the engine seen last: one identity test a call
-        self.before = agent.guard(NAME, self._before, "engine-before")
-        self.after_engine = agent.guard(NAME, self._after_engine, "engine-after")
+        self.ds: DsBoundary | None = None  # DeepSpeed's boundary, once its engine is loaded
         self.after_megatron = agent.guard(NAME, self._after_megatron, "megatron-after")
         self.sight = agent.guard(NAME, self._sight, "engine-sight")
         self.number_megatron = agent.guard(NAME, self._number_megatron, "megatron-before")
@@ -147,8 +150,9 @@ class _Steps:
         cls = engine_class()
         if cls is not None and "deepspeed" not in self.done:
             self.done.add("deepspeed")
-            name = "_take_model_step" if hasattr(cls, "_take_model_step") else "step"
-            self.undo.patch(cls, name, self._wrap_engine(getattr(cls, name)))
+            self.ds = DsBoundary.of(self.agent, self.undo)  # shared with overflow: one wrapper
+            self.ds.add(Part(1, NAME, self._before, self._after_engine))  # after overflow's
+            self.ds.patch(cls)
             self.undo.patch(cls, "forward", self._wrap_forward(cls.forward))
             for engine in live_engines(cls):  # attached inside a step: number it now, not at 0
                 self.sight(engine)
@@ -156,23 +160,6 @@ class _Steps:
             self.done.add("megatron")
             for mcls in megatron_step_classes():
                 self.undo.patch(mcls, "step", self._wrap_megatron(mcls.__dict__["step"]))
-
-    def _wrap_engine(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        state = self
-
-        def wrapper(engine: Any, *args: Any, **kwargs: Any) -> Any:
-            before = state.before(engine)
-            state.depth += 1
-            try:
-                out = original(engine, *args, **kwargs)
-            finally:
-                state.depth -= 1
-            if state.depth == 0:
-                state.after_engine(engine, before)
-            return out
-
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        return wrapper
 
     def _wrap_forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         state = self
@@ -189,14 +176,15 @@ class _Steps:
         state = self
 
         def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if state.depth == 0:
+            outer = state.depth == 0 and not (state.ds and state.ds.depth)
+            if outer:  # not inside another step (DeepSpeed's boundary counts it)
                 state.number_megatron()
             state.depth += 1
             try:
                 out = original(optimizer, *args, **kwargs)
             finally:
                 state.depth -= 1
-            if state.depth == 0:
+            if outer:
                 state.after_megatron(out)
             return out
 
@@ -234,18 +222,20 @@ class _Steps:
             self.agent.step = iteration
         self.say_origin("megatron" if iteration is not None else "attach")
 
-    def _after_engine(self, engine: Any, before: tuple[int, int] | None) -> None:
-        if before is None or engine.global_steps == before[0]:
+    def _after_engine(self, engine: Any, before: tuple[int, int]) -> None:
+        taken = engine.global_steps
+        if taken == before[0]:
             return  # not a boundary (`step` fallback between accumulation boundaries)
         if (
             engine is not self.last_engine() and engine not in self.seen
         ):  # attached inside a step: no forward yet
             self.see(engine)
         samples = int(getattr(engine, "global_samples", 0)) - before[1]
-        applied = bool(engine.was_step_applied()) if hasattr(engine, "was_step_applied") else None
+        was_applied = getattr(engine, "was_step_applied", None)
+        applied = bool(was_applied()) if was_applied is not None else None
         if self.origin != "deepspeed":
             self.say_origin("deepspeed")
-        self.boundary(before[0] + 1, samples or None, applied, ds_step(engine))
+        self.boundary(before[0] + 1, samples or None, applied, int(taken) + 1)  # ds_step's number
 
     def _after_megatron(self, out: Any) -> None:
         applied = bool(out[0]) if isinstance(out, tuple) and out else None
@@ -254,7 +244,7 @@ class _Steps:
     def _torch_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if len(self.done) < 2:
             self.patch_loaded()
-        if self.depth or self.agent.engine is not None:
+        if self.depth or self.agent.engine is not None or (self.ds and self.ds.depth):
             return
         if "deepspeed" in self.done and self.ignored_torch < TORCH_GRACE:
             self.ignored_torch += 1  # an engine may be running this optimizer: wait for it
@@ -270,7 +260,7 @@ class _Steps:
             self.agent.set_meta(schema.META_STEP_ORIGIN, origin)
 
     def boundary(self, step: int, samples: int | None, applied: bool | None, next_step: int) -> None:
-        now = self.agent.now()
+        now = _now()  # agent.now's clock, one call fewer
         prev, self.last_ts = self.last_ts, now
         start = self.t_install if prev is None else prev
         dur = None if prev is None else now - prev

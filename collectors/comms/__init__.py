@@ -120,6 +120,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     pending.declare_spot(_COMM, RECORD_LEN, DUR_AT)
     timing = timing or CommTiming(agent)
     timing.install(undo)
+    agent.state.put(timing)  # found by tests (its `Work.wait` wrapper comes when a call needs it)
     groups = Groups(lambda seen: _new_group(agent, seen), agent.unsettle)
     undo.call(groups.clear, "comms: group cache")
     agent.idle_listeners.append(agent.guard(NAME, groups.recheck, "groups-recheck"))  # cleared by stop
@@ -136,7 +137,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
         if name in ProcessGroup.__dict__:
             original = getattr(ProcessGroup, name)
             parts = _recorder(agent, spec, groups, timing, matched)
-            wrapper = _wrapper(agent, name, original, parts, flop_seam, timing.may_be_gpu)
+            wrapper = _wrapper(agent, name, original, parts, flop_seam, timing)
             undo.patch(ProcessGroup, name, wrapper)
     # what C++ calls (DDP's reducer) never passes the wrappers above: seen at the c10d dispatcher
     dispatch.register(
@@ -189,14 +190,22 @@ def _recorder(
     nanoGPT bucket of all 108,352 parameters was `transformer.wte`'s: a false embedding_comm)."""
     start, op, times_n, p2p = timing.start, spec.op, spec.times_n, spec.p2p
     arg_at, opts_at = spec.arg, spec.opts
-    cpu, bind, group_info, tracker = timing.cpu, timing.bind, groups.info, matched.tracker
+    cpu, bind, group_info, tracker, blocked = (
+        timing.cpu,
+        timing.bind,
+        groups.info,
+        matched.tracker,
+        timing.blocked,
+    )
     cache, names, emit, tensor_type = groups.cache, DTYPE_NAMES, agent.emit, torch.Tensor
 
     def before(t0: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
         nbytes, tensor = call_payload(spec, args, kwargs)
         return nbytes, tensor, start(tensor, t0)
 
-    def after(t0: int, state: Any, pg: Any, work: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def after(
+        t0: int, state: Any, pg: Any, work: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Later | None:
         # one function, its helpers' common cases inline: a hook runs cold between the job's calls,
         # where each call and each object it touches costs (~34 -> ~28 us a call of CPU in the
         # bench's job, side by side)
@@ -229,7 +238,11 @@ def _recorder(
             async_op = getattr(opts, "asyncOp", None) if opts is not None else is_async(spec, args, kwargs)
         dtype = None if tensor is None else names.get(tensor.dtype) or dtype_name(tensor)
         emit((_COMM, step, op, nbytes, dtype, group, size, ranks, t0, later, module, async_op))
+        if async_op is False and later.timer is cpu and work is not None and not p2p:
+            blocked.add(later)  # in flight until the wrapper's wait returns (a detach counts it)
+            return later  # blocking, on the wall clock: the wrapper waits for it (timing's doc)
         bind(work, later, p2p, async_op, pg)
+        return None
 
     return before, after
 
@@ -240,13 +253,15 @@ def _wrapper(
     original: Callable[..., Any],
     parts: tuple[Callable[..., Any], Callable[..., Any]],
     flop_seam: tuple[Callable[[], bool], Callable[[], Any]],
-    may_be_gpu: Callable[[], bool],
+    timing: CommTiming,
 ) -> Callable[..., Any]:
+    may_be_gpu, blocked = timing.may_be_gpu, timing.blocked
     guarded_before = agent.guard(NAME, parts[0], name)
     guarded_after = agent.guard(NAME, parts[1], name)
     flop_mode_on_top, below_it = flop_seam
     mark = dispatch.marked
     below_autograd = torch._C._AutoDispatchBelowAutograd
+    wait = torch._C._distributed_c10d.Work.wait  # the original: diag's wrapper, if any, is not needed
 
     def wrapper(pg: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = _now()
@@ -265,7 +280,11 @@ def _wrapper(
         finally:
             mark.on = outer
         if state is not None:  # None: `before` failed (counted)
-            guarded_after(t0, state, pg, work, args, kwargs)
+            blocking = guarded_after(t0, state, pg, work, args, kwargs)
+            if blocking is not None:  # torch waits for it next: wait here, the end read as it returns
+                wait(work)  # (what it raises is the job's, as torch's own wait would raise it)
+                blocking.finish(_now())  # a no-op if a stop gave it up meanwhile (unfinished)
+                blocked.discard(blocking)
         return work
 
     wrapper.__name__ = wrapper.__qualname__ = name

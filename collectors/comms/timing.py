@@ -3,12 +3,18 @@
 A c10d call only enqueues the work (gloo runs it on its own threads, NCCL on its stream), so the
 wall clock around the call says nothing. The record is emitted at issue with a `Later` duration that
 the completion fills in, by the cheapest signal that is exact for the kind of call:
-- blocking calls (the caller's async_op=False): torch itself calls `Work.wait()` right after, so a
-  class-level `Work.wait` wrapper ends them (one identity test per wait; ~3 us less than a future
-  callback, which also needs the GIL on gloo's thread);
+- blocking calls (the caller's async_op=False) timed by the wall clock: torch itself calls
+  `Work.wait()` right after the call, so the comms wrapper waits for the Work itself before it
+  returns and reads the clock there (torch's own wait then returns at once). The end is the same
+  moment; what it saves is a Python `Work.wait` wrapper run on every wait (~5-10 us a collective
+  where hooks run cold);
+- blocking calls on a GPU: a class-level `Work.wait` wrapper records the end event after torch's
+  wait (the stream waits for the collective there);
 - async calls: the Work's future callback, on gloo's thread when it finishes, or for NCCL on a
   stream that waits for the collective (where the end CUDA event is recorded);
 - send/recv (gloo's p2p Work has no future; `send` and `isend` look alike here): the first wait.
+The `Work.wait` wrapper is installed at the first call that needs it (a p2p op, a blocking GPU call,
+a Work without a future): a job of CPU collectives never has one.
 A future callback is Python: gloo's thread takes the GIL to run it. A process group whose last
 reference goes (DDP's Reducer freed when the job's `main()` returns) joins gloo's threads in its
 destructor while the freeing thread holds the GIL: with a callback still waiting for the GIL, both
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -114,10 +121,15 @@ class CommTiming:
         self.last: Any = None  # the blocking call's Work, until the wait torch makes next
         self.last_later: Later | None = None
         self.inflight: set[Later] = set()  # async calls finished by their future's callback
+        self.blocked: set[Later] = set()  # blocking calls the comms wrapper is waiting for now
         self.held: dict[Later, Any] = {}  # each pending callback's process group, kept alive
         self.released: list[Any] = []  # groups whose callback ran: dropped by the writer thread
         self._finish = agent.guard("comms", self._finished, "complete")
         self._waited = agent.guard("comms", self._on_wait, "wait")
+        self._undo: Undo | None = None
+        self._wait_lock = threading.Lock()  # the training thread patches `Work.wait`; a stop undoes
+        self.wait_hooked = False  # `Work.wait` is wrapped (at the first call that needs it)
+        self.stopped = False
         cuda = sys.modules.get("torch.cuda")
         # could a call's tensors be on a GPU? Not before the job initialized CUDA: making a CUDA
         # tensor initializes it (torch.cuda's own flag, as the device seam's `ready()` reads it)
@@ -142,8 +154,10 @@ class CommTiming:
         if work is None:  # monitored_barrier and other blocking calls return no Work
             later.finish()
         elif p2p:
+            self.hook_wait()
             self.waiting[work] = later
         elif async_op is False:
+            self.hook_wait()
             if self.last is not None and self.last_later is not None:  # another thread's blocking
                 # call, not waited yet (the two are set together)
                 self.waiting[self.last] = self.last_later
@@ -152,6 +166,7 @@ class CommTiming:
             try:
                 future = work.get_future()
             except RuntimeError:  # "getFuture not implemented" (a third-party backend's work)
+                self.hook_wait()
                 self.waiting[work] = later
                 return
             self.inflight.add(later)
@@ -187,11 +202,13 @@ class CommTiming:
         """Stop: every op still in flight gets a null duration (not an error) and is counted. The
         future callbacks already waiting for the GIL run first (at most `DRAIN_S`): once stopped, a
         group dropped by the job must not be freed with one of them still waiting (module doc)."""
+        with self._wait_lock:
+            self.stopped = True  # no `Work.wait` wrapper after this: nothing would undo it
         deadline = time.monotonic() + DRAIN_S
         while self.held and time.monotonic() < deadline:
             time.sleep(0.005)  # the GIL released: gloo's threads run the callbacks they hold
         self.drop_released()  # the groups still held stay alive: their callbacks never ran
-        pending = [*self.inflight, *self.waiting.values(), self.last_later]
+        pending = [*self.inflight, *self.waiting.values(), *self.blocked, self.last_later]
         self.waiting.clear()
         self.inflight.clear()
         self.last = self.last_later = None
@@ -203,18 +220,29 @@ class CommTiming:
         self.agent.set_meta(UNFINISHED_AT_DETACH, unfinished)
 
     def install(self, undo: Undo) -> None:
-        """Wrap `Work.wait` (class-level) to see completions; costs one test for other works."""
-        from torch._C._distributed_c10d import Work
-
-        original = Work.wait
-        waited, now = self._waited, time.perf_counter_ns
-
-        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(work, *args, **kwargs)
-            if work is self.last or self.waiting:
-                waited(work, now())  # the end as the wait returned, not after diag's hook began
-            return result
-
-        undo.patch(Work, "wait", wait)
+        """Ready to wrap `Work.wait` when a call needs it (`hook_wait`); at stop, the ops in flight
+        are counted (`_forget`)."""
+        self._undo = undo
         undo.call(self._forget, "comms: pending works")
         self.agent.idle_listeners.append(self.agent.guard("comms", self.drop_released, "drop-groups"))
+
+    def hook_wait(self) -> None:
+        """Wrap `Work.wait` (class-level) to see completions, once; costs one test for other works."""
+        if self.wait_hooked:
+            return
+        with self._wait_lock:
+            if self.wait_hooked or self.stopped or self._undo is None:
+                return
+            from torch._C._distributed_c10d import Work
+
+            original = Work.wait
+            waited, now = self._waited, time.perf_counter_ns
+
+            def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(work, *args, **kwargs)
+                if work is self.last or self.waiting:
+                    waited(work, now())  # the end as the wait returned, not after diag's hook began
+                return result
+
+            self._undo.patch(Work, "wait", wait)
+            self.wait_hooked = True

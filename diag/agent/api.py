@@ -9,7 +9,7 @@ their class, never as new attributes of the agent.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from diag.agent.options import AgentOptions
 from diag.agent.undo import Undo
@@ -40,6 +40,16 @@ class CollectorState:
         return kind in self._items
 
 
+class StepListener(NamedTuple):
+    """A step-boundary callback `fn(next_step)`, run inline by `begin_step` (no guard of its own: a
+    layer of Python costs ~2-3 us where a hook runs cold); what it raises, and an injected fault,
+    is counted under `collector`."""
+
+    collector: str
+    where: str
+    fn: Callable[[int], None]
+
+
 class AgentAPI(Protocol):
     """The agent as its collectors see it (implemented by `diag.agent.runtime.Agent`)."""
 
@@ -49,13 +59,14 @@ class AgentAPI(Protocol):
     layers_every: int  # a per-layer sampled step every N (0: none)
     sampled: bool  # is the current step a per-layer sampled step
     module_stack: list[str]  # qualified names of the modules running now (fwd or bwd)
-    step_listeners: list[Callable[[int], None]]  # called with each new step index
+    step_listeners: list[StepListener]  # called with each new step index
     # called (guarded) by the writer thread at a flush after imports, until each returns True (settled)
     idle_listeners: list[Callable[[], bool | None]]
     engine: Any  # the DeepSpeed engine once seen, else None
     # by record kind, run by the writer thread on each record before it is written (never raises)
     resolvers: dict[str, Callable[[Record], Record]]
     state: CollectorState
+    faults: dict[str, str]  # collector -> injected fault (tests); parts run inline trigger their own
 
     def now(self) -> int: ...
 

@@ -69,8 +69,11 @@ def build_header(wall0_ns: int, perf0_ns: int, options: dict[str, Any]) -> dict[
     }
 
 
+MEGATRON_STATE = "megatron.core.parallel_state"
+
+
 def megatron_layout() -> dict[str, Any]:
-    ps = sys.modules.get("megatron.core.parallel_state")
+    ps = sys.modules.get(MEGATRON_STATE)
     if ps is None:
         return {}
     try:

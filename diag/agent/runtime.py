@@ -22,8 +22,8 @@ from diag.agent import faults as _faults
 from diag.agent import fork as _fork
 from diag.agent import pending as _pending
 from diag.agent import uncaught as _uncaught
-from diag.agent.api import CollectorState, Installer
-from diag.agent.header import build_header, describe_job, megatron_layout, rank_and_world
+from diag.agent.api import CollectorState, Installer, StepListener
+from diag.agent.header import MEGATRON_STATE, build_header, describe_job, megatron_layout, rank_and_world
 from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
@@ -66,7 +66,7 @@ class Agent:
         self.layers_every = options.layers_every  # 0: no sampled steps
         self.sampled = False  # is the current step a per-layer sampled step
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
-        self.step_listeners: list[Callable[[int], None]] = []
+        self.step_listeners: list[StepListener] = []
         # run by the writer thread every flush: collectors that wrap a framework imported after the
         # agent started (`diag run`) patch it before the job's first step, not at its first boundary
         self.idle_listeners: list[Callable[[], bool | None]] = []
@@ -79,6 +79,7 @@ class Agent:
         self._header_rank: int | None = None
         self._rank_known = False  # header lacked the rank (agent started before the process group)
         self._layout_known = False  # Megatron's parallel state is initialized after the agent starts
+        self._layout_modules = -1  # len(sys.modules) when a check found no Megatron to ask (skip it)
         # bookkeeping
         self.errors: dict[ErrorKey, int] = {}
         self.error_messages: list[tuple[str, str, str, str]] = []  # (*key, first message)
@@ -204,10 +205,16 @@ class Agent:
         self.step = step
         every = self.layers_every
         self.sampled = every > 0 and step % every == 0
-        if not (self._layout_known and self._rank_known):
+        if not (self._layout_known and self._rank_known) and len(sys.modules) != self._layout_modules:
             self._learn_layout()
-        for listener in self.step_listeners:
-            listener(step)
+        faults = self.faults
+        for collector, where, fn in self.step_listeners:  # inline, each guarded here (StepListener)
+            try:
+                if faults and collector in faults:
+                    _faults.trigger(faults[collector])
+                fn(step)
+            except Exception as exc:  # noqa: BLE001 - counted, never raised into the job
+                self.record_error(collector, where, exc)
 
     def _learn_layout(self) -> None:
         """Write rank / world and Megatron's TP/PP/DP as meta once they exist (checked per step
@@ -226,6 +233,8 @@ class Agent:
                     self._layout_known = True
                     for key, value in layout.items():
                         self.set_meta(key, value)
+                elif self._rank_known and MEGATRON_STATE not in sys.modules:
+                    self._layout_modules = len(sys.modules)  # nothing to ask until an import
         except Exception as exc:  # noqa: BLE001
             self._layout_known = self._rank_known = True  # don't retry a broken parallel state
             self.record_error("agent", "layout", exc)
@@ -264,7 +273,10 @@ class Agent:
             self._calibrate()
         self._thread = threading.Thread(target=self._run, name="diag-writer", daemon=True)
         self._thread.start()  # before the installs: on attach, events flow while `layers` warms up
-        for name in sorted(self.what, key=lambda n: n == "layers"):  # its 1-3 s install goes last
+        # memory's step listener before steps' first boundary (an attach lands mid-run: each step
+        # record has its memory record); steps before comms (a collective carries the job's step
+        # number); layers' 1-3 s install last
+        for name in sorted(self.what, key=lambda n: (n == "layers", n != "memory")):
             self._install(name)
         # the control socket is started by diag.agent.start() once this agent is the current one:
         # a `detach` that arrives at once must find it there (else it stops a half-started agent)

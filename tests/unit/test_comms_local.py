@@ -187,8 +187,14 @@ def test_unwaited_work_does_not_leak(group, tmp_path) -> None:
 def test_stop_restores_process_group_and_work(group, tmp_path) -> None:
     methods = dict(ProcessGroup.__dict__)
     allreduce, wait = ProcessGroup.allreduce, Work.wait
-    agent.start(str(tmp_path), what=("comms",))
-    assert ProcessGroup.allreduce is not allreduce and Work.wait is not wait
+    ag = agent.start(str(tmp_path), what=("comms",))
+    assert ProcessGroup.allreduce is not allreduce
+    dist.all_reduce(torch.ones(4))  # blocking, on CPU: the comms wrapper waits, no Work.wait wrapper
+    assert Work.wait is wait
+    timing = ag.state.get(CommTiming)
+    assert timing is not None
+    timing.hook_wait()  # what a p2p op or a blocking GPU call does first
+    assert Work.wait is not wait
     agent.stop()
     assert ProcessGroup.allreduce is allreduce and Work.wait is wait
     assert {n for n, v in methods.items() if ProcessGroup.__dict__.get(n) is not v} == set()

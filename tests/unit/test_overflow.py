@@ -75,7 +75,7 @@ def test_losses_are_read_only_where_the_grad_norm_does_not_settle_the_step(tmp_p
         token = state._ds_before(engine)
         engine.global_steps += 1
         engine._global_grad_norm = norm
-        state._ds_after(engine, token, None)
+        state._ds_after(engine, token)
 
     step(torch.tensor(1.5), torch.tensor(2.0), torch.tensor(2.1))  # healthy: no loss read
     assert read == [] and state.losses == []

@@ -11,6 +11,7 @@ import torch
 
 import diag
 from diag import agent
+from diag.agent.api import StepListener
 from tests.unit.no_cuda import NoCudaTorch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,7 +30,7 @@ def _plain_loop(n: int) -> torch.nn.Module:
 def test_plain_torch_loop_counts_optimizer_steps(tmp_path, without_deepspeed):
     ag = agent.start(str(tmp_path), what=("steps",))
     seen: list[int] = []
-    ag.step_listeners.append(seen.append)
+    ag.step_listeners.append(StepListener("test", "step", seen.append))
     _plain_loop(5)
     agent.stop()
     _plain_loop(2)  # after stop: nothing is counted any more
@@ -56,18 +57,21 @@ def test_torch_hooks_wait_for_an_engine_while_deepspeed_is_loaded(tmp_path):
 
 def test_deepspeed_imported_after_install_is_patched_at_a_later_step(tmp_path, monkeypatch):
     import deepspeed.runtime.engine as ds_engine
+    from diag.collectors.boundary import DsBoundary
     from diag.collectors.steps import TORCH_GRACE
 
     cls = ds_engine.DeepSpeedEngine
     original = cls.__dict__["_take_model_step"]
     monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine")  # as if preloaded before the import
-    agent.start(str(tmp_path), what=("steps", "overflow"))
+    ag = agent.start(str(tmp_path), what=("steps", "overflow"))
     assert cls.__dict__["_take_model_step"] is original
     monkeypatch.setitem(sys.modules, "deepspeed.runtime.engine", ds_engine)  # the job imports it
     _plain_loop(TORCH_GRACE + 1)
     patched = cls.__dict__["_take_model_step"]
+    boundary = ag.state.get(DsBoundary)
     agent.stop()
-    assert patched is not original and patched.__wrapped__.__wrapped__ is original  # steps + overflow
+    assert patched is not original and patched.__wrapped__ is original  # one wrapper: steps + overflow
+    assert boundary is not None and [p.collector for p in boundary.parts] == ["overflow", "steps"]
     assert cls.__dict__["_take_model_step"] is original
 
 
@@ -179,7 +183,7 @@ def test_a_framework_half_imported_at_a_scan_is_patched_once_its_import_ends(tmp
     patched = cls.__dict__["_take_model_step"]
     agent.stop()
     assert len(sys.modules) == count
-    assert patched is not original and patched.__wrapped__.__wrapped__ is original  # steps + overflow
+    assert patched is not original and patched.__wrapped__ is original  # one wrapper: steps + overflow
     assert cls.__dict__["_take_model_step"] is original
 
 
