@@ -2,7 +2,9 @@
 
 A sitecustomize directory is put first on PYTHONPATH; it starts the agent (and its control socket,
 so `diag status/detach/stacks` work as after attach) in each torchrun / deepspeed worker, or in the
-command itself when it is a plain `python train.py`, never in the launcher.
+command itself when it is a plain `python train.py`, never in the launcher. Where the job's own
+sitecustomize comes first (its launch script prepends its directory), the `diag-run.pth` that an
+installed diag keeps in site-packages boots the agent right after the job's sitecustomize.
 """
 
 from __future__ import annotations
