@@ -246,3 +246,30 @@ def test_hang_desync_rank_stopped_and_diverged(tmp_path):
     trace.frames["step"] = trace.steps[(trace.steps["rank"] != 1) | (trace.steps["step"] < 3)]
     (g,) = fired(trace, "hang_desync")
     assert g.evidence["behind"] == [1]
+
+
+def test_pipeline_bubble_recoverable_follows_the_measure(tmp_path):
+    """m=2, p=2: the schedule alone leaves (p-1)/m = 0.5. Megatron-DeepSpeed's PP=2 runs read 1.4 ms
+    recoverable at a measured 0.52 and 22.8 ms at 0.49 (two formulas either side of 0.5). It is the
+    bubble above what 4(p-1) microbatches leave, (p-1)/4 = 0.25, times compute: close measures,
+    close figures."""
+
+    def run(name: str, recv_ms: float) -> object:
+        job = Job(ranks=2, header={"pp": 2, "gradient_accumulation_steps": 2})
+
+        def step(r: int, s: int) -> None:
+            for i in range(2):
+                job.comm(r, s, op="send", nbytes=4096, at_ms=5 * i, dur_ms=1, group_ranks=[0, 1])
+            job.comm(r, s, op="recv", at_ms=20, dur_ms=recv_ms, group_ranks=[0, 1])
+
+        job.each_step(step)
+        (f,) = fired(job.write(str(tmp_path / name)), "pipeline_bubble")
+        return f
+
+    below, above = run("below", 30.0), run("above", 33.0)
+    for f in (below, above):
+        measured = f.evidence["bubble_measured"]
+        compute = f.evidence["time_at_stake_s"] / (1 + measured)
+        assert f.recoverable_s == pytest.approx((measured - 0.25) * compute)
+    assert below.evidence["bubble_measured"] < 0.5 < above.evidence["bubble_measured"]
+    assert below.recoverable_s == pytest.approx(above.recoverable_s, rel=0.3)
