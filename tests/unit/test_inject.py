@@ -102,11 +102,16 @@ def test_boot_failure_is_reported_next_to_the_socket(tmp_path):
     assert agent.current() is None
 
 
-CHILD = "import os,time; os.environ['RANK'] and time.sleep(30)"
+CHILD = "import os,time; print(os.environ['RANK'], flush=True); time.sleep(30)"
+# each child says it runs before the launcher says ready: a child not yet past exec still shows the
+# launcher's environment, no RANK (rank 0 went unseen under CI's load)
 LAUNCHER = f"""
 import os, subprocess, sys, time
-kids = [subprocess.Popen([sys.executable, '-c', {CHILD!r}], env={{**os.environ, 'RANK': str(r)}})
+kids = [subprocess.Popen([sys.executable, '-c', {CHILD!r}], env={{**os.environ, 'RANK': str(r)}},
+                         stdout=subprocess.PIPE, text=True)
         for r in (1, 0)]
+for kid in kids:
+    kid.stdout.readline()
 print('ready', flush=True)
 time.sleep(30)
 """
