@@ -60,13 +60,18 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     if c.empty:
         return pd.Series(dtype=float)
     group, rank, k = positions.in_group(c, c["ts"])
+    ids, count = positions.position_ids(group, k)
+    del k
     dur = pd.to_numeric(c["dur"])
-    order, starts, sizes = positions.per_position(group, k)
+    placed = ids >= 0
     out = np.full(len(c), np.nan)
-    if len(order):
-        least = np.fmin.reduceat(dur.to_numpy(dtype=float, na_value=np.nan)[order], starts)  # NaN skipped
-        whole = sizes >= positions.members(group, rank)[group[order[starts]]]
-        out[order] = np.repeat(np.where(whole, least, np.nan), sizes)
+    if count:
+        at = ids[placed]
+        least = np.full(count, np.nan)  # fmin skips NaN: a position of no known duration stays NaN
+        np.fmin.at(least, at, dur.to_numpy(dtype=float, na_value=np.nan)[placed])
+        calls = np.bincount(at, minlength=count)
+        whole = calls >= positions.members(group, rank)[positions.group_of(ids, group, count)]
+        out[placed] = np.where(whole, least, np.nan)[at]
     if dur.dtype.kind in "iu" and not np.isnan(out).any():  # as the groupby's min of integers stays
         return pd.Series(out.astype(dur.dtype), index=c.index, name="dur")
     return pd.Series(out, index=c.index, name="dur")
@@ -83,11 +88,15 @@ def arrival_wait(c: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=float)
     ts = pd.to_numeric(c["ts"]).astype("int64")
     group, _, k = positions.in_group(c, ts)
-    order, starts, sizes = positions.per_position(group, k)
+    ids, count = positions.position_ids(group, k)
+    del group, k
+    placed = ids >= 0
     latest = np.zeros(len(c), np.int64)
-    if len(order):
-        latest[order] = np.repeat(np.maximum.reduceat(ts.to_numpy()[order], starts), sizes)
-    placed = group >= 0
+    if count:
+        at = ids[placed]
+        most = np.full(count, np.iinfo(np.int64).min)
+        np.maximum.at(most, at, ts.to_numpy()[placed])
+        latest[placed] = most[at]
     # integers where every call has a position, else floats with NaN: as the groupby's max gave
     last = pd.Series(
         latest if placed.all() else np.where(placed, latest.astype(float), np.nan), index=c.index, name="ts"

@@ -106,10 +106,11 @@ def test_tiny_collectives_counts_only_the_ops_it_found_tiny(tmp_path):
 
 def _by_groupby(c: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """transfer_dur and arrival_wait as groupbys define them (their first form): the k-th call of a
-    (rank, group) in time order; per (group, k) the least duration where every member has one, and
-    each call's start before the latest."""
+    (rank, group) in time order (ties in row order: the order a rank wrote them); per (group, k) the
+    least duration where every member has one, and each call's start before the latest."""
     key = c["group"].astype(str)
-    k = pd.DataFrame({"ts": c["ts"]}).sort_values("ts").groupby([c["rank"], key], observed=True).cumcount()
+    by_ts = pd.DataFrame({"ts": c["ts"]}).sort_values("ts", kind="stable")
+    k = by_ts.groupby([c["rank"], key], observed=True).cumcount()
     frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"]), "ts": c["ts"]})
     by_op = frame.groupby(["g", "k"])
     members = pd.Series(c["rank"].to_numpy(), index=c.index).groupby(key).transform("nunique")
