@@ -102,17 +102,19 @@ def async_tail_wait(c: pd.DataFrame) -> pd.Series:
     if not flag.any():
         return pd.Series(dtype=float)
     dur = pd.to_numeric(c["dur"], errors="coerce")
-    wait = (dur - transfer_dur(c)).clip(lower=0)
+    pick = (flag & dur.notna()).to_numpy()
+    if not pick.any():
+        return pd.Series(dtype=float)
+    # the async calls' columns only: a frame of every call's first took +95 MiB for 843,360 calls
+    done = dur[pick]
     a = pd.DataFrame(
         {
-            "rank": c["rank"],
-            "step": c["step"],
-            "end": pd.to_numeric(c["ts"]) + dur.fillna(0),
-            "wait": wait / NS,
+            "rank": c["rank"][pick],
+            "step": c["step"][pick],
+            "end": pd.to_numeric(c["ts"])[pick] + done,
+            "wait": (done - transfer_dur(c)[pick]).clip(lower=0) / NS,
         }
-    )[flag & dur.notna()]
-    if a.empty:
-        return pd.Series(dtype=float)
+    )
     tail = a.sort_values("end", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
     return tail.set_index(["rank", "step"])["wait"]
 

@@ -61,7 +61,7 @@ def by_rank(rank: np.ndarray) -> Iterator[np.ndarray | slice]:
 def index_per_rank(rank: np.ndarray, ts: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """Each row's index among its rank's rows of equal `keys`, in `ts` order (ties in row order:
     the order the rank wrote them), one rank at a time; -1 for a row of rank code -1."""
-    out = np.full(len(rank), -1, np.int64)
+    out = np.full(len(rank), -1, np.int32 if len(rank) < 2**31 else np.int64)
     for rows in by_rank(rank):
         mine = tuple(key[rows] for key in keys)
         order = np.lexsort((ts[rows], *reversed(mine)))
@@ -73,13 +73,22 @@ def in_group(c: pd.DataFrame, ts: pd.Series) -> tuple[np.ndarray, np.ndarray, np
     """(group code, rank code, k) of each call, k its index among its rank's calls in its group in
     `ts` order (ties in row order): what `groupby([rank, group]).cumcount()` of the calls sorted
     stably by ts gives; -1 for all three where the group or the rank is missing."""
-    group = pd.factorize(as_text(c["group"]))[0].astype(np.int32)
+    group = coded(as_text(c["group"]))[0]
     rank = pd.factorize(c["rank"])[0].astype(np.int32)
     missing = (group < 0) | (rank < 0)
     group[missing] = -1
     rank[missing] = -1
-    k = index_per_rank(rank, numbers(ts), (group,)).astype(np.int32)
-    return group, rank, k
+    return group, rank, index_per_rank(rank, numbers(ts), (group,))
+
+
+def coded(s: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, pd.Index]:
+    """(an int32 code per value (of `rows` only, given them), -1 where missing; the values coded,
+    sorted): a categorical's own codes where its categories are sorted (no int64 array of them)."""
+    if isinstance(s.dtype, pd.CategoricalDtype) and s.cat.categories.is_monotonic_increasing:
+        codes = s.cat.codes.to_numpy()
+        return (codes if rows is None else codes[rows]).astype(np.int32), s.cat.categories
+    codes, names = pd.factorize(s if rows is None else s.iloc[rows], sort=True)
+    return codes.astype(np.int32), pd.Index(names)
 
 
 def numbers(values: pd.Series) -> np.ndarray:
