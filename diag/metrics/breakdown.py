@@ -85,10 +85,28 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     bus bytes, each call's with its group's nccl-tests factor, over the time of the calls whose size
     is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
     c = trace.comms
-    if c.empty:
+    # one rank at a time (a rank's calls are one rank's rows of the table): the columns read and
+    # their groupby are one rank's, not the job's (+206 MiB for a 64-rank x 1,000-step trace)
+    ranks = positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
+    parts = [_rank_stats(c.iloc[rows]) for rows in ranks] if not c.empty else []
+    if not parts:
         return pd.DataFrame(
             columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
         )
+    df = pd.concat(parts, ignore_index=True)
+    df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
+    # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
+    df["algbw"] = [
+        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bytes"], df["sized_ns"])
+    ]
+    df["busbw"] = [
+        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bus_bytes"], df["sized_ns"])
+    ]
+    return df.drop(columns=["bus_bytes", "sized", "sized_ns"])
+
+
+def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
+    """`collective_stats`' sums per (rank, op) of calls of one rank."""
     # the columns read, first: a filter or a column set below copies only these
     c = c[["rank", "op", "dur", "group_size"]].assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
     sized = c["bytes"].notna()
@@ -108,15 +126,7 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     df["op"] = df["op"].astype(str)  # one row per rank and op: as the strings' groupby gave it
     df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()  # NaN: no call's size is known
     df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
-    df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
-    # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
-    df["algbw"] = [
-        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bytes"], df["sized_ns"])
-    ]
-    df["busbw"] = [
-        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bus_bytes"], df["sized_ns"])
-    ]
-    return df.drop(columns=["bus_bytes", "sized", "sized_ns"])
+    return df
 
 
 def bandwidth_by_size(trace: Trace) -> pd.DataFrame:

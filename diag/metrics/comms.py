@@ -134,8 +134,8 @@ def blocking_per_step(c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool) 
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
     # the columns the union reads: a filtered copy of the whole frame was most of the peak memory
     dur = c["dur"] if waits else transfer_dur(c)  # waiting for a straggler is not an overlap problem
-    cols = pd.DataFrame({"rank": c["rank"], "step": c["step"], "ts": c["ts"], "dur": dur})
-    sync = cols[~c["async_op"].fillna(False).astype(bool).to_numpy()]
+    flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
+    sync = pd.DataFrame({col: c[col][flag] for col in ("rank", "step", "ts")}).assign(dur=dur[flag])
     if sync.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
     unknown = sync[sync["dur"].isna() & c.loc[sync.index, "dur"].notna()] if not waits else sync.iloc[:0]
