@@ -64,14 +64,18 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     del k
     dur = pd.to_numeric(c["dur"])
     placed = ids >= 0
+    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     out = np.full(len(c), np.nan)
     if count:
-        at = ids[placed]
+        at = ids if whole else ids[placed]
+        values = dur.to_numpy(dtype=float, na_value=np.nan)
         least = np.full(count, np.nan)  # fmin skips NaN: a position of no known duration stays NaN
-        np.fmin.at(least, at, dur.to_numpy(dtype=float, na_value=np.nan)[placed])
+        np.fmin.at(least, at, values if whole else values[placed])
+        del values
         calls = np.bincount(at, minlength=count)
-        whole = calls >= positions.members(group, rank)[positions.group_of(ids, group, count)]
-        out[placed] = np.where(whole, least, np.nan)[at]
+        least[calls < positions.members(group, rank)[positions.group_of(ids, group, count)]] = np.nan
+        del calls
+        out[placed] = least[at]
     if dur.dtype.kind in "iu" and not np.isnan(out).any():  # as the groupby's min of integers stays
         return pd.Series(out.astype(dur.dtype), index=c.index, name="dur")
     return pd.Series(out, index=c.index, name="dur")
@@ -91,11 +95,12 @@ def arrival_wait(c: pd.DataFrame) -> pd.Series:
     ids, count = positions.position_ids(group, k)
     del group, k
     placed = ids >= 0
+    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     latest = np.zeros(len(c), np.int64)
     if count:
-        at = ids[placed]
+        at = ids if whole else ids[placed]
         most = np.full(count, np.iinfo(np.int64).min)
-        np.maximum.at(most, at, ts.to_numpy()[placed])
+        np.maximum.at(most, at, ts.to_numpy() if whole else ts.to_numpy()[placed])
         latest[placed] = most[at]
     # integers where every call has a position, else floats with NaN: as the groupby's max gave
     last = pd.Series(

@@ -106,10 +106,18 @@ def position_ids(group: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, int]:
     placed = group >= 0
     if not placed.any():
         return np.full(len(group), -1, np.int64), 0
-    width = np.zeros(int(group.max()) + 1, np.int64)
-    np.maximum.at(width, group[placed], k[placed].astype(np.int64) + 1)
+    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' codes)
+    g, at = (group, k) if whole else (group[placed], k[placed])
+    width = np.zeros(int(g.max()) + 1, np.int64)
+    np.maximum.at(width, g, at)
+    width += 1  # a group's largest k + 1 (0 for a code no call has: 1 spare id, never taken)
     offset = np.concatenate(([0], np.cumsum(width)[:-1]))
-    ids = np.where(placed, offset[np.where(placed, group, 0)] + k, -1)
+    ids = offset[g]
+    ids += at
+    if not whole:
+        out = np.full(len(group), -1, np.int64)
+        out[placed] = ids
+        ids = out
     return ids, int(width.sum())
 
 
@@ -117,7 +125,10 @@ def group_of(ids: np.ndarray, group: np.ndarray, count: int) -> np.ndarray:
     """The group code of each position id (0 for an id no call has)."""
     out = np.zeros(count, np.int64)
     placed = ids >= 0
-    out[ids[placed]] = group[placed]
+    if placed.all():
+        out[ids] = group
+    else:
+        out[ids[placed]] = group[placed]
     return out
 
 
@@ -127,7 +138,9 @@ def members(group: np.ndarray, rank: np.ndarray) -> np.ndarray:
     if not ok.any():
         return np.zeros(0, np.int64)
     groups, width = int(group.max()) + 1, int(rank.max()) + 1
-    pairs = group[ok].astype(np.int64) * width + rank[ok]
+    pairs = group.astype(np.int64) if ok.all() else group[ok].astype(np.int64)
+    pairs *= width
+    pairs += rank if ok.all() else rank[ok]
     if groups * width <= _SEEN_CELLS:
         seen = np.zeros(groups * width, dtype=bool)
         seen[pairs] = True
