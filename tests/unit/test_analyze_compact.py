@@ -150,3 +150,19 @@ def test_positions_on_integer_arrays_equal_the_groupbys():
         pd.testing.assert_series_equal(transfer_dur(c), transfer, check_names=False)
         pd.testing.assert_series_equal(arrival_wait(c), wait, check_names=False)
     assert partial > 20  # positions some members lack were drawn
+
+
+def test_the_json_report_is_written_as_rendered():
+    """`diag analyze --json` streams the document (`json_report.write`: the whole text is never
+    held, the run's peak at 16 ranks x 1,000 steps): the same text as `render`, and a newline."""
+    import io
+
+    path = os.path.join(ROOT, "sample_traces", "zero3")
+    trace = load_inputs([path], slim=True)
+    metrics = Metrics(trace)
+    findings, failures = run_all(trace, None, metrics)
+    doc = model.build(trace, findings, failures, metrics)
+    out = io.StringIO()
+    json_report.write(doc, out)
+    assert out.getvalue() == json_report.render(doc) + "\n"
+    assert out.getvalue().count("\n") > 100  # indented, as the rendered text
