@@ -16,7 +16,7 @@ are normal)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
-from diag.metrics.positions import within_runs
+from diag.metrics import positions
 from diag.metrics.steps import NS
 from diag.metrics.text import as_text
 from diag.vocab import P2P
@@ -37,35 +37,89 @@ HOLD_S = 10.0  # the agent's longest hold of a record whose duration is pending 
 ANY_SIZE = ("all_to_all",)  # ops whose per-rank sizes differ in a healthy job
 
 
-def _final(trace: Trace, c: pd.DataFrame) -> pd.DataFrame:
-    """The records no held-back record can precede any more (all of them in a finished trace)."""
+def _final(trace: Trace, c: pd.DataFrame, keep: np.ndarray) -> np.ndarray:
+    """Which of the `keep` records no held-back record can precede any more (all of them in a
+    finished trace)."""
     if not liveness.live(trace):
-        return c
+        return keep
     last = liveness.last_record(trace)
-    stuck = c[pd.to_numeric(c["dur"], errors="coerce").isna()].groupby("rank")["ts"].max()
-    bound = {r: max(float(last.get(r, 0)) - HOLD_S * NS, float(stuck.get(r, 0))) for r in c["rank"].unique()}
-    return c[c["ts"].astype(float) <= c["rank"].map(bound)]
+    k = c.loc[keep, ["rank", "ts", "dur"]]
+    stuck = k[pd.to_numeric(k["dur"], errors="coerce").isna()].groupby("rank")["ts"].max()
+    bound = {r: max(float(last.get(r, 0)) - HOLD_S * NS, float(stuck.get(r, 0))) for r in k["rank"].unique()}
+    out = keep.copy()
+    out[keep] = (k["ts"].astype(float) <= k["rank"].map(bound)).to_numpy()
+    return out
 
 
-def _aligned(c: pd.DataFrame) -> pd.DataFrame:
-    """Each record's position: its group, step and index among that rank's calls in them (`k`)."""
-    first = c.groupby("rank")["step"].min()  # a trace may begin mid-step (attach), whatever its number
-    c = c[(c["step"] > c["rank"].map(first)).to_numpy()]
-    return c.assign(k=_position(c))
+class _Calls(NamedTuple):
+    """The compared calls as a compact key, one entry per call (rows of the frame `c` read):
+    group code (into `names`, sorted), rank code, step, `k` (its index among its rank's calls in
+    its group and step, in issue order) and an (op, size) code `sig` (-1: no op)."""
+
+    c: pd.DataFrame
+    rows: np.ndarray
+    group: np.ndarray
+    names: pd.Index
+    rank: np.ndarray
+    step: np.ndarray
+    k: np.ndarray
+    sig: np.ndarray
+
+    def near(self, group: str, step: int, k: int) -> pd.DataFrame:
+        """The calls of `group` at index `k` up to `step` (its earlier steps: `_culprits`), as a
+        frame of the columns the finding reads."""
+        at = (self.group == self.names.get_loc(group)) & (self.k == k) & (self.step <= step)
+        c = self.c.iloc[self.rows[at]]
+        return pd.DataFrame(
+            {
+                "rank": c["rank"].to_numpy(),
+                "group": as_text(c["group"]).to_numpy(),
+                "step": self.step[at],
+                "ts": c["ts"].to_numpy(),
+                "kind": c["kind"].to_numpy(),
+                "bytes": c["bytes"].to_numpy(),
+                "k": self.k[at],
+            }
+        )
 
 
-def _position(c: pd.DataFrame) -> np.ndarray:
-    """Each call's index among its rank's calls in its group and step, in issue (ts) order: what
-    `groupby([group, step, rank]).cumcount()` of the calls sorted by ts gives, from a few integer
-    arrays instead of a sorted copy of the frame (a copy and the groupby's keys were this rule's
-    peak: +112 MiB for 843,360 calls)."""
-    n = len(c)
-    issued = np.empty(n, np.int64)
-    issued[np.argsort(c["ts"].to_numpy(), kind="stable")] = np.arange(n)
-    keys = (pd.factorize(c["group"])[0], c["step"].to_numpy(), c["rank"].to_numpy())
-    order = np.lexsort((issued, *reversed(keys)))
-    del issued
-    return within_runs(order, keys)
+def _compared(trace: Trace, c: pd.DataFrame) -> _Calls:
+    """The calls compared: final ones (`_final`), not p2p, with a step and a time, after each
+    rank's first recorded step (a trace may begin mid-step: attach, whatever its number), in a
+    group; each as its compact key, no copy of the frame's rows (a copy of 7 columns and the sort
+    of their keys were this rule's peak: +509 MiB for a 64-rank x 1,000-step trace)."""
+    keep = ~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
+    return _keyed(c, _final(trace, c, keep))
+
+
+def _keyed(c: pd.DataFrame, keep: np.ndarray) -> _Calls:
+    """The `keep` rows of `c` after each rank's first step, in a group, each as its key: int32
+    arrays but the step (a 64-rank x 1,000-step trace's 3.4 M calls: 95 MiB)."""
+    rows = np.flatnonzero(keep).astype(np.int32 if len(c) < 2**31 else np.int64)
+    step = pd.to_numeric(c["step"]).to_numpy()[rows].astype(np.int64)
+    rank = pd.factorize(c["rank"].to_numpy()[rows])[0].astype(np.int32)
+    first = np.full(int(rank.max()) + 1 if len(rank) else 0, np.iinfo(np.int64).max)
+    np.minimum.at(first, rank[rank >= 0], step[rank >= 0])
+    group, names = positions.coded(as_text(c["group"]), rows)  # missing: -1
+    later = (rank >= 0) & (group >= 0) & (step > first[np.maximum(rank, 0)])
+    rows, step, rank, group = rows[later], step[later], rank[later], group[later]
+    del later, first
+    k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
+    return _Calls(c, rows, group, names, rank, step, k, _signatures(c, rows))
+
+
+def _signatures(c: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """One integer per distinct (op, size) of each call of `rows`, -1 for a call of no op (not
+    counted among the signatures, as a groupby's NaN key is not): strings of them took 200 MB for
+    3.4 M calls. The size of an op in `ANY_SIZE` counts as unknown."""
+    kind = c["kind"].iloc[rows]
+    nbytes = pd.to_numeric(c["bytes"].iloc[rows], errors="coerce").to_numpy(float, copy=True, na_value=np.nan)
+    nbytes[kind.isin(ANY_SIZE).to_numpy()] = np.nan
+    size = pd.factorize(np.where(np.isnan(nbytes), -1, np.round(nbytes)).astype(np.int64))[0]  # -1: None
+    del nbytes
+    codes = positions.coded(kind)[0]
+    sig = np.where(codes < 0, -1, codes.astype(np.int64) * (int(size.max(initial=0)) + 1) + size)
+    return sig.astype(np.int32) if sig.max(initial=0) < 2**31 else sig
 
 
 def _sig(row: Any) -> tuple[str, int | None]:
@@ -112,62 +166,63 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     c = liveness.entered(trace, metrics)
     if c.empty or "group" not in c or "step" not in c:
         return []
-    # the columns read, first: each filter below copies what it keeps (a 64-rank trace's 3.4 M calls)
-    c = c[[col for col in ("rank", "group", "step", "ts", "dur", "kind", "bytes") if col in c]]
-    c = c[~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()]
-    c = c.assign(group=as_text(c["group"]), step=pd.to_numeric(c["step"]).astype(int))
-    c = _aligned(_final(trace, c))
+    calls = _compared(trace, c)
     out = []
-    for group, step, k in _first_differing(c):
-        g = c[c["group"] == group]
-        at = g[(g["step"] == step) & (g["k"] == k)].sort_values("ts", kind="stable")  # in issue order
-        out.append(_finding(str(group), step, k, at, g))
+    for group, step, k in _first_differing(calls):
+        near = calls.near(group, step, k)
+        at = near[near["step"] == step].sort_values("ts", kind="stable")  # in issue order
+        out.append(_finding(group, step, k, at, near))
     return out
 
 
-def _first_differing(c: pd.DataFrame) -> list[tuple[str, int, int]]:
+def _first_differing(calls: _Calls) -> list[tuple[str, int, int]]:
     """Per group, the first (step, k) that every member recorded and whose calls differ (`_sig`),
-    found with whole-column operations: a live job of fast steps has hundreds of thousands of
-    positions, and one Python step per position took 5.7 s a look in `diag watch`. On integer
-    arrays sorted once (a groupby's nunique of the frame took +113 MiB for 843,360 calls)."""
-    if c.empty:
+    found with whole-array operations: a live job of fast steps has hundreds of thousands of
+    positions, and one Python step per position took 5.7 s a look in `diag watch`. Each position
+    (group, step, k) is one integer; per position, the calls and the least and greatest signature
+    are reductions into an array of the positions (`ufunc.at`), no sort of the calls."""
+    if not len(calls.group):
         return []
-    nbytes = pd.to_numeric(c["bytes"], errors="coerce").where(~c["kind"].isin(ANY_SIZE))
-    size = pd.factorize(nbytes.fillna(-1).round().astype("int64"))[0]  # -1: None
-    kind = pd.factorize(c["kind"])[0]
-    # one integer per distinct (op, size), -1 for a call of no op (not counted among the
-    # signatures, as a groupby's NaN key is not): strings of them took 200 MB for 3.4 M calls
-    sig = np.where(kind < 0, -1, kind.astype(np.int64) * (int(size.max()) + 1) + size)
-    group, names = pd.factorize(c["group"], sort=True)  # missing: -1, in no group
-    rank = pd.factorize(c["rank"])[0]
-    step, k = c["step"].to_numpy(np.int64), c["k"].to_numpy(np.int64)
-    keep = group >= 0
-    if not keep.all():  # (a copy of each array: only where some call has no group)
-        group, rank, step, k, sig = group[keep], rank[keep], step[keep], k[keep], sig[keep]
-    if not len(group):
-        return []
-    # members per group: distinct (group, rank) pairs
-    pairs = np.unique(group.astype(np.int64) * (int(rank.max()) + 1) + rank)
-    members = np.bincount(pairs // (int(rank.max()) + 1), minlength=len(names))
-    order = np.lexsort((sig, k, step, group))
-    group, step, k, sig = group[order], step[order], k[order], sig[order]
-    del order
-    new = np.ones(len(group), dtype=bool)
-    new[1:] = (group[1:] != group[:-1]) | (step[1:] != step[:-1]) | (k[1:] != k[:-1])
-    starts = np.flatnonzero(new)
-    # a rank has one call at a position: calls there = ranks there; distinct sigs = 1 + changes
-    ranks = np.diff(np.append(starts, len(group)))
-    changed = np.zeros(len(group), dtype=np.int64)
-    changed[1:] = (sig[1:] != sig[:-1]) & ~new[1:]
-    sigs = 1 + np.add.reduceat(changed, starts) - (sig[starts] < 0)  # a call of no op: no signature
-    g = group[starts]
-    odd = (ranks == members[g]) & (sigs > 1) & (ranks >= 2)
+    group, step, k, sig = calls.group, calls.step, calls.k, calls.sig
+    members = positions.members(group, calls.rank)
+    lo, hi = int(step.min()), int(step.max())
+    if hi - lo < len(step) + 2**20:  # every step of the range: the step's offset is its code
+        width, step_code = hi - lo + 1, step - lo
+    else:
+        steps, step_code = np.unique(step, return_inverse=True)
+        width = len(steps)
+    depth = int(k.max()) + 1
+    if len(calls.names) * width * depth < 2**62:
+        key = (group.astype(np.int64) * width + step_code) * depth + k
+    else:  # (astronomical step and call counts: the distinct triples, numbered in their order)
+        key = np.unique(np.stack([group, step_code, k], axis=1), axis=0, return_inverse=True)[1]
+    del step_code
+    key = key.reshape(-1)
+    if int(key.max()) < len(key) + 2**20:  # one entry per possible position
+        ids, count = key, int(key.max()) + 1
+    else:  # (sparse positions: those taken, numbered in order)
+        taken, ids = np.unique(key, return_inverse=True)
+        ids, count = ids.reshape(-1), len(taken)
+    del key
+    calls_at = np.bincount(ids, minlength=count)  # a rank has one call at a position: calls = ranks
+    none = np.iinfo(sig.dtype).max
+    least = np.full(count, none, sig.dtype)
+    np.minimum.at(least, ids, np.where(sig < 0, none, sig))
+    most = np.full(count, -1, sig.dtype)
+    np.maximum.at(most, ids, sig)
+    g = np.zeros(count, np.int64)
+    g[ids] = group
+    odd = (calls_at == members[g]) & (most >= 0) & (least < most) & (calls_at >= 2)
     out = []
     seen: set[int] = set()
+    first_row = np.full(count, -1, np.int64)
+    pick = np.flatnonzero(odd[ids])
+    first_row[ids[pick[::-1]]] = pick[::-1]  # a call at each odd position: its step and k
     for i in np.flatnonzero(odd):  # sorted by group, step, k: each group's first is its first here
         if g[i] not in seen:
             seen.add(int(g[i]))
-            out.append((str(names[g[i]]), int(step[starts[i]]), int(k[starts[i]])))
+            row = first_row[i]
+            out.append((str(calls.names[g[i]]), int(step[row]), int(k[row])))
     return out
 
 

@@ -87,8 +87,7 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~_tensor_parallel(c["group"])
     per = metrics.comm_per_step(tiny)
-    counts = c.loc[tiny, ["rank", "step"]].groupby(["rank", "step"], observed=True).size()
-    counts = counts.rename("n").reset_index()
+    counts = metrics.calls_per_step(tiny).rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})
     if per.empty:
         return []

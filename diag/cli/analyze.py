@@ -230,7 +230,7 @@ def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> N
     if args.json:
         from diag.report import json_report
 
-        print(json_report.render(doc))
+        json_report.write(doc, sys.stdout)
     else:
         from rich.console import Console
 

@@ -15,17 +15,34 @@ def bus_factors(ops: pd.Series, group_sizes: pd.Series) -> np.ndarray:
     if len(ops) == 0:
         return np.empty(0, float)
     sizes = pd.to_numeric(group_sizes, errors="coerce").fillna(0).astype("int64").to_numpy()
-    # each column factorized alone, then the pairs seen: a MultiIndex costs ~3 ms a call, which a
-    # many-rank import pays once per rank file
-    op_codes, op_names = pd.factorize(ops.astype(str).to_numpy())
+    # each column coded alone, then a table of (op, size) factors looked up per row: a string per
+    # row (`astype(str)`) and a sort of the pairs took +233 MiB for a 64-rank x 1,000-step trace
+    op_codes, op_names = _op_codes(ops)
     n_codes, n_values = pd.factorize(sizes)
+    if len(op_names) * len(n_values) <= _TABLE_CELLS:
+        table = np.array([[schema.bus_factor(op, int(n)) for n in n_values] for op in op_names], dtype=float)
+        return table[op_codes, n_codes]
     pair = op_codes.astype(np.int64) * len(n_values) + n_codes
     seen, codes = np.unique(pair, return_inverse=True)
-    table = np.array(
+    flat = np.array(
         [schema.bus_factor(op_names[p // len(n_values)], int(n_values[p % len(n_values)])) for p in seen],
         dtype=float,
     )
-    return table[codes.reshape(-1)]
+    return flat[codes.reshape(-1)]
+
+
+_TABLE_CELLS = 100_000  # distinct ops x distinct group sizes, at most, for a whole table of factors
+
+
+def _op_codes(ops: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """(code of each row, the names coded) of `ops.astype(str)`: a categorical's own codes (a
+    missing op reads "nan", as `astype(str)` gives), else the strings factorized."""
+    if isinstance(ops.dtype, pd.CategoricalDtype):
+        names = [str(c) for c in ops.cat.categories] + ["nan"]
+        codes = ops.cat.codes.to_numpy().astype(np.int32)  # not int64: 4 bytes a call
+        return np.where(codes < 0, len(names) - 1, codes), names
+    codes, uniques = pd.factorize(ops.astype(str).to_numpy())
+    return codes, [str(u) for u in uniques]
 
 
 def _numbers(values: pd.Series) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.metrics import bandwidth, intervals
+from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
 from diag.metrics.text import as_text
 from diag.vocab import COMM, COMPUTE
@@ -85,10 +85,28 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     bus bytes, each call's with its group's nccl-tests factor, over the time of the calls whose size
     is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
     c = trace.comms
-    if c.empty:
+    # one rank at a time (a rank's calls are one rank's rows of the table): the columns read and
+    # their groupby are one rank's, not the job's (+206 MiB for a 64-rank x 1,000-step trace)
+    ranks = positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
+    parts = [_rank_stats(c.iloc[rows]) for rows in ranks] if not c.empty else []
+    if not parts:
         return pd.DataFrame(
             columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
         )
+    df = pd.concat(parts, ignore_index=True)
+    df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
+    # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
+    df["algbw"] = [
+        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bytes"], df["sized_ns"])
+    ]
+    df["busbw"] = [
+        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bus_bytes"], df["sized_ns"])
+    ]
+    return df.drop(columns=["bus_bytes", "sized", "sized_ns"])
+
+
+def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
+    """`collective_stats`' sums per (rank, op) of calls of one rank."""
     # the columns read, first: a filter or a column set below copies only these
     c = c[["rank", "op", "dur", "group_size"]].assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
     sized = c["bytes"].notna()
@@ -108,15 +126,7 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     df["op"] = df["op"].astype(str)  # one row per rank and op: as the strings' groupby gave it
     df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()  # NaN: no call's size is known
     df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
-    df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
-    # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
-    df["algbw"] = [
-        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bytes"], df["sized_ns"])
-    ]
-    df["busbw"] = [
-        schema.bus_bandwidth(b, t) if b == b else np.nan for b, t in zip(df["bus_bytes"], df["sized_ns"])
-    ]
-    return df.drop(columns=["bus_bytes", "sized", "sized_ns"])
+    return df
 
 
 def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
@@ -141,15 +151,37 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     cols = ["rank", "last_arrival_frac", "median_step_ns"]
     if len(ranks) < 2:
         return pd.DataFrame(columns=cols)
-    c = c[["rank", "ts", "dur"]].sort_values(["rank", "ts"])  # sorts these columns, not every one
-    c = c.assign(k=c.groupby("rank").cumcount())
-    wide = c.pivot_table(index="k", columns="rank", values="dur", aggfunc="first").dropna()
-    last = wide.idxmin(axis=1).value_counts() / max(len(wide), 1)
+    last = _last_arrivals(c)
     steps = trace.steps.groupby("rank")["dur"].median() if not trace.steps.empty else pd.Series()
     df = pd.DataFrame({"rank": ranks})
     df["last_arrival_frac"] = df["rank"].map(last).fillna(0.0).round(3)
     df["median_step_ns"] = df["rank"].map(steps)
     return df
+
+
+def _last_arrivals(c: pd.DataFrame) -> pd.Series:
+    """rank -> the share of the k-th calls (k: a call's index among its rank's calls, in time
+    order) that every rank with a known duration made and at which it was the shortest, i.e. it
+    arrived last (the lowest rank among equals). On the per-rank key (`positions.index_per_rank`)
+    and reductions per k: a pivot of calls x ranks took +77 MiB for 843,360 calls."""
+    rank_codes, ranks = pd.factorize(c["rank"], sort=True)
+    dur = pd.to_numeric(c["dur"]).to_numpy(dtype=float, na_value=np.nan)
+    k = positions.index_per_rank(rank_codes, positions.numbers(c["ts"]), ())
+    known = ~np.isnan(dur) & (rank_codes >= 0)
+    rank_codes, dur, k = rank_codes[known], dur[known], k[known]
+    present = np.unique(rank_codes)  # a rank with no known duration is no column of the pivot
+    if not len(k):
+        return pd.Series(dtype=float)
+    count = int(k.max()) + 1
+    full = np.bincount(k, minlength=count) == len(present)  # one call per (rank, k)
+    least = np.full(count, np.inf)
+    np.minimum.at(least, k, dur)
+    at = full[k] & (dur == least[k])
+    first = np.full(count, len(ranks), np.int64)
+    np.minimum.at(first, k[at], rank_codes[at])  # the lowest rank among equals, as idxmin gives
+    lasts = first[full]
+    shares = np.bincount(lasts, minlength=len(ranks)) / max(len(lasts), 1)
+    return pd.Series(shares[present], index=ranks[present])[lambda s: s > 0]
 
 
 def step_times(trace: Trace) -> pd.DataFrame:

@@ -60,13 +60,22 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     if c.empty:
         return pd.Series(dtype=float)
     group, rank, k = positions.in_group(c, c["ts"])
+    ids, count = positions.position_ids(group, k)
+    del k
     dur = pd.to_numeric(c["dur"])
-    order, starts, sizes = positions.per_position(group, k)
+    placed = ids >= 0
+    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     out = np.full(len(c), np.nan)
-    if len(order):
-        least = np.fmin.reduceat(dur.to_numpy(dtype=float, na_value=np.nan)[order], starts)  # NaN skipped
-        whole = sizes >= positions.members(group, rank)[group[order[starts]]]
-        out[order] = np.repeat(np.where(whole, least, np.nan), sizes)
+    if count:
+        at = ids if whole else ids[placed]
+        values = dur.to_numpy(dtype=float, na_value=np.nan)
+        least = np.full(count, np.nan)  # fmin skips NaN: a position of no known duration stays NaN
+        np.fmin.at(least, at, values if whole else values[placed])
+        del values
+        calls = np.bincount(at, minlength=count)
+        least[calls < positions.members(group, rank)[positions.group_of(ids, group, count)]] = np.nan
+        del calls
+        out[placed] = least[at]
     if dur.dtype.kind in "iu" and not np.isnan(out).any():  # as the groupby's min of integers stays
         return pd.Series(out.astype(dur.dtype), index=c.index, name="dur")
     return pd.Series(out, index=c.index, name="dur")
@@ -83,11 +92,16 @@ def arrival_wait(c: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=float)
     ts = pd.to_numeric(c["ts"]).astype("int64")
     group, _, k = positions.in_group(c, ts)
-    order, starts, sizes = positions.per_position(group, k)
+    ids, count = positions.position_ids(group, k)
+    del group, k
+    placed = ids >= 0
+    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     latest = np.zeros(len(c), np.int64)
-    if len(order):
-        latest[order] = np.repeat(np.maximum.reduceat(ts.to_numpy()[order], starts), sizes)
-    placed = group >= 0
+    if count:
+        at = ids if whole else ids[placed]
+        most = np.full(count, np.iinfo(np.int64).min)
+        np.maximum.at(most, at, ts.to_numpy() if whole else ts.to_numpy()[placed])
+        latest[placed] = most[at]
     # integers where every call has a position, else floats with NaN: as the groupby's max gave
     last = pd.Series(
         latest if placed.all() else np.where(placed, latest.astype(float), np.nan), index=c.index, name="ts"
@@ -125,8 +139,8 @@ def blocking_per_step(c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool) 
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
     # the columns the union reads: a filtered copy of the whole frame was most of the peak memory
     dur = c["dur"] if waits else transfer_dur(c)  # waiting for a straggler is not an overlap problem
-    cols = pd.DataFrame({"rank": c["rank"], "step": c["step"], "ts": c["ts"], "dur": dur})
-    sync = cols[~c["async_op"].fillna(False).astype(bool).to_numpy()]
+    flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
+    sync = pd.DataFrame({col: c[col][flag] for col in ("rank", "step", "ts")}).assign(dur=dur[flag])
     if sync.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
     unknown = sync[sync["dur"].isna() & c.loc[sync.index, "dur"].notna()] if not waits else sync.iloc[:0]

@@ -1,14 +1,24 @@
 """Where each collective sits among its group's calls, on integer arrays: the k-th call of a group
 on one rank matches the k-th on every other member (`comms.transfer_dur`, `comms.arrival_wait`,
-the `collective_mismatch` rule). A groupby's keys and a sorted copy of the frame cost 100-190 bytes
-a call at their peak (docs/scale.md); a few int64 arrays cost 8 bytes each."""
+`straggler.arrivals`, the `collective_mismatch` rule).
+
+A call's position is a compact key (group code, rank code, k: three int32, 12 bytes a call)
+computed one rank at a time: k only orders a rank's own calls, so a sort of one rank's calls
+gives it, and the temporaries are one rank's (docs/scale.md). A reduction over the members of a
+position (the least duration, the latest start) then runs on a dense id per (group, k) with
+`ufunc.at`, no sort of the whole job's calls (a lexsort of 3.4 M calls and its keys: +120 MiB)."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
 
 from diag.metrics.text import as_text
+
+_SEEN_CELLS = 50_000_000  # groups x ranks, at most, for a table of which rank is in which group
 
 
 def within_runs(order: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -30,35 +40,96 @@ def run_starts(order: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
     return np.flatnonzero(new)
 
 
+def by_rank(rank: np.ndarray) -> Iterator[np.ndarray | slice]:
+    """The rows of each rank in turn (rank codes >= 0; rows of code -1 left out): slices where
+    the rows are grouped by rank already (a trace's frames are sorted by rank and time), else
+    index arrays."""
+    n = len(rank)
+    if n and bool((rank[1:] >= rank[:-1]).all()):
+        bounds = [0, *(np.flatnonzero(rank[1:] != rank[:-1]) + 1).tolist(), n]
+        for a, b in itertools.pairwise(bounds):
+            if rank[a] >= 0:
+                yield slice(a, b)
+        return
+    order = np.argsort(rank, kind="stable")
+    bounds = [0, *(np.flatnonzero(np.diff(rank[order])) + 1).tolist(), n]
+    for a, b in itertools.pairwise(bounds):
+        if a < b and rank[order[a]] >= 0:
+            yield order[a:b]
+
+
+def index_per_rank(rank: np.ndarray, ts: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Each row's index among its rank's rows of equal `keys`, in `ts` order (ties in row order:
+    the order the rank wrote them), one rank at a time; -1 for a row of rank code -1."""
+    out = np.full(len(rank), -1, np.int32 if len(rank) < 2**31 else np.int64)
+    for rows in by_rank(rank):
+        mine = tuple(key[rows] for key in keys)
+        order = np.lexsort((ts[rows], *reversed(mine)))
+        out[rows] = within_runs(order, mine)
+    return out
+
+
 def in_group(c: pd.DataFrame, ts: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(group code, rank code, k) of each call, k its index among its rank's calls in its group in
-    `ts` order (the order `sort_values("ts")` gives, ties included): what `groupby([rank,
-    group]).cumcount()` of the calls so sorted gives; -1 for all three where the group or the rank
-    is missing."""
-    n = len(c)
-    by_ts = pd.DataFrame({"ts": ts.reset_index(drop=True)}).sort_values("ts").index.to_numpy()
-    issued = np.empty(n, np.int64)
-    issued[by_ts] = np.arange(n)
-    del by_ts
-    group = pd.factorize(as_text(c["group"]))[0]
-    rank = pd.factorize(c["rank"])[0]
-    order = np.lexsort((issued, rank, group))
-    del issued
-    k = within_runs(order, (group, rank))
+    `ts` order (ties in row order): what `groupby([rank, group]).cumcount()` of the calls sorted
+    stably by ts gives; -1 for all three where the group or the rank is missing."""
+    group = coded(as_text(c["group"]))[0]
+    rank = pd.factorize(c["rank"])[0].astype(np.int32)
     missing = (group < 0) | (rank < 0)
-    k[missing] = -1
     group[missing] = -1
     rank[missing] = -1
-    return group, rank, k
+    return group, rank, index_per_rank(rank, numbers(ts), (group,))
 
 
-def per_position(group: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, starts, sizes): the calls with a position, sorted by (group, k); where each
-    position's calls begin in that order, and how many they are."""
-    rows = np.flatnonzero(group >= 0)
-    order = rows[np.lexsort((k[rows], group[rows]))]
-    starts = run_starts(order, (group, k))
-    return order, starts, np.diff(np.append(starts, len(order)))
+def coded(s: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, pd.Index]:
+    """(an int32 code per value (of `rows` only, given them), -1 where missing; the values coded,
+    sorted): a categorical's own codes where its categories are sorted (no int64 array of them)."""
+    if isinstance(s.dtype, pd.CategoricalDtype) and s.cat.categories.is_monotonic_increasing:
+        codes = s.cat.codes.to_numpy()
+        return (codes if rows is None else codes[rows]).astype(np.int32), s.cat.categories
+    codes, names = pd.factorize(s if rows is None else s.iloc[rows], sort=True)
+    return codes.astype(np.int32), pd.Index(names)
+
+
+def numbers(values: pd.Series) -> np.ndarray:
+    """A numeric column as numpy: integers as they are (ns timestamps lose their last bits as
+    floats), floats with NaN where missing."""
+    num = pd.to_numeric(values)
+    if num.dtype.kind in "iu" and not num.isna().any():
+        return num.to_numpy(np.int64)
+    return num.to_numpy(dtype=float, na_value=np.nan)
+
+
+def position_ids(group: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, int]:
+    """(a dense id per (group, k) for each call, -1 where it has none; how many ids): the group's
+    offset plus k, so a reduction per position is a `ufunc.at` into an array of that length."""
+    placed = group >= 0
+    if not placed.any():
+        return np.full(len(group), -1, np.int64), 0
+    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' codes)
+    g, at = (group, k) if whole else (group[placed], k[placed])
+    width = np.zeros(int(g.max()) + 1, np.int64)
+    np.maximum.at(width, g, at)
+    width += 1  # a group's largest k + 1 (0 for a code no call has: 1 spare id, never taken)
+    offset = np.concatenate(([0], np.cumsum(width)[:-1]))
+    ids = offset[g]
+    ids += at
+    if not whole:
+        out = np.full(len(group), -1, np.int64)
+        out[placed] = ids
+        ids = out
+    return ids, int(width.sum())
+
+
+def group_of(ids: np.ndarray, group: np.ndarray, count: int) -> np.ndarray:
+    """The group code of each position id (0 for an id no call has)."""
+    out = np.zeros(count, np.int64)
+    placed = ids >= 0
+    if placed.all():
+        out[ids] = group
+    else:
+        out[ids[placed]] = group[placed]
+    return out
 
 
 def members(group: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -66,6 +137,12 @@ def members(group: np.ndarray, rank: np.ndarray) -> np.ndarray:
     ok = group >= 0
     if not ok.any():
         return np.zeros(0, np.int64)
-    width = int(rank.max()) + 1
-    pairs = np.unique(group[ok].astype(np.int64) * width + rank[ok])
-    return np.bincount(pairs // width, minlength=int(group.max()) + 1)
+    groups, width = int(group.max()) + 1, int(rank.max()) + 1
+    pairs = group.astype(np.int64) if ok.all() else group[ok].astype(np.int64)
+    pairs *= width
+    pairs += rank if ok.all() else rank[ok]
+    if groups * width <= _SEEN_CELLS:
+        seen = np.zeros(groups * width, dtype=bool)
+        seen[pairs] = True
+        return seen.reshape(groups, width).sum(axis=1)
+    return np.bincount(np.unique(pairs) // width, minlength=groups)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from diag.metrics import intervals
+from diag.metrics import intervals, positions
 
 NS = 1e9  # nanoseconds per second
 
@@ -50,9 +50,19 @@ def join_steps(steady_steps: pd.DataFrame, values: pd.Series, name: str) -> pd.D
 
 def union_by_step(c: pd.DataFrame) -> pd.Series:
     """Seconds covered by the union of each (rank, step)'s [ts, ts + dur) intervals (nested or async
-    ops count once), indexed by (rank, step)."""
+    ops count once), indexed by (rank, step). One rank at a time: a union never crosses ranks, and
+    the sort and groupbys of every rank's calls at once took +165 MiB for a 64-rank x 1,000-step
+    trace's blocking collectives."""
     if c.empty:
         return pd.Series(dtype=float)
+    parts = [
+        _union_of_rank(c.iloc[rows]) for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
+    ]
+    return pd.concat(parts) / NS if parts else pd.Series(dtype=float)
+
+
+def _union_of_rank(c: pd.DataFrame) -> pd.Series:
+    """`union_by_step` of one rank's calls, in ns."""
     ts = pd.to_numeric(c["ts"]).astype("int64")
     # offsets from the first op: epoch nanoseconds are past float64's exact integers (union_by_group
     # compares against a shifted, hence float, running end)
@@ -64,4 +74,4 @@ def union_by_step(c: pd.DataFrame) -> pd.Series:
             "dur": pd.to_numeric(c["dur"]).fillna(0).astype("int64"),
         }
     )
-    return intervals.union_by_group(rows, ["rank", "step"]) / NS
+    return intervals.union_by_group(rows, ["rank", "step"])

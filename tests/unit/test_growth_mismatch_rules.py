@@ -131,6 +131,7 @@ def test_the_first_differing_call_matches_a_call_by_call_search():
     call's position `k` is the one a groupby of the calls sorted by time gives."""
     import random
 
+    import numpy as np
     import pandas as pd
     from diag.analyzers import collective_mismatch as cm
 
@@ -165,10 +166,14 @@ def test_the_first_differing_call_matches_a_call_by_call_search():
                             "bytes": 16 if rng.random() < 0.1 else nbytes,
                         }
                     )
-        c = cm._aligned(pd.DataFrame(rows))
+        df = pd.DataFrame(rows)
+        calls = cm._keyed(df, np.ones(len(df), dtype=bool))
+        first = df.groupby("rank")["step"].transform("min")
+        c = df[df["step"] > first].assign(k=calls.k)  # the rows keyed: each rank's first step left out
+        assert calls.rows.tolist() == np.flatnonzero(df["step"] > first).tolist()
         by_ts = c.sort_values("ts", kind="stable")  # `k` as the groupby of a sorted copy gives it
         assert c["k"].tolist() == by_ts.groupby(["group", "step", "rank"]).cumcount()[c.index].tolist()
         expected = by_call(c)
         found += bool(expected)
-        assert cm._first_differing(c) == expected
+        assert cm._first_differing(calls) == expected
     assert 50 < found < 150  # both kinds of trace were drawn
