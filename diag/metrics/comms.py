@@ -59,8 +59,8 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     read "44% of each step waits on communication" live, from its first 7 steps)."""
     if c.empty:
         return pd.Series(dtype=float)
-    group, rank, k = positions.in_group(c, c["ts"])
-    ids, count = positions.position_ids(group, k)
+    group, rank, k, slot = positions.in_step(c, c["ts"])
+    ids, count = positions.position_ids(slot, k)
     del k
     dur = pd.to_numeric(c["dur"])
     placed = ids >= 0
@@ -91,9 +91,9 @@ def arrival_wait(c: pd.DataFrame) -> pd.Series:
     if c.empty:
         return pd.Series(dtype=float)
     ts = pd.to_numeric(c["ts"]).astype("int64")
-    group, _, k = positions.in_group(c, ts)
-    ids, count = positions.position_ids(group, k)
-    del group, k
+    _, _, k, slot = positions.in_step(c, ts)
+    ids, count = positions.position_ids(slot, k)
+    del slot, k
     placed = ids >= 0
     whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     latest = np.zeros(len(c), np.int64)

@@ -105,17 +105,30 @@ def test_tiny_collectives_counts_only_the_ops_it_found_tiny(tmp_path):
 
 
 def _by_groupby(c: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """transfer_dur and arrival_wait as groupbys define them (their first form): the k-th call of a
-    (rank, group) in time order (ties in row order: the order a rank wrote them); per (group, k) the
-    least duration where every member has one, and each call's start before the latest."""
+    """transfer_dur and arrival_wait as groupbys define them: the k-th call of a (rank, group,
+    step) in time order (ties in row order: the order a rank wrote them); per (group, step, k) the
+    least duration where every member has one, and each call's start before the latest; neither
+    where the members made different numbers of calls in that group and step (a step an attach cut)."""
     key = c["group"].astype(str)
+    step = c["step"] if "step" in c else pd.Series(0, index=c.index)
     by_ts = pd.DataFrame({"ts": c["ts"]}).sort_values("ts", kind="stable")
-    k = by_ts.groupby([c["rank"], key], observed=True).cumcount()
-    frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"]), "ts": c["ts"]})
-    by_op = frame.groupby(["g", "k"])
+    k = by_ts.groupby([c["rank"], key, step], observed=True).cumcount()
+    frame = pd.DataFrame(
+        {
+            "g": key,
+            "s": step,
+            "r": c["rank"],
+            "k": k.reindex(c.index),
+            "dur": pd.to_numeric(c["dur"]),
+            "ts": c["ts"],
+        }
+    )
+    calls = frame.groupby(["g", "s", "r"])["k"].transform("size")
+    even = calls.groupby([frame["g"], frame["s"]]).transform(lambda n: n.nunique() == 1).astype(bool)
+    by_op = frame.groupby(["g", "s", "k"])
     members = pd.Series(c["rank"].to_numpy(), index=c.index).groupby(key).transform("nunique")
-    transfer = by_op["dur"].transform("min").where(by_op["dur"].transform("size") >= members)
-    last = by_op["ts"].transform("max")
+    transfer = by_op["dur"].transform("min").where(by_op["dur"].transform("size") >= members).where(even)
+    last = by_op["ts"].transform("max").where(even)
     wait = (last - c["ts"]).clip(lower=0).clip(upper=pd.to_numeric(c["dur"]).fillna(0)).astype(float)
     return transfer, wait
 
@@ -139,6 +152,7 @@ def test_positions_on_integer_arrays_equal_the_groupbys():
                         "group": rng.choice(["world:0", "tp:1", "tp:1", None]),
                         "ts": ts,
                         "dur": rng.choice([5, 7, 2000, None]),
+                        "step": rng.choice([1, 1, 2]),
                     }
                 )
         rng.shuffle(rows)

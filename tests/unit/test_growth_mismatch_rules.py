@@ -3,6 +3,10 @@ a planted case named with its rank and step, the healthy look-alike silent."""
 
 from __future__ import annotations
 
+import json
+import os
+
+import diag
 from diag import schema
 from tests.unit.synth_trace import MS, Job, fired
 
@@ -167,7 +171,7 @@ def test_the_first_differing_call_matches_a_call_by_call_search():
                         }
                     )
         df = pd.DataFrame(rows)
-        calls = cm._keyed(df, np.ones(len(df), dtype=bool))
+        calls = cm._keyed(df, np.ones(len(df), dtype=bool), np.zeros(0, np.int64))
         first = df.groupby("rank")["step"].transform("min")
         c = df[df["step"] > first].assign(k=calls.k)  # the rows keyed: each rank's first step left out
         assert calls.rows.tolist() == np.flatnonzero(df["step"] > first).tolist()
@@ -177,3 +181,28 @@ def test_the_first_differing_call_matches_a_call_by_call_search():
         found += bool(expected)
         assert cm._first_differing(calls) == expected
     assert 50 < found < 150  # both kinds of trace were drawn
+
+
+def test_the_first_step_of_a_reattach_is_silent(tmp_path):
+    """Attach, detach, attach again to a healthy job: the second session begins inside step 5 on
+    each rank at its own point (rank 0 after that step's first all-reduce), and its first boundary's
+    step record has no duration. A re-attach to the real Megatron-DeepSpeed job read "collective
+    mismatch in group tp:6 at step 127" (CRITICAL) at that step, in 2 runs of 2."""
+    job = Job(steps=8, step_ms=100)
+    for r in range(2):
+        for s in (0, 1, 2, 5, 6, 7):  # detached over steps 3 and 4
+            if not (r == 0 and s == 5):
+                job.comm(r, s, nbytes=33280, at_ms=20, group="world:0")
+            job.comm(r, s, nbytes=4, at_ms=60, group="world:0")
+    path = str(tmp_path / "reattach")
+    job.write(path)
+    for r in range(2):
+        name = os.path.join(path, f"rank-{r:05d}.jsonl")
+        recs = [json.loads(line) for line in open(name)]
+        recs = [e for e in recs if not (e["k"] == "step" and e["step"] in (3, 4))]
+        for e in recs:
+            if e["k"] == "step" and e["step"] == 5:
+                e["dur"] = None  # the second session's first boundary
+        with open(name, "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in recs)
+    assert fired(diag.load(path), "collective_mismatch") == []
