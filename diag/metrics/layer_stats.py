@@ -18,16 +18,19 @@ def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -> pd.DataFrame:
-    """The `top` leaf modules of the lowest rank with layer records, by time per sampled step:
+    """The `top` leaf modules, each from the lowest rank that ran it, by time per sampled step:
     forward and backward ms, FLOPs, FLOP/s over its own time, MFU, and the mean allocated-memory
-    change of its forward (CUDA only; None on CPU)."""
+    change of its forward (CUDA only; None on CPU). Each module's own lowest rank, not the job's:
+    under pipeline parallelism a stage's layers run on its ranks only (Megatron-DeepSpeed PP=2: the
+    table showed stage 0 alone, without the logits and layer 1, 68% of the FLOPs)."""
     if layers.empty:
         return pd.DataFrame(columns=COLUMNS)
-    lay = layers[layers["rank"] == layers["rank"].min()]
+    lay = layers[layers["rank"] == layers.groupby("module", observed=True)["rank"].transform("min")]
     leaf = leaf_layers(lay)
     leaf = leaf.assign(module=leaf["module"].astype(str), phase=leaf["phase"].astype(str))
-    steps = max(leaf["step"].nunique(), 1)
-    dur = leaf.pivot_table(index="module", columns="phase", values="dur", aggfunc="sum").fillna(0) / steps
+    steps = leaf.groupby("module")["step"].nunique().clip(lower=1)
+    dur = leaf.pivot_table(index="module", columns="phase", values="dur", aggfunc="sum").fillna(0)
+    dur = dur.div(steps.reindex(dur.index), axis=0)
     out = pd.DataFrame({"fwd_ms": dur.get("fwd", 0) / 1e6, "bwd_ms": dur.get("bwd", 0) / 1e6})
     out["flops"] = pd.to_numeric(leaf["flops"], errors="coerce").groupby(leaf["module"]).sum() / steps
     secs = (out["fwd_ms"] + out["bwd_ms"]) / 1e3
@@ -35,6 +38,6 @@ def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -
     out["mfu"] = out["tflops"] / peak_tflops if peak_tflops else None
     fwd = leaf[leaf["phase"] == "fwd"]
     out["mem_delta"] = pd.to_numeric(fwd["mem_delta"], errors="coerce").groupby(fwd["module"]).mean()
-    out["steps"] = steps
+    out["steps"] = steps.reindex(out.index)
     out = out.assign(_t=out["fwd_ms"] + out["bwd_ms"]).sort_values("_t", ascending=False).head(top)
     return out.drop(columns="_t").rename_axis("module").reset_index()[COLUMNS]

@@ -69,7 +69,8 @@ def layers_table(doc: dict[str, Any]) -> list[Table]:
     ]
     devices = {r["device"] for r in (doc.get("memory") or {}).get("peaks") or []}
     note = "; memory deltas: none on CPU (no device allocator)" if not with_mem and devices == {"cpu"} else ""
-    title = f"Top layers by time (leaf modules, lowest rank, mean of {rows[0]['steps']} sampled steps{note})"
+    steps = rows[0]["steps"]
+    title = f"Top layers by time (leaf modules, each on its lowest rank, mean of {steps} sampled steps{note})"
     return [(title, head, body)]
 
 

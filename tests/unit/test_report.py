@@ -298,3 +298,52 @@ def test_timeline_ticks_are_round_numbers():
     assert plots._nice_ticks(0, 0.388) == [0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35]
     assert plots._nice_ticks(0, 64.3) == [0, 10, 20, 30, 40, 50, 60]
     assert plots._nice_ticks(3, 3) == [3]
+
+
+def test_top_layers_take_each_module_from_its_own_lowest_rank():
+    """Pipeline parallel: stage 0 (ranks 0, 1) runs the embedding and layer 0, stage 1 (ranks 2, 3)
+    layer 1 and the logits. The table read the lowest rank only: stage 1's layers, most of the
+    FLOPs of Megatron-DeepSpeed's PP=2 run, were not in it."""
+    import pandas as pd
+
+    from diag.metrics.layer_stats import top_layers
+
+    rows = []
+    for rank, modules in (
+        (0, ("embed", "layers.0")),
+        (1, ("embed", "layers.0")),
+        (2, ("layers.1", "logits")),
+        (3, ("layers.1", "logits")),
+    ):
+        for step in (50, 100):
+            for i, name in enumerate(modules):
+                for phase, ms in (("fwd", 2 + i + rank % 2), ("bwd", 4 + 2 * i)):
+                    rows.append(
+                        {
+                            "rank": rank,
+                            "step": step,
+                            "module": name,
+                            "phase": phase,
+                            "ts": 0,
+                            "dur": ms * 1e6,
+                            "flops": 1e6 * (1 + i),
+                            "mem_delta": None,
+                        }
+                    )
+            for phase in ("fwd", "bwd"):  # each stage's root, named by its class: not a leaf
+                rows.append(
+                    {
+                        "rank": rank,
+                        "step": step,
+                        "module": "GPTModelPipe",
+                        "phase": phase,
+                        "ts": 0,
+                        "dur": 20e6,
+                        "flops": 9e6,
+                        "mem_delta": None,
+                    }
+                )
+    top = top_layers(pd.DataFrame(rows), None).set_index("module")
+    assert set(top.index) == {"embed", "layers.0", "layers.1", "logits"}
+    assert top.loc["logits", "fwd_ms"] == 3.0 and top.loc["layers.1", "fwd_ms"] == 2.0  # rank 2's
+    assert (top["steps"] == 2).all() and top.loc["logits", "flops"] == 4e6  # fwd + bwd per step
