@@ -92,38 +92,51 @@ def _compared(trace: Trace, c: pd.DataFrame) -> _Calls:
     return _keyed(c, _final(trace, c, keep), _session_starts(trace))
 
 
-def _pairs(rank: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """One int64 per (rank, step): ranks (or minus a pid) and steps are far below 2**31."""
-    return rank.astype(np.int64) * (1 << 32) + step.astype(np.int64)
-
-
-def _session_starts(trace: Trace) -> np.ndarray:
-    """(rank, step) `_pairs` of the steps an agent's session began inside: its first boundary's
-    record has no duration. Each rank's agent starts at its own point of that step, so its k-th
-    calls do not pair up: a re-attach to a healthy Megatron-DeepSpeed job read "collective mismatch
-    in group tp:6 at step 127" (CRITICAL), at the first step of the second attach, in 2 runs of 2."""
+def _session_starts(trace: Trace) -> dict[Any, tuple[np.ndarray, np.ndarray]]:
+    """Per rank: its step records' starts, sorted, and which of them began an agent's session
+    (a first boundary's record has no duration; its start is the agent's install). Each rank's
+    agent starts at its own point of that step, so its k-th calls there do not pair up: a
+    re-attach to a healthy Megatron-DeepSpeed job read "collective mismatch in group tp:6 at step
+    127" (CRITICAL) at the first step of the second attach, in 2 runs of 2. Calls are placed by
+    time, not by their step number: that step's calls can carry the number before the one its
+    boundary's record has (306 where the record said 307)."""
     st = trace.steps
-    if st.empty or "dur" not in st.columns:
-        return np.zeros(0, np.int64)
-    cut = st[st["dur"].isna() & st["step"].notna()]
-    return _pairs(cut["rank"].to_numpy(np.int64), pd.to_numeric(cut["step"]).to_numpy(np.int64))
+    if st.empty or not {"ts", "dur"} <= set(st.columns) or not st["dur"].isna().any():
+        return {}
+    out = {}
+    for rank, mine in st[["rank", "ts", "dur"]].groupby("rank", sort=False):
+        mine = mine.sort_values("ts", kind="stable")
+        out[rank] = (pd.to_numeric(mine["ts"]).to_numpy(np.int64), mine["dur"].isna().to_numpy())
+    return out
 
 
-def _keyed(c: pd.DataFrame, keep: np.ndarray, cut: np.ndarray) -> _Calls:
+def _in_cut_steps(
+    c: pd.DataFrame, rows: np.ndarray, cut: dict[Any, tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
+    """Which of `rows` fall in a step an agent's session began inside (`_session_starts`)."""
+    out = np.zeros(len(rows), dtype=bool)
+    if not cut:
+        return out
+    ranks = c["rank"].to_numpy()[rows]
+    ts = positions.numbers(c["ts"])[rows]
+    for rank, (starts, began) in cut.items():
+        mine = np.flatnonzero(ranks == rank)
+        at = np.searchsorted(starts, ts[mine], side="right") - 1
+        out[mine] = (at >= 0) & began[np.maximum(at, 0)]
+    return out
+
+
+def _keyed(c: pd.DataFrame, keep: np.ndarray, cut: dict[Any, tuple[np.ndarray, np.ndarray]]) -> _Calls:
     """The `keep` rows of `c` after each rank's first step and outside the steps its sessions
     began inside (`cut`), in a group, each as its key: int32 arrays but the step (a 64-rank x
     1,000-step trace's 3.4 M calls: 95 MiB)."""
     rows = np.flatnonzero(keep).astype(np.int32 if len(c) < 2**31 else np.int64)
     step = pd.to_numeric(c["step"]).to_numpy()[rows].astype(np.int64)
-    values = c["rank"].to_numpy()[rows]
-    rank = pd.factorize(values)[0].astype(np.int32)
+    rank = pd.factorize(c["rank"].to_numpy()[rows])[0].astype(np.int32)
     first = np.full(int(rank.max()) + 1 if len(rank) else 0, np.iinfo(np.int64).max)
     np.minimum.at(first, rank[rank >= 0], step[rank >= 0])
     group, names = positions.coded(as_text(c["group"]), rows)  # missing: -1
-    later = (rank >= 0) & (group >= 0) & (step > first[np.maximum(rank, 0)])
-    if len(cut):
-        ranks = pd.to_numeric(pd.Series(values), errors="coerce").fillna(-1).to_numpy(np.int64)
-        later &= ~np.isin(_pairs(ranks, step), cut)
+    later = (rank >= 0) & (group >= 0) & (step > first[np.maximum(rank, 0)]) & ~_in_cut_steps(c, rows, cut)
     rows, step, rank, group = rows[later], step[later], rank[later], group[later]
     del later, first
     k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
