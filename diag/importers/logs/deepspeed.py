@@ -30,27 +30,16 @@ from diag.importers.logs.records import GB, Records
 
 _N = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf))"
 _STEP = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)(?:,\s*lr=\[([^\]]*)\])?")
+_MEMORY = r"(?:,\s*MemAllocated=" + _N + r"GB,\s*MaxMemAllocated=" + _N + r"GB)?"  # the timer lines' tail
 _TIMER = re.compile(
     r"(?:epoch=\d+/micro_step=\d+/global_step=|\b\d+/)(\d+),\s*RunningAvgSamplesPerSec="
     + _N
     + r",\s*CurrSamplesPerSec="
     + _N
-    + r"(?:,\s*MemAllocated="
-    + _N
-    + r"GB,\s*MaxMemAllocated="
-    + _N
-    + r"GB)?"
+    + _MEMORY
 )
 # DeepSpeed 0.3-0.6's timer line: the samples/s since the start, memory from 0.5 on
-_OLD_TIMER = re.compile(
-    r"\b\d+/(\d+),\s*SamplesPerSec="
-    + _N
-    + r"(?:,\s*MemAllocated="
-    + _N
-    + r"GB,\s*MaxMemAllocated="
-    + _N
-    + r"GB)?"
-)
+_OLD_TIMER = re.compile(r"\b\d+/(\d+),\s*SamplesPerSec=" + _N + _MEMORY)
 _PIPE = re.compile(
     r"\bsteps?:\s*(\d+)(?:\s*/\s*\d+)?\s+loss:\s*"
     + _N

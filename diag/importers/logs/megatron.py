@@ -327,7 +327,15 @@ class MegatronReader:
             self.rec.set_layout(**{_NEOX_ARGS[key]: max(int(v), 1)})  # pipe_parallel_size 0: no pipeline
 
     def _nemo2(self, ln: Line, fields: str) -> bool:
-        f = {k.strip(): num(v) for k, _, v in (x.partition(":") for x in fields.split("|"))}
+        return self._nemo_step(
+            ln, {k.strip(): num(v) for k, _, v in (x.partition(":") for x in fields.split("|"))}
+        )
+
+    def _nemo(self, ln: Line, t: str) -> bool:
+        return self._nemo_step(ln, {k.strip(): num(v) for k, v in _NEMO.findall(t)})
+
+    def _nemo_step(self, ln: Line, f: dict[str, float | None]) -> bool:
+        """A NeMo progress line's figures (NeMo 1's `key=value` bar, NeMo 2's `key: value |` line)."""
         step = f.get("global_step")
         if step is None or step != step:
             return False
@@ -339,23 +347,6 @@ class MegatronReader:
             lr=f.get("lr"),
             consumed_samples=f.get("consumed_samples"),
             global_batch=f.get("global_batch_size"),
-            eval_loss=f.get("val_loss"),
-            iter_ms=None if sec is None else sec * 1e3,
-        )
-        return True
-
-    def _nemo(self, ln: Line, t: str) -> bool:
-        f = {k.strip(): num(v) for k, v in _NEMO.findall(t)}
-        step = f.get("global_step")
-        if step is None or step != step:
-            return False
-        sec = f.get("train_step_timing in s")
-        self.rec.step(
-            ln,
-            int(step),
-            loss=f.get("reduced_train_loss"),
-            lr=f.get("lr"),
-            consumed_samples=f.get("consumed_samples"),
             eval_loss=f.get("val_loss"),
             iter_ms=None if sec is None else sec * 1e3,
         )
