@@ -135,7 +135,7 @@ class Records:
         better: DeepSpeed's `steps: N loss: .. iter time (s): ..` under Megatron-DeepSpeed prints
         before Megatron's line (4-decimal loss, the engine's time without Megatron's own, 92.0 ms
         median where Megatron says 99.85). A later `merge` of the step takes its figures instead."""
-        had = self.steps.get(step, {}).keys() if step in self.steps else set()
+        had = self.steps.get(step, {})
         set_here = {k for k, v in figures.items() if v is not None and k not in had}
         rec = self.step(line, step, **figures)
         if set_here:
