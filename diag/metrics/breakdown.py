@@ -21,6 +21,7 @@ import pandas as pd
 from diag import schema
 from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
+from diag.metrics.comms import between_ranks
 from diag.metrics.text import as_text
 from diag.vocab import COMM, COMPUTE
 
@@ -84,7 +85,7 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
     bus bytes, each call's with its group's nccl-tests factor, over the time of the calls whose size
     is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
-    c = trace.comms
+    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     # one rank at a time (a rank's calls are one rank's rows of the table): the columns read and
     # their groupby are one rank's, not the job's (+206 MiB for a 64-rank x 1,000-step trace)
     ranks = positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
@@ -131,7 +132,7 @@ def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
 
 def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     """Median bus bandwidth per op and message size over all ranks (the bandwidth-vs-size plot)."""
-    c = trace.comms
+    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     if c.empty:
         return pd.DataFrame(columns=["op", "bytes", "busbw", "calls"])
     c = c.loc[c["bytes"] > 0, ["op", "bytes", "busbw"]]  # the filter copies these columns only
@@ -146,7 +147,7 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
 
 def stragglers(trace: Trace) -> pd.DataFrame:
     """Per rank: the fraction of collectives it arrived last at, and its median step time."""
-    c = trace.comms
+    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     ranks = sorted(c["rank"].unique()) if not c.empty else []
     cols = ["rank", "last_arrival_frac", "median_step_ns"]
     if len(ranks) < 2:
