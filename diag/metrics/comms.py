@@ -14,6 +14,8 @@ from diag.metrics.steps import NS, join_steps, union_by_step
 from diag.metrics.text import map_categories
 from diag.vocab import canonical_op
 
+TP_PREFIX = "tp:"  # a group the agent named tensor-parallel (its role, then its id)
+
 
 def alone(c: pd.DataFrame) -> np.ndarray:
     """Calls a rank made alone in its group: size 1 and the recorded members that rank only (a
@@ -30,6 +32,14 @@ def alone(c: pd.DataFrame) -> np.ndarray:
     elif one.any():
         one[:] = False
     return one
+
+
+def tensor_parallel(group: pd.Series) -> pd.Series:
+    """Calls in a tensor-parallel group (the agent names a group by its role: `tp:N`): a layer's
+    activations, reduced where the math needs them, on the critical path by design; no bucket
+    merges them and no data-parallel overlap setting hides them."""
+    names = [g for g in group.dropna().unique() if str(g).startswith(TP_PREFIX)]
+    return group.isin(names) if names else pd.Series(False, index=group.index)
 
 
 def between_ranks(c: pd.DataFrame) -> pd.DataFrame:
