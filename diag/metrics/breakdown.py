@@ -7,8 +7,9 @@ Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the
   compute = |union of compute kernels|; non-compute = total - compute - idle.
 - overlap % = |union(comm) ∩ union(compute)| / |union(comm)| * 100.
 - last arrival: for the k-th collective of a group in a step, the member that spent least time in
-  it arrived last (the others waited for it); a rank's share is over the positions it was in. Only a measure: with two ranks one of them is "last" more than
-  half the time even on a healthy run, so calling a rank a straggler is the straggler rule's job.
+  it arrived last (the others waited for it); a rank's share is over the positions it was in.
+  Only a measure: with two ranks one of them is "last" more than half the time even on a healthy
+  run, so calling a rank a straggler is the straggler rule's job.
 """
 
 from __future__ import annotations
