@@ -100,7 +100,7 @@ def steps_table(doc: dict[str, Any]) -> list[Table]:
                     _ms(r["max_ms"]),
                     _ms(r["min_ms"]),
                     rank_label(r["slowest_rank"]),
-                    "yes" if r["applied"] else "skipped",
+                    "-" if r["applied"] is None else "yes" if r["applied"] else "skipped",
                     flop_rate(r["tflops"]) + (" (sampled)" if r["sampled"] else ""),
                     "-" if r["samples_per_s"] is None else rate(r["samples_per_s"], "samples"),
                 ]
