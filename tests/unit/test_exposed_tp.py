@@ -35,7 +35,7 @@ def _tp_job(header: dict, tp_ms: float = 45.0, dp_ms: float = 0.0, gpu: bool = F
 
     def step(r: int, s: int) -> None:
         for i in range(9):
-            job.comm(r, s, at_ms=5 + 10 * i, dur_ms=tp_ms / 9, nbytes=8192, group="tp:6", module="blocks.0")
+            job.comm(r, s, at_ms=2 + 5 * i, dur_ms=tp_ms / 9, nbytes=8192, group="tp:6", module="blocks.0")
         if dp_ms:
             job.comm(r, s, at_ms=96 - dp_ms, dur_ms=dp_ms, nbytes=4 << 20, group="dp:1", module=None)
         if gpu:
@@ -77,3 +77,17 @@ def test_data_parallel_exposure_still_fires_beside_tp(tmp_path):
 
 def test_tp_below_threshold_is_silent(tmp_path):
     assert fired(_tp_job(MDS, tp_ms=35).write(str(tmp_path)), "exposed_comm") == []
+
+
+def test_step_split_shows_the_tensor_parallel_part_apart(tmp_path):
+    """The report's step split keeps exposed communication whole and says how much of it is TP."""
+    from diag.metrics.stage import Metrics
+    from diag.report.trace_tables import split_table
+
+    header = {**MDS, "dp": 2}
+    trace = _tp_job(header, tp_ms=27, dp_ms=42).write(str(tmp_path))
+    row = Metrics(trace).step_split.set_index("rank").loc[0]
+    assert row["comm_pct"] == pytest.approx(69.0, abs=0.5) and row["tp_pct"] == pytest.approx(27.0, abs=0.5)
+    rows = Metrics(trace).step_split.to_dict("records")
+    ((_, head, body),) = split_table({"metrics": {"step_split": rows}})
+    assert "of which TP %" in head and body[0][head.index("of which TP %")] == "27.0%"
