@@ -159,10 +159,11 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     med = timeline_exposed(metrics)
     if med is None:
         df, tp_df = _split(trace, metrics)
+        df = df.dropna(subset=["exposed_s"])  # steps whose transfer times are not all known yet
         med = _medians(df)
         tp_med = _medians(tp_df) if tp_df is not None else None
     else:
-        df = pd.DataFrame(columns=["step"])
+        df = metrics.exposed  # the steps it names
         med["share"] = med["exposed_s"] / med["dur_s"]
     out = _hideable(trace, metrics, med, df, tp_med)
     if tp_med is not None and not tp_med.empty:
