@@ -27,11 +27,15 @@ def alone(c: pd.DataFrame) -> np.ndarray:
         return np.zeros(len(c), dtype=bool)
     one = np.array(pd.to_numeric(c["group_size"], errors="coerce") == 1, dtype=bool)
     if one.any() and "group_ranks" in c:
-        members = c["group_ranks"].to_numpy()[one]
-        one[one] = [isinstance(m, (list, tuple)) and len(m) == 1 for m in members]
+        one[one] = [lone(1, m) for m in c["group_ranks"].to_numpy()[one]]
     elif one.any():
         one[:] = False
     return one
+
+
+def lone(size: object, members: object) -> bool:
+    """One call's `alone`: group size 1 and one recorded member (a live record, `diag top`)."""
+    return size == 1 and isinstance(members, (list, tuple)) and len(members) == 1
 
 
 def tensor_parallel(group: pd.Series) -> pd.Series:

@@ -48,3 +48,21 @@ def test_a_size_one_without_members_is_kept(tmp_path):
     trace = _with_lone_calls().write(str(tmp_path))
     c = trace.comms.assign(group_ranks=None)
     assert not comms.alone(c).any()
+
+
+def test_live_exposed_share_leaves_lone_calls_out():
+    """`diag top` and the Prometheus exporter's exposed share: the same calls, live."""
+    from diag.tui.model import JobModel
+
+    m = JobModel()
+    for rank in (0, 1):
+        m.add(rank, {"k": "step", "step": 3, "ts": 0, "dur": 100})
+        m.add(
+            rank,
+            {"k": "comm", "step": 3, "op": "all_reduce", "dur": 45, "group_size": 1, "group_ranks": [rank]},
+        )
+        m.add(
+            rank,
+            {"k": "comm", "step": 3, "op": "all_reduce", "dur": 5, "group_size": 2, "group_ranks": [0, 1]},
+        )
+    assert [m.ranks[r].exposed_share() for r in (0, 1)] == [0.05, 0.05]
