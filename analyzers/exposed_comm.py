@@ -89,25 +89,37 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     return fixes
 
 
-def _tp_fixes(trace: Trace, job: framework.Job) -> list[Fix]:
-    """The one setting that overlaps tensor-parallel communication with compute: Megatron-LM's
-    --tp-comm-overlap (Transformer Engine's userbuffers: GPUs, sequence parallelism). Megatron-DeepSpeed
-    has none: it turns its async TP all-reduce (--no-async-tensor-model-parallel-allreduce's) off
-    under --deepspeed, and sequence parallelism there splits activations, not the wait."""
-    if job.framework != framework.MEGATRON_LM or not on_gpu(trace) or job.arg("tp_comm_overlap"):
-        return []
-    if job.arg("transformer_impl") == "local":  # the overlap is Transformer Engine's
-        return []
-    args = [f for f in ("--sequence-parallel", "--tp-comm-overlap") if not job.arg(f)]
-    if not job.flags(*args):
-        return []
-    return [
-        Fix(
+def _tp_fixes(trace: Trace, job: framework.Job) -> tuple[list[Fix], bool]:
+    """(the settings that overlap tensor-parallel communication with compute where the job lacks
+    them, whether they hide all of it). On GPUs only (both rely on CUDA streams):
+    - Megatron-LM: --tp-comm-overlap (Transformer Engine's userbuffers; needs --sequence-parallel)
+      overlaps the TP all-gathers / reduce-scatters with the GEMMs, forward and backward;
+    - Megatron-DeepSpeed: none for its all-reduces (it turns its async TP all-reduce off under
+      --deepspeed); --sequence-parallel makes the column-parallel layers' backward all-gather and
+      reduce-scatter async, overlapped with their GEMMs (CUDA_DEVICE_MAX_CONNECTIONS=1): a part.
+    On CPU (gloo) neither applies: the job has no setting."""
+    if not on_gpu(trace):
+        return [], False
+    if job.framework == framework.MEGATRON_LM and job.arg("transformer_impl") != "local":
+        args = [f for f in ("--sequence-parallel", "--tp-comm-overlap") if not job.arg(f)]
+        if job.arg("tp_comm_overlap") or not job.flags(*args):
+            return [], False
+        summary = (
             "Megatron-LM with Transformer Engine: overlap the tensor-parallel all-gather / "
-            "reduce-scatter with the linear layers' GEMMs (needs sequence parallelism)",
-            megatron_args=job.flags(*args),
+            "reduce-scatter with the linear layers' GEMMs (needs sequence parallelism)"
         )
-    ]
+        return [Fix(summary, megatron_args=job.flags(*args))], True
+    if job.framework == framework.MEGATRON_DEEPSPEED and not job.arg("sequence_parallel"):
+        args = job.flags("--sequence-parallel")
+        if not args:
+            return [], False
+        summary = (
+            "Megatron-DeepSpeed on GPUs: sequence parallelism makes the column-parallel layers' "
+            "backward all-gather / reduce-scatter async, overlapped with their GEMMs (the forward's "
+            "and the row-parallel layers' stay blocking)"
+        )
+        return [Fix(summary, megatron_args=args, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})], False
+    return [], False
 
 
 def _medians(df: pd.DataFrame) -> pd.DataFrame:
@@ -208,7 +220,8 @@ def _hideable(
 
 def _tensor_parallel(trace: Trace, metrics: Metrics, med: pd.DataFrame) -> list[Finding]:
     """The finding on tensor-parallel groups' blocking collectives (`med`: per-rank medians):
-    priced where the job has a setting that overlaps them, else info."""
+    priced by its share where a setting overlaps them all, at most warning where one overlaps a
+    part, else info."""
     bad = med[med["share"] >= EXPOSED_SHARE]
     if bad.empty:
         return []
@@ -216,16 +229,17 @@ def _tensor_parallel(trace: Trace, metrics: Metrics, med: pd.DataFrame) -> list[
     exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
     cost = Cost(exp_s, step_s)
     job = framework.job_of(metrics)
-    fixes = _tp_fixes(trace, job)
+    fixes, whole = _tp_fixes(trace, job)
+    severity = cost.severity if whole else "warning" if fixes else "info"
     tp = trace.layout().get("tp")
     return [
         Finding(
-            severity=cost.severity if fixes else "info",
+            severity=severity,
             title=f"tensor-parallel collectives take {cost.share:.0%} of each step ({rank_name(worst)})",
             detail=(
                 f"{rank_name(worst)} blocks in its tensor-parallel group's collectives: this {cost.text}. "
                 f"Megatron reduces a layer's activations where the next op needs them, by design; "
-                f"{_tp_why(job, tp, bool(fixes))}."
+                f"{_tp_why(job, tp, fixes, whole)}."
             ),
             evidence={
                 **cost.evidence(),
@@ -235,23 +249,28 @@ def _tensor_parallel(trace: Trace, metrics: Metrics, med: pd.DataFrame) -> list[
                 "tp": tp,
             },
             ranks=sorted(int(r) for r in bad.index),
-            recoverable_s=min(exp_s, step_s - exp_s) if fixes else None,
+            # overlap hides at most the compute; a part of it: not measured how much
+            recoverable_s=min(exp_s, step_s - exp_s) if whole else None,
             fixes=fixes,
         )
     ]
 
 
-def _tp_why(job: framework.Job, tp: object, fixable: bool) -> str:
+def _tp_why(job: framework.Job, tp: object, fixes: list[Fix], whole: bool) -> str:
     """What the job can do about its tensor-parallel collectives, said plainly."""
-    if fixable:
-        return "Megatron-LM overlaps them with the GEMMs only under Transformer Engine (below)"
+    width = f"TP={tp}" if tp else "tensor parallelism"
+    narrower = (
+        f"their cost is {width}'s: a narrower tensor-parallel size where the model fits, or faster "
+        "links between its ranks, cut it"
+    )
+    if whole:
+        return "Megatron-LM overlaps them with the GEMMs under Transformer Engine (below)"
+    if fixes:
+        return f"sequence parallelism overlaps a part of them (below); for the rest, {narrower}"
     how = (
-        " (Megatron-DeepSpeed runs them synchronously under DeepSpeed)"
+        " (Megatron-DeepSpeed runs its TP all-reduces synchronously under DeepSpeed; its sequence "
+        "parallelism overlaps a part, on GPUs)"
         if job.framework == framework.MEGATRON_DEEPSPEED
         else ""
     )
-    width = f"TP={tp}" if tp else "tensor parallelism"
-    return (
-        f"the job has no setting that overlaps them{how}; their cost is {width}'s: a narrower "
-        "tensor-parallel size where the model fits, or faster links between its ranks, cut it"
-    )
+    return f"the job has no setting that overlaps them{how}; {narrower}"

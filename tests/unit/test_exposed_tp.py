@@ -50,7 +50,7 @@ def test_megatron_deepspeed_tp_collectives_are_info_without_fix(tmp_path):
     assert f.severity == "info" and f.fixes == [] and f.recoverable_s is None
     assert f.title.startswith("tensor-parallel collectives take 45% of each step")
     assert f.evidence["tp_exposed_share"][0] == pytest.approx(0.45, abs=0.01)
-    assert "Megatron-DeepSpeed runs them synchronously" in f.detail
+    assert "Megatron-DeepSpeed runs its TP all-reduces synchronously" in f.detail
 
 
 def test_megatron_lm_on_gpus_gets_tp_comm_overlap(tmp_path):
@@ -91,3 +91,17 @@ def test_step_split_shows_the_tensor_parallel_part_apart(tmp_path):
     rows = Metrics(trace).step_split.to_dict("records")
     ((_, head, body),) = split_table({"metrics": {"step_split": rows}})
     assert "of which TP %" in head and body[0][head.index("of which TP %")] == "27.0%"
+
+
+def test_megatron_deepspeed_on_gpus_gets_sequence_parallel_for_a_part(tmp_path):
+    """Megatron-DeepSpeed's --sequence-parallel makes only the column-parallel layers' backward
+    all-gather / reduce-scatter async (megatron/core/tensor_parallel/layers.py at f4157bea): a real
+    setting for a part of the time, so at most a warning and no recoverable time claimed."""
+    (f,) = fired(_tp_job(MDS, gpu=True).write(str(tmp_path)), "exposed_comm")
+    assert f.severity == "warning" and f.recoverable_s is None
+    assert [(x.megatron_args, x.env) for x in f.fixes] == [
+        (["--sequence-parallel"], {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    ]
+    done = {**MDS, "argv": [*MDS["argv"], "--sequence-parallel"]}
+    (f,) = fired(_tp_job(done, gpu=True).write(str(tmp_path / "done")), "exposed_comm")
+    assert f.severity == "info" and f.fixes == []
