@@ -12,6 +12,7 @@ import pandas as pd
 from diag.metrics import bandwidth, positions
 from diag.metrics.steps import NS, join_steps, union_by_step
 from diag.metrics.text import map_categories
+from diag.schema import lone
 from diag.vocab import canonical_op
 
 TP_PREFIX = "tp:"  # a group the agent named tensor-parallel (its role, then its id)
@@ -31,11 +32,6 @@ def alone(c: pd.DataFrame) -> np.ndarray:
     elif one.any():
         one[:] = False
     return one
-
-
-def lone(size: object, members: object) -> bool:
-    """One call's `alone`: group size 1 and one recorded member (a live record, `diag top`)."""
-    return size == 1 and isinstance(members, (list, tuple)) and len(members) == 1
 
 
 def tensor_parallel(group: pd.Series) -> pd.Series:

@@ -10,7 +10,6 @@ from collections import defaultdict, deque
 from typing import Any
 
 from diag import schema
-from diag.metrics.comms import lone
 from diag.trace.model import Trace
 from diag.tui.state import CommStat, LayerStat, RankState
 from diag.tui.tail import Chunk
@@ -147,7 +146,7 @@ class JobModel:
                 stat = table[key] = CommStat(*key)
             stat.add(rank, ev)
         step, dur = int(ev.get("step") or 0), int(ev.get("dur") or 0)
-        if not lone(ev.get("group_size"), ev.get("group_ranks")):  # alone in its group: moves nothing
+        if not schema.lone(ev.get("group_size"), ev.get("group_ranks")):  # alone in its group: moves nothing
             st.comm_ns[step] = st.comm_ns.get(step, 0) + dur
             if not ev.get("async_op"):
                 st.blocked_ns[step] = st.blocked_ns.get(step, 0) + dur
