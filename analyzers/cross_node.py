@@ -30,10 +30,16 @@ BW_BYTES = 256 << 10
 ZERO3_OPS = ("all_gather", "reduce_scatter")
 
 
+def on_gpu(trace: Trace) -> bool:
+    """Did the job run on GPUs (GPU kernels, a GPU sample, or memory recorded on a cuda device)?"""
+    if not trace.gpu.empty or not trace.frame("kernel").empty:
+        return True
+    return any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
+
+
 def nominal_link_gbs(trace: Trace) -> float:
     """The bandwidth a cross-node collective should reach: a GPU job or a CPU (gloo) one."""
-    on_gpu = not trace.gpu.empty or any(str(d).startswith("cuda") for d in trace.memory.get("device", []))
-    return LINK_GBS_GPU if on_gpu else LINK_GBS_CPU
+    return LINK_GBS_GPU if on_gpu(trace) else LINK_GBS_CPU
 
 
 @dataclass

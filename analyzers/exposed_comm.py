@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
-from diag.analyzers.cross_node import zero3_cross_node
+from diag.analyzers.cross_node import on_gpu, zero3_cross_node
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics import comms
+from diag.metrics.comms import tensor_parallel
 from diag.metrics.steps import NS
 from diag.ranks import rank_name
 from diag.vocab import P2P
@@ -73,7 +74,7 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
                     ds_config={"zero_optimization": zero},
                 )
             )
-    if job.framework == framework.MEGATRON_LM:
+    if job.framework == framework.MEGATRON_LM and dp != 1:  # no data-parallel reduction to overlap
         args = [f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if not job.arg(f)]
         if "--overlap-param-gather" in args and not job.arg("use_distributed_optimizer"):
             args.remove("--overlap-param-gather")  # it needs the distributed optimizer
@@ -88,12 +89,76 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     return fixes
 
 
+def _tp_fixes(trace: Trace, job: framework.Job) -> tuple[list[Fix], bool]:
+    """(the settings that overlap tensor-parallel communication with compute where the job lacks
+    them, whether they hide all of it). On GPUs only (both rely on CUDA streams):
+    - Megatron-LM: --tp-comm-overlap (Transformer Engine's userbuffers; needs --sequence-parallel)
+      overlaps the TP all-gathers / reduce-scatters with the GEMMs, forward and backward;
+    - Megatron-DeepSpeed: none for its all-reduces (it turns its async TP all-reduce off under
+      --deepspeed); --sequence-parallel makes the column-parallel layers' backward all-gather and
+      reduce-scatter async, overlapped with their GEMMs (CUDA_DEVICE_MAX_CONNECTIONS=1): a part.
+    On CPU (gloo) neither applies: the job has no setting."""
+    if not on_gpu(trace):
+        return [], False
+    if job.framework == framework.MEGATRON_LM and job.arg("transformer_impl") != "local":
+        args = [f for f in ("--sequence-parallel", "--tp-comm-overlap") if not job.arg(f)]
+        if job.arg("tp_comm_overlap") or not job.flags(*args):
+            return [], False
+        summary = (
+            "Megatron-LM with Transformer Engine: overlap the tensor-parallel all-gather / "
+            "reduce-scatter with the linear layers' GEMMs (needs sequence parallelism)"
+        )
+        return [Fix(summary, megatron_args=job.flags(*args))], True
+    if job.framework == framework.MEGATRON_DEEPSPEED and not job.arg("sequence_parallel"):
+        args = job.flags("--sequence-parallel")
+        if not args:
+            return [], False
+        summary = (
+            "Megatron-DeepSpeed on GPUs: sequence parallelism makes the column-parallel layers' "
+            "backward all-gather / reduce-scatter async, overlapped with their GEMMs (the forward's "
+            "and the row-parallel layers' stay blocking)"
+        )
+        return [Fix(summary, megatron_args=args, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})], False
+    return [], False
+
+
+def _medians(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: median exposed seconds and step seconds over >= MIN_STEPS steps whose transfer
+    times are all known, with `share`."""
+    df = df.dropna(subset=["exposed_s"])  # steps whose transfer times are not all known yet
+    counted = df.groupby("rank")["step"].transform("size")
+    med = df[counted >= MIN_STEPS].groupby("rank")[["exposed_s", "dur_s"]].median()
+    return med.assign(share=med["exposed_s"] / med["dur_s"])
+
+
+def _split(trace: Trace, metrics: Metrics) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(per steady (rank, step): blocking transfer seconds of the collectives an overlap setting
+    can hide; the same of tensor-parallel groups' collectives, None without any). With pp > 1 the
+    pipeline's send/recv are left out: their waits are its bubble (pipeline_bubble's premise)."""
+    c = metrics.comms
+    if c.empty:
+        return metrics.exposed, None
+    tp = tensor_parallel(c["group"]).to_numpy(dtype=bool)
+    other = ~tp
+    if int(trace.layout().get("pp") or 1) > 1:
+        other &= ~c["kind"].isin(P2P).to_numpy(dtype=bool)
+    steady = metrics.steady_steps
+    rest = metrics.exposed if other.all() else comms.blocking_per_step(c[other], steady, waits=False)
+    return rest, comms.blocking_per_step(c[tp], steady, waits=False) if tp.any() else None
+
+
 @rule("exposed_comm")
 def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when blocking (non-async, hence not overlapped) communication covers >= 40% of the median
     step on some rank, counting each collective's transfer time (its shortest duration over the ranks:
     the time others spent waiting for a late rank is the straggler rule's business; with pp > 1 the
-    pipeline's send/recv are left to pipeline_bubble).
+    pipeline's send/recv are left to pipeline_bubble; a rank alone in its group moves nothing).
+    Tensor-parallel groups' collectives (`tp:N`) are measured apart: Megatron reduces a layer's
+    activations where the next op needs them, blocking by design, and no data-parallel overlap
+    setting hides them. Their share >= 40% is a finding of its own, priced by its share where the
+    job can overlap them (Megatron-LM with Transformer Engine on GPUs: --sequence-parallel
+    --tp-comm-overlap), else info with no fix (Megatron-DeepSpeed has no such setting: the lever is
+    a narrower tensor-parallel size, or faster links between its ranks).
     Fix, only where it changes the job's setting and exists in its framework: DeepSpeed overlap_comm
     (its code default is true only for stage 3) and 4x stage3_prefetch_bucket_size when DP > 1;
     Megatron-LM --overlap-grad-reduce / --overlap-param-gather (not Megatron-DeepSpeed: it lacks them).
@@ -102,20 +167,26 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     cross-node gathers run slow (zero3_slow_link's premise) and make >= 50% (DEFER_SHARE = 0.5) of
     the exposed time: that fault is zero3_slow_link's, with its fixes. From diag's records, a rank's
     median is taken over >= 5 steady steps (MIN_STEPS)."""
-    df = metrics.exposed
-    if int(trace.layout().get("pp") or 1) > 1 and not metrics.comms.empty:
-        # a pipeline's send/recv waits are its bubble (pipeline_bubble's premise), not un-overlapped
-        # gradient or TP traffic: counted there, not here
-        c = metrics.comms
-        df = comms.blocking_per_step(c[~c["kind"].isin(P2P)], metrics.steady_steps, waits=False)
+    tp_med = None
     med = timeline_exposed(metrics)
     if med is None:
+        df, tp_df = _split(trace, metrics)
         df = df.dropna(subset=["exposed_s"])  # steps whose transfer times are not all known yet
-        if df.empty:
-            return []
-        counted = df.groupby("rank")["step"].transform("size")
-        med = df[counted >= MIN_STEPS].groupby("rank")[["exposed_s", "dur_s"]].median()
-    med["share"] = med["exposed_s"] / med["dur_s"]
+        med = _medians(df)
+        tp_med = _medians(tp_df) if tp_df is not None else None
+    else:
+        df = metrics.exposed  # the steps it names
+        med["share"] = med["exposed_s"] / med["dur_s"]
+    out = _hideable(trace, metrics, med, df, tp_med)
+    if tp_med is not None and not tp_med.empty:
+        out += _tensor_parallel(trace, metrics, tp_med)
+    return out
+
+
+def _hideable(
+    trace: Trace, metrics: Metrics, med: pd.DataFrame, df: pd.DataFrame, tp_med: pd.DataFrame | None
+) -> list[Finding]:
+    """The finding on the communication an overlap setting can hide (`med`: per-rank medians)."""
     bad = med[med["share"] >= EXPOSED_SHARE]
     if bad.empty:
         return []
@@ -125,6 +196,7 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     if slow is not None and slow.slow and slow.cross_s >= DEFER_SHARE * exp_s:
         return []  # ZeRO-3's gathers over a slow link are most of it: zero3_slow_link names that fault
     cost = Cost(exp_s, step_s)
+    tp = {"tp_exposed_s": evidence.by_rank(tp_med["exposed_s"])} if tp_med is not None else {}
     return [
         Finding(
             severity=cost.severity,
@@ -136,6 +208,7 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "step_s": evidence.by_rank(med["dur_s"]),
                 "exposed_share": evidence.by_rank(med["share"]),
                 "overlap_comm": bool(config.setting(trace, "overlap_comm")),
+                **tp,
             },
             ranks=sorted(int(r) for r in bad.index),
             steps=sorted(int(s) for s in df["step"].unique())[:20] if not df.empty else [],
@@ -143,3 +216,61 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
             fixes=_fixes(trace, framework.job_of(metrics)),
         )
     ]
+
+
+def _tensor_parallel(trace: Trace, metrics: Metrics, med: pd.DataFrame) -> list[Finding]:
+    """The finding on tensor-parallel groups' blocking collectives (`med`: per-rank medians):
+    priced by its share where a setting overlaps them all, at most warning where one overlaps a
+    part, else info."""
+    bad = med[med["share"] >= EXPOSED_SHARE]
+    if bad.empty:
+        return []
+    worst = bad["share"].idxmax()
+    exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
+    cost = Cost(exp_s, step_s)
+    job = framework.job_of(metrics)
+    fixes, whole = _tp_fixes(trace, job)
+    severity = cost.severity if whole else "warning" if fixes else "info"
+    tp = trace.layout().get("tp")
+    return [
+        Finding(
+            severity=severity,
+            title=f"tensor-parallel collectives take {cost.share:.0%} of each step ({rank_name(worst)})",
+            detail=(
+                f"{rank_name(worst)} blocks in its tensor-parallel group's collectives: this {cost.text}. "
+                f"Megatron reduces a layer's activations where the next op needs them, by design; "
+                f"{_tp_why(job, tp, fixes, whole)}."
+            ),
+            evidence={
+                **cost.evidence(),
+                "tp_exposed_s": evidence.by_rank(med["exposed_s"]),
+                "step_s": evidence.by_rank(med["dur_s"]),
+                "tp_exposed_share": evidence.by_rank(med["share"]),
+                "tp": tp,
+            },
+            ranks=sorted(int(r) for r in bad.index),
+            # overlap hides at most the compute; a part of it: not measured how much
+            recoverable_s=min(exp_s, step_s - exp_s) if whole else None,
+            fixes=fixes,
+        )
+    ]
+
+
+def _tp_why(job: framework.Job, tp: object, fixes: list[Fix], whole: bool) -> str:
+    """What the job can do about its tensor-parallel collectives, said plainly."""
+    width = f"TP={tp}" if tp else "tensor parallelism"
+    narrower = (
+        f"their cost is {width}'s: a narrower tensor-parallel size where the model fits, or faster "
+        "links between its ranks, cut it"
+    )
+    if whole:
+        return "Megatron-LM overlaps them with the GEMMs under Transformer Engine (below)"
+    if fixes:
+        return f"sequence parallelism overlaps a part of them (below); for the rest, {narrower}"
+    how = (
+        " (Megatron-DeepSpeed runs its TP all-reduces synchronously under DeepSpeed; its sequence "
+        "parallelism overlaps a part, on GPUs)"
+        if job.framework == framework.MEGATRON_DEEPSPEED
+        else ""
+    )
+    return f"the job has no setting that overlaps them{how}; {narrower}"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pandas as pd
 from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics.comms import tensor_parallel
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 TINY_BYTES = 64 * 1024
 MIN_PER_STEP = 32  # tiny collectives per step (median over ranks and steps)
 STEP_SHARE = 0.10  # and they take at least this share of the step
-TP_PREFIX = "tp:"  # a group the agent named tensor-parallel (its role, then its id)
 
 
 def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
@@ -61,14 +60,6 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     ]
 
 
-def _tensor_parallel(group: pd.Series) -> pd.Series:
-    """Calls in a tensor-parallel group (`tp:N`): a layer's activations, reduced where the math
-    needs them; no bucket merges them (Megatron-DeepSpeed TP=2, hidden 64: 26 all-reduces of 8 KiB
-    a step, "latency-bound" with no fix). Their cost is TP's width: exposed_comm and tp_cross_node."""
-    names = [g for g in group.dropna().unique() if str(g).startswith(TP_PREFIX)]
-    return group.isin(names) if names else pd.Series(False, index=group.index)
-
-
 @rule("tiny_collectives")
 def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a step issues >= 32 collectives under 64 KiB (barriers and tensor-parallel groups'
@@ -85,7 +76,9 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     known = size.notna() & (size > 0)  # traces without size fields (some Kineto) say 0 or nothing
     if not known.any():
         return []
-    tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~_tensor_parallel(c["group"])
+    # a tensor-parallel group's activations: no bucket merges them (Megatron-DeepSpeed TP=2, hidden
+    # 64: 26 all-reduces of 8 KiB a step, "latency-bound" with no fix); exposed_comm measures them
+    tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~tensor_parallel(c["group"])
     per = metrics.comm_per_step(tiny)
     counts = metrics.calls_per_step(tiny).rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})

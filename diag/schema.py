@@ -188,6 +188,13 @@ def bus_factor(op: str, group_size: int) -> float:
     return fn(group_size)
 
 
+def lone(group_size: object, group_ranks: object) -> bool:
+    """A call a rank made alone in its group: size 1 and one recorded member. It moves nothing
+    between ranks, so its time is no communication (`diag.metrics.comms.alone` for frames; a size
+    with no recorded members, an importer's guess of the world size, is not taken as alone)."""
+    return group_size == 1 and isinstance(group_ranks, (list, tuple)) and len(group_ranks) == 1
+
+
 def bus_bandwidth(bus_bytes: float, dur_ns: float) -> float:
     """THE bus bandwidth (GB/s, 1e9 bytes per second) of a set of calls: the bytes they moved, each
     call's scaled by its `bus_factor` and summed, over their summed duration; 0.0 without time.

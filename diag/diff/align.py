@@ -21,6 +21,7 @@ import pandas as pd
 
 from diag import schema
 from diag.diff import adapter
+from diag.metrics.comms import between_ranks
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -73,7 +74,7 @@ def comm_roles(trace: Trace) -> pd.DataFrame:
     """The comm frame with `role` and `key` (`op:role`) columns; computed once per trace."""
     memo = vars(trace).setdefault("_diff_cache", {})
     if "roles" not in memo:
-        c = trace.comms.copy()
+        c = between_ranks(trace.comms).copy()  # as `diag analyze`'s split counts them
         lay = layout(trace)
         sizes = pd.to_numeric(c["group_size"], errors="coerce").fillna(0).astype(int)
         c["op"] = c["op"].astype(str)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from diag import schema
+from diag.metrics.comms import between_ranks
 from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class Activities:
         self.trace = trace
         self.kernels = ByRank(trace.frame("kernel"))
         self.ops = ByRank(trace.frame("cpu_op"))
-        self.comms = ByRank(trace.frame(schema.COMM))
+        self.comms = ByRank(between_ranks(trace.frame(schema.COMM)))  # a rank alone moves nothing
         self.steps = ByRank(trace.frame(schema.STEP))
 
     def __call__(self, rank: int) -> tuple[pd.DataFrame, str]:

@@ -6,9 +6,10 @@ Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the
 - total = last activity end - first activity start; idle = total - |union of all activity|;
   compute = |union of compute kernels|; non-compute = total - compute - idle.
 - overlap % = |union(comm) ∩ union(compute)| / |union(comm)| * 100.
-- last arrival: for the k-th collective of each rank, the rank that spent least time in it arrived
-  last (the others waited for it). Only a measure: with two ranks one of them is "last" more than
-  half the time even on a healthy run, so calling a rank a straggler is the straggler rule's job.
+- last arrival: for the k-th collective of a group in a step, the member that spent least time in
+  it arrived last (the others waited for it); a rank's share is over the positions it was in.
+  Only a measure: with two ranks one of them is "last" more than half the time even on a healthy
+  run, so calling a rank a straggler is the straggler rule's job.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 from diag import schema
 from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
+from diag.metrics.comms import between_ranks
 from diag.metrics.text import as_text
 from diag.vocab import COMM, COMPUTE
 
@@ -84,7 +86,7 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
     bus bytes, each call's with its group's nccl-tests factor, over the time of the calls whose size
     is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
-    c = trace.comms
+    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     # one rank at a time (a rank's calls are one rank's rows of the table): the columns read and
     # their groupby are one rank's, not the job's (+206 MiB for a 64-rank x 1,000-step trace)
     ranks = positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
@@ -131,7 +133,7 @@ def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
 
 def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     """Median bus bandwidth per op and message size over all ranks (the bandwidth-vs-size plot)."""
-    c = trace.comms
+    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     if c.empty:
         return pd.DataFrame(columns=["op", "bytes", "busbw", "calls"])
     c = c.loc[c["bytes"] > 0, ["op", "bytes", "busbw"]]  # the filter copies these columns only
@@ -146,7 +148,7 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
 
 def stragglers(trace: Trace) -> pd.DataFrame:
     """Per rank: the fraction of collectives it arrived last at, and its median step time."""
-    c = trace.comms
+    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     ranks = sorted(c["rank"].unique()) if not c.empty else []
     cols = ["rank", "last_arrival_frac", "median_step_ns"]
     if len(ranks) < 2:
@@ -160,28 +162,34 @@ def stragglers(trace: Trace) -> pd.DataFrame:
 
 
 def _last_arrivals(c: pd.DataFrame) -> pd.Series:
-    """rank -> the share of the k-th calls (k: a call's index among its rank's calls, in time
-    order) that every rank with a known duration made and at which it was the shortest, i.e. it
-    arrived last (the lowest rank among equals). On the per-rank key (`positions.index_per_rank`)
-    and reductions per k: a pivot of calls x ranks took +77 MiB for 843,360 calls."""
+    """rank -> the share of its group's calls, among those every member made with a known duration,
+    at which it was the shortest, i.e. it arrived last (the lowest rank among equals). Calls are
+    placed within their group and step (`positions.in_step`, as `comms.transfer_dur` and
+    `comms.arrival_wait` place them): counted over a rank's whole trace, one call more on one rank
+    (an attach lands mid-step on each rank at its own point) paired every later call with the
+    wrong one. Reductions per position with `ufunc.at`: a pivot of calls x ranks took +77 MiB for
+    843,360 calls."""
     rank_codes, ranks = pd.factorize(c["rank"], sort=True)
+    placed = positions.in_step(c, c["ts"])
+    ids, count = positions.position_ids(placed.slot, placed.k)
     dur = pd.to_numeric(c["dur"]).to_numpy(dtype=float, na_value=np.nan)
-    k = positions.index_per_rank(rank_codes, positions.numbers(c["ts"]), ())
-    known = ~np.isnan(dur) & (rank_codes >= 0)
-    rank_codes, dur, k = rank_codes[known], dur[known], k[known]
-    present = np.unique(rank_codes)  # a rank with no known duration is no column of the pivot
-    if not len(k):
+    known = (ids >= 0) & ~np.isnan(dur)
+    if not count or not known.any():
         return pd.Series(dtype=float)
-    count = int(k.max()) + 1
-    full = np.bincount(k, minlength=count) == len(present)  # one call per (rank, k)
+    members = positions.members(placed.group, placed.rank)
+    need = members[positions.group_of(ids, placed.group, count)]
+    full = np.bincount(ids[known], minlength=count) == need  # every member's duration is known
+    ids, dur, rank_codes = ids[known], dur[known], rank_codes[known]
+    mine = full[ids]
     least = np.full(count, np.inf)
-    np.minimum.at(least, k, dur)
-    at = full[k] & (dur == least[k])
+    np.minimum.at(least, ids, dur)
+    at = mine & (dur == least[ids])
     first = np.full(count, len(ranks), np.int64)
-    np.minimum.at(first, k[at], rank_codes[at])  # the lowest rank among equals, as idxmin gives
-    lasts = first[full]
-    shares = np.bincount(lasts, minlength=len(ranks)) / max(len(lasts), 1)
-    return pd.Series(shares[present], index=ranks[present])[lambda s: s > 0]
+    np.minimum.at(first, ids[at], rank_codes[at])  # the lowest rank among equals, as idxmin gives
+    lasts = np.bincount(first[full], minlength=len(ranks) + 1)[: len(ranks)]
+    seen = np.bincount(rank_codes[mine], minlength=len(ranks))  # the positions each rank was in
+    shares = lasts / np.maximum(seen, 1)
+    return pd.Series(shares[seen > 0], index=ranks[seen > 0])[lambda s: s > 0]
 
 
 def step_times(trace: Trace) -> pd.DataFrame:

@@ -64,7 +64,12 @@ class Metrics:
         per_rank = marks["rank"].value_counts().items() if len(marks) else []
         counts = {int(r): max(n - 1, 1) for r, n in per_rank}
         return step_split.step_split(
-            self.steady_steps, self.trace.comms, self.trace.layers, self.breakdown, self.overlap, counts
+            self.steady_steps,
+            comms.between_ranks(self.trace.comms),
+            self.trace.layers,
+            self.breakdown,
+            self.overlap,
+            counts,
         )
 
     @cached_property

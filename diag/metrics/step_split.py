@@ -5,9 +5,10 @@ each step's span, every collective's interval and, on sampled steps, every modul
 backward interval. Per step, each instant goes to the first of these that holds it (`claim`, which
 `diag diff`'s split uses too):
 - exposed communication = the blocking (not async_op) collectives inside the step, waiting for late
-  ranks included (what the rank's step loses to them), then the async ones (DDP's Reducer and
-  ZeRO's overlapped reductions issue theirs from C++ and wait for them there) where no compute
-  hides them;
+  ranks included (what the rank's step loses to them; tensor-parallel groups' part of it also
+  apart, `tp_ns`: blocking by Megatron's design, no overlap setting hides it), then the async
+  ones (DDP's Reducer and ZeRO's overlapped reductions issue theirs from C++ and wait for them
+  there) where no compute hides them;
 - compute = the union of the outermost module intervals (the model's forward and backward);
 - other = the rest: optimizer, data loading, host overhead, idle.
 Compute is known only on sampled steps, so the split is taken over the rank's steady sampled steps
@@ -32,6 +33,7 @@ import pandas as pd
 
 from diag.metrics import intervals
 from diag.metrics.activity import ByRank
+from diag.metrics.comms import tensor_parallel
 
 Spans = tuple[np.ndarray, np.ndarray]  # a union of intervals: sorted disjoint (starts, ends)
 EXPOSED = "exposed"
@@ -47,7 +49,10 @@ COLUMNS = [
     "compute_pct",
     "comm_pct",
     "other_pct",
+    "tp_ns",
+    "tp_pct",
 ]
+TP = "tensor-parallel"
 
 
 def claim(parts: Iterable[tuple[str, Spans]]) -> dict[str, int]:
@@ -81,17 +86,20 @@ def _spans(df: pd.DataFrame) -> pd.DataFrame:
 def _per_step(
     steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame, known: bool
 ) -> list[dict[str, int]]:
-    """`claim`'s parts of each of one rank's `steps` (blocking comm, then compute, then async comm
-    as EXPOSED where `known`, else as `background`), with `total`."""
+    """`claim`'s parts of each of one rank's `steps` (blocking comm, tensor-parallel groups' as TP,
+    then compute, then async comm as EXPOSED where `known`, else as `background`), with `total`."""
     flag = comms["async_op"].astype("boolean").fillna(False).astype(bool) if len(comms) else None
     flag = pd.Series(False, index=comms.index) if flag is None else flag
-    sync, bg, lay = _spans(comms[~flag]), _spans(comms[flag]), _spans(layers)
+    tp = tensor_parallel(comms["group"]) if "group" in comms else pd.Series(False, index=comms.index)
+    sync, bg, lay = _spans(comms[~flag & ~tp]), _spans(comms[flag]), _spans(layers)
+    tp_sync = _spans(comms[~flag & tp])
     out = []
     # the end in integer ns (`end` is float: an epoch-ns float is off by up to 256 ns)
     starts = steps["start"].astype("int64")
     for start, end in zip(starts, starts + steps["dur"].astype("int64")):
         got = claim(
             [
+                (TP, _inside(tp_sync, start, end)),
                 (EXPOSED, _inside(sync, start, end)),
                 ("compute", _inside(lay, start, end)),
                 (EXPOSED if known else "background", _inside(bg, start, end)),
@@ -111,10 +119,10 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
     use = sampled if known else steps
     per = _per_step(use, comms, layers, known)
     total = sum(p["total"] for p in per)
-    parts = {k: sum(p.get(k, 0) for p in per) for k in (EXPOSED, "compute", "background")}
+    parts = {k: sum(p.get(k, 0) for p in per) for k in (EXPOSED, TP, "compute", "background")}
     compute = parts["compute"] if known else None
     # async collectives in steps without compute records: how much of them compute hid is unknown
-    comm = None if parts["background"] else parts[EXPOSED]
+    comm = None if parts["background"] else parts[EXPOSED] + parts[TP]
     other = None if comm is None else total - comm - (compute or 0)
 
     def pct(v: int | None) -> float | None:
@@ -131,6 +139,8 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
         "compute_pct": pct(compute),
         "comm_pct": pct(comm),
         "other_pct": pct(other),
+        "tp_ns": parts[TP],
+        "tp_pct": pct(parts[TP]),
     }
 
 
@@ -154,6 +164,8 @@ def _gpu_rank(rank: int, steps: int, span: pd.Series, ov: pd.DataFrame) -> dict[
         "compute_pct": pct(compute),
         "comm_pct": pct(comm),
         "other_pct": pct(other),
+        "tp_ns": None,
+        "tp_pct": None,
     }
 
 

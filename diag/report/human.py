@@ -11,6 +11,7 @@ import re
 import shlex
 from typing import Any
 
+from diag.ranks import rank_label
 from diag.units import binary_bytes, significant
 
 
@@ -20,7 +21,12 @@ def evidence_value(key: str, v: Any) -> str:
     report keeps the exact numbers)."""
     more = ", ..." if isinstance(v, (dict, list, tuple)) and len(v) > 8 else ""
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {evidence_value(key, x)}" for k, x in list(v.items())[:8]) + more + "}"
+        return (
+            "{"
+            + ", ".join(f"{_key(k)}: {evidence_value(key, x)}" for k, x in list(v.items())[:8])
+            + more
+            + "}"
+        )
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(evidence_value(key, x) for x in list(v)[:8]) + more + "]"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -35,6 +41,23 @@ def evidence_value(key: str, v: Any) -> str:
     if k.endswith(("share", "_frac", "_rate")):
         return f"{v * 100:.1f}%"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _key(k: Any) -> str:
+    """An evidence dict's key as it reads: integer keys are ranks (the rules key per-rank figures by
+    the reader's rank, `analyzers.evidence.by_rank`; a JSON document holds them as strings), shown
+    as every report shows a rank: a log line's missing rank (-1) as `no rank`, a process without a
+    rank as `pid N`."""
+    if isinstance(k, bool):
+        return str(k)
+    if isinstance(k, str):
+        if not re.fullmatch(r"-?\d+", k):
+            return k
+        k = int(k)
+    if not isinstance(k, int):
+        return str(k)
+    label = rank_label(k)
+    return "no rank" if label == "-" else label
 
 
 _GBS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?) GB/s")

@@ -19,9 +19,10 @@ def layers(trace: Trace, peak_tflops: float | None) -> list[dict[str, Any]]:
 
 def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
     """One row per step: the slowest and fastest rank's time, whether every rank applied it, and the
-    throughput figures (FLOP/s: mean over ranks; samples/s: the job's)."""
+    throughput figures (FLOP/s: mean over ranks; samples/s: the job's). Without the trace's steps,
+    the training log's timed iterations (`log_steps`)."""
     if not per_step:
-        return []
+        return log_steps(trace.frame("log_step"))
     df = pd.DataFrame(per_step)
     st = trace.steps
     flags = st["applied"].astype("boolean").fillna(True) if not st.empty else pd.Series(dtype=bool)
@@ -44,6 +45,51 @@ def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def log_steps(log: pd.DataFrame) -> list[dict[str, Any]]:
+    """`steps`' rows from a training log's iterations with a time: per iteration the slowest and
+    fastest rank that logged it, applied unless the log counted it skipped (None: a skip in a
+    logging interval of several iterations, not known to be this one), the FLOP/s the log
+    printed (none where it printed 0: Megatron's on a CPU) and the job's samples/s it printed, else
+    its global batch over the slowest time. Nothing is sampled: a log counts no FLOPs."""
+    if log.empty or "iter_ms" not in log.columns:
+        return []
+    timed = log[pd.to_numeric(log["iter_ms"], errors="coerce") > 0]
+    out = []
+    before = 0  # the iteration logged last: a line's skip count covers the iterations since
+    for step, g in timed.groupby("step", sort=True):
+        ms = pd.to_numeric(g["iter_ms"])
+        slow = g.loc[ms.idxmax()]
+        skipped = bool((_num(g, "skipped_iters") > 0).any())
+        # one iteration per line: the count is that iteration's; over an interval, which one is unknown
+        applied = (None if int(step) - before > 1 else False) if skipped else True
+        before = int(step)
+        out.append(
+            {
+                "step": int(step),
+                "ranks": len(g),
+                "max_ms": float(ms.max()),
+                "min_ms": float(ms.min()),
+                "slowest_rank": int(slow["rank"]),
+                "applied": applied,
+                "sampled": False,
+                "tflops": _positive(_num(g, "tflops").mean()),
+                "samples_per_s": _positive(_num(g, "samples_per_sec").max())
+                or _positive(float(_num(g, "global_batch").max()) / float(ms.max()) * 1e3),
+            }
+        )
+    return out
+
+
+def _num(g: pd.DataFrame, col: str) -> pd.Series:
+    return (
+        pd.to_numeric(g[col], errors="coerce") if col in g.columns else pd.Series(float("nan"), index=g.index)
+    )
+
+
+def _positive(v: float) -> float | None:
+    return float(v) if v == v and v > 0 else None
 
 
 def memory(trace: Trace) -> dict[str, list[dict[str, Any]]]:

@@ -30,10 +30,14 @@ def split_table(doc: dict[str, Any]) -> list[Table]:
             "; exposed comm -: async collectives ran and no steady step has per-layer records to "
             "tell how much compute hid them"
         )
+    # the tensor-parallel groups' part of the exposed time, where any: blocking by design
+    tp = any(r.get("tp_ns") for r in rows)
     return [
         (
             f"Step time per rank: compute / exposed communication / other ({basis})",
-            ["rank", "steps", "step ms (mean)", "compute %", "exposed comm %", "other %"],
+            ["rank", "steps", "step ms (mean)", "compute %", "exposed comm %"]
+            + (["of which TP %"] if tp else [])
+            + ["other %"],
             [
                 [
                     rank_label(r["rank"]),
@@ -41,8 +45,9 @@ def split_table(doc: dict[str, Any]) -> list[Table]:
                     _ms(r["total_ns"] / 1e6 / max(r["steps"], 1)),
                     _pct(r["compute_pct"]),
                     _pct(r["comm_pct"]),
-                    _pct(r["other_pct"]),
                 ]
+                + ([_pct(r.get("tp_pct"))] if tp else [])
+                + [_pct(r["other_pct"])]
                 for r in rows
             ],
         )
@@ -100,7 +105,7 @@ def steps_table(doc: dict[str, Any]) -> list[Table]:
                     _ms(r["max_ms"]),
                     _ms(r["min_ms"]),
                     rank_label(r["slowest_rank"]),
-                    "yes" if r["applied"] else "skipped",
+                    "-" if r["applied"] is None else "yes" if r["applied"] else "skipped",
                     flop_rate(r["tflops"]) + (" (sampled)" if r["sampled"] else ""),
                     "-" if r["samples_per_s"] is None else rate(r["samples_per_s"], "samples"),
                 ]

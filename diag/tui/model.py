@@ -146,10 +146,11 @@ class JobModel:
                 stat = table[key] = CommStat(*key)
             stat.add(rank, ev)
         step, dur = int(ev.get("step") or 0), int(ev.get("dur") or 0)
-        st.comm_ns[step] = st.comm_ns.get(step, 0) + dur
-        if not ev.get("async_op"):
-            st.blocked_ns[step] = st.blocked_ns.get(step, 0) + dur
-            st.blocked_ns_total += dur
+        if not schema.lone(ev.get("group_size"), ev.get("group_ranks")):  # alone in its group: moves nothing
+            st.comm_ns[step] = st.comm_ns.get(step, 0) + dur
+            if not ev.get("async_op"):
+                st.blocked_ns[step] = st.blocked_ns.get(step, 0) + dur
+                st.blocked_ns_total += dur
         st.last_comm = (key[1], key[0], int(ev.get("ts") or 0))
 
     def _on_layer(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:

@@ -74,6 +74,7 @@ def _comm_trace(durs_by_rank):
             "step": 0,
             "op": "all_reduce",
             "bytes": 1 << 20,
+            "group": "world:0",
             "group_size": 2,
             "ts": 100 * i,
             "dur": d,

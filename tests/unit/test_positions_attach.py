@@ -12,9 +12,10 @@ import os
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import diag
-from diag.metrics import comms
+from diag.metrics import breakdown, comms
 from diag.metrics.stage import Metrics
 from diag.trace.model import Trace
 from tests.conftest import ROOT
@@ -51,3 +52,22 @@ def test_whole_steps_match_as_before():
     c = Metrics(diag.load(FIXTURE)).comms
     xfer = comms.transfer_dur(c)
     assert xfer.notna().mean() > 0.9
+
+
+def test_last_arrivals_are_placed_within_group_and_step():
+    """The report's "last to arrive" share pairs calls as transfer_dur does: a call missed at
+    attach on one rank shifted every later pairing (each rank's k-th call over its whole trace).
+    Placed within group and step, only the cut step's calls pair with none."""
+    whole = diag.load(FIXTURE)
+    late = _attached_late(whole, rank=0, calls=1)
+    c = whole.frames["comm"]
+    cut = int(pd.to_numeric(late.frames["comm"].loc[lambda d: d["rank"] == 0, "step"]).min())
+    ref_trace = Trace(
+        headers=whole.headers,
+        frames={**whole.frames, "comm": c[pd.to_numeric(c["step"]) != cut]},
+        sources=whole.sources,
+    )
+    ref = breakdown.stragglers(ref_trace).set_index("rank")["last_arrival_frac"]
+    got = breakdown.stragglers(late).set_index("rank")["last_arrival_frac"]
+    assert ref.sum() == pytest.approx(1.0, abs=0.01)  # one rank arrives last at each position
+    assert got.to_dict() == ref.to_dict()

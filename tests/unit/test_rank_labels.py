@@ -5,6 +5,7 @@ printed that key as it is ("-20267" in the Throughput, Step time, Steps and Memo
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -17,6 +18,7 @@ from diag.tui.detail import rank_detail
 from diag.tui.model import JobModel
 from diag.tui.source import ReplaySource
 from diag.tui.view import build_view
+from tests.conftest import ROOT
 from tests.workloads import launch
 
 TRAIN = """import torch
@@ -146,3 +148,24 @@ def test_findings_name_a_process_without_a_rank_by_its_pid(tmp_path) -> None:
     assert f"pid {pid} raised" not in rules["job_crash"]["detail"]  # alone: nobody raised "first"
     plain = launch.diag_cli("analyze", str(trace), env={"COLUMNS": "200"})
     assert "0 ranks" not in plain.stdout and "1 process without a rank" in plain.stdout
+
+
+def test_evidence_keys_read_as_ranks() -> None:
+    """A finding's per-rank evidence printed the reader's key: `skipped_by_rank={-1: 20}` for a log
+    with no rank (its JSON `{"-1": 20}`); it reads as every report reads a rank."""
+    from diag.report.human import evidence_line
+
+    ev = {"skipped_by_rank": {-1: 20}, "exposed_s": {"-20267": 0.5, "3": 0.25}, "by_op": {"all_reduce": 4}}
+    assert (
+        evidence_line(ev)
+        == "skipped_by_rank={no rank: 20}, exposed_s={pid 20267: 500 ms, 3: 250 ms}, by_op={all_reduce: 4}"
+    )
+
+
+def test_log_without_ranks_prints_no_reader_key() -> None:
+    """The real log of a DeepSpeed fp16 job whose lines name no rank, as `diag analyze` prints it."""
+    log = os.path.join(ROOT, "tests", "fixtures", "logs", "ds_fp16_every_rank_overflow.log")
+    plain = launch.diag_cli("analyze", log, env={"COLUMNS": "400"})
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    (line,) = [ln for ln in plain.stdout.splitlines() if "skipped_by_rank" in ln]
+    assert "skipped_by_rank={no rank: 20}" in line, line

@@ -11,6 +11,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from diag.ranks import rank_list
+from diag.report.human import evidence_line
 from diag.tui.widgets.table import SyncTable
 
 COLUMNS = ("#", "severity", "rule", "finding", "ranks", "recoverable ms/step")
@@ -26,7 +27,7 @@ def describe(f: Any) -> str:
     """The detail and every suggested fix of one finding, as plain text."""
     lines = [f"[{f.severity}] {f.title}", f.detail]
     if f.evidence:
-        lines.append("evidence: " + ", ".join(f"{k}={v}" for k, v in list(f.evidence.items())[:8]))
+        lines.append("evidence: " + evidence_line(dict(list(f.evidence.items())[:8])))
     for fix in f.fixes or []:
         lines.append(f"fix: {fix.summary}")
         if fix.ds_config:
