@@ -367,12 +367,12 @@ class Agent:
     def _flush(self, final: bool) -> None:
         now = time.monotonic()
         stats_due = final or now - self._last_stats >= STATS_INTERVAL_S
-        if not (stats_due or len(self.ring) or self._held or self._error_count != self._errors_done):
+        if not (stats_due or self.ring.queue or self._held or self._error_count != self._errors_done):
             return  # an idle flush: nothing to write (most flushes between a long step's records)
         with self._lock:
             if self._file is None:
                 return
-            lines = self._lines(self._resolved(self.ring.drain()), final)
+            lines = self._lines(self.ring.drain(), final)
             if self._error_count != self._errors_done:
                 self._errors_done = self._error_count
                 lines.extend(dumps(o) for o in self._new_errors())
@@ -380,30 +380,23 @@ class Agent:
                 self._last_stats = now
                 lines.append(dumps(schema.to_json(self._stats_record(), self._wall0, self._perf0)))
             if lines:
-                sched = self._sched.record(self.now())
+                sched = self._sched.record(time.perf_counter_ns())
                 if sched is not None:
-                    lines.append(_line(sched, self._wall0, self._perf0))
+                    line = flat_text(sched, self._wall0 - self._perf0)  # ints only: never None
+                    lines.append(line if line is not None else _line(sched, self._wall0, self._perf0))
                 self._file.write_lines(lines)
-
-    def _resolved(self, recs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """Each record as its kind's resolver completes it (a resolver never raises)."""
-        resolvers = self.resolvers
-        if not resolvers:
-            return recs
-        out = []
-        for rec in recs:
-            fn = resolvers.get(rec[0])
-            out.append(rec if fn is None else fn(rec))
-        return out
 
     def _lines(self, recs: list[tuple[Any, ...]], final: bool) -> list[str]:
         """The lines of the records written now, counted by kind in `captured`: those held from
-        earlier flushes first (settled now, given up or held again), then this flush's in order, then
-        a `comm_open` for each held collective newly past `pending.OPEN_S`. A record whose GPU timing
-        is not known yet is held back (`diag.agent.pending`); nearly all are settled at once (a CPU
-        duration is known by the flush) and take one pass: a collective's duration is looked at in
-        its declared spot and handed to `comm_text` as it is (the record is not rebuilt), another
-        record whose fields are all plain values has a `flat_text` line and nothing to settle."""
+        earlier flushes first (settled now, given up or held again), then this flush's in order, each
+        completed by its kind's resolver first (`resolvers`: in record order, as comms' matching
+        needs), then a `comm_open` for each held collective newly past `pending.OPEN_S`. A record
+        whose GPU timing is not known yet is held back (`diag.agent.pending`); nearly all are settled
+        at once (a CPU duration is known by the flush) and take one pass: a collective's duration is
+        looked at in its declared spot and handed to `comm_text` as it is (the record is not
+        rebuilt), another record whose fields are all plain values has a `flat_text` line and
+        nothing to settle. One loop over the records: the flushes run cold (the job's compute
+        between two evicts the writer's code and data), so each pass and call per record costs."""
         lines: list[str] = []
         held = self._held
         if not recs and not held:
@@ -415,14 +408,30 @@ class Agent:
             for since, rec in held:
                 self._place(since, rec, _pending.settle(rec), now, final, out)
             self._add(out, lines)
-        captured, shift = self.captured, self._wall0 - self._perf0
+        captured, shift, resolvers = self.captured, self._wall0 - self._perf0, self.resolvers
         fast = _pending.spot(_COMM, COMM_FIELDS) == DUR_AT  # where the comms collector declared it
-        poll, not_ready, unseen = _pending.poll_spot, _pending.NOT_READY, _pending.UNSEEN
+        # `pending.poll_spot` inline (a call a collective less): a Pending type's poll, a plain value
+        # as it is, a type not looked at yet the general way
+        pending_types, plain_types = _pending.PENDING_TYPES, _pending.PLAIN_TYPES
+        not_ready = _pending.NOT_READY
         for rec in recs:
+            if resolvers:
+                resolve = resolvers.get(rec[0])
+                if resolve is not None:
+                    try:
+                        rec = resolve(rec)
+                    except Exception as exc:  # noqa: BLE001 - one lost record, counted
+                        self.record_error("agent", f"resolve:{rec[0]}", exc)
+                        continue
             kind = rec[0]
             if kind is _COMM and fast and len(rec) == COMM_FIELDS:
-                dur = poll(rec[DUR_AT])
-                if dur is not_ready or dur is unseen:
+                dur = rec[DUR_AT]
+                if type(dur) in pending_types:
+                    dur = dur.poll()
+                    if dur is not_ready:
+                        self._settle(rec, now, final, lines)
+                        continue
+                elif type(dur) not in plain_types:
                     self._settle(rec, now, final, lines)
                     continue
                 captured[kind] = captured.get(kind, 0) + 1

@@ -109,6 +109,35 @@ def test_a_record_that_cannot_be_written_is_one_lost_record(tmp_path, monkeypatc
     assert ag.captured == {"step": 2, "comm": 1, "no-such-kind": 1}
 
 
+def test_resolvers_complete_records_in_order_and_a_raising_one_loses_one_record(tmp_path, monkeypatch):
+    """Each record goes through its kind's resolver in record order (comms' matching counts
+    occurrences) inside the flush's one loop; a resolver that raises loses that record only, counted
+    as the agent's `resolve:` error, and the records around it are written."""
+    monkeypatch.setitem(pending._SPOTS, (schema.COMM, comms.RECORD_LEN), comms.DUR_AT)
+    ag = _agent(tmp_path)
+    w0, p0 = ag._wall0, ag._perf0
+    seen: list[int] = []
+
+    def resolve(rec: tuple[object, ...]) -> tuple[object, ...]:
+        seen.append(rec[1])  # type: ignore[arg-type]
+        if rec[1] == 2:
+            raise ValueError("broken")
+        return (*rec[: comms.MODULE_AT], f"m.{rec[1]}", *rec[comms.MODULE_AT + 1 :])
+
+    ag.resolvers[schema.COMM] = resolve
+    step = (schema.STEP, 1, P0, 5, 8, None, True)
+    recs = [_comm(1, _later(10), step=1), step, _comm(2, _later(10), step=2), _comm(3, _later(10), step=3)]
+    for rec in recs:
+        ag.emit(rec)
+    ag._flush(final=False)
+    assert seen == [1, 2, 3]
+    written = [resolve(recs[0]), step, resolve(recs[3])]
+    lines = [line for line in _records(ag._file.path) if json.loads(line)["k"] != "error"]
+    assert lines == [dumps(schema.to_json(_settled(r), w0, p0)) for r in written]
+    assert list(ag.errors) == [("agent", "resolve:comm", "ValueError")]
+    assert ag.captured == {"comm": 2, "step": 1}
+
+
 def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     """Every rank's writer flushes at the same moments (multiples of FLUSH_INTERVAL_S on the wall
     clock), so ranks killed at once leave records that end together; each flush's sched sample is
