@@ -37,12 +37,17 @@ from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
 # the writer's flushes: a record is in the file at most this late, on ticks of the wall clock, so
 # every rank of a job (hosts in NTP sync) flushes at the same moments: a job killed at once leaves
-# each rank's records ending at the same tick, not up to one interval apart. A flush costs ~150 us
-# of the rank's CPU in bench/overhead's job whatever it writes (cold code after the wake, the
-# schedstat read and the write); 0.5 s would save ~15 us a 45 ms step there, but a rank killed just
-# before a tick would then lose 0.5 s of records, the margin by which the rules tell which rank died
-# first (analyzers/liveness.FIRST_BY_S) and read a stopped rank's last records (hang_desync)
-FLUSH_INTERVAL_S = 0.2
+# each rank's records ending at the same tick. A flush runs cold (the job's compute between two
+# evicts the writer's code and data): ~130 us of the rank's CPU in bench/writer_cold whatever it
+# writes, plus ~2.5 us a record; at 0.2 s that fixed part was 40-50 us of each ~60-100 ms step of
+# bench/hooks_probe's job (writer ~100 us a rank-step), at 0.5 s ~65. The rules' margin for "this
+# rank died first" (analyzers/liveness.FIRST_BY_S) is 2.5 intervals: ranks killed 0.15 s apart
+# across a tick lose records one interval apart, not a death
+FLUSH_INTERVAL_S = 0.5
+# while an idle listener waits for a framework being imported (sys.modules grows), the writer wakes
+# this often to run it, so a late import is patched before the job's first step; it writes on the
+# flush ticks only
+LISTEN_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 _COMM = schema.COMM
@@ -334,14 +339,21 @@ class Agent:
     def _run(self) -> None:
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
-        every = FLUSH_INTERVAL_S
+        every, listen = FLUSH_INTERVAL_S, LISTEN_INTERVAL_S
+        due = (time.time() // every + 1) * every  # the next flush tick
         while not self._stop.is_set():
-            self._flush_now.wait(every - time.time() % every)  # to the next tick
+            wake = due
+            if self.idle_listeners and len(sys.modules) != self._idle_modules:
+                wake = min(due, (time.time() // listen + 1) * listen)
+            asked = self._flush_now.wait(max(0.0, wake - time.time()))
             c0 = time.thread_time_ns()
-            try:
-                self._flush(final=False)
-            except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
-                self.record_error("agent", "writer", exc)
+            now = time.time()
+            if asked or now >= due - 0.001:  # a timed wait may end a hair early
+                due = ((now + 0.001) // every + 1) * every
+                try:
+                    self._flush(final=False)
+                except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
+                    self.record_error("agent", "writer", exc)
             if self.idle_listeners and len(sys.modules) != self._idle_modules:
                 self._run_idle_listeners()
             self.writer_cpu_ns += time.thread_time_ns() - c0

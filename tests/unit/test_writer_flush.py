@@ -5,6 +5,7 @@ duration is not known yet is held, never lost, and given up (null) by the final 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -147,7 +148,7 @@ def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=("steps",)))
     ag.start()
     try:
-        for i in range(8):  # ~2 s of records, one every 0.25 s
+        for i in range(14):  # ~3.5 s of records (6-7 flushes), one every 0.25 s
             ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
             time.sleep(0.25)
         path = ag.status()["trace_file"]
@@ -159,3 +160,29 @@ def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     phases = sorted((ts / 1e9) % every for ts in samples[1:-1])  # not the first nor the stop's
     assert len(phases) >= 2
     assert phases[len(phases) // 2] < every / 4, phases  # most within a quarter interval of a tick
+
+
+def test_an_unsettled_idle_listener_runs_between_the_flush_ticks(tmp_path):
+    """A listener waiting for a framework still being imported runs every LISTEN_INTERVAL_S (a late
+    import is patched before the job's first step), while records are written on the flush ticks
+    only (each flush's sched sample: one per FLUSH_INTERVAL_S, not one per wake)."""
+    from diag.agent import runtime
+
+    ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=()))
+    calls: list[float] = []
+    ag.idle_listeners.append(lambda: calls.append(time.time()))  # None: never settled
+    ag.start()
+    try:
+        for i in range(25):  # ~2.5 s, a record every 0.1 s: each flush has something to write
+            ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
+            time.sleep(0.1)
+        path = ag.status()["trace_file"]
+    finally:
+        ag.stop()
+    with open(path) as f:
+        samples = [json.loads(line)["ts"] / 1e9 for line in f if json.loads(line)["k"] == "sched"]
+    listen_gaps = sorted(b - a for a, b in itertools.pairwise(calls))
+    flush_gaps = sorted(b - a for a, b in itertools.pairwise(samples[:-1]))  # not the stop's
+    assert len(listen_gaps) >= 5 and len(flush_gaps) >= 2, (calls, samples)
+    assert listen_gaps[len(listen_gaps) // 2] < (runtime.LISTEN_INTERVAL_S + runtime.FLUSH_INTERVAL_S) / 2
+    assert flush_gaps[len(flush_gaps) // 2] > runtime.FLUSH_INTERVAL_S * 0.8, samples
