@@ -339,12 +339,10 @@ class Agent:
     def _run(self) -> None:
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
-        every, listen = FLUSH_INTERVAL_S, LISTEN_INTERVAL_S
-        due = (time.time() // every + 1) * every  # the next flush tick
+        every = FLUSH_INTERVAL_S
+        now = time.time()
+        due, wake = self._next_wake((now // every + 1) * every, now)
         while not self._stop.is_set():
-            wake = due
-            if self.idle_listeners and len(sys.modules) != self._idle_modules:
-                wake = min(due, (time.time() // listen + 1) * listen)
             asked = self._flush_now.wait(max(0.0, wake - time.time()))
             c0 = time.thread_time_ns()
             now = time.time()
@@ -356,7 +354,19 @@ class Agent:
                     self.record_error("agent", "writer", exc)
             if self.idle_listeners and len(sys.modules) != self._idle_modules:
                 self._run_idle_listeners()
+            due, wake = self._next_wake(due, time.time())
             self.writer_cpu_ns += time.thread_time_ns() - c0
+
+    def _next_wake(self, due: float, now: float) -> tuple[float, float]:
+        """(the next flush tick, when to wake): the tick, or the next LISTEN_INTERVAL_S tick before
+        it while an idle listener waits for an import. A tick more than an interval away (the wall
+        clock was set back) is the next one from now; one passed (a listener ran past it) is due."""
+        every = FLUSH_INTERVAL_S
+        if due > now + every:
+            due = (now // every + 1) * every
+        if self.idle_listeners and len(sys.modules) != self._idle_modules:
+            return due, min(due, (now // LISTEN_INTERVAL_S + 1) * LISTEN_INTERVAL_S)
+        return due, due
 
     def unsettle(self) -> None:
         """Run the idle listeners at the next flush although nothing was imported: one of them has

@@ -186,3 +186,19 @@ def test_an_unsettled_idle_listener_runs_between_the_flush_ticks(tmp_path):
     assert len(listen_gaps) >= 5 and len(flush_gaps) >= 2, (calls, samples)
     assert listen_gaps[len(listen_gaps) // 2] < (runtime.LISTEN_INTERVAL_S + runtime.FLUSH_INTERVAL_S) / 2
     assert flush_gaps[len(flush_gaps) // 2] > runtime.FLUSH_INTERVAL_S * 0.8, samples
+
+
+def test_the_next_wake_survives_a_clock_set_back_and_keeps_a_passed_tick(tmp_path):
+    """A flush tick more than an interval ahead (the wall clock was set back an hour) is replaced by
+    the next one from now, not waited for; a tick a listener ran past is still due (flushed at once);
+    an unsettled listener wakes the writer on the listen ticks before the flush tick."""
+    from diag.agent import runtime
+
+    every, listen = runtime.FLUSH_INTERVAL_S, runtime.LISTEN_INTERVAL_S
+    ag = _agent(tmp_path)
+    now = 1000 * every + every / 10  # just past a flush tick
+    assert ag._next_wake(now + 3600.0, now) == (1001 * every, 1001 * every)
+    assert ag._next_wake(now - every / 20, now) == (now - every / 20, now - every / 20)
+    ag.idle_listeners.append(lambda: None)
+    due, wake = ag._next_wake(1001 * every, now)
+    assert due == 1001 * every and now < wake < due and round(wake / listen, 6) % 1 == 0
