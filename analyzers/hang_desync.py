@@ -80,7 +80,7 @@ def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int,
 def still_moving(trace: Trace, c: pd.DataFrame, median_step_s: float) -> bool:
     """A running job whose ranks still complete collectives: the newest one ended less than max(2 s,
     5 median steps) before the earliest of the ranks' last records. Its ranks' counts differ at any
-    moment (each writes every 0.2 s; a throttled rank, stopped 40 ms of every 100 ms, issues each
+    moment (each writes every 0.5 s; a throttled rank, stopped 40 ms of every 100 ms, issues each
     collective later than its peer, which waits in it): a ZeRO-2 job read so looked desynced, ranks
     [0, 1]. A real desync stops them: both wait in different collectives while heartbeats go on."""
     last = liveness.last_record(trace)
@@ -100,7 +100,7 @@ def beating(trace: Trace) -> bool:
 
 def quiet_s(metrics: Metrics) -> float:
     """How long peers must have made no progress for a lag or a divergence to be a hang, not the
-    agent's unflushed last 0.2 s of a job killed all at once: max(2 s, 5 median steps)."""
+    agent's unflushed last 0.5 s of a job killed all at once: max(2 s, 5 median steps)."""
     return max(STALL_S, STALL_STEPS * metrics.median_step_s)
 
 
@@ -152,7 +152,7 @@ def _frozen(trace: Trace, metrics: Metrics, frozen: dict[int, dict[str, Any]]) -
     peer_end = float(st[st["rank"].isin(waiting)]["end"].max()) if st["rank"].isin(waiting).any() else None
     stall_s = (now - peer_end) / NS if peer_end is not None else 0.0
     max_step = st.groupby("rank")["step"].max()
-    # (how far the others got is no premise: a stopped rank's last 0.2 s of records were never written)
+    # (how far the others got is no premise: a stopped rank's last 0.5 s of records were never written)
     where = _where_stuck(trace, metrics, waiting, sorted(frozen))
     issued = where.pop("issued_ns", None)
     need = max(STALL_S, STALL_STEPS * metrics.median_step_s)
@@ -210,7 +210,7 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     its own moment, with ops in flight then recorded as unfinished, not as evidence; in a running
     job, or in a diag trace with every rank's heartbeats, once no collective completed for max(2 s,
     5 median steps)), when a rank is >= 2 steps behind the furthest (not in a running job: between
-    two 0.2 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise; in a
+    two 0.5 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise; in a
     diag trace with heartbeats, only if the others' processes went on that long after it: a job
     killed all at once loses each rank's last flush, a different number of steps each), or when a
     rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
@@ -236,7 +236,7 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     max_step = st.groupby("rank")["step"].max() if not st.empty else pd.Series(dtype=int)
     behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
     if liveness.live(trace):
-        # a running job: each rank writes its records every 0.2 s, so a fast job's ranks look steps
+        # a running job: each rank writes its records every 0.5 s, so a fast job's ranks look steps
         # apart between two flushes; a rank that stopped running is the premise above (_frozen)
         behind = []
     elif behind and beating(trace):

@@ -318,7 +318,7 @@ def _dead_rank(
             severity="critical",
             title=f"job crashed: {who} died"
             + (f" after step {step[dead[0]]}" if dead[0] in step else "")
-            + (  # a killed rank's last flush (up to 0.2 s of records) is lost with it
+            + (  # a killed rank's last flush (up to 0.5 s of records) is lost with it
                 f" (its last record; its peers completed step {peer_step})"
                 if dead[0] in step and peer_step is not None and peer_step > step[dead[0]]
                 else ""

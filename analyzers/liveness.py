@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 HEARTBEAT_S = 2.0  # the agent's stats period (diag.agent.runtime.STATS_INTERVAL_S)
 SILENT_BEATS = 3  # a rank this many heartbeats behind a peer's latest record stopped running
-FIRST_BY_S = 0.5  # every process gone: a rank whose records end this long (2.5 of the agent's 0.2 s
-# flushes) before the others' died first
+FIRST_BY_S = 1.25  # every process gone: a rank whose records end this long (2.5 of the agent's 0.5 s
+# flushes, diag.agent.runtime.FLUSH_INTERVAL_S) before the others' died first
 
 
 def live(trace: Trace) -> bool:

@@ -44,6 +44,7 @@ NOT_READY: Any = object()  # what `Pending.poll` answers for a value not known y
 
 _PENDING: set[type] = set()  # types seen so far, sorted once (an ABC isinstance costs ~1 us a field)
 _PLAIN: set[type] = set()
+PENDING_TYPES, PLAIN_TYPES = _PENDING, _PLAIN  # the same sets, for the writer's inline `poll_spot`
 
 
 def _pending_types(rec: tuple[Any, ...]) -> set[type]:

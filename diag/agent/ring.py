@@ -14,10 +14,11 @@ from typing import Any
 class Ring:
     """Bounded FIFO of event tuples with per-kind drop counts."""
 
-    __slots__ = ("_q", "capacity", "dropped", "high_water")
+    __slots__ = ("_q", "capacity", "dropped", "high_water", "queue")
 
     def __init__(self, capacity: int) -> None:
         self._q: deque[tuple[Any, ...]] = deque()
+        self.queue = self._q  # read only: the writer's "anything to write?" without a call
         self.capacity = capacity
         self.dropped: dict[str, int] = {}
         self.high_water = 0
@@ -31,17 +32,15 @@ class Ring:
             kind = rec[0]
             self.dropped[kind] = self.dropped.get(kind, 0) + 1
 
-    def drain(self, limit: int = 1 << 30) -> list[tuple[Any, ...]]:
-        """Writer side: take up to `limit` records in order."""
+    def drain(self) -> list[tuple[Any, ...]]:
+        """Writer side: take every record in order (one comprehension: the writer's flushes run
+        cold, a call per record costs there)."""
         q = self._q
         n = len(q)
         if n > self.high_water:
             self.high_water = n
-        out = []
         pop = q.popleft
-        for _ in range(min(n, limit)):
-            out.append(pop())
-        return out
+        return [pop() for _ in range(n)]
 
     def __len__(self) -> int:
         return len(self._q)

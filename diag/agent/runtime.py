@@ -37,12 +37,17 @@ from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
 
 # the writer's flushes: a record is in the file at most this late, on ticks of the wall clock, so
 # every rank of a job (hosts in NTP sync) flushes at the same moments: a job killed at once leaves
-# each rank's records ending at the same tick, not up to one interval apart. A flush costs ~150 us
-# of the rank's CPU in bench/overhead's job whatever it writes (cold code after the wake, the
-# schedstat read and the write); 0.5 s would save ~15 us a 45 ms step there, but a rank killed just
-# before a tick would then lose 0.5 s of records, the margin by which the rules tell which rank died
-# first (analyzers/liveness.FIRST_BY_S) and read a stopped rank's last records (hang_desync)
-FLUSH_INTERVAL_S = 0.2
+# each rank's records ending at the same tick. A flush runs cold (the job's compute between two
+# evicts the writer's code and data): ~130 us of the rank's CPU in bench/writer_cold whatever it
+# writes, plus ~2.5 us a record; at 0.2 s that fixed part was 40-50 us of each ~60-100 ms step of
+# bench/hooks_probe's job (writer ~100 us a rank-step), at 0.5 s ~65. The rules' margin for "this
+# rank died first" (analyzers/liveness.FIRST_BY_S) is 2.5 intervals: ranks killed 0.15 s apart
+# across a tick lose records one interval apart, not a death
+FLUSH_INTERVAL_S = 0.5
+# while an idle listener waits for a framework being imported (sys.modules grows), the writer wakes
+# this often to run it, so a late import is patched before the job's first step; it writes on the
+# flush ticks only
+LISTEN_INTERVAL_S = 0.2
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 _COMM = schema.COMM
@@ -335,16 +340,33 @@ class Agent:
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
         every = FLUSH_INTERVAL_S
+        now = time.time()
+        due, wake = self._next_wake((now // every + 1) * every, now)
         while not self._stop.is_set():
-            self._flush_now.wait(every - time.time() % every)  # to the next tick
+            asked = self._flush_now.wait(max(0.0, wake - time.time()))
             c0 = time.thread_time_ns()
-            try:
-                self._flush(final=False)
-            except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
-                self.record_error("agent", "writer", exc)
+            now = time.time()
+            if asked or now >= due - 0.001:  # a timed wait may end a hair early
+                due = ((now + 0.001) // every + 1) * every
+                try:
+                    self._flush(final=False)
+                except Exception as exc:  # noqa: BLE001 - keep the thread alive, count it
+                    self.record_error("agent", "writer", exc)
             if self.idle_listeners and len(sys.modules) != self._idle_modules:
                 self._run_idle_listeners()
+            due, wake = self._next_wake(due, time.time())
             self.writer_cpu_ns += time.thread_time_ns() - c0
+
+    def _next_wake(self, due: float, now: float) -> tuple[float, float]:
+        """(the next flush tick, when to wake): the tick, or the next LISTEN_INTERVAL_S tick before
+        it while an idle listener waits for an import. A tick more than an interval away (the wall
+        clock was set back) is the next one from now; one passed (a listener ran past it) is due."""
+        every = FLUSH_INTERVAL_S
+        if due > now + every:
+            due = (now // every + 1) * every
+        if self.idle_listeners and len(sys.modules) != self._idle_modules:
+            return due, min(due, (now // LISTEN_INTERVAL_S + 1) * LISTEN_INTERVAL_S)
+        return due, due
 
     def unsettle(self) -> None:
         """Run the idle listeners at the next flush although nothing was imported: one of them has
@@ -367,12 +389,12 @@ class Agent:
     def _flush(self, final: bool) -> None:
         now = time.monotonic()
         stats_due = final or now - self._last_stats >= STATS_INTERVAL_S
-        if not (stats_due or len(self.ring) or self._held or self._error_count != self._errors_done):
+        if not (stats_due or self.ring.queue or self._held or self._error_count != self._errors_done):
             return  # an idle flush: nothing to write (most flushes between a long step's records)
         with self._lock:
             if self._file is None:
                 return
-            lines = self._lines(self._resolved(self.ring.drain()), final)
+            lines = self._lines(self.ring.drain(), final)
             if self._error_count != self._errors_done:
                 self._errors_done = self._error_count
                 lines.extend(dumps(o) for o in self._new_errors())
@@ -380,30 +402,23 @@ class Agent:
                 self._last_stats = now
                 lines.append(dumps(schema.to_json(self._stats_record(), self._wall0, self._perf0)))
             if lines:
-                sched = self._sched.record(self.now())
+                sched = self._sched.record(time.perf_counter_ns())
                 if sched is not None:
-                    lines.append(_line(sched, self._wall0, self._perf0))
+                    line = flat_text(sched, self._wall0 - self._perf0)  # ints only: never None
+                    lines.append(line if line is not None else _line(sched, self._wall0, self._perf0))
                 self._file.write_lines(lines)
-
-    def _resolved(self, recs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """Each record as its kind's resolver completes it (a resolver never raises)."""
-        resolvers = self.resolvers
-        if not resolvers:
-            return recs
-        out = []
-        for rec in recs:
-            fn = resolvers.get(rec[0])
-            out.append(rec if fn is None else fn(rec))
-        return out
 
     def _lines(self, recs: list[tuple[Any, ...]], final: bool) -> list[str]:
         """The lines of the records written now, counted by kind in `captured`: those held from
-        earlier flushes first (settled now, given up or held again), then this flush's in order, then
-        a `comm_open` for each held collective newly past `pending.OPEN_S`. A record whose GPU timing
-        is not known yet is held back (`diag.agent.pending`); nearly all are settled at once (a CPU
-        duration is known by the flush) and take one pass: a collective's duration is looked at in
-        its declared spot and handed to `comm_text` as it is (the record is not rebuilt), another
-        record whose fields are all plain values has a `flat_text` line and nothing to settle."""
+        earlier flushes first (settled now, given up or held again), then this flush's in order, each
+        completed by its kind's resolver first (`resolvers`: in record order, as comms' matching
+        needs), then a `comm_open` for each held collective newly past `pending.OPEN_S`. A record
+        whose GPU timing is not known yet is held back (`diag.agent.pending`); nearly all are settled
+        at once (a CPU duration is known by the flush) and take one pass: a collective's duration is
+        looked at in its declared spot and handed to `comm_text` as it is (the record is not
+        rebuilt), another record whose fields are all plain values has a `flat_text` line and
+        nothing to settle. One loop over the records: the flushes run cold (the job's compute
+        between two evicts the writer's code and data), so each pass and call per record costs."""
         lines: list[str] = []
         held = self._held
         if not recs and not held:
@@ -415,14 +430,30 @@ class Agent:
             for since, rec in held:
                 self._place(since, rec, _pending.settle(rec), now, final, out)
             self._add(out, lines)
-        captured, shift = self.captured, self._wall0 - self._perf0
+        captured, shift, resolvers = self.captured, self._wall0 - self._perf0, self.resolvers
         fast = _pending.spot(_COMM, COMM_FIELDS) == DUR_AT  # where the comms collector declared it
-        poll, not_ready, unseen = _pending.poll_spot, _pending.NOT_READY, _pending.UNSEEN
+        # `pending.poll_spot` inline (a call a collective less): a Pending type's poll, a plain value
+        # as it is, a type not looked at yet the general way
+        pending_types, plain_types = _pending.PENDING_TYPES, _pending.PLAIN_TYPES
+        not_ready = _pending.NOT_READY
         for rec in recs:
+            if resolvers:
+                resolve = resolvers.get(rec[0])
+                if resolve is not None:
+                    try:
+                        rec = resolve(rec)
+                    except Exception as exc:  # noqa: BLE001 - one lost record, counted
+                        self.record_error("agent", f"resolve:{rec[0]}", exc)
+                        continue
             kind = rec[0]
             if kind is _COMM and fast and len(rec) == COMM_FIELDS:
-                dur = poll(rec[DUR_AT])
-                if dur is not_ready or dur is unseen:
+                dur = rec[DUR_AT]
+                if type(dur) in pending_types:
+                    dur = dur.poll()
+                    if dur is not_ready:
+                        self._settle(rec, now, final, lines)
+                        continue
+                elif type(dur) not in plain_types:
                     self._settle(rec, now, final, lines)
                     continue
                 captured[kind] = captured.get(kind, 0) + 1

@@ -5,8 +5,8 @@ every step and its peers wait for it: in the trace it is a straggler of its own.
 what tells them apart: /proc/<pid>/task/<tid>/schedstat holds the thread's time on a CPU and its
 time runnable but waiting for one (run_delay, ns; CONFIG_SCHED_INFO, on in distribution kernels).
 The writer thread appends the main thread's two counters with each flush that writes something
-(at most every 0.2 s), so the rules interpolate them over any span of steps (the straggler rule:
-`cpu_contended`). The file is held open and re-read with one `pread`: opening it each flush (a
+(at most every 0.5 s: `FLUSH_INTERVAL_S`), so the rules interpolate them over any span of steps (the
+straggler rule: `cpu_contended`). The file is held open and re-read with one `pread`: opening it each flush (a
 Python file object: open, fstat, ioctl, read, close) cost ~80 us of the writer's CPU a flush in
 bench/overhead's job, a third of the flush.
 """

@@ -1,7 +1,7 @@
 """Seconds each rank's training thread waited for a CPU per step, from the agent's `sched` samples.
 
 The kernel's run-queue wait (schedstat run_delay) is cumulative; the agent samples it with each
-flush (at most every 0.2 s), so a step's share is the counter interpolated at the step's start and
+flush (at most every 0.5 s), so a step's share is the counter interpolated at the step's start and
 end: over steps shorter than the samples' spacing that is the rank's average rate meanwhile, which
 is what a steady competitor for its CPU (another process on its host) produces.
 """

@@ -153,11 +153,11 @@ class TraceFileWriter:
         if self._fd < 0:
             self._lose(_steps_of(lines, steps, 0))
             return
-        lost = self._lost_line()
+        lost = self._lost_line() if self._pending[0] else None
         head = [lost] if lost else []
         data = "\n".join(itertools.chain(head, lines, ("",))).encode()  # one copy each, no concat
         whole, error = self._write_whole(data)
-        if whole >= len(head):
+        if head and whole >= 1:
             self._pending = [0, -1, -1]  # the earlier loss is on record now
         done = max(0, whole - len(head))
         self.lines_written += done
@@ -168,10 +168,11 @@ class TraceFileWriter:
     def _write_whole(self, data: bytes) -> tuple[int, str | None]:
         """(lines written, error or None): on a failure the file is cut back to the end of its
         last whole line, so what fitted stays and nothing is torn."""
-        done, view = 0, memoryview(data)
+        done = 0
         try:
+            done = os.write(self._fd, data)  # nearly always all of it: no view made
             while done < len(data):
-                done += os.write(self._fd, view[done:])
+                done += os.write(self._fd, memoryview(data)[done:])
             return data.count(b"\n"), None
         except OSError as e:
             good = data.rfind(b"\n", 0, done) + 1

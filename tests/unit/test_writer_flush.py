@@ -5,6 +5,7 @@ duration is not known yet is held, never lost, and given up (null) by the final 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -109,6 +110,35 @@ def test_a_record_that_cannot_be_written_is_one_lost_record(tmp_path, monkeypatc
     assert ag.captured == {"step": 2, "comm": 1, "no-such-kind": 1}
 
 
+def test_resolvers_complete_records_in_order_and_a_raising_one_loses_one_record(tmp_path, monkeypatch):
+    """Each record goes through its kind's resolver in record order (comms' matching counts
+    occurrences) inside the flush's one loop; a resolver that raises loses that record only, counted
+    as the agent's `resolve:` error, and the records around it are written."""
+    monkeypatch.setitem(pending._SPOTS, (schema.COMM, comms.RECORD_LEN), comms.DUR_AT)
+    ag = _agent(tmp_path)
+    w0, p0 = ag._wall0, ag._perf0
+    seen: list[int] = []
+
+    def resolve(rec: tuple[object, ...]) -> tuple[object, ...]:
+        seen.append(rec[1])  # type: ignore[arg-type]
+        if rec[1] == 2:
+            raise ValueError("broken")
+        return (*rec[: comms.MODULE_AT], f"m.{rec[1]}", *rec[comms.MODULE_AT + 1 :])
+
+    ag.resolvers[schema.COMM] = resolve
+    step = (schema.STEP, 1, P0, 5, 8, None, True)
+    recs = [_comm(1, _later(10), step=1), step, _comm(2, _later(10), step=2), _comm(3, _later(10), step=3)]
+    for rec in recs:
+        ag.emit(rec)
+    ag._flush(final=False)
+    assert seen == [1, 2, 3]
+    written = [resolve(recs[0]), step, resolve(recs[3])]
+    lines = [line for line in _records(ag._file.path) if json.loads(line)["k"] != "error"]
+    assert lines == [dumps(schema.to_json(_settled(r), w0, p0)) for r in written]
+    assert list(ag.errors) == [("agent", "resolve:comm", "ValueError")]
+    assert ag.captured == {"comm": 2, "step": 1}
+
+
 def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     """Every rank's writer flushes at the same moments (multiples of FLUSH_INTERVAL_S on the wall
     clock), so ranks killed at once leave records that end together; each flush's sched sample is
@@ -118,7 +148,7 @@ def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=("steps",)))
     ag.start()
     try:
-        for i in range(8):  # ~2 s of records, one every 0.25 s
+        for i in range(14):  # ~3.5 s of records (6-7 flushes), one every 0.25 s
             ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
             time.sleep(0.25)
         path = ag.status()["trace_file"]
@@ -130,3 +160,45 @@ def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     phases = sorted((ts / 1e9) % every for ts in samples[1:-1])  # not the first nor the stop's
     assert len(phases) >= 2
     assert phases[len(phases) // 2] < every / 4, phases  # most within a quarter interval of a tick
+
+
+def test_an_unsettled_idle_listener_runs_between_the_flush_ticks(tmp_path):
+    """A listener waiting for a framework still being imported runs every LISTEN_INTERVAL_S (a late
+    import is patched before the job's first step), while records are written on the flush ticks
+    only (each flush's sched sample: one per FLUSH_INTERVAL_S, not one per wake)."""
+    from diag.agent import runtime
+
+    ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=()))
+    calls: list[float] = []
+    ag.idle_listeners.append(lambda: calls.append(time.time()))  # None: never settled
+    ag.start()
+    try:
+        for i in range(25):  # ~2.5 s, a record every 0.1 s: each flush has something to write
+            ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
+            time.sleep(0.1)
+        path = ag.status()["trace_file"]
+    finally:
+        ag.stop()
+    with open(path) as f:
+        samples = [json.loads(line)["ts"] / 1e9 for line in f if json.loads(line)["k"] == "sched"]
+    listen_gaps = sorted(b - a for a, b in itertools.pairwise(calls))
+    flush_gaps = sorted(b - a for a, b in itertools.pairwise(samples[:-1]))  # not the stop's
+    assert len(listen_gaps) >= 5 and len(flush_gaps) >= 2, (calls, samples)
+    assert listen_gaps[len(listen_gaps) // 2] < (runtime.LISTEN_INTERVAL_S + runtime.FLUSH_INTERVAL_S) / 2
+    assert flush_gaps[len(flush_gaps) // 2] > runtime.FLUSH_INTERVAL_S * 0.8, samples
+
+
+def test_the_next_wake_survives_a_clock_set_back_and_keeps_a_passed_tick(tmp_path):
+    """A flush tick more than an interval ahead (the wall clock was set back an hour) is replaced by
+    the next one from now, not waited for; a tick a listener ran past is still due (flushed at once);
+    an unsettled listener wakes the writer on the listen ticks before the flush tick."""
+    from diag.agent import runtime
+
+    every, listen = runtime.FLUSH_INTERVAL_S, runtime.LISTEN_INTERVAL_S
+    ag = _agent(tmp_path)
+    now = 1000 * every + every / 10  # just past a flush tick
+    assert ag._next_wake(now + 3600.0, now) == (1001 * every, 1001 * every)
+    assert ag._next_wake(now - every / 20, now) == (now - every / 20, now - every / 20)
+    ag.idle_listeners.append(lambda: None)
+    due, wake = ag._next_wake(1001 * every, now)
+    assert due == 1001 * every and now < wake < due and round(wake / listen, 6) % 1 == 0
