@@ -16,9 +16,10 @@ bf16 / fp32: a record when the loss (`engine.backward`) or the global grad norm 
 `_global_grad_norm`, a Megatron step's returned norm) is non-finite, checked only where the value is
 already on the host; sources "nonfinite_loss" / "nonfinite_grad_norm". DeepSpeed's losses are looked
 at from `backward` to the step's boundary (weak references: the job's own loop holds its loss that
-long, and a loss it let go is not kept) and read there only when the grad norm is not on the host
-or not finite: a non-finite loss makes every gradient, so the norm, non-finite, and reading each
-loss (`item()`, ~20 us a step in a job) told nothing more.
+long, and a loss it let go is not kept; one on the device, never read here, is not kept at all) and
+read there only when the grad norm is not on the host or not finite: a non-finite loss makes every
+gradient, so the norm, non-finite, and reading each loss (`item()`, ~20 us a step in a job) told
+nothing more.
 """
 
 from __future__ import annotations
@@ -191,12 +192,16 @@ class _Overflow:
             self.emit(token[0] + 1, overflow, token[1], after, int(engine.skipped_steps), "deepspeed_fp16")
             return
         losses, self.losses = self.losses, []
-        norm = _host_float(getattr(engine, "_global_grad_norm", None))
+        value = getattr(engine, "_global_grad_norm", None)
+        try:  # a CPU tensor (DeepSpeed's norm on CPU), read as `host_float` reads it, a call fewer
+            norm = float(value.item()) if value.is_cpu is True else None
+        except (AttributeError, RuntimeError, TypeError, ValueError):  # not a one-element tensor
+            norm = _host_float(value)
         if norm is not None and _isfinite(norm):
             return  # the step's losses were finite too: nothing to read
         if norm is not None:
             self.emit(token[0] + 1, True, None, None, int(engine.skipped_steps), "nonfinite_grad_norm")
-        if any(_nonfinite(ref()) for ref in losses):
+        if losses and any(_nonfinite(ref()) for ref in losses):
             self.emit(token[0] + 1, True, None, None, int(engine.skipped_steps), "nonfinite_loss")
 
     def _loss_check(self, engine: Any, loss: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -215,7 +220,7 @@ class _Overflow:
                 )
             return
         losses = self.losses
-        if len(losses) < MAX_LOSSES:
+        if len(losses) < MAX_LOSSES and getattr(loss, "is_cpu", True) is not False:  # else never read
             try:  # read at the boundary, if at all
                 losses.append(_ref(loss))
             except TypeError:  # a plain number (no weak references): nothing behind it to free

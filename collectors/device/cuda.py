@@ -22,10 +22,11 @@ class TorchCuda:
 
     def __init__(self) -> None:
         self._available: bool | None = None  # asked once, after the job initialized CUDA
+        self._cuda: Any = None  # the torch.cuda module, once imported
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
-        self._available = None
+        self._available = self._cuda = None
 
     def ready(self) -> bool:
         """The job uses CUDA (initialized). Asked lazily: at preload the model is not on the GPU yet.
@@ -36,8 +37,11 @@ class TorchCuda:
         not usable there, `is_initialized()` says False)."""
         if self._available:
             return True
-        cuda = sys.modules.get("torch.cuda")
-        if cuda is None or getattr(cuda, "_initialized", None) is False or not cuda.is_initialized():
+        cuda = self._cuda or sys.modules.get("torch.cuda")  # kept once imported: a lookup fewer
+        if cuda is None or getattr(cuda, "_initialized", None) is False:
+            self._cuda = cuda
+            return False
+        if not cuda.is_initialized():
             return False
         if self._available is None:
             self._available = bool(cuda.is_available())
