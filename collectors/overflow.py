@@ -192,7 +192,7 @@ class _Overflow:
             self.emit(token[0] + 1, overflow, token[1], after, int(engine.skipped_steps), "deepspeed_fp16")
             return
         losses, self.losses = self.losses, []
-        value = getattr(engine, "_global_grad_norm", None)
+        value: Any = getattr(engine, "_global_grad_norm", None)
         try:  # a CPU tensor (DeepSpeed's norm on CPU), read as `host_float` reads it, a call fewer
             norm = float(value.item()) if value.is_cpu is True else None
         except (AttributeError, RuntimeError, TypeError, ValueError):  # not a one-element tensor
