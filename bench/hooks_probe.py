@@ -108,11 +108,12 @@ def instrument_inline(ag: Any) -> None:
     if boundary is not None:
         boundary.parts = [
             p._replace(
-                before=_nested(f"{p.collector}:ds-before", p.before),
+                before=p.before and _nested(f"{p.collector}:ds-before", p.before),
                 after=_nested(f"{p.collector}:ds-after", p.after),
             )
             for p in boundary.parts
         ]
+        boundary.plain_parts = boundary.parts  # an engine's steps that need only the counters
 
 
 def main(argv: list[str]) -> None:

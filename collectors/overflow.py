@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from diag.collectors import device
-from diag.collectors.boundary import DsBoundary, Part
+from diag.collectors.boundary import PLAIN, DsBoundary, Part
 from diag.collectors.steps import DS_ENGINE, engine_class, megatron_step_classes, settled
 
 from diag import schema
@@ -172,21 +172,22 @@ class _Overflow:
             pass
         return fp16
 
-    def _ds_before(self, engine: Any) -> tuple[int, Any, bool]:
+    def _ds_before(self, engine: Any) -> Any:
+        """fp16: (global_steps, the loss scale before the step, True); else `PLAIN` (the boundary's
+        counters are all `_ds_after` reads: `global_steps` first)."""
         known = self.fp16_of
-        if known[0]() is engine and not known[1]:  # bf16 / fp32 (most steps): no scale to read
-            return int(engine.global_steps), None, False
-        fp16 = self.fp16(engine)
-        scale = device.host_float(engine._get_optimizer_loss_scale()) if fp16 else None
-        return int(engine.global_steps), scale, fp16
+        if not (known[1] if known[0]() is engine else self.fp16(engine)):
+            return PLAIN
+        scale = device.host_float(engine._get_optimizer_loss_scale())
+        return int(engine.global_steps), scale, True
 
-    def _ds_after(self, engine: Any, token: tuple[int, Any, bool]) -> None:
+    def _ds_after(self, engine: Any, token: tuple[Any, ...]) -> None:
         """The step's record where it has one. bf16 / fp32: only the grad norm is read (its value
         decides), `skipped_steps` and the losses only for a record (a hook runs cold: each read and
         call costs ~0.5-2 us there)."""
         if engine.global_steps == token[0]:
             return
-        if token[2]:  # fp16, as `_ds_before` found it
+        if len(token) == 3:  # fp16, as `_ds_before` found it (else the counters)
             overflow = bool(getattr(engine.optimizer, "overflow", False))
             after = device.host_float(engine._get_optimizer_loss_scale())
             self.emit(token[0] + 1, overflow, token[1], after, int(engine.skipped_steps), "deepspeed_fp16")

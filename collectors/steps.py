@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dis
 import gc
-import operator
 import sys
 import threading
 import time
@@ -53,9 +52,6 @@ MEGATRON_OPTIMIZER = "megatron.core.optimizer.optimizer"
 WATCHED = {"deepspeed": DS_ENGINE, "megatron": MEGATRON_OPTIMIZER}  # what patch_loaded waits for
 _now = time.perf_counter_ns
 _STEP = schema.STEP
-# before DeepSpeed's step: (global_steps, global_samples), read in C (no Python frame: ~1-2 us a step
-# where the hook runs cold); both are ints every DeepSpeedEngine sets in its __init__
-_counters = operator.attrgetter("global_steps", "global_samples")
 _NOT_SET = object()  # no class attribute is this
 TORCH_GRACE = 2  # torch-hook steps without a DeepSpeed engine before they count
 MEGATRON_ARGS = ("megatron.training.global_vars", "megatron.global_vars")  # Megatron-LM, -DeepSpeed
@@ -169,7 +165,7 @@ class _Steps:
         if cls is not None and "deepspeed" not in self.done:
             self.done.add("deepspeed")
             self.ds = DsBoundary.of(self.agent, self.undo)  # shared with overflow: one wrapper
-            self.ds.add(Part(1, NAME, _counters, self._after_engine))  # after overflow's
+            self.ds.add(Part(1, NAME, None, self._after_engine))  # the counters alone, after overflow
             self.ds.patch(cls)
             stock = cls.__dict__.get("was_step_applied")
             if _returns_step_applied(stock):
