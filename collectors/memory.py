@@ -87,12 +87,13 @@ class _Memory:
         statm field, the first two always within 64 bytes (the rest of the line is not needed)."""
         now = _now()  # agent.now's clock, one call fewer
         dev = device.backend
-        row = self.cuda() if dev.ready() else self.cpu_row
+        name, allocated, reserved, peak, capacity = self.cuda() if dev.ready() else self.cpu_row
         fd = self.fd
         fields = _pread(fd, 64, 0).split(None, 2) if fd is not None else ()
         rss = int(fields[1]) * PAGE if len(fields) > 1 else None
         stack = self.stack
-        self.emit((MEMORY, next_step - 1, now, *row, rss, stack[-1] if stack else None))
+        top = stack[-1] if stack else None
+        self.emit((MEMORY, next_step - 1, now, name, allocated, reserved, peak, capacity, rss, top))
 
 
 def install(agent: AgentAPI, undo: Undo) -> None:
