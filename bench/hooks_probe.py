@@ -100,19 +100,25 @@ def instrument_inline(ag: Any) -> None:
     """Time what runs inline in another hook (after the agent started): the step listeners and
     the DeepSpeed boundary's parts."""
     from diag.collectors.boundary import DsBoundary
+    from diag.collectors.layers import LayerRecorder
 
     from diag.agent.api import StepListener
 
     ag.step_listeners[:] = [StepListener(c, w, _nested(f"{c}:{w}", fn)) for c, w, fn in ag.step_listeners]
+    recorder = ag.state.get(LayerRecorder)  # it leaves and rejoins the listeners: as the timed one
+    timed = next((f for f in ag.step_listeners if f.collector == "layers"), None)
+    if recorder is not None and timed is not None:
+        recorder.listener = timed
     boundary = ag.state.get(DsBoundary)
     if boundary is not None:
         boundary.parts = [
             p._replace(
-                before=_nested(f"{p.collector}:ds-before", p.before),
+                before=p.before and _nested(f"{p.collector}:ds-before", p.before),
                 after=_nested(f"{p.collector}:ds-after", p.after),
             )
             for p in boundary.parts
         ]
+        boundary.plain_parts = boundary.parts  # an engine's steps that need only the counters
 
 
 def main(argv: list[str]) -> None:

@@ -109,11 +109,15 @@ class LayerRecorder:
         self.since: dict[tuple[Any, ...], int] = {}  # signature -> samples since it was counted
         self.flops: dict[tuple[Any, ...], int] = {}  # (signature, module, phase, occurrence) -> FLOPs
         self.occurrence: dict[tuple[str, str], int] = {}
+        self.listener: StepListener | None = None  # its step listener (install), while `listening`
+        self.listening = False
 
     # ---- tracker callbacks (guarded by install) ----------------------------------------------
     def fwd(self, name: str, outermost: bool, args: tuple[Any, ...] = ()) -> None:
         if outermost and _graph_task_id() == -1:
             self._decide(name, args)
+            if not self.listening and (self.active or self.mode is not None):
+                self._listen(True)  # a sample began: its step's boundary ends it
         if self.active:
             self._open(name, "fwd")
 
@@ -135,12 +139,23 @@ class LayerRecorder:
             self._open(name, "bwd")
 
     def on_step(self, step: int) -> None:
-        """Step boundary: the sampled micro-batches are over; the next outermost forward decides."""
+        """Step boundary: the sampled micro-batches are over; the next outermost forward decides.
+        With nothing left to end, the listener leaves the step listeners until a sample begins
+        (`fwd`): unsampled steps call it no more (a call at each boundary, ~2 us where it runs cold)."""
         self.steps_seen = True
         if self.active or self.open or self.mode is not None:  # else (most steps) nothing to end
             self.active = False
             self.open.clear()
             self._pop()
+        if self.mode is None and self.listening:  # a mode on another thread is popped later
+            self._listen(False)
+
+    def _listen(self, on: bool) -> None:
+        """Join or leave the agent's step listeners (a new list: `begin_step` may be iterating)."""
+        agent, mine = self.agent, self.listener
+        others = [f for f in agent.step_listeners if f is not mine]
+        agent.step_listeners = [*others, mine] if on and mine is not None else others
+        self.listening = on
 
     # ---- sampling and the dispatch mode --------------------------------------------------------
     def _decide(self, outermost: str, args: tuple[Any, ...]) -> None:
@@ -295,6 +310,7 @@ def install(agent: AgentAPI, undo: Undo) -> None:
     recorder.bwd = guard("layers", recorder.bwd, "bwd")  # type: ignore[method-assign]
     listener = StepListener("layers", "step", recorder.on_step)
     tracker.listener = recorder
+    recorder.listener, recorder.listening = listener, True
     agent.step_listeners.append(listener)
     agent.state.put(recorder)
     agent.set_meta(schema.META_FLOPS_EVERY, recorder.flops_every)

@@ -155,9 +155,13 @@ class ModuleTracker:
     def on_step(self, step: int) -> None:
         """Step boundary (step listener): hooks on for a tracked step, off for an untracked one;
         windows for functions of a framework imported since the last boundary."""
-        if self.windows is not None and len(sys.modules) != self.windows.modules_seen:
-            self.windows.scan()
-        if self.tracked(step):
+        windows = self.windows
+        if windows is not None and len(sys.modules) != windows.modules_seen:
+            windows.scan()
+        every = self.every  # `tracked`'s cheap test first: most boundaries end here, one call fewer
+        if (self.agent.sampled or self.again or (every > 0 and (step < every or step % every == 0))) and (
+            self.tracked(step)
+        ):
             self._hooks_on(step)
         elif self._handles is not None or self.tracking:  # else off already (most boundaries)
             self._hooks_off()

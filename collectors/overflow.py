@@ -16,9 +16,10 @@ bf16 / fp32: a record when the loss (`engine.backward`) or the global grad norm 
 `_global_grad_norm`, a Megatron step's returned norm) is non-finite, checked only where the value is
 already on the host; sources "nonfinite_loss" / "nonfinite_grad_norm". DeepSpeed's losses are looked
 at from `backward` to the step's boundary (weak references: the job's own loop holds its loss that
-long, and a loss it let go is not kept) and read there only when the grad norm is not on the host
-or not finite: a non-finite loss makes every gradient, so the norm, non-finite, and reading each
-loss (`item()`, ~20 us a step in a job) told nothing more.
+long, and a loss it let go is not kept; one on the device, never read here, is not kept at all) and
+read there only when the grad norm is not on the host or not finite: a non-finite loss makes every
+gradient, so the norm, non-finite, and reading each loss (`item()`, ~20 us a step in a job) told
+nothing more.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from diag.collectors import device
-from diag.collectors.boundary import DsBoundary, Part
+from diag.collectors.boundary import PLAIN, DsBoundary, Part
 from diag.collectors.steps import DS_ENGINE, engine_class, megatron_step_classes, settled
 
 from diag import schema
@@ -43,6 +44,9 @@ NAME = "overflow"
 GRAD_SCALER = "megatron.core.optimizer.grad_scaler"
 WATCHED = {"deepspeed": DS_ENGINE, "megatron": GRAD_SCALER}
 MAX_LOSSES = 64  # micro-batch losses kept per step (gradient accumulation), the first ones
+_ref = weakref.ref
+_isfinite = math.isfinite
+_host_float = device.host_float
 
 
 def _around(
@@ -90,12 +94,10 @@ def _after_loss(fn: Callable[..., Any], name: str) -> int | None:
 
 
 def _held(loss: Any) -> Callable[[], Any]:
-    """A weak reference to the loss: one the job let go is neither kept alive nor freed inside our
-    hook; a plain number (no weak references) is kept, there is nothing behind it."""
-    try:
-        return weakref.ref(loss)
-    except TypeError:
-        return lambda: loss
+    """A loss without weak references (a plain number) is kept: there is nothing behind it. A
+    tensor is held by a weak reference (`_loss_check`): one the job let go is neither kept alive
+    nor freed inside our hook."""
+    return lambda: loss
 
 
 def _nonfinite(value: Any) -> bool:
@@ -170,35 +172,44 @@ class _Overflow:
             pass
         return fp16
 
-    def _ds_before(self, engine: Any) -> tuple[int, Any, bool]:
+    def _ds_before(self, engine: Any) -> Any:
+        """fp16: (global_steps, the loss scale before the step, True); else `PLAIN` (the boundary's
+        counters are all `_ds_after` reads: `global_steps` first)."""
         known = self.fp16_of
-        fp16 = known[1] if known[0]() is engine else self.fp16(engine)
-        scale = device.host_float(engine._get_optimizer_loss_scale()) if fp16 else None
-        return int(engine.global_steps), scale, fp16
+        if not (known[1] if known[0]() is engine else self.fp16(engine)):
+            return PLAIN
+        scale = device.host_float(engine._get_optimizer_loss_scale())
+        return int(engine.global_steps), scale, True
 
-    def _ds_after(self, engine: Any, token: tuple[int, Any, bool]) -> None:
+    def _ds_after(self, engine: Any, token: tuple[Any, ...]) -> None:
+        """The step's record where it has one. bf16 / fp32: only the grad norm is read (its value
+        decides), `skipped_steps` and the losses only for a record (a hook runs cold: each read and
+        call costs ~0.5-2 us there)."""
         if engine.global_steps == token[0]:
             return
-        skipped = int(engine.skipped_steps)
-        if token[2]:  # fp16, as `_ds_before` found it
+        if len(token) == 3:  # fp16, as `_ds_before` found it (else the counters)
             overflow = bool(getattr(engine.optimizer, "overflow", False))
             after = device.host_float(engine._get_optimizer_loss_scale())
-            self.emit(token[0] + 1, overflow, token[1], after, skipped, "deepspeed_fp16")
+            self.emit(token[0] + 1, overflow, token[1], after, int(engine.skipped_steps), "deepspeed_fp16")
             return
         losses, self.losses = self.losses, []
-        norm = device.host_float(getattr(engine, "_global_grad_norm", None))
-        bad = norm is not None and not math.isfinite(norm)
-        if bad:
-            self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_grad_norm")
-        if (norm is None or bad) and any(_nonfinite(ref()) for ref in losses):
-            self.emit(token[0] + 1, True, None, None, skipped, "nonfinite_loss")
+        value: Any = getattr(engine, "_global_grad_norm", None)
+        try:  # a CPU tensor (DeepSpeed's norm on CPU), read as `host_float` reads it, a call fewer
+            norm = float(value.item()) if value.is_cpu is True else None
+        except (AttributeError, RuntimeError, TypeError, ValueError):  # not a one-element tensor
+            norm = _host_float(value)
+        if norm is not None and _isfinite(norm):
+            return  # the step's losses were finite too: nothing to read
+        if norm is not None:
+            self.emit(token[0] + 1, True, None, None, int(engine.skipped_steps), "nonfinite_grad_norm")
+        if losses and any(_nonfinite(ref()) for ref in losses):
+            self.emit(token[0] + 1, True, None, None, int(engine.skipped_steps), "nonfinite_loss")
 
     def _loss_check(self, engine: Any, loss: Any = None, *args: Any, **kwargs: Any) -> None:
         known = self.fp16_of
         if known[1] if known[0]() is engine else self.fp16(engine):
             return
-        at = self.retain_at
-        if kwargs.get("retain_graph") or (at is not None and len(args) > at and args[at]):
+        if (args or kwargs) and self._retains(args, kwargs):
             if _nonfinite(loss):  # a kept graph keeps its activations: read now, keep nothing
                 self.emit(
                     int(engine.global_steps) + 1,
@@ -208,8 +219,18 @@ class _Overflow:
                     int(engine.skipped_steps),
                     "nonfinite_loss",
                 )
-        elif len(self.losses) < MAX_LOSSES:
-            self.losses.append(_held(loss))  # read at the boundary, if at all
+            return
+        losses = self.losses
+        if len(losses) < MAX_LOSSES and getattr(loss, "is_cpu", True) is not False:  # else never read
+            try:  # read at the boundary, if at all
+                losses.append(_ref(loss))
+            except TypeError:  # a plain number (no weak references): nothing behind it to free
+                losses.append(_held(loss))
+
+    def _retains(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """backward(loss, ..., retain_graph=True), by keyword or at its place for this DeepSpeed."""
+        at = self.retain_at
+        return bool(kwargs.get("retain_graph") or (at is not None and len(args) > at and args[at]))
 
     # ---- Megatron ----------------------------------------------------------------------------
     def _mg_before(self, scaler: Any, *_a: Any, **_k: Any) -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ test replaces with a fake device (collectors/device/__init__.py).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,14 +22,26 @@ class TorchCuda:
 
     def __init__(self) -> None:
         self._available: bool | None = None  # asked once, after the job initialized CUDA
+        self._cuda: Any = None  # the torch.cuda module, once imported
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._available = self._cuda = None
 
     def ready(self) -> bool:
         """The job uses CUDA (initialized). Asked lazily: at preload the model is not on the GPU yet.
         Runs at every step boundary: a bool read until the job initializes CUDA (an `import` and
         `is_available`, which asks the driver, cost ~8 us a step in a job, where a hook runs cold;
-        `is_initialized()` two calls more, ~4 us): torch.cuda's own `_initialized` flag first."""
-        cuda = sys.modules.get("torch.cuda")
-        if cuda is None or getattr(cuda, "_initialized", None) is False or not cuda.is_initialized():
+        `is_initialized()` two calls more, ~4 us): torch.cuda's own `_initialized` flag first, and
+        once true the answer is kept (CUDA stays initialized; a forked child asks again: CUDA is
+        not usable there, `is_initialized()` says False)."""
+        if self._available:
+            return True
+        cuda = self._cuda or sys.modules.get("torch.cuda")  # kept once imported: a lookup fewer
+        if cuda is None or getattr(cuda, "_initialized", None) is False:
+            self._cuda = cuda
+            return False
+        if not cuda.is_initialized():
             return False
         if self._available is None:
             self._available = bool(cuda.is_available())

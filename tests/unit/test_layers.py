@@ -118,6 +118,17 @@ def test_sampling_every_n_steps(tmp_path) -> None:
     assert len({r["step"] for r in events(str(tmp_path), schema.STEP)}) == 7
 
 
+def test_layers_listens_to_step_boundaries_only_while_a_sample_runs(tmp_path) -> None:
+    """An unsampled step has nothing for the layers recorder to end: its step listener leaves after a
+    sample's boundary and is back once the next sample's forward begins (a call fewer per step)."""
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=3)
+    listening = []
+    train(7, pause=lambda step: listening.append(any(c == "layers" for c, _, _ in ag.step_listeners)))
+    diag_agent.stop()
+    assert listening == [True, False, False, True, False, False, True]
+    assert {r["step"] for r in events(str(tmp_path), schema.LAYER)} == {0, 3, 6}
+
+
 def test_hook_faults_are_counted_not_raised(tmp_path) -> None:
     reference = train(2)
     ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, faults={"layers": "raise"})

@@ -203,3 +203,59 @@ def test_torch_optimizer_hook_is_dropped_once_an_engine_numbers_the_steps(tmp_pa
     assert not topt._global_optimizer_post_hooks and ag.engine is engine
     agent.stop()
     assert not topt._global_optimizer_post_hooks
+
+
+def test_boundary_reads_only_the_counters_once_every_part_said_so(tmp_path):
+    """DeepSpeed's boundary asks each part before the step until every part has answered PLAIN for
+    an engine; that engine's later steps read (global_steps, global_samples) alone and hand them to
+    every part. An engine whose part needs more (fp16's loss scale) is asked every step, and a part
+    added later makes the next step ask again."""
+    from diag.collectors.boundary import PLAIN, DsBoundary, Part
+
+    from diag.agent.undo import Undo
+
+    class Engine:
+        def __init__(self, fp16: bool) -> None:
+            self.global_steps, self.global_samples, self.fp16 = 0, 0, fp16
+
+        def _take_model_step(self) -> None:
+            self.global_steps += 1
+            self.global_samples += 4
+
+    asked: list[bool] = []
+    got: list[tuple[str, object]] = []
+
+    def before(engine: Engine) -> object:
+        asked.append(engine.fp16)
+        return (engine.global_steps, 0.5, True) if engine.fp16 else PLAIN
+
+    ag = agent.start(str(tmp_path), what=())
+    undo = Undo()
+    boundary = DsBoundary(ag, undo)
+    boundary.add(Part(0, "overflow", before, lambda e, t: got.append(("o", t))))
+    boundary.add(Part(1, "steps", None, lambda e, t: got.append(("s", t))))
+    boundary.patch(Engine)
+    bf16, fp16 = Engine(False), Engine(True)
+    for _ in range(3):
+        bf16._take_model_step()
+    assert asked == [False]  # the first step only
+    assert got == [("o", (0, 0)), ("s", (0, 0)), ("o", (1, 4)), ("s", (1, 4)), ("o", (2, 8)), ("s", (2, 8))]
+    got.clear()
+    fp16._take_model_step()
+    fp16._take_model_step()
+    assert asked == [False, True, True] and got == [
+        ("o", (0, 0.5, True)),
+        ("s", (0, 0)),
+        ("o", (1, 0.5, True)),
+        ("s", (1, 4)),
+    ]
+    got.clear()
+    boundary.add(Part(2, "late", None, lambda e, t: got.append(("l", t))))
+    bf16._take_model_step()
+    bf16._take_model_step()
+    assert asked == [False, True, True, False]  # asked again once, for the new part
+    assert [name for name, _ in got] == ["o", "s", "l", "o", "s", "l"] and got[-1] == ("l", (4, 16))
+    undo.run()
+    errors = dict(ag.errors)
+    agent.stop()
+    assert errors == {} and "__wrapped__" not in Engine.__dict__["_take_model_step"].__dict__
