@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Options may come between a command's paths (`diag analyze TRACE -q LOG`), as users type them
+    (plain argparse took LOG for an unknown argument); a command that hands the rest of its line to
+    another program (`diag run ... -- CMD`) is parsed plainly: its CMD's options are CMD's."""
+    if any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in parser._actions):
+        return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:  # only then: the top parser reads every command's file
@@ -89,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"diag {name}", description=module.__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     module.add_arguments(parser)
-    args = parser.parse_args(argv[1:])
+    args = _parse(parser, argv[1:])
     try:
         return int(module.run(args) or 0)
     except DiagError as e:

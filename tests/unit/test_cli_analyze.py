@@ -122,3 +122,19 @@ def test_diag_trace_dir_with_its_log(tmp_path, capsys):
     (coll,) = doc["metrics"]["collectives"]
     assert coll["calls"] == 3 and coll["algbw"] == (8 << 20) / 4_000_000
     assert len(doc["sources"]) == 2
+
+
+def test_options_between_paths(tmp_path):
+    """`diag analyze TRACE -q LOG`: the log after an option is an input, as users type it (argparse
+    alone refused it: 'unrecognized arguments')."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, reducing to 512\n"
+    )  # noqa: E501
+    r = _diag(GPT_DS, "--json", str(log))
+    assert r.returncode == 0, r.stderr
+    plain = _diag(GPT_DS, str(log), "--json")
+    sources = json.loads(plain.stdout)["sources"]
+    assert str(log) in json.dumps(sources) and json.loads(r.stdout)["sources"] == sources
+    r = _diag(GPT_DS, "--rules", "overflow_storm", str(log), "--json")  # an option with a value between
+    assert r.returncode == 0 and json.loads(r.stdout)["sources"] == sources, r.stderr
