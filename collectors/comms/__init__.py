@@ -198,6 +198,7 @@ def _recorder(
         timing.blocked,
     )
     cache, names, emit, tensor_type = groups.cache, DTYPE_NAMES, agent.emit, torch.Tensor
+    new_later = object.__new__
 
     def before(t0: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
         nbytes, tensor = call_payload(spec, args, kwargs)
@@ -219,7 +220,8 @@ def _recorder(
                 nbytes = x.nbytes
             else:
                 nbytes, tensor = call_payload(spec, args, kwargs)
-            later = Later(cpu, t0)
+            later = new_later(Later)  # `Later(cpu, t0)` without its __init__ frame
+            later.timer, later.token, later.dur = cpu, t0, None
         else:
             nbytes, tensor, later = state
         hit = cache.get(id(pg))
