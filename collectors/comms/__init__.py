@@ -198,6 +198,7 @@ def _recorder(
         timing.blocked,
     )
     cache, names, emit, tensor_type = groups.cache, DTYPE_NAMES, agent.emit, torch.Tensor
+    new_later = object.__new__
 
     def before(t0: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> State:
         nbytes, tensor = call_payload(spec, args, kwargs)
@@ -212,12 +213,15 @@ def _recorder(
         async_op: bool | None
         if state is CPU_CALL:  # not on a GPU: timed by the wall clock from t0
             x = args[arg_at] if arg_at is not None and len(args) > arg_at else None
-            if type(x) is list and len(x) == 1 and isinstance(x[0], tensor_type):
-                tensor = x[0]
-                nbytes = tensor.nbytes
+            if type(x) is list and len(x) == 1:  # a list of one tensor (all_reduce) ...
+                x = x[0]
+            if isinstance(x, tensor_type):  # ... or one tensor (all_gather_into_tensor)
+                tensor = x
+                nbytes = x.nbytes
             else:
                 nbytes, tensor = call_payload(spec, args, kwargs)
-            later = Later(cpu, t0)
+            later = new_later(Later)  # `Later(cpu, t0)` without its __init__ frame
+            later.timer, later.token, later.dur = cpu, t0, None
         else:
             nbytes, tensor, later = state
         hit = cache.get(id(pg))

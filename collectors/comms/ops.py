@@ -81,13 +81,15 @@ def payload_arg(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
 
 def call_payload(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
     """(bytes, first tensor) of a call's payload, (0, None) without one: `payload(payload_arg())`
-    in one call for the common case, a list holding one tensor (hooks run cold: each call counts)."""
+    in one call for the common cases, one tensor or a list of one (hooks run cold: each call counts)."""
     i = spec.arg
     x = args[i] if i is not None and len(args) > i else payload_arg(spec, args, kwargs)
     if type(x) is list and len(x) == 1:
         t = x[0]
         if isinstance(t, _Tensor):
             return t.nbytes, t
+    elif isinstance(x, _Tensor):  # one tensor (all_gather_into_tensor): no `payload` call
+        return x.nbytes, x
     return payload(x) if x is not None else (0, None)
 
 
