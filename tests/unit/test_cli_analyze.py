@@ -130,7 +130,7 @@ def test_options_between_paths(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(
         "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1024, reducing to 512\n"
-    )  # noqa: E501
+    )
     r = _diag(GPT_DS, "--json", str(log))
     assert r.returncode == 0, r.stderr
     plain = _diag(GPT_DS, str(log), "--json")
