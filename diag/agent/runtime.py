@@ -128,6 +128,8 @@ class Agent:
         label: str = where or str(getattr(fn, "__name__", "hook"))
         agent = self
         action = self.faults.get(collector)
+        if self.self_time:
+            return self._timed(fn, collector, label, action)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -139,33 +141,41 @@ class Agent:
                 return None
 
         guarded.__wrapped__ = fn  # type: ignore[attr-defined]
-        return self._timed(guarded, collector) if self.self_time else guarded
+        return guarded
 
-    def _timed(self, guarded: Callable[..., Any], collector: str) -> Callable[..., Any]:
-        """`self_time`: add the hook's CPU time (this thread's: a rank preempted inside a hook on a
-        busy host costs the job nothing) to `hook_ns`, once per outermost hook (a hook run from
-        inside another, a step listener from the steps hook, is in its caller's time). Measures
-        diag's own Python, not the job's: every guarded function runs between the job's calls.
-        The timing's own share is calibrated at start and taken off in `own_hook_ns`."""
+    def _timed(self, fn: Callable[..., Any], collector: str, label: str, action: Any) -> Callable[..., Any]:
+        """`self_time`: the guard of `guard` that also adds the hook's CPU time (this thread's: a
+        rank preempted inside a hook on a busy host costs the job nothing) to `hook_ns`, once per
+        outermost hook (a hook run from inside another, a step listener from the steps hook, is in
+        its caller's time). One frame, as the plain guard is: a hook runs cold, and a timing wrapper
+        around the guard cost a frame more than the job pays without `self_time`. Measures diag's
+        own Python, not the job's: every guarded function runs between the job's calls. The
+        timing's own share is calibrated at start and taken off in `own_hook_ns`."""
         agent, local, clock = self, self._in_hook, time.thread_time_ns
         mine = self.hook_by.setdefault(collector, [0, 0])
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "on", False):
-                return guarded(*args, **kwargs)
-            local.on = True
-            t0 = clock()
+            inner = getattr(local, "on", False)
+            if not inner:
+                local.on = True
+                t0 = clock()
             try:
-                return guarded(*args, **kwargs)
+                if action:
+                    _faults.trigger(action)
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the whole point
+                agent.record_error(collector, label, exc)
+                return None
             finally:
-                spent = clock() - t0
-                agent.hook_ns += spent
-                agent.hook_calls += 1
-                mine[0] += spent
-                mine[1] += 1
-                local.on = False
+                if not inner:
+                    spent = clock() - t0
+                    agent.hook_ns += spent
+                    agent.hook_calls += 1
+                    mine[0] += spent
+                    mine[1] += 1
+                    local.on = False
 
-        timed.__wrapped__ = guarded  # type: ignore[attr-defined]
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
 
     def _calibrate(self, n: int = 5000) -> None:
