@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from diag.analyzers import config, evidence, framework
@@ -183,15 +183,23 @@ def exposed_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     return out
 
 
+def _worst(med: pd.DataFrame) -> tuple[pd.DataFrame, Any, float, float] | None:
+    """(the ranks at or over the share, the worst one, its exposed and step seconds); None: none."""
+    bad = med[med["share"] >= EXPOSED_SHARE]
+    if bad.empty:
+        return None
+    worst = bad["share"].idxmax()
+    return bad, worst, float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
+
+
 def _hideable(
     trace: Trace, metrics: Metrics, med: pd.DataFrame, df: pd.DataFrame, tp_med: pd.DataFrame | None
 ) -> list[Finding]:
     """The finding on the communication an overlap setting can hide (`med`: per-rank medians)."""
-    bad = med[med["share"] >= EXPOSED_SHARE]
-    if bad.empty:
+    found = _worst(med)
+    if found is None:
         return []
-    worst = bad["share"].idxmax()
-    exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
+    bad, worst, exp_s, step_s = found
     slow = zero3_cross_node(trace, metrics)
     if slow is not None and slow.slow and slow.cross_s >= DEFER_SHARE * exp_s:
         return []  # ZeRO-3's gathers over a slow link are most of it: zero3_slow_link names that fault
@@ -222,11 +230,10 @@ def _tensor_parallel(trace: Trace, metrics: Metrics, med: pd.DataFrame) -> list[
     """The finding on tensor-parallel groups' blocking collectives (`med`: per-rank medians):
     priced by its share where a setting overlaps them all, at most warning where one overlaps a
     part, else info."""
-    bad = med[med["share"] >= EXPOSED_SHARE]
-    if bad.empty:
+    found = _worst(med)
+    if found is None:
         return []
-    worst = bad["share"].idxmax()
-    exp_s, step_s = float(bad.loc[worst, "exposed_s"]), float(bad.loc[worst, "dur_s"])
+    bad, worst, exp_s, step_s = found
     cost = Cost(exp_s, step_s)
     job = framework.job_of(metrics)
     fixes, whole = _tp_fixes(trace, job)

@@ -124,39 +124,21 @@ class Agent:
 
     def guard(self, collector: str, fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
         """Wrap a hook so that nothing it raises reaches the job: the error is counted instead. An
-        injected fault (the `faults` option, fixed at start) is looked up here, not on each call."""
+        injected fault (the `faults` option, fixed at start) is looked up here, not on each call.
+        With `self_time` the same one frame also adds the hook's CPU time (this thread's: a rank
+        preempted inside a hook on a busy host costs the job nothing) to `hook_ns`, once per
+        outermost hook (a hook run from inside another, a step listener from the steps hook, is in
+        its caller's time): a timing wrapper around the guard cost a frame the job never pays, where
+        hooks run cold. Measures diag's own Python, not the job's: every guarded function runs
+        between the job's calls. The timing's own share is calibrated at start (`own_hook_ns`)."""
         label: str = where or str(getattr(fn, "__name__", "hook"))
-        agent = self
+        agent, local, clock, timing = self, self._in_hook, time.thread_time_ns, self.self_time
         action = self.faults.get(collector)
-        if self.self_time:
-            return self._timed(fn, collector, label, action)
+        mine = self.hook_by.setdefault(collector, [0, 0]) if timing else [0, 0]
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                if action:
-                    _faults.trigger(action)
-                return fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the whole point
-                agent.record_error(collector, label, exc)
-                return None
-
-        guarded.__wrapped__ = fn  # type: ignore[attr-defined]
-        return guarded
-
-    def _timed(self, fn: Callable[..., Any], collector: str, label: str, action: Any) -> Callable[..., Any]:
-        """`self_time`: the guard of `guard` that also adds the hook's CPU time (this thread's: a
-        rank preempted inside a hook on a busy host costs the job nothing) to `hook_ns`, once per
-        outermost hook (a hook run from inside another, a step listener from the steps hook, is in
-        its caller's time). One frame, as the plain guard is: a hook runs cold, and a timing wrapper
-        around the guard cost a frame more than the job pays without `self_time`. Measures diag's
-        own Python, not the job's: every guarded function runs between the job's calls. The
-        timing's own share is calibrated at start and taken off in `own_hook_ns`."""
-        agent, local, clock = self, self._in_hook, time.thread_time_ns
-        mine = self.hook_by.setdefault(collector, [0, 0])
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            inner = getattr(local, "on", False)
-            if not inner:
+            outer = timing and not getattr(local, "on", False)
+            if outer:
                 local.on = True
                 t0 = clock()
             try:
@@ -167,7 +149,7 @@ class Agent:
                 agent.record_error(collector, label, exc)
                 return None
             finally:
-                if not inner:
+                if outer:
                     spent = clock() - t0
                     agent.hook_ns += spent
                     agent.hook_calls += 1
@@ -175,8 +157,8 @@ class Agent:
                     mine[1] += 1
                     local.on = False
 
-        timed.__wrapped__ = fn  # type: ignore[attr-defined]
-        return timed
+        guarded.__wrapped__ = fn  # type: ignore[attr-defined]
+        return guarded
 
     def _calibrate(self, n: int = 5000) -> None:
         """The timing's own share of a timed hook (clock reads, the wrappers): the least of a few
