@@ -71,20 +71,26 @@ class Stream:
 
     def update(self, findings: list[Any]) -> int:
         """Print what changed since the last analysis; returns the number of lines printed."""
-        seen, lines = {}, []
+        seen: dict[str, tuple[Any, ...]] = {}
+        lines: list[dict[str, Any]] = []
+        count: dict[str, int] = {}
         for f in findings:
             if f.severity not in ("warning", "critical"):
                 continue
             ev = f.evidence or {}
-            key = f.rule
+            # a rule may give several findings (exposed_comm: the hideable part and the tensor-
+            # parallel part): each its own entry, by its place among its rule's, or the later one's
+            # signature replaced the earlier's and the earlier read "changed" on every pass
+            n = count[f.rule] = count.get(f.rule, 0) + 1
+            key = f.rule if n == 1 else f"{f.rule}#{n}"
             sig = (f.severity, tuple(f.ranks), ev.get("group"), ev.get("collective"))
             seen[key] = sig
             if key not in self.shown:
                 lines.append(event_of(f, "new", self.t0))
             elif self.shown[key] != sig:
                 lines.append(event_of(f, "changed", self.t0))
-        for key in set(self.shown) - set(seen):
-            lines.append({"event": "cleared", "time": round(time.time(), 3), "rule": key})
+        for key in sorted(set(self.shown) - set(seen)):
+            lines.append({"event": "cleared", "time": round(time.time(), 3), "rule": key.split("#")[0]})
         self.shown = seen
         for line in lines:
             self.out.write((json.dumps(line) if self.as_json else _text(line)) + "\n")

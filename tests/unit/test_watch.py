@@ -223,3 +223,22 @@ def test_a_severity_swinging_across_its_threshold_is_printed_once():
     assert _live([(0.10, None), (0.26, None), (0.24, None)]) == [("new", "warning"), ("changed", "critical")]
     # a severity the rule chose otherwise (not its share's: a precision guard) is not held
     assert _live([(0.30, None), (0.30, "warning")]) == [("new", "critical"), ("changed", "warning")]
+
+
+def test_two_findings_of_one_rule_are_two_entries():
+    """exposed_comm can give two findings at once (the hideable part, the tensor-parallel part):
+    keyed by rule alone, the second replaced the first's signature and the first read "changed" on
+    every pass of an unchanged job."""
+    hideable = Finding(rule="exposed_comm", severity="critical", title="a", detail="", ranks=[0, 1])
+    tp = Finding(rule="exposed_comm", severity="warning", title="b", detail="", ranks=[0, 1])
+    out = io.StringIO()
+    s = Stream(out, as_json=True)
+    assert s.update([hideable, tp]) == 2
+    assert s.update([hideable, tp]) == 0  # nothing changed: nothing printed
+    assert s.update([hideable]) == 1  # the second is gone: one "cleared", named by its rule
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [(x["event"], x["rule"]) for x in lines] == [
+        ("new", "exposed_comm"),
+        ("new", "exposed_comm"),
+        ("cleared", "exposed_comm"),
+    ]
