@@ -125,7 +125,10 @@ def test_faults_never_reach_the_loop_and_are_counted(tmp_path, without_deepspeed
     agent.stop()
     torch.manual_seed(0)
     assert torch.equal(got, _plain_loop(4).weight)  # same numerics as without the agent
-    assert errors == {("steps", "torch-post", "InjectedFault"): 4}
+    assert errors.pop(("steps", "torch-post", "InjectedFault")) == 4  # one a step
+    # the writer thread's late install (an idle listener) runs, and faults, while modules are still
+    # being imported: in a process of its own this test saw it; after other tests, not
+    assert set(errors) <= {("steps", "late-install", "InjectedFault")}, errors
 
 
 LATE_IMPORT = """
