@@ -96,3 +96,27 @@ def test_the_single_process_a_launcher_runs_without_rank_gets_the_agent(tmp_path
     t = diag.load(str(trace))
     (header,) = t.headers.values()
     assert header["argv"][-1] == str(train) and len(t.steps) == 3, (header["argv"], t.steps)
+
+
+def test_a_python_subprocess_of_a_rank_gets_no_agent(tmp_path) -> None:
+    """DeepSpeed runs `python cpuinfo.py --json` from each rank, RANK inherited: each became a second
+    trace file claiming the rank (`rank-00000.1.jsonl`) and paid the agent's start. A subprocess with
+    another RANK is a rank of its own and still gets one."""
+    probe = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'print(1)'], check=True)\n"
+    other = (
+        "import os, subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(0.3)'],"
+        " env={**os.environ, 'RANK': '7'}, check=True)\n"
+    )
+    path = tmp_path / "train.py"
+    path.write_text(probe + other + JOB)
+    trace = tmp_path / "trace"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        f"--master_port={launch.free_port()}",
+    ]
+    proc = launch.diag_cli("run", "--trace-dir", str(trace), "--", *cmd, str(path), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(os.listdir(trace)) == ["rank-00000.jsonl", "rank-00007.jsonl"], proc.stderr[-2000:]

@@ -25,6 +25,7 @@ LAUNCHER_MODULES = (
 LAUNCHER_SCRIPTS = ("torchrun", "deepspeed", "accelerate")
 HELPERS = ("multiprocessing.spawn", "multiprocessing.forkserver", "multiprocessing.resource_tracker")
 OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")  # interpreter options whose value is the next word
+BOOTED = "DIAG_RUN_BOOTED"  # "pid:RANK" of the process the agent started in, for its subprocesses
 
 
 def _cmdline(pid: str = "self") -> list[str]:
@@ -57,8 +58,14 @@ def launcher(argv: list[str]) -> bool:
 def _wanted(argv: list[str]) -> bool:
     """A rank (RANK set by its launcher), the command `diag run` ran when it is no launcher, or a
     direct child of the launcher it ran: `accelerate launch` runs a single process without RANK (the
-    agent was in accelerate itself, the training process had none: 0 steps recorded)."""
+    agent was in accelerate itself, the training process had none: 0 steps recorded). Not a Python
+    subprocess of a process the agent runs in, with the same RANK: a helper of that rank, not a rank
+    (DeepSpeed runs `cpuinfo.py --json` twice a rank, each inheriting RANK: it became a second
+    "rank 0" trace file and took 5.3 s for 1.2 s, importing torch for the agent)."""
     if launcher(argv) or any(h in " ".join(argv) for h in HELPERS):
+        return False
+    pid, _, rank = os.environ.get(BOOTED, "").partition(":")
+    if pid and pid != str(os.getpid()) and rank == os.environ.get("RANK", ""):
         return False
     top = os.environ.get("DIAG_RUN_PID")
     if "RANK" in os.environ or top == str(os.getpid()):
@@ -83,6 +90,7 @@ def boot() -> None:
         from diag.inject.payload import start_agent
 
         start_agent(json.loads(spec))
+        os.environ[BOOTED] = f"{os.getpid()}:{os.environ.get('RANK', '')}"  # its subprocesses inherit it
     except Exception as exc:  # noqa: BLE001 - the job runs on without diag
         print(f"diag: agent not started in pid {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
