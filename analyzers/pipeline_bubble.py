@@ -19,6 +19,7 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.ranks import rank_name
 from diag.vocab import P2P
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 TOLERANCE = 0.05  # measured bubble may exceed (p-1)/m by this much (timing noise)
 MIN_BUBBLE = 0.10  # and must be at least this large to matter
 SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches (the fix's own target, 4(p-1))
+IMBALANCE = 1.1  # a stage computing this many times another's time a step: the split is unbalanced
 
 
 def microbatches(trace: Trace) -> int | None:
@@ -50,8 +52,12 @@ def _int(v: object) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
-def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
-    """More microbatches, interleaved stages, balanced first/last stages: each only when it changes the
+Split = tuple[tuple[Any, float], tuple[Any, float]]  # (heavier rank, compute s), (lighter rank, compute s)
+
+
+def _fixes(trace: Trace, job: framework.Job, p: int, m: int, split: Split | None) -> list[Fix]:
+    """More microbatches, interleaved stages, balanced stages (`split`: the heavier and the lighter
+    stage's rank and compute seconds, where the split is unbalanced): each only when it changes the
     job's setting and its framework has the knob (Megatron-DeepSpeed runs DeepSpeed's pipeline engine:
     no interleaving, no per-stage layer counts; its microbatches are gradient_accumulation_steps)."""
     fixes = []
@@ -79,13 +85,16 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int) -> list[Fix]:
                 )
             )
     # Megatron-DeepSpeed's GPTModelPipe hard-codes partition_method='type:transformer' (no argument):
-    # the balancing fix is for a PipelineModule the user builds
-    if deepspeed_pipeline(trace) and job.framework != framework.MEGATRON_DEEPSPEED:
+    # the balancing fix is for a PipelineModule the user builds, and only where the stages' compute
+    # differs (a schedule-bound bubble is the fill and drain: balancing does not shrink it). DeepSpeed
+    # keeps no record of the method a PipelineModule was split by: the knob is named, not a value
+    if split is not None and deepspeed_pipeline(trace) and job.framework != framework.MEGATRON_DEEPSPEED:
+        (heavy, heavy_s), (light, light_s) = split
         fixes.append(
             Fix(
-                "balance the stages: PipelineModule(partition_method='parameters', or "
-                "'type:<block class>') so the first and last stages, which also hold the embedding "
-                "and the loss, get fewer blocks"
+                f"balance the stages: move layers from {rank_name(heavy)}'s stage ({heavy_s * 1e3:.0f} ms "
+                f"of compute a step) to {rank_name(light)}'s ({light_s * 1e3:.0f} ms); PipelineModule's "
+                "partition_method (or the order of its layers) decides the split"
             )
         )
     interleaved = job.arg("num_layers_per_virtual_pipeline_stage")
@@ -242,6 +251,23 @@ def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
     )
 
 
+def unbalanced(got: Bubble) -> Split | None:
+    """((heavier rank, its compute s), (lighter rank, its compute s)) where the split, not the
+    schedule, makes the bubble: one stage waits no more than the schedule's (p-1)/m (it sets the
+    pace), another waits past it by >= MIN_BUBBLE, and the pacing stage computes >= IMBALANCE x the
+    waiting one's time a step (compute: the step less its send/recv). Equal stages whose waits differ
+    by noise give None. DeepSpeedExamples' AlexNet split by parameters: every convolution on stage 0,
+    stage 1 waiting 0.50 of its compute where the schedule leaves 0.125."""
+    by = got.by_rank
+    light, heavy = by.idxmax(), by.idxmin()
+    if not (by[heavy] <= got.ideal + TOLERANCE < by[light] and by[light] - by[heavy] >= MIN_BUBBLE):
+        return None
+    compute = got.step_s * (1 - got.fraction_by_rank)
+    if compute[heavy] < IMBALANCE * compute[light]:
+        return None
+    return (heavy, float(compute[heavy])), (light, float(compute[light]))
+
+
 @rule("pipeline_bubble")
 def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires for pp > 1 when the measured bubble (time blocked in pipeline send/recv over the rest of
@@ -254,7 +280,13 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     --decoder-first/last-pipeline-num-layers. recoverable_s: the bubble above (p-1)/max(m, 4(p-1))
     (what 4(p-1) microbatches leave) times compute.
     Silent when m is neither counted nor recorded. Severity: the bubble's share of the step (send/recv
-    waits over the step)."""
+    waits over the step). An unbalanced split (`unbalanced`: one stage waits no more than the
+    schedule's bubble, another past it by >= 0.10, the first computing >= 1.1x the other's time a
+    step) is said as such: recoverable and severity then from the step less the stages' mean compute
+    at (p-1)/m (what an even split would take), and
+    for DeepSpeed's PipelineModule (not Megatron-DeepSpeed's GPTModelPipe) the fix moves layers to
+    the lighter stage by its partition_method, named without a value (DeepSpeed keeps no record of
+    the one used); a schedule-bound bubble gets no balancing fix."""
     got = measure(trace, metrics)
     if got is None:
         return []
@@ -265,15 +297,38 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     compute = got.step_s / (1 + measured)
     cost = Cost(got.step_s - compute, got.step_s)
     counted = "counted from the pipeline's sends" if got.m_source == "sends" else "as configured"
+    split = unbalanced(got)
+    # the bubble above what 4(p-1) microbatches leave: continuous in the measure (it was the excess
+    # over (p-1)/m, else half the schedule's: 1.4 ms at a measured 0.52 and 22.8 ms at 0.49 for the
+    # same job, m=2 p=2); an unbalanced split: the step less the stages' mean compute at the
+    # schedule's own bubble (what an even split would take)
+    recoverable = max(measured - (p - 1) / max(m, 4 * (p - 1)), 0.0) * compute
+    title = f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.3g}"
+    why = (
+        f"stages wait on send/recv for {measured:.0%} of compute ({float(got.fraction_by_rank.max()):.0%} "
+        f"of the step; the schedule's (p-1)/(m+p-1) = {got.ideal_fraction:.0%}): the bubble {cost.text}."
+    )
+    if split is not None:
+        (heavy, heavy_s), (light, light_s) = split
+        title = (
+            f"pipeline stages unbalanced: {rank_name(light)} waits {measured:.2f} of its compute on "
+            f"send/recv, {rank_name(heavy)} {float(by_rank[heavy]):.2f} "
+            f"(the schedule's (p-1)/m = {ideal:.3g})"
+        )
+        mean = float((got.step_s * (1 - got.fraction_by_rank)).mean())
+        recoverable = max(got.step_s - mean * (1 + ideal), 0.0)
+        cost = Cost(recoverable, got.step_s)  # what an even split would save, not the whole wait
+        why = (
+            f"{rank_name(heavy)}'s stage computes {heavy_s * 1e3:.0f} ms a step, {rank_name(light)}'s "
+            f"{light_s * 1e3:.0f} ms: the lighter stage waits for the heavier one beyond the schedule's "
+            f"(p-1)/(m+p-1) = {got.ideal_fraction:.0%} of the step; against an even split at that "
+            f"bubble, the imbalance {cost.text}."
+        )
     return [
         Finding(
             severity=cost.severity,
-            title=f"pipeline bubble {measured:.2f} vs the schedule's (p-1)/m = {ideal:.2f}",
-            detail=(
-                f"p={p} stages, m={m} microbatches ({counted}); stages wait on send/recv for "
-                f"{measured:.0%} of compute ({float(got.fraction_by_rank.max()):.0%} of the step; the "
-                f"schedule's (p-1)/(m+p-1) = {got.ideal_fraction:.0%}): the bubble {cost.text}."
-            ),
+            title=title,
+            detail=f"p={p} stages, m={m} microbatches ({counted}); {why}",
             evidence={
                 **cost.evidence(),
                 "pp": p,
@@ -290,10 +345,7 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
             ranks=[
                 int(r) for r in by_rank.index[by_rank >= max(MIN_BUBBLE, min(ideal + TOLERANCE, measured))]
             ],
-            # the bubble above what 4(p-1) microbatches leave: continuous in the measure (it was
-            # the excess over (p-1)/m, else half the schedule's: 1.4 ms at a measured 0.52 and
-            # 22.8 ms at 0.49 for the same job, m=2 p=2)
-            recoverable_s=max(measured - (p - 1) / max(m, 4 * (p - 1)), 0.0) * compute,
-            fixes=_fixes(trace, framework.job_of(metrics), p, m),
+            recoverable_s=recoverable,
+            fixes=_fixes(trace, framework.job_of(metrics), p, m, split),
         )
     ]

@@ -273,3 +273,24 @@ def test_pipeline_bubble_recoverable_follows_the_measure(tmp_path):
         assert f.recoverable_s == pytest.approx((measured - 0.25) * compute)
     assert below.evidence["bubble_measured"] < 0.5 < above.evidence["bubble_measured"]
     assert below.recoverable_s == pytest.approx(above.recoverable_s, rel=0.3)
+
+
+def test_pipeline_bubble_of_an_unbalanced_split_says_so(tmp_path):
+    """DeepSpeedExamples' AlexNet split by parameters (every convolution on stage 0): stage 1 waited
+    0.50 of its compute, stage 0 0.15 at a schedule's 0.125, and diag named the fill and drain, with a
+    fix naming `partition_method='parameters'`, the method the job used. An unbalanced split is said
+    as such; its fix names the knob, no value; equal stages waiting alike get no balancing fix."""
+    header = {"pp": 2, "gradient_accumulation_steps": 8, "pipeline_engine": "deepspeed"}
+    job = Job(ranks=2, header=header)
+    job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=40 if r else 10, group_ranks=[0, 1]))
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    assert f.title.startswith("pipeline stages unbalanced: rank 1 waits"), f.title
+    assert "(p-1)/m = 0.125" in f.title and f.ranks == [1]
+    (fix,) = [x for x in f.fixes if "partition_method" in x.summary]
+    assert "move layers from rank 0's stage" in fix.summary and "='" not in fix.summary, fix.summary
+    even = Job(ranks=2, header=header)
+    even.each_step(lambda r, s: even.comm(r, s, op="recv", at_ms=0, dur_ms=40, group_ranks=[0, 1]))
+    (g,) = fired(even.write(str(tmp_path / "even")), "pipeline_bubble")
+    assert g.title.startswith("pipeline bubble ") and not any(
+        "partition_method" in x.summary for x in g.fixes
+    )
