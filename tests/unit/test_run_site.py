@@ -39,9 +39,9 @@ def test_a_launcher_is_the_program_a_process_runs_not_a_word_in_it(argv: list[st
 JOB = "import os, time; time.sleep(0.2); print('rank', os.environ['RANK'], 'done')\n"
 
 
-def _run(tmp_path, script: str, worker: list[str]) -> tuple[int, str, list[str]]:
+def _run(tmp_path, script: str, worker: list[str], body: str = JOB) -> tuple[int, str, list[str]]:
     path = tmp_path / script
-    path.write_text(JOB)
+    path.write_text(body)
     trace = tmp_path / "trace"
     cmd = [
         sys.executable,
@@ -107,16 +107,5 @@ def test_a_python_subprocess_of_a_rank_gets_no_agent(tmp_path) -> None:
         "import os, subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(0.3)'],"
         " env={**os.environ, 'RANK': '7'}, check=True)\n"
     )
-    path = tmp_path / "train.py"
-    path.write_text(probe + other + JOB)
-    trace = tmp_path / "trace"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=1",
-        f"--master_port={launch.free_port()}",
-    ]
-    proc = launch.diag_cli("run", "--trace-dir", str(trace), "--", *cmd, str(path), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(os.listdir(trace)) == ["rank-00000.jsonl", "rank-00007.jsonl"], proc.stderr[-2000:]
+    rc, err, files = _run(tmp_path, "train.py", [], probe + other + JOB)
+    assert rc == 0 and sorted(files) == ["rank-00000.jsonl", "rank-00007.jsonl"], (files, err[-2000:])
