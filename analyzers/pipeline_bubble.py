@@ -211,6 +211,11 @@ class Bubble:
         """The schedule's bubble as a share of the step, (p-1)/(m+p-1)."""
         return (self.p - 1) / (self.m + self.p - 1)
 
+    @property
+    def compute_by_rank(self) -> pd.Series:
+        """rank -> seconds of a step not blocked in send/recv (the stage's own work)."""
+        return self.step_s * (1 - self.fraction_by_rank)
+
 
 def _interleaved(metrics: Metrics) -> bool:
     """Virtual stages send once per chunk boundary: the sends then count m times a factor."""
@@ -262,7 +267,7 @@ def unbalanced(got: Bubble) -> Split | None:
     light, heavy = by.idxmax(), by.idxmin()
     if not (by[heavy] <= got.ideal + TOLERANCE < by[light] and by[light] - by[heavy] >= MIN_BUBBLE):
         return None
-    compute = got.step_s * (1 - got.fraction_by_rank)
+    compute = got.compute_by_rank
     if compute[heavy] < IMBALANCE * compute[light]:
         return None
     return (heavy, float(compute[heavy])), (light, float(compute[light]))
@@ -315,7 +320,7 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
             f"send/recv, {rank_name(heavy)} {float(by_rank[heavy]):.2f} "
             f"(the schedule's (p-1)/m = {ideal:.3g})"
         )
-        mean = float((got.step_s * (1 - got.fraction_by_rank)).mean())
+        mean = float(got.compute_by_rank.mean())
         recoverable = max(got.step_s - mean * (1 + ideal), 0.0)
         cost = Cost(recoverable, got.step_s)  # what an even split would save, not the whole wait
         why = (

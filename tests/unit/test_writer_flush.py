@@ -139,6 +139,21 @@ def test_resolvers_complete_records_in_order_and_a_raising_one_loses_one_record(
     assert ag.captured == {"comm": 2, "step": 1}
 
 
+def _sched_times(ag: Agent, steps: int, gap: float) -> list[float]:
+    """Start `ag`, emit `steps` step records `gap` s apart, stop it: its flushes' sched samples'
+    times in seconds (one sample a flush that wrote), in the order written."""
+    ag.start()
+    try:
+        for i in range(steps):
+            ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
+            time.sleep(gap)
+        path = ag.status()["trace_file"]
+    finally:
+        ag.stop()
+    with open(path) as f:
+        return [json.loads(line)["ts"] / 1e9 for line in f if json.loads(line)["k"] == "sched"]
+
+
 def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     """Every rank's writer flushes at the same moments (multiples of FLUSH_INTERVAL_S on the wall
     clock), so ranks killed at once leave records that end together; each flush's sched sample is
@@ -146,18 +161,9 @@ def test_the_writer_flushes_on_ticks_of_the_wall_clock(tmp_path):
     from diag.agent import runtime
 
     ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=("steps",)))
-    ag.start()
-    try:
-        for i in range(14):  # ~3.5 s of records (6-7 flushes), one every 0.25 s
-            ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
-            time.sleep(0.25)
-        path = ag.status()["trace_file"]
-    finally:
-        ag.stop()
-    with open(path) as f:
-        samples = [json.loads(line)["ts"] for line in f if json.loads(line)["k"] == "sched"]
+    samples = _sched_times(ag, 14, 0.25)  # ~3.5 s of records (6-7 flushes), one every 0.25 s
     every = runtime.FLUSH_INTERVAL_S
-    phases = sorted((ts / 1e9) % every for ts in samples[1:-1])  # not the first nor the stop's
+    phases = sorted(ts % every for ts in samples[1:-1])  # not the first nor the stop's
     assert len(phases) >= 2
     assert phases[len(phases) // 2] < every / 4, phases  # most within a quarter interval of a tick
 
@@ -171,16 +177,7 @@ def test_an_unsettled_idle_listener_runs_between_the_flush_ticks(tmp_path):
     ag = Agent(AgentOptions(trace_dir=str(tmp_path), what=()))
     calls: list[float] = []
     ag.idle_listeners.append(lambda: calls.append(time.time()))  # None: never settled
-    ag.start()
-    try:
-        for i in range(25):  # ~2.5 s, a record every 0.1 s: each flush has something to write
-            ag.emit((schema.STEP, i, ag.now(), 5, 8, None, True))
-            time.sleep(0.1)
-        path = ag.status()["trace_file"]
-    finally:
-        ag.stop()
-    with open(path) as f:
-        samples = [json.loads(line)["ts"] / 1e9 for line in f if json.loads(line)["k"] == "sched"]
+    samples = _sched_times(ag, 25, 0.1)  # ~2.5 s, a record every 0.1 s: each flush has something to write
     listen_gaps = sorted(b - a for a, b in itertools.pairwise(calls))
     flush_gaps = sorted(b - a for a, b in itertools.pairwise(samples[:-1]))  # not the stop's
     assert len(listen_gaps) >= 5 and len(flush_gaps) >= 2, (calls, samples)
