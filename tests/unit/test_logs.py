@@ -168,7 +168,31 @@ def test_pipeline_engine_lines():
     assert list(st["iter_ms"]) == [512.0, 498.0, 505.0]  # printed in seconds
     assert list(st["samples_per_sec"]) == [62.5, 64.257, 63.366] and st.loc[30, "loss"] == 2.1077
     assert st.loc[30, "lr"] == 0.001  # the engine's step=30 line merges into the same step
-    assert _layout(res) == {"world_size": 4, "zero_stage": 1, "dtype": "fp16"}
+    # the grid from `Using topology` (DeepSpeed 0.19's own print of PipeDataParallelTopology(2, 2))
+    assert _layout(res) == {"world_size": 4, "zero_stage": 1, "dtype": "fp16", "pp": 2, "dp": 2, "tp": 1}
+
+
+def test_pipeline_topology_3d_and_user_axes(tmp_path):
+    """Megatron-DeepSpeed's PipeModelDataParallelTopology(pp 2, tp 2, dp 2), as DeepSpeed prints it; a
+    user's own axis is no grid size DeepSpeed names, but its ranks are the world."""
+    coords = [(p, d, m) for p in range(2) for d in range(2) for m in range(2)]
+    three = ", ".join(
+        f"ProcessCoord(pipe={p}, data={d}, model={m}): {i}" for i, (p, d, m) in enumerate(coords)
+    )
+    user = ", ".join(
+        f"ProcessCoord(pipe={p}, expert={d}): {i}" for i, (p, d) in enumerate([(0, 0), (0, 1), (1, 0)])
+    )
+    for text, want in (
+        (three, {"world_size": 8, "pp": 2, "dp": 2, "tp": 2}),
+        (user, {"world_size": 3, "pp": 2}),
+    ):
+        path = tmp_path / "x.log"
+        path.write_text(
+            f"Using topology: {{{text}}}\nsteps: 10 loss: 2.3 iter time (s): 0.5 samples/sec: 8.0\n"
+        )
+        res = import_log(str(path))
+        assert {k: v for k, v in _layout(res).items() if k in want} == want, _layout(res)
+        assert set(_layout(res)) == set(want), _layout(res)
 
 
 def test_real_deepspeed_log_overflows():

@@ -16,6 +16,8 @@ overflows, the engine's config dump, the launcher's world layout and `see_memory
 - launcher `dist_world_size=16`, `global_rank_mapping=defaultdict(<class 'list'>, {'worker-0': [0, 1]})`;
   an MPI launch (mpiexec, no DeepSpeed launcher): `Discovered MPI settings of world_rank=3, local_rank=3,
   world_size=24, master_addr=..., master_port=29500` from each rank
+- the pipeline grid, `Using topology: {ProcessCoord(pipe=0, data=0): 0, ProcessCoord(pipe=1, data=0): 1}`
+  (`model=` under Megatron-DeepSpeed's 3-D topology): pp, dp, tp and the world size
 - `MA 1.2 GB         Max_MA 2.3 GB         CA 3.4 GB         Max_CA 3 GB`
 """
 
@@ -63,6 +65,10 @@ _CONFIG = re.compile(r"^\s*(" + _CONFIG_KEYS + r")\s+\.*\s*(.*?)\s*$")
 CONFIG_BYTES = re.compile(rb"json = \{|" + _CONFIG_KEYS.encode() + rb"|'trainer': \{")
 _ZERO_OPT = re.compile(r"Creating (?:torch\.)?(\w+) ZeRO stage (\d) optimizer")
 _MPI = re.compile(r"Discovered MPI settings of world_rank=(\d+),.*?\bworld_size=(\d+)")
+# `PipelineParallelGrid`'s `Using topology: {ProcessCoord(pipe=0, data=0, model=0): 0, ...}` (rank 0,
+# every PipelineModule job): one coordinate per rank, so the grid's sizes are the largest + 1
+_COORD = re.compile(r"ProcessCoord\(([^)]*)\):\s*\d+")
+_AXES = {"pipe": "pp", "data": "dp", "model": "tp"}
 _GRAD_ITER = re.compile(r"Grad overflow on iteration:?\s*(\d+)")
 _SEE_MEM = re.compile(r"\bMA\s+" + _N + r"\s*GB\s+Max_MA\s+" + _N + r"\s*GB\s+CA\s+" + _N + r"\s*GB")
 _JSON_BODY = re.compile(r'^\s+"|^\s*[}\]]')  # a line of DeepSpeed's indented JSON dump
@@ -189,6 +195,8 @@ class DeepSpeedReader:
                     self.rec.hosts[int(r)] = str(host)
             self.rec.set_layout(world_size=sum(len(v) for v in mapping.values()) or None)
             return True
+        if "ProcessCoord(" in t:
+            return self._topology(t)
         if "ZeRO stage" in t and (m := _ZERO_OPT.search(t)):
             self.rec.set_layout(zero_stage=int(m.group(2)), dtype=_DTYPES.get(m.group(1)))
             return True
@@ -202,6 +210,23 @@ class DeepSpeedReader:
             )  # type: ignore[operator]
             return True
         return False
+
+    def _topology(self, t: str) -> bool:
+        """The pipeline grid's sizes from its coordinates; an axis DeepSpeed's topologies do not name
+        (a user's own) counts toward the world size only."""
+        coords = _COORD.findall(t)
+        if not coords:
+            return False
+        sizes: dict[str, int] = {}
+        for c in coords:
+            for part in c.split(","):
+                axis, _, value = part.strip().partition("=")
+                if (key := _AXES.get(axis)) is not None and value.isdigit():
+                    sizes[key] = max(sizes.get(key, 0), int(value) + 1)
+        if "tp" not in sizes and sizes.get("pp", 0) * sizes.get("dp", 0) == len(coords):
+            sizes["tp"] = 1  # `PipeDataParallelTopology`: pipe x data is every rank
+        self.rec.set_layout(world_size=len(coords), **sizes)
+        return True
 
     def _json(self, t: str) -> bool:
         """One line of the printed user config; it ends where the lines parse as one JSON object."""

@@ -60,6 +60,7 @@ KEYWORDS = (
     b"Discovered MPI settings",
     b"global_rank_mapping=",
     b"ZeRO stage",
+    b"ProcessCoord(",
     b"Max_MA",
     # hf.HFReader
     b"it]",
@@ -106,6 +107,7 @@ ANCHORS = (
     b"MPI settings",
     b"_rank_mapping=",
     b"ZeRO stage",
+    b"ProcessCoord(",
     b"x_MA",
     b"it]",
     b"it/s]",
