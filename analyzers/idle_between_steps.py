@@ -8,6 +8,7 @@ from diag.analyzers import evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics import input_wait
 from diag.metrics.idle import gaps
 from diag.ranks import rank_name
 
@@ -30,7 +31,9 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
     accelerator idles while the host prepares data; each rank judged on >= 3 measured steps (where
     per-layer records exist, the sampled ones). Fix: DataLoader num_workers / pin_memory /
     prefetch_factor / persistent_workers; Megatron --num-workers above its current value.
-    recoverable_s: the median idle time. Severity: the worst rank's idle share of its wall time."""
+    recoverable_s: the median idle time. Severity: the worst rank's idle share of its wall time.
+    In a profiler trace the fetch is inside the step: its DataLoader `__next__` ops with no kernel
+    running (`input_wait`); the fix then follows the loader torch names (num_workers=0 or not)."""
     g = gaps(metrics)
     if g.empty:
         return []
@@ -46,14 +49,27 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
     gap = float(bad["gap_s"].median())
     worst = bad["share"].idxmax()
     cost = Cost(float(bad.loc[worst, "gap_s"]), float(bad.loc[worst, "wall_s"]))
+    if "loader_s" in g:  # a profiler trace: the fetch is inside its steps
+        single = input_wait.single_process(trace.frame("cpu_op"))
+        title = f"{cost.share:.0%} of wall time waits for the DataLoader ({gap * 1e3:.1f} ms per step)"
+        detail = (
+            "each step's DataLoader `__next__` holds the host while the device has nothing to run"
+            + (" (num_workers=0: the batches are loaded in the training process)" if single else "")
+            + f"; on {rank_name(worst)} this {cost.text}"
+        )
+        fixes = _loader_fixes(bool(single))
+    else:
+        title = f"{cost.share:.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)"
+        detail = (
+            "nothing runs between one optimizer step and the next forward: the input pipeline is "
+            f"late; on {rank_name(worst)} this {cost.text}"
+        )
+        fixes = _fixes(framework.job_of(metrics))
     return [
         Finding(
             severity=cost.severity,
-            title=f"{cost.share:.0%} of wall time idles between steps ({gap * 1e3:.1f} ms per step)",
-            detail=(
-                "nothing runs between one optimizer step and the next forward: the input pipeline is "
-                f"late; on {rank_name(worst)} this {cost.text}"
-            ),
+            title=title,
+            detail=detail,
             evidence={
                 **cost.evidence(),
                 "gap_s": evidence.by_rank(med["gap_s"]),
@@ -62,8 +78,23 @@ def idle_between_steps(trace: Trace, metrics: Metrics) -> list[Finding]:
             },
             ranks=sorted(int(r) for r in bad.index),
             recoverable_s=gap,
-            fixes=_fixes(framework.job_of(metrics)),
+            fixes=fixes,
         )
+    ]
+
+
+def _loader_fixes(single: bool) -> list[Fix]:
+    """The DataLoader's own arguments: from none to 4 workers, or, where workers already load (their
+    count is not in the trace), more of them and deeper prefetching."""
+    if single:
+        return [
+            Fix(
+                "load batches in background workers: DataLoader(num_workers=4, pin_memory=True, "
+                "prefetch_factor=4, persistent_workers=True)"
+            )
+        ]
+    return [
+        Fix("the DataLoader's workers fall behind: raise its num_workers and prefetch_factor above theirs")
     ]
 
 

@@ -19,6 +19,7 @@ from diag.importers import kineto_comms
 from diag.importers.errors import ImportProblem
 from diag.importers.kineto_events import BAD, read_events
 from diag.importers.kineto_names import classify_kernels
+from diag.metrics.input_wait import is_loader
 
 PROBLEMS = "problems"  # header key: one-line problems with a file that was still imported
 
@@ -96,13 +97,14 @@ def slim_host_ops(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """`frames` with a GPU rank's host ops cut to what analysis reads of them: on a rank with
     kernels the metrics and rules read the kernels, and of the host ops (about 7 in 8 of a rank's
     rows) only the names (framework detection, in order of first appearance) and the earliest and
-    latest start (the run's span, `runs`). Kept: each name's first op, the first and the last op,
-    in their order. A CPU-only rank (no kernels: its host ops are its activity) is kept whole;
-    `diag diff`, which compares ops, imports without this."""
+    latest start (the run's span, `runs`), and the DataLoader's fetches (`input_wait`: one a step).
+    Kept: each name's first op, the first and the last op, every DataLoader op, in their order. A
+    CPU-only rank (no kernels: its host ops are its activity) is kept whole; `diag diff`, which
+    compares ops, imports without this."""
     ops, kernels = frames.get("cpu_op"), frames.get("kernel")
     if ops is None or kernels is None or kernels.empty or len(ops) < 3:
         return frames
-    keep = ~ops["name"].duplicated().to_numpy()
+    keep = ~ops["name"].duplicated().to_numpy() | is_loader(ops["name"])
     ts = ops["ts"].to_numpy()
     keep[[int(ts.argmin()), int(ts.argmax())]] = True
     return {**frames, "cpu_op": ops[keep].reset_index(drop=True)}

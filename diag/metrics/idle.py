@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from diag.metrics import input_wait
 from diag.metrics.activity import ByRank
 from diag.metrics.steps import NS, steady
 
@@ -20,7 +21,8 @@ def gaps(metrics: Metrics) -> pd.DataFrame:
     """Per (rank, step): idle seconds before the step's work: the gap after the previous step's end
     plus, where per-layer records exist (sampled steps), the lead-in from the step's start (the
     previous optimizer step's end) to its first forward. Steps recorded boundary to boundary have no
-    gap, so the lead-in is where a slow data loader shows."""
+    gap, so the lead-in is where a slow data loader shows; in a profiler trace, the DataLoader's
+    fetch inside the step with the device idle (`input_wait`, also as `loader_s`)."""
     st = metrics.steps
     if st.empty:
         return st.assign(
@@ -40,6 +42,10 @@ def gaps(metrics: Metrics) -> pd.DataFrame:
         st = st[st["first"].notna()] if st["first"].notna().any() else st
     else:
         st = st.assign(lead_hi=st["start"])
+        ops = metrics.trace.frame("cpu_op")
+        if not ops.empty:  # a profiler trace: its steps hold the batch's fetch (`input_wait`)
+            waits = input_wait.loader_idle(ops, metrics.trace.frame("kernel"), st)
+            st = st.assign(gap_s=st["gap_s"] + waits, loader_s=waits)
     st = st.assign(comm_gap_s=_comm_within(metrics, st))
     return steady(st)
 
