@@ -12,7 +12,10 @@ records that are final are compared: older than the rank's latest record by that
 call that never completed (a null duration: given up on, or announced by the agent as entered and
 still waited in after 1.5 s, `liveness.entered`: a desync is named seconds after it, not 10 s).
 Point-to-point ops are left out (their peers differ by rank), and all-to-all sizes (uneven splits
-are normal)."""
+are normal), and calls whose process group the trace did not record (`vocab.UNNAMED_GROUP`: a
+profiler trace of a torch that wrote no `Process Group Name`, or gloo's annotations): calls of
+different communicators interleave freely, and HTA's public 128-rank sample of two ranks read as
+"collective mismatch in group default: rank 0 all_to_all, rank 1 all_reduce" (CRITICAL)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from diag.findings import Finding, Fix
 from diag.metrics import positions
 from diag.metrics.steps import NS
 from diag.metrics.text import as_text
-from diag.vocab import P2P
+from diag.vocab import P2P, UNNAMED_GROUP
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -89,6 +92,7 @@ def _compared(trace: Trace, c: pd.DataFrame) -> _Calls:
     group; each as its compact key, no copy of the frame's rows (a copy of 7 columns and the sort
     of their keys were this rule's peak: +509 MiB for a 64-rank x 1,000-step trace)."""
     keep = ~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
+    keep &= (as_text(c["group"]) != UNNAMED_GROUP).to_numpy()  # which communicator: not recorded
     return _keyed(c, _final(trace, c, keep), _session_starts(trace))
 
 
@@ -192,12 +196,13 @@ def _size(n: int | None) -> str:
 def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires (critical) when, in one process group, every member recorded its k-th collective of a step
     and they differ in op or byte size (diag's own records, final ones only in a live trace; not p2p,
-    not all-to-all sizes). Names the ranks outside a strict majority, or, between equal camps, the
-    ranks that left the call the group made at that position in earlier steps (all members when
-    that cannot be told), with the group, step and each rank's call. Fix: the named ranks' code path
-    around that call (a rank-dependent branch, a data-dependent shape). Live, a record is compared once
-    final: 10 s older than its rank's latest record (the agent's hold), or up to a call never
-    completed (given up on, or still waited in after 1.5 s)."""
+    not all-to-all sizes, not calls of a group the trace did not record). Names the ranks outside a
+    strict majority, or, between equal camps, the ranks that left the call the group made at that
+    position in earlier steps (all members when that cannot be told), with the group, step and each
+    rank's call. Fix: the named ranks' code path around that call (a rank-dependent branch, a
+    data-dependent shape). Live, a record is compared once final: 10 s older than its rank's latest
+    record (the agent's hold), or up to a call never completed (given up on, or still waited in after
+    1.5 s)."""
     c = liveness.entered(trace, metrics)
     if c.empty or "group" not in c or "step" not in c:
         return []

@@ -33,6 +33,9 @@ COMM_KERNELS: tuple[tuple[str, str | None], ...] = (
 )
 COMM_PATTERN_ENV = "DIAG_COMM_PATTERN"  # a user's regex of more communication kernels
 UNKNOWN_OP = "unknown"  # a communication kernel whose collective nothing names
+# the group of a profiler trace's collective whose process group it did not record (torch's record
+# before `Process Group Name`, and gloo's annotations): one label for calls of possibly many groups
+UNNAMED_GROUP = "default"
 MEMORY_KERNEL_RE = r"(?i)^(memcpy|memset|dma)"
 OTHER_KERNEL_RE = r"Sync"
 MEMORY_KERNEL_CATS = ("gpu_memcpy", "gpu_memset")

@@ -28,6 +28,7 @@ from diag.vocab import (
     COMM_KERNEL_RE,
     P2P,
     UNKNOWN_OP,
+    UNNAMED_GROUP,
     canonical_op,
     host_comm_op,
     kernel_op,
@@ -103,7 +104,7 @@ def _from_param_comms(kernels: pd.DataFrame, host: pd.DataFrame, world: int) -> 
         "bytes": np.array([_bytes(a, d) for a, d in zip(args, dtype)], dtype=float),
         "dtype": dtype,
         "group_size": [int(a.get("Group size", world) or world) for a in args],
-        "group": [str(a.get("Process Group Name", "default")) for a in args],
+        "group": [str(a.get("Process Group Name", UNNAMED_GROUP)) for a in args],
         "group_ranks": [a.get("Process Group Ranks") for a in args],
     }
 
@@ -131,7 +132,7 @@ def _from_gloo(ann: pd.DataFrame, world: int) -> dict[str, Any]:
         "bytes": nbytes,
         "dtype": types,
         "group_size": world,
-        "group": "default",
+        "group": UNNAMED_GROUP,
         "group_ranks": None,
     }
 

@@ -212,3 +212,49 @@ def test_the_first_step_of_a_reattach_is_silent(tmp_path, numbered):
         with open(name, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in recs)
     assert fired(diag.load(path), "collective_mismatch") == []
+
+
+def _profiled_pair(tmp_path, named: bool, same_group: bool) -> list[str]:
+    """Two ranks' profiler traces, 4 steps: rank 0 issues an all_to_all then an all_reduce, rank 1
+    the other order. Named: `Process Group Name` recorded (the all_to_all's group "1", or "0" like
+    the all_reduce's when `same_group`)."""
+    from tests.unit.kineto_synth import Kineto
+
+    paths = []
+    for rank, order in ((0, ("alltoall", "allreduce")), (1, ("allreduce", "alltoall"))):
+        k = Kineto(rank=rank, world=2)
+        for s in range(4):
+            t0 = s * 1000
+            k.step(s, t0, 1000)
+            for i, op in enumerate(order):
+                at = t0 + 100 + 300 * i
+                args: dict = {"Collective name": op, "In msg nelems": 1024, "dtype": "Float", "Group size": 2}
+                if named:
+                    args["Process Group Name"] = "0" if op == "allreduce" or same_group else "1"
+                k.host("record_param_comms", at, 40, args)
+                kernel = (
+                    "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+                    if op == "allreduce"
+                    else "ncclDevKernel_SendRecv"
+                )
+                k.kernel(kernel, at + 60, 100, launch=at + 10, stream=30)
+        paths.append(k.write(tmp_path / f"rank{rank}.json"))
+    return paths
+
+
+@pytest.mark.parametrize(
+    "named, same_group, fires",
+    [(False, False, False), (True, False, False), (True, True, True)],
+)
+def test_profiler_traces_compare_only_groups_they_recorded(tmp_path, named, same_group, fires):
+    """Without `Process Group Name` the calls' communicators are unknown: an all_to_all on one and an
+    all_reduce on another interleave freely (HTA's public 128-rank sample read as a CRITICAL
+    mismatch); recorded in two groups they match group by group; in one group they differ."""
+    from diag.importers import load_inputs
+
+    trace = load_inputs(_profiled_pair(tmp_path, named, same_group))
+    assert len(trace.comms) == 16
+    got = fired(trace, "collective_mismatch")
+    assert bool(got) == fires, [f.title for f in got]
+    if fires:
+        assert got[0].evidence["group"] == "0" and got[0].evidence["step"] == 1
