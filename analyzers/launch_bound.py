@@ -11,6 +11,8 @@ from diag.analyzers import evidence
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics.input_wait import is_loader
+from diag.metrics.intervals import merge
 from diag.ranks import rank_name
 
 if TYPE_CHECKING:
@@ -22,12 +24,13 @@ HOST_WAIT_SHARE = 0.30  # and the GPU idles waiting for a launch this share of i
 MIN_KERNELS = 100  # launched kernels on the rank; fewer say nothing about a steady loop
 
 
-def host_wait(k: pd.DataFrame) -> dict[str, float]:
+def host_wait(k: pd.DataFrame, fetches: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """One rank's kernels -> short-kernel share, GPU idle waiting on the host (ns), active span (ns).
 
     An idle gap waits on the host when the kernel that ends it was still being launched (its launch
     call had not returned) when the GPU went idle: the GPU had nothing queued. Gaps between two
-    ProfilerSteps are left out (the input pipeline is `idle_between_steps`' business)."""
+    ProfilerSteps are left out, and gaps a DataLoader fetch overlaps (`fetches`: the rank's merged
+    `__next__` intervals, ns): the input pipeline is `idle_between_steps`' business."""
     k = k[(k["launch_ts"] >= 0) & (k["launch_dur"] >= 0)].sort_values("ts", kind="stable")
     ts = k["ts"].to_numpy(np.int64)
     end = ts + k["dur"].to_numpy(np.int64)
@@ -38,6 +41,10 @@ def host_wait(k: pd.DataFrame) -> dict[str, float]:
     launched_by = (k["launch_ts"] + k["launch_dur"]).to_numpy(np.int64)[1:]
     step = k["step"].to_numpy()
     waits = (gap > 0) & (launched_by > busy_until[:-1]) & (step[1:] == step[:-1])
+    if fetches is not None and len(fetches[0]):
+        starts, ends = fetches
+        first = np.minimum(np.searchsorted(ends, busy_until[:-1], "right"), len(starts) - 1)
+        waits &= ~((ends[first] > busy_until[:-1]) & (starts[first] < ts[1:]))  # a fetch inside the gap
     return {
         "kernels": len(ts),
         "short_share": float((k["dur"] < k["launch_dur"]).mean()),
@@ -48,18 +55,30 @@ def host_wait(k: pd.DataFrame) -> dict[str, float]:
     }
 
 
+def _fetches(loads: pd.DataFrame, rank: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A rank's DataLoader fetches as merged intervals (ns), None where it has none."""
+    mine = loads[loads["rank"] == rank] if len(loads) else loads
+    if mine.empty:
+        return None
+    ts = mine["ts"].to_numpy(np.int64)
+    return merge(ts, ts + mine["dur"].to_numpy(np.int64))
+
+
 @rule("launch_bound")
 def launch_bound(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires on a rank (GPU trace, >= 100 launched kernels) where >= 50% of kernels are shorter than
     their CPU launch call and the GPU idles waiting for the host (a gap ended by a kernel whose launch
-    had not returned when the GPU went idle; gaps between steps excluded) >= 30% of its active span.
+    had not returned when the GPU went idle; gaps between steps and gaps a DataLoader fetch overlaps
+    excluded) >= 30% of its active span.
     Fix: CUDA graphs (whole step replayed by one launch), torch.compile to fuse small ops, more work
     per kernel (a larger micro-batch). recoverable_s: the host-wait per step. Severity: the host-wait
     share of the GPU's active span."""
     kernels = trace.frame("kernel")
     if kernels.empty or "launch_dur" not in kernels.columns:
         return []
-    found = {int(r): host_wait(k) for r, k in kernels.groupby("rank")}
+    ops = trace.frame("cpu_op")
+    loads = ops[is_loader(ops["name"])] if "name" in ops and len(ops) else ops.iloc[:0]
+    found = {int(r): host_wait(k, _fetches(loads, r)) for r, k in kernels.groupby("rank")}
     bound = {
         r: v
         for r, v in found.items()
