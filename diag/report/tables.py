@@ -141,7 +141,9 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     if m["collectives"]:
         out.append(
             (
-                "Collectives",
+                "Collectives (time: each call's start to its end on that rank, waiting for the other "
+                "ranks included; algbw / busbw over that time, so a rank that waits reads slower than "
+                "its link)",
                 ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
                 [
                     [
