@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import traceback
@@ -21,6 +22,9 @@ import diag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(diag.__file__)))
 QUEUED_LIFE_S = 600.0  # a payload that runs later than this after attach starts nothing
+# the agent imports torch's modules; while the job's own thread is importing torch it waits this long
+# at most (under `diag attach`'s 30 s wait for the control socket), then says so
+IMPORT_WAIT_S = 25.0
 
 
 def write_options(pid: int, options: dict[str, Any]) -> str:
@@ -62,11 +66,37 @@ def _start(options_file: str) -> None:
         os.unlink(options_file)
         if expired:
             return
+        _wait_for_torch_import(time.monotonic() + IMPORT_WAIT_S)
         running = start_agent({**opts, "joined": True})  # mid-job: the step under way is partial
         if not os.path.exists(_socket()):
             raise RuntimeError(f"control socket missing: {running.error_messages}")
     except Exception as exc:  # noqa: BLE001 - report to the attach command, never to the job
         _report(exc)
+
+
+def torch_importing() -> list[str]:
+    """torch's modules whose import is under way (in sys.modules, their body still running)."""
+    return [
+        name
+        for name, mod in list(sys.modules.items())
+        if (name == "torch" or name.startswith("torch."))
+        and getattr(getattr(mod, "__spec__", None), "_initializing", False)
+    ]
+
+
+def _wait_for_torch_import(deadline: float) -> None:
+    """Return once no torch module is being imported. The agent's collectors import torch's modules
+    from this thread: while the job's thread is inside `import torch`, it holds `torch`'s import lock
+    and may next import a module this thread has begun (`torch.optim.optimizer`, whose parent it then
+    waits for): Python breaks that cycle by raising `_DeadlockError` in the job's thread. An attach
+    12 s into the public DDP tutorial's start, at load 4.5, killed both ranks that way."""
+    while busy := torch_importing():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the job was still importing torch ({busy[-1]}) after {IMPORT_WAIT_S:.0f} s; "
+                "nothing was started: attach again once it trains"
+            )
+        time.sleep(0.05)
 
 
 def start_agent(opts: dict[str, Any]) -> Any:
