@@ -10,6 +10,13 @@
   The training bar (its total is `Total optimization steps`) is a step record of its own at each count
   it shows, with its rate as the step time: a run logging no dicts (`logging_steps` > its steps) still
   has its steps.
+- a skipped step: the Trainer logs the optimizer's grad norm of the step it logs, and under fp16 loss
+  scaling (DeepSpeed's ZeRO and fp16 optimizers, torch AMP) a step skipped for overflow has an `inf`
+  (or `nan`) norm: `{'loss': '5.398', 'grad_norm': 'inf', 'learning_rate': '0', ...}`. Nothing else in
+  the log says so (HF sets DeepSpeed's `steps_per_print` to inf, and its `OVERFLOW!` lines need its
+  logger at INFO). A non-finite norm whose update was applied makes the weights non-finite, so every
+  later loss is nan: the step counts as skipped once a later logged loss is finite. A norm the run's
+  last dicts print stays unknown.
 - `***** Running training *****` block: `Instantaneous batch size per device = 8`, `Total train batch
   size (w. parallel, distributed & accumulation) = 64`, `Gradient Accumulation steps = 1`,
   `Total optimization steps = 100`.
@@ -18,10 +25,11 @@
 from __future__ import annotations
 
 import ast
+import math
 import re
 
 from diag.importers.logs.lines import Line, num
-from diag.importers.logs.records import Records
+from diag.importers.logs.records import Overflow, Records
 
 _BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)(s/it|it/s)")
 _DICT = re.compile(r"\{'(?:loss|eval_loss|train_runtime|train_loss)'.*\}")
@@ -47,6 +55,7 @@ class HFReader:
         self.bar: dict[int, tuple[int, float | None]] = {}  # bar total -> (count, ms per step)
         self.dicts = 0
         self.runtime: tuple[int, float] | None = None  # (step, train_runtime) of the last step log
+        self.nonfinite_norm: set[int] = set()  # steps logged with an inf/nan grad norm, not yet judged
 
     def line(self, ln: Line) -> bool:
         t = ln.text
@@ -105,6 +114,7 @@ class HFReader:
             eval_loss=f.get("eval_loss"),
             iter_ms=bar[1] if bar and "loss" in f else None,
         )
+        self._skipped(step, f.get("loss"), f.get("grad_norm"))
         runtime = f.get("train_runtime")  # the seconds trained so far (`include_num_input_tokens_seen`)
         if runtime is not None and "loss" in f:
             if self.runtime is not None and step > self.runtime[0] and runtime >= self.runtime[1]:
@@ -113,6 +123,18 @@ class HFReader:
                 rec["iter_ms"] = (runtime - self.runtime[1]) / (step - self.runtime[0]) * 1e3
             self.runtime = (step, runtime)
         return True
+
+    def _skipped(self, step: int, loss: float | None, norm: float | None) -> None:
+        """Note a step logged with a non-finite grad norm; a finite loss logged at a later step makes
+        the noted steps skipped ones: each its own skip count of one (exact: the norm is that step's)."""
+        if loss is not None and math.isfinite(loss):
+            for s in sorted(x for x in self.nonfinite_norm if x < step):
+                self.nonfinite_norm.discard(s)
+                self.rec.skip_counts.append((s, s, 1))  # with DeepSpeed's own lines, counted once
+                self.rec.overflows.append(Overflow(s, None, None, -1, None, "log_grad_norm"))
+                self.rec.steps[s]["skipped_iters"] = 1
+        if norm is not None and not math.isfinite(norm):
+            self.nonfinite_norm.add(step)
 
 
 def _figures(text: str) -> dict[str, float | None] | None:
