@@ -367,3 +367,22 @@ def test_an_inf_grad_norm_that_was_applied_or_is_the_last_is_no_skip(tmp_path) -
     last = tmp_path / "last.log"
     last.write_text(_hf_dicts(["0.8"] * 11 + ["inf"]))
     assert load_inputs([str(last)]).overflow.empty
+
+
+def test_throughput_fixes_name_fragmentation_only_for_a_regression_and_cuda_only_off_cpu():
+    """The trial's HF Trainer job on CPU (400 steps on a shared 2-core host) logged three slow
+    stretches: a drop, not a slowdown that grows; its finding still offered 'a slowdown that grows
+    over the run ... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True', a CUDA allocator setting
+    that a CPU job does not read."""
+    drop = _one("throughput_drop", "ds_throughput_drop.log")
+    assert [f.env for f in drop.fixes] == [{}] and "grows" not in drop.fixes[0].summary
+    growing = _one("throughput_drop", "megatron_throughput_regression.log")
+    assert growing.fixes[-1].env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    # the same regressing log beside a CPU job's trace (the sample run's, device `cpu`)
+    trace = load_inputs([os.path.join(ROOT, "sample_traces", "healthy")])
+    assert set(trace.memory["device"]) == {"cpu"}
+    trace.frames["log_step"] = load_inputs([os.path.join(FIX, "megatron_throughput_regression.log")]).frame(
+        "log_step"
+    )
+    (cpu,) = [f for f in run_all(trace)[0] if f.rule == "throughput_drop" and "regressed" in f.title]
+    assert "grows" in cpu.fixes[-1].summary and all(not f.env for f in cpu.fixes)
