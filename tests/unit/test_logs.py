@@ -11,6 +11,7 @@ import pytest
 from diag.importers.errors import ImportProblem
 from diag.importers.logs import JobFailed, import_log
 from diag.importers.logs.lines import Line
+from diag.ranks import rank_count
 from tests.unit.kineto_samples import GPT_DS
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "logs")
@@ -610,3 +611,15 @@ def test_megatron_deepspeed_iteration_line_wins_over_deepspeeds_engine_line(tmp_
     assert st.loc[1, "samples_per_sec"] == 17.64
     assert st.loc[1, "tokens_per_sec_per_gpu"] == 564.494
     assert st.loc[2, "iter_ms"] == 68.0 and st.loc[2, "loss"] == 6.9204  # the engine's line alone
+
+
+def test_hf_two_ranks_dicts_on_one_line_are_two_dicts_and_no_rank_is_zero_ranks():
+    """A real HF Trainer + DeepSpeed ZeRO-2 job under torchrun (2 ranks on CPU, 12 steps, transformers
+    5): both ranks print the bar and the dicts, and at step 5 they wrote theirs at once:
+    `{'loss': '5.395', ...}{'loss': '5.395', ...}` on one line. That line was no dict: the log alone
+    said 11 steps (no 5) where the job ran 12; and, naming no rank, `0 ranks`."""
+    name = "hf_torchrun_two_ranks_print.log"
+    st = _steps(_load(name))
+    assert list(st.index) == list(range(1, 13))
+    assert st.loc[5, "loss"] == 5.395 and st.loc[5, "grad_norm"] == 0.7538 and st.loc[5, "lr"] == 0.0008
+    assert rank_count(_load(name).ranks) == "ranks not named"

@@ -20,6 +20,8 @@
 - `***** Running training *****` block: `Instantaneous batch size per device = 8`, `Total train batch
   size (w. parallel, distributed & accumulation) = 64`, `Gradient Accumulation steps = 1`,
   `Total optimization steps = 100`.
+- every rank of a torchrun job may print the dicts (transformers 5 under the deepspeed launcher and
+  torchrun): two ranks writing at once leave `{'loss': ...}{'loss': ...}` on one line, each a dict.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ _BLOCK = re.compile(
     r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
     r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)"
 )
+_ONE_DICT = re.compile(r"(?<=\})(?=\{')")  # between two dicts printed on one line
 _BARE_NONFINITE = re.compile(r"(?<=: )(-?(?:nan|inf))(?=[,}])")  # `{'loss': nan, ...}`: repr of a float nan
 # a flat dict of numbers and plain strings, as the Trainer prints it: read without `ast` (which compiles
 # each line); anything else (other spacing, escapes, nested values) goes to `ast.literal_eval`
@@ -64,7 +67,10 @@ class HFReader:
                 self.progress(ln, int(m.group(1)), int(m.group(2)), num(m.group(3)), m.group(4) == "s/it")
                 t = t[m.end() :]
         if "{'" in t and (m := _DICT.search(t)):
-            return self.log_dict(ln, m.group(0))
+            text = m.group(0)
+            if "}{" in text and _figures(text) is None:  # two ranks' dicts written at once, no newline
+                return any([self.log_dict(ln, piece) for piece in _ONE_DICT.split(text)])
+            return self.log_dict(ln, text)
         if " = " in t and (m := _BLOCK.search(t)):
             v = int(m.group(2).replace(",", ""))
             key = m.group(1)
