@@ -373,7 +373,11 @@ def test_hf_trainer_dicts_bar_and_summary():
     st = _steps(res)
     # every count the training bar shows is a step (the eval bar's are not); the dicts sit at its count
     assert list(st.index) == list(range(1, 21))
-    assert list(st.loc[[10, 20], "iter_ms"]) == [2130.0, 2160.0]  # `2.13s/it`
+    # `2.13s/it`, `2.16s/it`: a steady bar's averages, so each step's own time is about the same
+    assert list(st.loc[[10, 20], "iter_ms"]) == [
+        pytest.approx(2130.0, rel=0.02),
+        pytest.approx(2160.0, rel=0.02),
+    ]
     assert list(st["loss"].dropna()) == [1.3425, 1.107]  # numbers, and strings in recent releases
     assert list(st.index[st["loss"].notna()]) == [10, 20]
     assert st.loc[20, "grad_norm"] == 1.944 and st.loc[20, "eval_loss"] == 1.0812
@@ -401,7 +405,9 @@ def test_hf_bar_without_dicts_gives_steps(tmp_path):
         "219.64s/it]\n"
     )
     st = _steps(import_log(str(path)))
-    assert list(st.index) == [1, 2, 4] and list(st["iter_ms"]) == [225280.0, 220730.0, 219640.0]
+    assert list(st.index) == [1, 2, 4] and st.loc[1, "iter_ms"] == 225280.0  # the first: its rate
+    # then each display's own step time (`tqdm_times`), near the steady averages printed
+    assert list(st["iter_ms"][1:]) == [pytest.approx(220730.0, rel=0.03), pytest.approx(219640.0, rel=0.03)]
 
 
 def test_hf_step_logs_with_the_runtime_so_far():

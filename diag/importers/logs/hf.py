@@ -6,7 +6,8 @@
   'train_loss': 0.50, 'epoch': 1.0}` (with `include_num_input_tokens_seen` every step's dict also holds
   `train_runtime`, the seconds trained so far: its step time is the time between two of them). The dicts
   name no step: the step is the training progress bar's
-  count just before (`100/200 [03:38<03:38,  2.18s/it]`, whose rate is the step time), else their order.
+  count just before (`100/200 [03:38<03:38,  2.18s/it]`, whose rate gives the step time: `tqdm_times`),
+  else their order.
   The training bar (its total is `Total optimization steps`) is a step record of its own at each count
   it shows, with its rate as the step time: a run logging no dicts (`logging_steps` > its steps) still
   has its steps.
@@ -32,6 +33,7 @@ import re
 
 from diag.importers.logs.lines import Line, num
 from diag.importers.logs.records import Overflow, Records
+from diag.importers.logs.tqdm_times import BarTimes
 
 _BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*([\d.]+)(s/it|it/s)")
 _DICT = re.compile(r"\{'(?:loss|eval_loss|train_runtime|train_loss)'.*\}")
@@ -56,6 +58,7 @@ class HFReader:
         self.rec = rec
         self.total: int | None = None  # Total optimization steps: which progress bar is training's
         self.bar: dict[int, tuple[int, float | None]] = {}  # bar total -> (count, ms per step)
+        self.times: dict[int, BarTimes] = {}  # bar total -> its step times (`tqdm_times`)
         self.dicts = 0
         self.runtime: tuple[int, float] | None = None  # (step, train_runtime) of the last step log
         self.nonfinite_norm: set[int] = set()  # steps logged with an inf/nan grad norm, not yet judged
@@ -88,7 +91,11 @@ class HFReader:
     def progress(self, ln: Line, count: int, total: int, rate: float | None, per_step: bool) -> None:
         """A progress bar's count of its total at `rate` (seconds per step when `per_step`, else steps
         per second)."""
-        ms = None if not rate else (rate * 1e3 if per_step else 1e3 / rate)
+        sec = None if not rate else (rate if per_step else 1.0 / rate)
+        times = self.times.get(total)
+        if times is None:
+            times = self.times[total] = BarTimes(total)
+        ms = None if sec is None else times.step_ms(count, sec)
         self.bar[total] = (count, ms)
         if total == self.total and count > 0:  # the training bar: a step record per step it shows
             self.rec.one(ln, count, "iter_ms", ms)

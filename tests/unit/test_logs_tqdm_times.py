@@ -1,0 +1,72 @@
+"""Step times from the HF Trainer's tqdm bar: its rates are moving averages (smoothing 0.3); each
+display's own step time is recovered from the rate and the counts (`diag.importers.logs.tqdm_times`)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from diag.analyzers import run_all
+
+from diag.importers import load_inputs
+from diag.importers.logs import import_log
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+TOTAL = "  Total optimization steps = {}\n"  # the Trainer's start-up block: which bar is training's
+
+
+def test_bar_step_times_are_the_traces_step_times():
+    """The real 1-rank run of tests/fixtures/hf_1rank_bar: the log alone said 420 ms for step 2 (the
+    bar's average still holding step 1's 667 ms) where its trace measured 256 ms."""
+    log = import_log(os.path.join(FIX, "hf_1rank_bar", "job.log")).frames["log_step"].set_index("step")
+    trace = load_inputs([os.path.join(FIX, "hf_1rank_bar", "rank-00000.jsonl")]).steps.set_index("step")
+    both = log.join(trace["dur"], how="inner").dropna(subset=["iter_ms", "dur"])
+    assert list(both.index) == list(range(2, 31))
+    ratio = both["iter_ms"] / (both["dur"] / 1e6)
+    # each step within 5% (step 2: 247.6 ms vs 256.1: the bar and the engine's step end apart), the
+    # median within 1%
+    assert ratio.between(0.95, 1.05).all() and abs(ratio.median() - 1) < 0.01, ratio.round(3).to_dict()
+
+
+def _tqdm_log(step_s: list[float]) -> str:
+    """What the Trainer's bar prints (real tqdm, its defaults) for steps of these seconds."""
+    tqdm = pytest.importorskip("tqdm", reason="the bar is drawn by real tqdm (a DeepSpeed dependency)")
+    clock = [0.0]
+    out = io.StringIO()
+    bar = tqdm.tqdm(total=len(step_s), file=out, ascii=False)
+    bar._time = lambda: clock[0]  # a step's seconds pass on this clock, not the host's
+    bar.reset(total=len(step_s))
+    for s in step_s:
+        clock[0] += s
+        bar.update(1)
+    bar.close()
+    return out.getvalue()
+
+
+def test_one_slow_step_is_one_slow_record_not_a_drop(tmp_path):
+    """A checkpoint save makes one step 5x slower. The bar's average spread it over the next steps
+    (2.2x, 1.84x, 1.59x the median): three records >= 1.5x, a 'throughput drop' that never was."""
+    steps = [1.0] * 40
+    steps[20] = 5.0
+    path = tmp_path / "job.log"
+    path.write_text(TOTAL.format(40) + _tqdm_log(steps) + "{'train_runtime': 44.0, 'train_loss': 2.5}\n")
+    st = import_log(str(path)).frames["log_step"].set_index("step")
+    assert list(st.index) == list(range(1, 41))
+    # within the rounding of the printed rate (3 digits), which the inversion multiplies by ~5
+    assert st["iter_ms"].to_numpy() == pytest.approx([s * 1e3 for s in steps], rel=0.03)
+    assert list(st.index[st["iter_ms"] >= 1500]) == [21]
+    assert [f.rule for f in run_all(load_inputs([str(path)]))[0]] == []
+
+
+def test_two_bars_of_one_total_keep_their_rates(tmp_path):
+    """Two ranks printing one bar each (same total): a count shown again at another rate. Which
+    display is whose is unknown, so from there on the rates stay as printed."""
+    a, b = _tqdm_log([2.0, 1.0, 1.0, 1.0]), _tqdm_log([1.0, 1.0, 1.0, 1.0])
+    pieces = [x for pair in zip(a.split("\r"), b.split("\r")) for x in pair]
+    path = tmp_path / "job.log"
+    path.write_text(TOTAL.format(4) + "\r".join(pieces) + "\n")
+    st = import_log(str(path)).frames["log_step"].set_index("step")
+    # step 1 is the first bar's 2 s; from the second bar's `1/4` on, the printed (averaged) rates
+    assert st.loc[1, "iter_ms"] == 2000.0
+    assert st.loc[2, "iter_ms"] == pytest.approx(1e3 * (0.3 + 0.21 * 2) / 0.51, rel=0.01)
