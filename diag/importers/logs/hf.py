@@ -98,7 +98,9 @@ class HFReader:
         ms = None if sec is None else times.step_ms(count, sec)
         self.bar[total] = (count, ms)
         if total == self.total and count > 0:  # the training bar: a step record per step it shows
-            self.rec.one(ln, count, "iter_ms", ms)
+            rec = self.rec.one(ln, count, "iter_ms", ms)
+            if times.revised is not None and rec.get("iter_ms") == times.revised:
+                rec["iter_ms"] = ms  # a second bar's display of the count: the step's time revised
 
     def _train_bar(self) -> tuple[int, float | None] | None:
         if self.total is not None and self.total in self.bar:
