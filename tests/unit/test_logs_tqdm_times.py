@@ -84,3 +84,32 @@ def test_two_bars_of_one_total_with_different_starts(tmp_path):
     path.write_text(TOTAL.format(6) + "\r".join(pieces) + "\n")
     st = import_log(str(path)).frames["log_step"].set_index("step")
     assert st.loc[2:, "iter_ms"].to_numpy() == pytest.approx([500.0, 500.0, 3000.0, 500.0, 500.0], rel=0.03)
+
+
+def test_a_bar_without_the_start_up_block_or_dicts_is_the_training_bar(tmp_path):
+    """transformers 5 prints its `***** Running training *****` block only at INFO: a run with the
+    default `logging_steps` (500) over 400 steps printed no loss dict, and its log alone had no step
+    at all (the trial's 400-step attach run with its dicts removed: 0 steps; with them: 400)."""
+    path = tmp_path / "job.log"
+    path.write_text(_tqdm_log([0.3] * 8) + "\n")
+    st = import_log(str(path)).frames["log_step"].set_index("step")
+    assert list(st.index) == list(range(1, 9)) and st["iter_ms"].to_numpy() == pytest.approx(
+        [300.0] * 8, rel=0.03
+    )
+    # an evaluation bar between: the run's summary is written under the training bar, whose steps these are
+    train = _tqdm_log([0.3] * 8).split("\r")
+    text = "\r".join(train[:5]) + "\n" + _tqdm_log([0.1] * 3) + "\n" + "\r".join(train[5:])
+    path.write_text(text + "\n{'train_runtime': 2.4, 'train_samples_per_second': 3.3, 'train_loss': 2.5}\n")
+    st = import_log(str(path)).frames["log_step"].set_index("step")
+    assert list(st.index) == list(range(1, 9)) and st["iter_ms"].to_numpy() == pytest.approx(
+        [300.0] * 8, rel=0.03
+    )
+
+
+def test_another_frameworks_log_with_a_bar_keeps_its_own_steps(tmp_path):
+    """A data-preparation bar in a DeepSpeed log is no training bar: its counts are no steps."""
+    path = tmp_path / "job.log"
+    ds = "[2024-01-01 10:00:{:02d},000] [INFO] [logging.py:96:log_dist] [Rank 0] step={}, skipped=0, lr=[1]\n"
+    path.write_text(_tqdm_log([0.1] * 30) + "\n" + "".join(ds.format(s, s) for s in (10, 20, 30)))
+    st = import_log(str(path)).frames["log_step"]
+    assert list(st["step"]) == [10, 20, 30]

@@ -8,9 +8,10 @@
   name no step: the step is the training progress bar's
   count just before (`100/200 [03:38<03:38,  2.18s/it]`, whose rate gives the step time: `tqdm_times`),
   else their order.
-  The training bar (its total is `Total optimization steps`) is a step record of its own at each count
-  it shows, with its rate as the step time: a run logging no dicts (`logging_steps` > its steps) still
-  has its steps.
+  The training bar (its total is `Total optimization steps`; where that block is not printed,
+  transformers 5 at its default verbosity, the bar a loss dict or the run summary is written under, or
+  the only bar) is a step record of its own at each count it shows: a run logging no dicts
+  (`logging_steps` > its steps, the default 500) still has its steps.
 - a skipped step: the Trainer logs the optimizer's grad norm of the step it logs, and under fp16 loss
   scaling (DeepSpeed's ZeRO and fp16 optimizers, torch AMP) a step skipped for overflow has an `inf`
   (or `nan`) norm: `{'loss': '5.398', 'grad_norm': 'inf', 'learning_rate': '0', ...}`. Nothing else in
@@ -42,6 +43,7 @@ _BLOCK = re.compile(
     r"Total train batch size \(w\. parallel, distributed & accumulation\)|"
     r"Gradient Accumulation steps|Total optimization steps)\s*=\s*([\d,]+)"
 )
+MAX_UNPLACED = 100_000  # displays of one bar kept until it is known to be training's
 _ONE_DICT = re.compile(r"(?<=\})(?=\{')")  # between two dicts printed on one line
 _BARE_NONFINITE = re.compile(r"(?<=: )(-?(?:nan|inf))(?=[,}])")  # `{'loss': nan, ...}`: repr of a float nan
 # a flat dict of numbers and plain strings, as the Trainer prints it: read without `ast` (which compiles
@@ -59,6 +61,9 @@ class HFReader:
         self.total: int | None = None  # Total optimization steps: which progress bar is training's
         self.bar: dict[int, tuple[int, float | None]] = {}  # bar total -> (count, ms per step)
         self.times: dict[int, BarTimes] = {}  # bar total -> its step times (`tqdm_times`)
+        self.last_total: int | None = None  # the total of the bar displayed last
+        # displays of bars before the training bar is known: (line, count, ms, revised) per total
+        self.unplaced: dict[int, list[tuple[Line, int, float | None, float | None]]] = {}
         self.dicts = 0
         self.runtime: tuple[int, float] | None = None  # (step, train_runtime) of the last step log
         self.nonfinite_norm: set[int] = set()  # steps logged with an inf/nan grad norm, not yet judged
@@ -84,7 +89,7 @@ class HFReader:
             elif key.startswith("Gradient"):
                 self.rec.set_layout(grad_accum=v)
             else:
-                self.total = v
+                self.training_bar(v)
             return True
         return False
 
@@ -97,10 +102,34 @@ class HFReader:
             times = self.times[total] = BarTimes(total)
         ms = None if sec is None else times.step_ms(count, sec)
         self.bar[total] = (count, ms)
-        if total == self.total and count > 0:  # the training bar: a step record per step it shows
-            rec = self.rec.one(ln, count, "iter_ms", ms)
-            if times.revised is not None and rec.get("iter_ms") == times.revised:
-                rec["iter_ms"] = ms  # a second bar's display of the count: the step's time revised
+        self.last_total = total
+        if count <= 0:
+            return
+        if total == self.total:  # the training bar: a step record per step it shows
+            self._step_time(ln, count, ms, times.revised)
+        elif self.total is None and len(self.unplaced.get(total, ())) < MAX_UNPLACED:
+            self.unplaced.setdefault(total, []).append((ln, count, ms, times.revised))
+
+    def _step_time(self, ln: Line, count: int, ms: float | None, revised: float | None) -> None:
+        rec = self.rec.one(ln, count, "iter_ms", ms)
+        if revised is not None and rec.get("iter_ms") == revised:
+            rec["iter_ms"] = ms  # a second bar's display of the count: the step's time revised
+
+    def training_bar(self, total: int | None) -> None:
+        """`total` is the training bar's (None: not known yet): its displays so far become steps."""
+        if total is None or self.total is not None:
+            return
+        self.total = total
+        for ln, count, ms, revised in self.unplaced.pop(total, []):
+            self._step_time(ln, count, ms, revised)
+        self.unplaced.clear()
+
+    def flush(self) -> None:
+        """At the log's end, a training bar never named (no start-up block, no dict): the one bar
+        total shown, if only one was and no other line gave a step (a data-preparation bar in a
+        Megatron log is no training bar)."""
+        if self.total is None and len(self.unplaced) == 1 and not self.rec.steps:
+            self.training_bar(next(iter(self.unplaced)))
 
     def _train_bar(self) -> tuple[int, float | None] | None:
         if self.total is not None and self.total in self.bar:
@@ -112,6 +141,8 @@ class HFReader:
         f = _figures(_BARE_NONFINITE.sub(r"'\1'", text))
         if f is None:
             return False
+        if "loss" in f or "train_runtime" in f:  # written under the training bar, not an eval bar
+            self.training_bar(self.last_total)
         if "train_runtime" in f and "loss" not in f:  # the run's summary (a step's log has its loss)
             self.rec.run.update({k: f[k] for k in _RUN if f.get(k) is not None})  # type: ignore[misc]
             return True
