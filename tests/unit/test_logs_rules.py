@@ -386,3 +386,21 @@ def test_throughput_fixes_name_fragmentation_only_for_a_regression_and_cuda_only
     )
     (cpu,) = [f for f in run_all(trace)[0] if f.rule == "throughput_drop" and "regressed" in f.title]
     assert "grows" in cpu.fixes[-1].summary and all(not f.env for f in cpu.fixes)
+
+
+def test_an_hf_trainer_storms_fix_names_its_training_arguments(tmp_path) -> None:
+    """Under the HF Trainer the ds_config patch alone is refused: the Trainer fills ds_config's
+    precision from TrainingArguments and raises on a value that differs (transformers 5.25's
+    `fill_match("fp16.enabled", args.fp16 ...)`). The bf16 fix names TrainingArguments too."""
+    norms = ["inf", "inf"] + ["0.8"] * 30
+    for s in (10, 14, 18, 22, 26):
+        norms[s - 1] = "inf"
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[2026-12-05 13:21:19,550] [INFO] [launch.py:170:main] dist_world_size=2\n" + _hf_dicts(norms)
+    )
+    f = _one("overflow_storm", "", path=str(log))
+    bf16 = f.fixes[0]
+    assert "TrainingArguments(bf16=True, fp16=False)" in bf16.summary
+    assert bf16.ds_config == {"fp16": {"enabled": False}, "bf16": {"enabled": True}}
+    assert all("TrainingArguments" not in x.summary for x in f.fixes if "gently" in x.summary)
