@@ -66,6 +66,9 @@ class Job:
     ds_config: dict[str, Any] = field(default_factory=dict)
     zero: dict[str, Any] = field(default_factory=dict)
     why: list[str] = field(default_factory=list)
+    # the HF Trainer drives it (its log dicts and bar in the log): it fills ds_config's "auto" values
+    # from its TrainingArguments and refuses a ds_config value that differs from theirs
+    hf_trainer: bool = False
 
     @property
     def megatron(self) -> bool:
@@ -228,6 +231,7 @@ def detect(trace: Trace) -> Job:
     elif ds:
         job.framework, job.version = DEEPSPEED, job.deepspeed_version
     job.why = megatron + ds
+    job.hf_trainer = any("hf" in (h.get("log_families") or ()) for h in heads)
     if job.framework == UNKNOWN:
         ops = _ops(trace)
         for name, sign in _OP_SIGNS:

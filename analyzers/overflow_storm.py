@@ -103,15 +103,26 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
                 )
             )
         return fixes
+    if job.hf_trainer:  # its precision is TrainingArguments', which fill (and must match) ds_config's
+        fixes.append(
+            Fix(
+                "on Ampere or newer (A100/H100/H200) train in bf16: TrainingArguments(bf16=True, "
+                "fp16=False) (--bf16); the HF Trainer fills ds_config's 'auto' precision from them and "
+                "refuses a ds_config value that differs",
+                ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}} if job.deepspeed else None,
+            )
+        )
     if job.deepspeed is False:
         return fixes
     lead = "" if job.deepspeed else "if the job uses DeepSpeed: "
-    fixes.append(
-        Fix(
-            f"{lead}on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss scaling",
-            ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}},
+    if not job.hf_trainer:
+        fixes.append(
+            Fix(
+                f"{lead}on Ampere or newer (A100/H100/H200) train in bf16: same range as fp32, no loss "
+                "scaling",
+                ds_config={"fp16": {"enabled": False}, "bf16": {"enabled": True}},
+            )
         )
-    )
     power = int(config.setting(trace, "initial_scale_power"))
     window = int(config.setting(trace, "loss_scale_window"))
     hyst = int(config.setting(trace, "hysteresis"))
@@ -135,7 +146,12 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     if not (isinstance(clip, (int, float)) and 0 < clip <= 1.0):
         fixes.append(
             Fix(
-                f"{lead}a persistent inf usually comes from real divergence: clip gradients and lower the LR",
+                f"{lead}a persistent inf usually comes from real divergence: clip gradients and lower the LR"
+                + (
+                    " (TrainingArguments(max_grad_norm=1.0): the HF Trainer fills it)"
+                    if job.hf_trainer
+                    else ""
+                ),
                 ds_config={"gradient_clipping": 1.0},
             )
         )

@@ -63,18 +63,40 @@ def slow_runs(d: pd.DataFrame, median: float) -> list[list[int]]:
     return runs
 
 
-def _fixes() -> list[Fix]:
-    return [
+def _fixes(trace: Trace, growing: bool) -> list[Fix]:
+    """Where to look for a slow window; for a slowdown that grows over the run (a regression, not a
+    drop: its premise is measured only there) also fragmentation, with CUDA's allocator setting
+    unless the trace shows the job on CPU (no CUDA allocator: the setting changes nothing)."""
+    fixes = [
         Fix(
             "compare the slow steps' window with the hosts' logs: thermal throttling, a co-tenant, a "
             "failing link or NIC; `diag attach` the job while it is slow to see which rank lags"
-        ),
-        Fix(
-            "a slowdown that grows over the run is often memory fragmentation or a growing Python-side "
-            "structure: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and watch host memory",
-            env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-        ),
+        )
     ]
+    if not growing:
+        return fixes
+    if _on_cpu(trace):
+        fixes.append(
+            Fix(
+                "a slowdown that grows over the run is often a growing Python-side structure: "
+                "watch host memory"
+            )
+        )
+    else:
+        fixes.append(
+            Fix(
+                "a slowdown that grows over the run is often memory fragmentation or a growing Python-side "
+                "structure: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and watch host memory",
+                env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+            )
+        )
+    return fixes
+
+
+def _on_cpu(trace: Trace) -> bool:
+    """Every rank's recorded memory device is the CPU (a trace's; a log's rows name no device)."""
+    dev = trace.memory["device"].dropna().astype(str) if "device" in trace.memory.columns else None
+    return dev is not None and not dev.empty and bool(dev.str.lower().str.startswith("cpu").all())
 
 
 def _priced(d: pd.DataFrame, col: str, excess: float) -> tuple[str, str, dict[str, float]]:
@@ -98,8 +120,9 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires, from >= 10 logged records after the first (warm-up), on a drop: >= 3 consecutive records
     whose step time is >= 1.5x the run's median; or a regression: the last third's median step time
     >= 1.25x the first third's. Rates (samples/s, tokens/s) stand in for times when no time is printed.
-    Fix: find the slow window's cause (host, link, co-tenant; `diag attach` while slow);
-    fragmentation: expandable_segments. Severity: the excess step time's share of the logged run."""
+    Fix: find the slow window's cause (host, link, co-tenant; `diag attach` while slow); for a
+    regression also fragmentation: expandable_segments (not on a CPU job). Severity: the excess step
+    time's share of the logged run."""
     d, col = step_cost(trace)
     d = d.iloc[1:].reset_index(drop=True)
     if len(d) < MIN_RECORDS:
@@ -142,7 +165,7 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
                 },
                 steps=steps[:50],
                 recoverable_s=rec_s,
-                fixes=_fixes(),
+                fixes=_fixes(trace, growing=False),
             )
         )
     if early > 0 and late >= REGRESSION * early:
@@ -169,7 +192,7 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
                 },
                 steps=[int(s) for s in d["step"].iloc[-third:]][:50],
                 recoverable_s=(late - early) / 1e3 if col == "iter_ms" else None,
-                fixes=_fixes(),
+                fixes=_fixes(trace, growing=True),
             )
         )
     return found

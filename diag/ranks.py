@@ -51,8 +51,11 @@ def rank_names(ranks: Any) -> str:
 
 
 def rank_count(ranks: Any) -> str:
-    """How many processes a document holds: `2 ranks`, `1 process without a rank`, `1 rank`."""
+    """How many processes a document holds: `2 ranks`, `1 process without a rank`, `1 rank`; a log
+    that names no rank (torchrun's children printing without a prefix) `ranks not named`, not `0 ranks`."""
     keys = [int(r) for r in list(ranks or []) if r == r and r is not None]
+    if not keys:
+        return "ranks not named"
     real = sum(1 for r in keys if r >= 0)
     other = len(keys) - real
     bits = [f"{real} rank{'s' if real != 1 else ''}"] if real or not other else []

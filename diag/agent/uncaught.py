@@ -30,10 +30,12 @@ LIBRARY = tuple(
 
 def describe(exc: BaseException, tb: TracebackType | None, step: int) -> dict[str, Any]:
     """What the record says: type, first line of the message, where it was raised (the innermost
-    frame, diag's own left out), the job's own innermost frame (outside the interpreter's library
-    and installed packages: what the job's author fixes), and the step."""
+    frame, diag's own left out), the job's own innermost frame (outside the interpreter's library,
+    installed packages and generated code: what the job's author fixes), and the step."""
     frames = [f for f in traceback.extract_tb(tb) if OWN not in f.filename] if tb is not None else []
-    own = [f for f in frames if not f.filename.startswith(LIBRARY)]
+    # generated code is no one's file to fix: a dataclass's `__init__` is `<string>` (HF's
+    # TrainingArguments raising in its __post_init__ read "the job's own code at <string>:117")
+    own = [f for f in frames if not f.filename.startswith(LIBRARY) and not f.filename.startswith("<")]
     message = str(exc).strip().splitlines()
     return {
         "exc": type(exc).__name__,

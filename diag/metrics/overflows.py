@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-LOG_SOURCES = ("log", "log_counter")  # overflow rows the log importer wrote; the agent's have none
+# overflow rows the log importer wrote (`log_grad_norm`: an HF Trainer step logged with an inf grad norm);
+# the agent's have none
+LOG_SOURCES = ("log", "log_counter", "log_grad_norm")
 
 
 def one_source(ov: pd.DataFrame) -> pd.DataFrame:

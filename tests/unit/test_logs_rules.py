@@ -318,3 +318,89 @@ def test_overflow_storm_from_a_log_alone_counts_its_timed_iterations(tmp_path) -
     healthy = tmp_path / "calibration.log"
     healthy.write_text(_megatron_ds_iterations({1, 2, 3}))
     assert [g for g in _findings(path=str(healthy)) if g.rule == "overflow_storm"] == []
+
+
+def _hf_dicts(norms: list[str], losses: list[str] | None = None) -> str:
+    """An HF Trainer log (transformers 5: values as strings, `logging_steps` 1): per step its bar
+    count and its log dict with the grad norm given (`inf` where DeepSpeed skipped the step)."""
+    n = len(norms)
+    losses = losses or [f"{5.4 - i * 0.01:.4g}" for i in range(n)]
+    return "".join(
+        f" 50%|#####     | {i + 1}/{n} [00:0{i % 10}<00:01,  3.6{i % 10}it/s]"
+        f"{{'loss': '{loss}', 'grad_norm': '{norm}', 'learning_rate': '0.001', 'epoch': '{i / 32:.4g}'}}\n"
+        for i, (norm, loss) in enumerate(zip(norms, losses))
+    )
+
+
+def test_hf_skipped_steps_are_its_inf_grad_norms():
+    """A real HF Trainer + DeepSpeed ZeRO-2 fp16 job (2 ranks on CPU, initial_scale_power 30, 16
+    steps): its trace recorded 12 skipped steps (1-12, the scale halving from 2^30 to 2^19); its log
+    alone said '0 overflows' and every step applied. The log's only sign is the Trainer's
+    `'grad_norm': 'inf'` on those steps (DeepSpeed sets the norm to inf when it skips)."""
+    name = "hf_ds_fp16_scale_calibration.log"
+    trace = load_inputs([os.path.join(FIX, name)])
+    of = trace.overflow
+    assert sorted(of["step"].unique()) == list(range(1, 13))
+    assert set(of["source"]) == {"log_grad_norm"}
+    assert [f.rule for f in _findings(name)] == []  # a calibration from 2^30: no storm
+
+
+def test_hf_inf_grad_norms_after_calibration_are_a_storm(tmp_path) -> None:
+    norms = ["inf", "inf"] + ["0.8"] * 30
+    for s in (10, 14, 18, 22, 26):
+        norms[s - 1] = "inf"
+    log = tmp_path / "job.log"
+    log.write_text(_hf_dicts(norms))
+    f = _one("overflow_storm", "", path=str(log))
+    assert f.evidence["overflow_steps"] == 5 and f.evidence["steps"] == 30
+    assert list(f.steps)[:5] == [10, 14, 18, 22, 26]
+
+
+def test_an_inf_grad_norm_that_was_applied_or_is_the_last_is_no_skip(tmp_path) -> None:
+    """An applied update with an inf norm leaves the weights non-finite: every later loss is nan (a
+    divergence, `nan_loss`'s), not a skipped step. The last logged norm has no later loss to tell."""
+    log = tmp_path / "job.log"
+    log.write_text(_hf_dicts(["0.8"] * 11 + ["inf", "nan", "nan"], ["5.3"] * 12 + ["nan", "nan"]))
+    trace = load_inputs([str(log)])
+    assert trace.overflow.empty
+    assert [f.rule for f in _findings(path=str(log))] == ["nan_loss"]
+    last = tmp_path / "last.log"
+    last.write_text(_hf_dicts(["0.8"] * 11 + ["inf"]))
+    assert load_inputs([str(last)]).overflow.empty
+
+
+def test_throughput_fixes_name_fragmentation_only_for_a_regression_and_cuda_only_off_cpu():
+    """The trial's HF Trainer job on CPU (400 steps on a shared 2-core host) logged three slow
+    stretches: a drop, not a slowdown that grows; its finding still offered 'a slowdown that grows
+    over the run ... PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True', a CUDA allocator setting
+    that a CPU job does not read."""
+    drop = _one("throughput_drop", "ds_throughput_drop.log")
+    assert [f.env for f in drop.fixes] == [{}] and "grows" not in drop.fixes[0].summary
+    growing = _one("throughput_drop", "megatron_throughput_regression.log")
+    assert growing.fixes[-1].env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    # the same regressing log beside a CPU job's trace (the sample run's, device `cpu`)
+    trace = load_inputs([os.path.join(ROOT, "sample_traces", "healthy")])
+    assert set(trace.memory["device"]) == {"cpu"}
+    trace.frames["log_step"] = load_inputs([os.path.join(FIX, "megatron_throughput_regression.log")]).frame(
+        "log_step"
+    )
+    (cpu,) = [f for f in run_all(trace)[0] if f.rule == "throughput_drop" and "regressed" in f.title]
+    assert "grows" in cpu.fixes[-1].summary and all(not f.env for f in cpu.fixes)
+
+
+def test_an_hf_trainer_storms_fix_names_its_training_arguments(tmp_path) -> None:
+    """Under the HF Trainer the ds_config patch alone is refused: the Trainer fills ds_config's
+    precision from TrainingArguments and raises on a value that differs (transformers 5.25's
+    `fill_match("fp16.enabled", args.fp16 ...)`). The bf16 fix names TrainingArguments too."""
+    norms = ["inf", "inf"] + ["0.8"] * 30
+    for s in (10, 14, 18, 22, 26):
+        norms[s - 1] = "inf"
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[2026-12-05 13:21:19,550] [INFO] [launch.py:170:main] dist_world_size=2\n" + _hf_dicts(norms)
+    )
+    f = _one("overflow_storm", "", path=str(log))
+    bf16 = f.fixes[0]
+    assert "TrainingArguments(bf16=True, fp16=False)" in bf16.summary
+    assert bf16.ds_config == {"fp16": {"enabled": False}, "bf16": {"enabled": True}}
+    assert all("TrainingArguments" not in x.summary for x in f.fixes if "gently" in x.summary)

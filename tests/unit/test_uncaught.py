@@ -5,6 +5,7 @@ excepthook, output and exit code are unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from diag.analyzers import registered_rules
 
 import diag
 from diag import agent, schema
+from diag.agent import uncaught
 from diag.metrics.stage import Metrics
 from tests.workloads import launch
 
@@ -89,6 +91,25 @@ def test_an_exception_raised_inside_a_library_names_the_jobs_own_frame(tmp_path)
     assert f.evidence["exception"] == "JSONDecodeError" and "json" in f.evidence["where"], f.evidence
     assert f.evidence["job_frame"].endswith("train.py:14 in setup"), f.evidence
     assert "called from the job's" in f.detail and "train.py:14" in f.fixes[0].summary
+
+
+def test_a_generated_init_is_not_the_jobs_own_frame() -> None:
+    """HF `TrainingArguments(bf16=True)` on a CPU raised in transformers' `__post_init__`, called from
+    the dataclass's generated `__init__` (file `<string>`): the trial's finding said "the job's own code
+    at <string>:117 in __init__ led to it". The job's own line is the one that built the arguments."""
+
+    @dataclasses.dataclass
+    class Args:
+        x: int = 0
+        __post_init__ = json.loads  # a library function that raises (TypeError), as transformers' check
+
+    try:
+        Args()
+    except TypeError as e:
+        rec = uncaught.describe(e, e.__traceback__, 0)
+    assert rec["where"].split(":")[0].endswith("json/__init__.py"), rec
+    name = "in test_a_generated_init_is_not_the_jobs_own_frame"
+    assert rec["job_frame"].startswith(__file__) and rec["job_frame"].endswith(name), rec
 
 
 def _killed_peer(tmp_path: Any, message: str) -> Any:

@@ -158,6 +158,7 @@ def read_records(path: str, every_line: bool = False) -> Records:
                 break
     verl.flush()
     megatron.flush()
+    hf.flush()
     return rec
 
 
