@@ -77,10 +77,22 @@ def watched_stopped(trace: Trace) -> dict[int, int]:
     return dict(out)
 
 
+_RECORD_KINDS = (schema.STEP, schema.COMM, schema.STATS, schema.ERROR, schema.MEMORY, schema.LAYER)
+_LAST: list[Any] = [None, None]  # the frames `last_record` last read and its answer (5 asks a run)
+
+
 def last_record(trace: Trace) -> pd.Series:
     """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory."""
+    frames = tuple(trace.frames.get(kind) for kind in _RECORD_KINDS)
+    if _LAST[0] is not None and all(a is b for a, b in zip(_LAST[0], frames)):
+        return _LAST[1].copy()
+    _LAST[:] = [frames, _last_record(trace)]
+    return _LAST[1].copy()
+
+
+def _last_record(trace: Trace) -> pd.Series:
     parts = []
-    for kind in (schema.STEP, schema.COMM, schema.STATS, schema.ERROR, schema.MEMORY, schema.LAYER):
+    for kind in _RECORD_KINDS:
         df = trace.frame(kind)
         if not df.empty and "ts" in df:
             parts.append(pd.to_numeric(df["ts"], errors="coerce").groupby(df["rank"]).max())
