@@ -204,8 +204,8 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     record (the agent's hold), or up to a call never completed (given up on, or still waited in after
     1.5 s)."""
     c = liveness.entered(trace, metrics)
-    if c.empty or "group" not in c or "step" not in c:
-        return []
+    if c.empty or "group" not in c or "step" not in c or c["rank"].nunique() < 2:
+        return []  # (one rank's calls: no two members to differ)
     calls = _compared(trace, c)
     out = []
     for group, step, k in _first_differing(calls):

@@ -157,14 +157,18 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     if c.empty:
         return []
     emb = embedding_mask(c)
+    total_bytes = float(c["bytes"].fillna(0).sum())
+    if total_bytes <= 0:
+        return []
+    comm_share = float(c.loc[emb, "bytes"].fillna(0).sum()) / total_bytes
+    if comm_share < COMM_SHARE:  # checked before the per-step union, this rule's cost
+        return []
     per = metrics.union_per_step(emb)
     per = per[_on_attributed(per, tracked)]
-    total_bytes = float(c["bytes"].fillna(0).sum())
-    if per.empty or total_bytes <= 0:
+    if per.empty:
         return []
     emb_s, step_s = float(per["comm_s"].median()), float(per["dur_s"].median())
-    comm_share = float(c.loc[emb, "bytes"].fillna(0).sum()) / total_bytes
-    if step_s <= 0 or emb_s / step_s < STEP_SHARE or comm_share < COMM_SHARE:
+    if step_s <= 0 or emb_s / step_s < STEP_SHARE:
         return []
     rows = c[emb]
     named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]

@@ -16,9 +16,10 @@ import os
 import re
 import weakref
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from diag.analyzers import config, knob_table
+from diag.analyzers import config
 
 from diag.findings import Fix
 
@@ -88,7 +89,7 @@ class Job:
 
     def has_flag(self, flag: str) -> bool:
         """Does the job's framework, at the job's version where it is known, have this argument?"""
-        current = knob_table.ARGS.get(self.framework, frozenset())
+        current = _knobs().ARGS.get(self.framework, frozenset())
         return knob_exists(self.framework, flag, self.version, current)
 
     def spelling(self, *names: str) -> str | None:
@@ -101,7 +102,7 @@ class Job:
         """Does the job's DeepSpeed version accept this ds_config key (top level, or in `section`:
         only "zero_optimization" is tabled per key)?"""
         if section == "zero_optimization":
-            return knob_exists(section, key, self.deepspeed_version, knob_table.ZERO_KEYS)
+            return knob_exists(section, key, self.deepspeed_version, _knobs().ZERO_KEYS)
         if section is None:
             return knob_exists("ds_config", key, self.deepspeed_version, None)
         return True
@@ -133,6 +134,14 @@ class Job:
         return self.args.get(key)
 
 
+def _knobs() -> ModuleType:
+    """The generated knob tables (1,300 lines): imported when a fix is first checked, which a run
+    without findings never does."""
+    from diag.analyzers import knob_table
+
+    return knob_table
+
+
 def version_key(version: str | None) -> tuple[int, ...] | None:
     """ "0.12.0rc1" / "0.15.0+cu121" / "core_v0.9.0" -> (0, 12, 0); None when no number is in it."""
     got = re.findall(r"\d+", re.split(r"[+\-]|rc|a|b|dev", str(version or "").removeprefix("core_v"))[0])
@@ -143,7 +152,7 @@ def knob_exists(table: str, knob: str, version: str | None, current: frozenset[s
     """`knob` in `table` ("megatron-lm", "zero_optimization", "ds_config", or a table without ranges)
     at `version`. Without a version or ranges: the current table (`current`; None: not tabled, taken
     as present). A version outside the releases read is judged as the nearest one read."""
-    ranges = knob_table.RANGES.get(table)
+    ranges = _knobs().RANGES.get(table)
     v = version_key(version)
     if ranges is None or v is None:
         return current is None or knob in current

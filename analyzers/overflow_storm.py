@@ -9,6 +9,7 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix, severity_of
+from diag.metrics.agg import named
 from diag.metrics.overflows import LOG_SOURCES, one_source
 
 if TYPE_CHECKING:
@@ -34,12 +35,8 @@ def per_step(trace: Trace, logged: pd.DataFrame | None = None) -> pd.DataFrame:
         overflow=of["overflow"].fillna(False).astype(bool),
         scale=pd.to_numeric(of["scale_after"], errors="coerce"),
     )
-    df = (
-        df.sort_values("ts")
-        .groupby(["rank", "step"], observed=True)
-        .agg(overflow=("overflow", "any"), scale=("scale", "last"))
-        .reset_index()
-    )
+    by_step = df.sort_values("ts").groupby(["rank", "step"], observed=True)
+    df = named(by_step, overflow=("overflow", "any"), scale=("scale", "last")).reset_index()
     from_log = "source" in of.columns and of["source"].astype(str).isin(LOG_SOURCES).all()
     if not from_log or logged is None or logged.empty:
         return df

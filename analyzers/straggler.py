@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -130,9 +131,20 @@ def _tail_wait(c: pd.DataFrame, flag: np.ndarray, xfer: pd.Series) -> pd.Series:
     return tail.set_index(["rank", "step"])["wait"]
 
 
+_PER_STEP: weakref.WeakKeyDictionary[Metrics, pd.DataFrame] = weakref.WeakKeyDictionary()
+
+
 def compute_per_step(metrics: Metrics) -> pd.DataFrame:
     """Step time minus time blocked in collectives (blocking ones, and the wait at the step's last
-    async one, `async_tail_wait`): what the rank itself spent (its own work)."""
+    async one, `async_tail_wait`): what the rank itself spent (its own work). Once per analysis
+    stage: the rule's whole-run test and its GPU-kernel fallback both read it."""
+    got = _PER_STEP.get(metrics)
+    if got is None:
+        got = _PER_STEP[metrics] = _compute_per_step(metrics)
+    return got
+
+
+def _compute_per_step(metrics: Metrics) -> pd.DataFrame:
     df, tail = metrics.blocked, async_tail_wait(metrics.comms)
     if df.empty and not tail.empty:  # no blocking collective at all (plain DDP)
         df = metrics.steady_steps[["rank", "step", "dur_s"]].assign(exposed_s=0.0)
@@ -584,7 +596,19 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     where a 5 s window met the same thresholds. Without a watcher, nothing: the trace alone cannot
     tell it from a rank a loaded host slowed (healthy controls: the peer waited for rank 0 at 79-100%
     of steps, 29-80% of the wall time)."""
+    if _ranks_seen(trace) < 2:  # every premise compares a rank with its peers
+        return []
     return _throttled(trace, metrics) or _by_work(trace, metrics)
+
+
+def _ranks_seen(trace: Trace) -> int:
+    """How many ranks recorded steps, collectives or kernels: what every premise compares. Checked
+    first: on one rank's trace the per-step tables it would build are most of a small run's time."""
+    seen: set[object] = set()
+    for df in (trace.steps, trace.comms, trace.frame("kernel")):
+        if not df.empty and "rank" in df:
+            seen.update(df["rank"].dropna().unique())
+    return len(seen)
 
 
 def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:

@@ -79,6 +79,8 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     # a tensor-parallel group's activations: no bucket merges them (Megatron-DeepSpeed TP=2, hidden
     # 64: 26 all-reduces of 8 KiB a step, "latency-bound" with no fix); exposed_comm measures them
     tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~tensor_parallel(c["group"])
+    if int(tiny.sum()) < MIN_PER_STEP:  # no step can hold that many: the per-step tables are moot
+        return []
     per = metrics.comm_per_step(tiny)
     counts = metrics.calls_per_step(tiny).rename("n").reset_index()
     per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})

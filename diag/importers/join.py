@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from diag.metrics.agg import named
+
 MAX_SHIFT = 2
 CLEARLY = 0.5  # a shift is taken when its median time error is under this share of the unshifted one
 MIN_COMMON = 3  # steps with a time in both sources needed to judge a shift
@@ -23,8 +25,11 @@ def _trace_side(steps: pd.DataFrame) -> pd.DataFrame:
     s = steps.assign(dur_ms=pd.to_numeric(steps["dur"], errors="coerce") / 1e6)
     applied = s["applied"].astype("boolean") if "applied" in s.columns else pd.Series(True, index=s.index)
     s = s.assign(skipped=~applied.fillna(True))
-    return s.groupby("step").agg(
-        trace_ms=("dur_ms", "median"), ranks=("rank", "nunique"), trace_skipped=("skipped", "any")
+    return named(
+        s.groupby("step"),
+        trace_ms=("dur_ms", "median"),
+        ranks=("rank", "nunique"),
+        trace_skipped=("skipped", "any"),
     )
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 from diag import schema
 from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
+from diag.metrics.agg import named
 from diag.metrics.comms import between_ranks
 from diag.metrics.text import as_text
 from diag.vocab import COMM, COMPUTE
@@ -118,7 +119,8 @@ def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
         sized_ns=c["dur"].where(sized, 0),
     )
     g = c.groupby(["rank", "op"], observed=True)
-    df = g.agg(
+    df = named(
+        g,
         calls=("dur", "size"),
         time_ns=("dur", "sum"),
         sized=("bytes", "count"),
@@ -137,12 +139,8 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     if c.empty:
         return pd.DataFrame(columns=["op", "bytes", "busbw", "calls"])
     c = c.loc[c["bytes"] > 0, ["op", "bytes", "busbw"]]  # the filter copies these columns only
-    df = (
-        c.assign(op=as_text(c["op"]))
-        .groupby(["op", "bytes"], observed=True)
-        .agg(busbw=("busbw", "median"), calls=("busbw", "size"))
-        .reset_index()
-    )
+    g = c.assign(op=as_text(c["op"])).groupby(["op", "bytes"], observed=True)
+    df = named(g, busbw=("busbw", "median"), calls=("busbw", "size")).reset_index()
     return df.assign(op=df["op"].astype(str))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diag.metrics.agg import named
+
 
 def merge(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The union of intervals as sorted, disjoint (starts, ends) — HTA's merge_kernel_intervals."""
@@ -51,9 +53,6 @@ def union_by_group(df: pd.DataFrame, keys: list[str], ts: str = "ts", dur: str =
     reach = g["_end"].cummax()
     prev = reach.groupby([d[k] for k in keys], sort=False, observed=True).shift()
     block = (prev.isna() | (d[ts] > prev)).cumsum()
-    merged = (
-        d.assign(_block=block)
-        .groupby("_block", sort=False)
-        .agg(**{k: (k, "first") for k in keys}, _ts=(ts, "min"), _end=("_end", "max"))
-    )
+    by_block = d.assign(_block=block).groupby("_block", sort=False)
+    merged = named(by_block, **{k: (k, "first") for k in keys}, _ts=(ts, "min"), _end=("_end", "max"))
     return (merged["_end"] - merged["_ts"]).groupby([merged[k] for k in keys], observed=True).sum()

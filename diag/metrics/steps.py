@@ -6,6 +6,7 @@ once per trace for the rules and the report.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from diag.metrics import intervals, positions
@@ -30,6 +31,12 @@ def step_frame(steps: pd.DataFrame) -> pd.DataFrame:
 
 def steady(df: pd.DataFrame, skip: int = 1) -> pd.DataFrame:
     """Drop each rank's first `skip` steps (warm-up) when enough steps remain."""
+    if len(df) and pd.api.types.is_numeric_dtype(df["step"]):
+        ranks = df["rank"].to_numpy()
+        if (ranks == ranks[0]).all():  # one rank (the report's per-rank and job tables): no groupby
+            if len(df) <= skip + 1:
+                return df
+            return df[(df["step"] >= np.sort(df["step"].to_numpy())[skip]).to_numpy()]
     if df.empty or df.groupby("rank").size().min() <= skip + 1:
         return df
     pos = df[["rank", "step"]].reset_index(drop=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diag.metrics.agg import named
 from diag.metrics.steps import NS, steady
 
 STEP_COLUMNS = [
@@ -88,17 +89,10 @@ def per_step(
     st["samples"] = pd.to_numeric(steps["samples"], errors="coerce") if "samples" in steps else np.nan
     st["tokens"] = pd.to_numeric(steps["tokens"], errors="coerce") if "tokens" in steps else np.nan
     counted = step_flops(layers)
-    st = st.merge(counted, on=["rank", "step"], how="left")
-    st["sampled"] = st["flops"].notna()
-    # hold each rank's counted FLOPs over the steps between samples (a sample on a step without a
-    # duration, such as the first one seen, still tells the FLOPs of the steps after it)
-    every = pd.concat([st[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
-    every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
-    every["held"] = pd.to_numeric(
-        every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()), errors="coerce"
-    )
-    st = st.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
-    st = st.rename(columns={"held": "flops"})
+    if counted.empty:  # no step counted (no per-layer records): nothing to hold, the merges skipped
+        st["sampled"], st["flops"] = False, np.nan
+    else:
+        st = _held_flops(st, counted)
     sec = st["dur"].astype(float) / NS
     st["dur_ns"] = st["dur"]
     st["tflops"] = st["flops"] / sec / 1e12
@@ -108,6 +102,21 @@ def per_step(
     st["samples_per_s"] = st["samples"] / (dp or np.nan) / sec
     st["tokens_per_s"] = st["tokens"] / (dp or np.nan) / sec
     return st[STEP_COLUMNS].reset_index(drop=True)
+
+
+def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
+    """`st` with `sampled` (FLOPs counted on that step) and `flops`: each rank's counted FLOPs held
+    over the steps between samples (a sample on a step without a duration, such as the first one
+    seen, still tells the FLOPs of the steps after it)."""
+    st = st.merge(counted, on=["rank", "step"], how="left")
+    st["sampled"] = st["flops"].notna()
+    every = pd.concat([st[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
+    every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
+    every["held"] = pd.to_numeric(
+        every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()), errors="coerce"
+    )
+    st = st.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
+    return st.rename(columns={"held": "flops"})
 
 
 def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
@@ -144,10 +153,14 @@ def data_parallel(layout: dict[str, object]) -> int | None:
     return None
 
 
-def _job_steps(rows: pd.DataFrame) -> pd.DataFrame:
+def job_steps(rows: pd.DataFrame) -> pd.DataFrame:
     """Per step the job's: slowest rank's dur, samples and tokens, sampled by any rank; steady steps
-    that were not sampled (all steady ones if every step was)."""
-    job = rows.groupby("step").agg(
+    that were not sampled (all steady ones if every step was). What `job_step_s` and `job_rates`
+    read: compute it once and pass it to both (its groupby is most of their time on a small trace)."""
+    if rows.empty:
+        return rows
+    job = named(
+        rows.groupby("step"),
         dur=("dur_ns", "max"),
         sampled=("sampled", "any"),
         samples=("samples", "max"),
@@ -157,18 +170,17 @@ def _job_steps(rows: pd.DataFrame) -> pd.DataFrame:
     return job[~job["sampled"]] if (~job["sampled"]).any() else job
 
 
-def job_step_s(rows: pd.DataFrame) -> float | None:
-    """The job's iteration time: per step the slowest rank, median over steady, unsampled steps."""
-    if rows.empty:
-        return None
-    quiet = _job_steps(rows)
+def job_step_s(rows: pd.DataFrame, quiet: pd.DataFrame | None = None) -> float | None:
+    """The job's iteration time: per step the slowest rank, median over steady, unsampled steps
+    (`quiet`: `job_steps(rows)`, when already computed)."""
+    quiet = job_steps(rows) if quiet is None else quiet
     return float(quiet["dur"].median()) / NS if len(quiet) else None
 
 
-def job_rates(rows: pd.DataFrame) -> dict[str, float | None]:
+def job_rates(rows: pd.DataFrame, quiet: pd.DataFrame | None = None) -> dict[str, float | None]:
     """The job's samples/s and tokens/s: the global batch over the job's step time, median over the
     steps `job_step_s` reads (None where the job does not say)."""
-    quiet = _job_steps(rows) if not rows.empty else rows
+    quiet = job_steps(rows) if quiet is None else quiet
     out: dict[str, float | None] = {}
     for col in ("samples", "tokens"):
         v = (pd.to_numeric(quiet[col], errors="coerce") / quiet["dur_s"]).median() if len(quiet) else np.nan

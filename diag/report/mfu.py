@@ -92,6 +92,7 @@ def section(
     dp = throughput.data_parallel(layout)
     rows = throughput.per_step(metrics.steps, trace.layers, value, int(seq) if seq else None, dp)
     ranks = throughput.per_rank(rows)
+    quiet = throughput.job_steps(rows)  # read by the job's rates and step time alike
     known = ranks.dropna(subset=["tflops"])
     log = trace.frame("log_step")
     printed = (
@@ -110,10 +111,10 @@ def section(
             "tflops_per_gpu": known["tflops"].mean() if len(known) else None,
             "mfu": known["mfu"].mean() if len(known) and value else None,
             "flops_per_step": known["flops_per_step"].sum() if len(known) else None,
-            **throughput.job_rates(rows),  # the job's samples/s, tokens/s (per rank: `per_rank`)
+            **throughput.job_rates(rows, quiet),  # the job's samples/s, tokens/s (per rank: `per_rank`)
         },
         "dp": dp,
-        "model": _model_view(trace, shape, layout, throughput.job_step_s(rows), value),
+        "model": _model_view(trace, shape, layout, throughput.job_step_s(rows, quiet), value),
         "log_tflops_median": printed.median() if len(printed) else None,
         "per_rank": ranks.astype(object).to_dict("records"),
         "per_step": rows.astype(object).to_dict("records"),

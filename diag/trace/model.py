@@ -33,6 +33,7 @@ CATEGORICAL = (
 
 
 _EMPTY: dict[str, pd.DataFrame] = {}  # kind -> the empty frame `Trace.frame` copies
+_EMPTY_LAYERS = "layer+depth"  # the empty layer frame with `Trace.layers`' columns (asked ~4 times)
 
 
 @dataclass
@@ -111,9 +112,11 @@ class Trace:
         while a parent's include its children's)."""
         df = self.frame(schema.LAYER)
         if "leaf" not in df.columns and "module" in df.columns:
-            df = _with_depth_and_leaf(df)
-            if schema.LAYER in self.frames:
-                self.frames[schema.LAYER] = df
+            if schema.LAYER not in self.frames:  # none recorded: the one empty frame, made once
+                if _EMPTY_LAYERS not in _EMPTY:
+                    _EMPTY[_EMPTY_LAYERS] = _with_depth_and_leaf(df)
+                return _EMPTY[_EMPTY_LAYERS].copy(deep=False)
+            df = self.frames[schema.LAYER] = _with_depth_and_leaf(df)
         return df
 
     @property
