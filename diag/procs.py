@@ -7,6 +7,8 @@ environment carries RANK (their own data-loader workers inherit it but sit below
 
 from __future__ import annotations
 
+import os
+
 import psutil
 
 from diag.errors import USAGE, DiagError
@@ -53,6 +55,31 @@ def ranks_under(pid: int) -> list[tuple[int, int | None]]:
     if not found:
         return [(pid, None)]
     return sorted(found, key=lambda pr: (pr[1] is None, pr[1] or 0))
+
+
+# what a launcher's command line names among its first words (`python -m torch.distributed.run`,
+# `python /venv/bin/torchrun`, `python -u -m deepspeed.launcher.launch`, `python /venv/bin/deepspeed`)
+LAUNCHER_SCRIPTS = ("torchrun", "deepspeed")
+LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+)
+
+
+def launcher_of(pid: int) -> str | None:
+    """The launcher `pid` runs (torchrun's or DeepSpeed's), None for any other process: attached to,
+    a launcher records nothing of the training (it runs none), so a launcher with no ranks under it
+    yet is not a target."""
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except (psutil.Error, OSError):
+        return None
+    for word in argv[:4]:
+        if word in LAUNCHER_MODULES or os.path.basename(word) in LAUNCHER_SCRIPTS:
+            return os.path.basename(word)
+    return None
 
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:

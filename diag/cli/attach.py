@@ -20,7 +20,7 @@ from diag.cli import agent_options
 from diag.errors import FAILURE, DiagError
 from diag.inject import METHODS
 from diag.inject.attach import Attached, attach_one
-from diag.procs import ranks_under
+from diag.procs import launcher_of, ranks_under
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     options = agent_options.options(args)
     ranks = ranks_under(args.pid)
+    if ranks == [(args.pid, None)] and (launcher := launcher_of(args.pid)) is not None:
+        raise DiagError(
+            f"pid {args.pid} is a {launcher} launcher with no rank under it yet (still starting?): "
+            "attach again once its ranks run, or to a rank's pid",
+            FAILURE,
+        )
     with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
         futures = [
             pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch) for pid, rank in ranks

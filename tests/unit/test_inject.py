@@ -16,7 +16,7 @@ from diag import agent
 from diag.control import protocol
 from diag.errors import DiagError
 from diag.inject import checks, payload
-from diag.procs import ranks_under
+from diag.procs import launcher_of, ranks_under
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +115,35 @@ for kid in kids:
 print('ready', flush=True)
 time.sleep(30)
 """
+
+
+@pytest.mark.parametrize("argv", [["torchrun"], ["-m", "torch.distributed.run"], ["deepspeed"], ["train.py"]])
+def test_a_launcher_with_no_ranks_yet_is_no_target(tmp_path, argv):
+    """Attached 4 s into the public DDP tutorial's start, `diag attach <torchrun pid>` injected the
+    launcher itself (it had no rank yet): a trace of "1 process without a rank", and a later
+    `diag detach` found its ranks unattached. A launcher is told by its command line."""
+    script = tmp_path / argv[-1].replace(".", "_")
+    script.write_text("import time\ntime.sleep(60)\n")
+    cmd = (
+        [sys.executable, *argv[:-1], str(script)] if argv[0] != "-m" else [sys.executable, str(script), *argv]
+    )
+    proc = subprocess.Popen([*cmd, "--nproc-per-node", "2", "train.py"])
+    try:
+        if argv == ["train.py"]:
+            assert launcher_of(proc.pid) is None
+            return
+        assert launcher_of(proc.pid) == os.path.basename(argv[-1])
+        res = subprocess.run(
+            [sys.executable, "-m", "diag", "attach", str(proc.pid), "--no-torch"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 1 and "launcher with no rank under it yet" in res.stderr, res
+        assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_ranks_under_a_launcher_are_its_topmost_rank_processes():
