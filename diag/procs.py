@@ -73,7 +73,7 @@ def launcher_of(pid: int) -> str | None:
     a launcher records nothing of the training (it runs none), so a launcher with no ranks under it
     yet is not a target."""
     try:
-        argv = psutil.Process(pid).cmdline()
+        argv: list[str] = psutil.Process(pid).cmdline()
     except (psutil.Error, OSError):
         return None
     for word in argv[:4]:
