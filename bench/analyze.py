@@ -408,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
         for shape in args.diag_trace.split(","):
             diag_trace(folder, shape, args.baseline, keep=bool(args.keep))
         return 0
+    if (args.sweep and args.hta_max_mib > 0) or not (args.tiny or args.diag_trace or args.sweep):
+        import importlib.util
+
+        if importlib.util.find_spec("hta") is None:
+            print("bench.analyze: needs Holistic Trace Analysis: pip install -e '.[bench]'", file=sys.stderr)
+            return 2
     if args.sweep:
         sweep(folder, [float(x) for x in args.sweep.split(",")], args.ranks, args.steps, args.hta_max_mib)
         return 0
