@@ -15,6 +15,7 @@ from diag import __version__
 from diag.metrics.stage import Metrics
 from diag.ranks import rank_labels
 from diag.report import mfu, trace_doc
+from diag.trace.heap import release_memory
 
 if TYPE_CHECKING:
     from diag.findings import Finding
@@ -40,6 +41,10 @@ def plain(value: Any) -> Any:
 
 
 def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table of the report as records. The temporaries that computed it are freed by now: their
+    heap pages go back to the OS first (`run_all` does it after each rule), or the next table's
+    arrays go above them."""
+    release_memory()
     return plain(df.astype(object).to_dict("records"))
 
 

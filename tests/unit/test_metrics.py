@@ -152,9 +152,9 @@ def test_one_stage_computes_each_figure_once(monkeypatch):
 def test_by_rank_holds_what_a_mask_selects(rows, rank):
     """The per-rank split the breakdown reads (one pass) is exactly the mask it replaced: same rows
     in the same order with their index, and an empty frame with the columns for an absent rank."""
-    df = pd.DataFrame(rows, columns=["rank", "ts"]).iloc[::-1]
-    got = ByRank(df)[rank]
-    pd.testing.assert_frame_equal(got, df[df["rank"] == rank])
+    df = pd.DataFrame(rows, columns=["rank", "ts"])
+    for frame in (df.iloc[::-1], df.sort_values("rank", kind="stable")):  # index arrays; slices
+        pd.testing.assert_frame_equal(ByRank(frame)[rank], frame[frame["rank"] == rank])
 
 
 def test_comm_frame_leaves_the_trace_frame_as_it_is():

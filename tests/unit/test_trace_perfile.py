@@ -114,3 +114,25 @@ def test_a_group_renamed_at_a_files_end_reaches_its_chunks_already_read(tmp_path
     per_file = reader._load(path, False, reader.ALL, PerFile())
     _same(per_file, reader._load(path, False, reader.ALL, None))
     assert set(per_file.frames["comm"]["group"]) == {"dp:5"}
+
+
+def test_alike_files_are_joined_column_by_column():
+    """Files of the same columns and dtypes are joined one column at a time (each column's parts
+    freed as it is joined): the frame `concat` gives, and nothing left in the parts."""
+    from diag.trace.perfile import _join
+
+    def part(n: int, start: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "ts": range(start, start + n),
+                "op": pd.Categorical(["all_reduce", "broadcast"] * (n // 2), ["all_reduce", "broadcast"]),
+                "busbw": [0.5 * i for i in range(n)],
+                "async_op": [True, False] * (n // 2),
+                "group_ranks": [[0, 1]] * n,
+            }
+        )
+
+    parts = [part(4, 0), part(2, 10), part(6, 20)]
+    expected = pd.concat([p.copy() for p in parts], ignore_index=True)
+    pd.testing.assert_frame_equal(_join(parts), expected)
+    assert all(p.columns.empty for p in parts)
