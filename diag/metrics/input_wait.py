@@ -35,7 +35,7 @@ def loader_idle(ops: pd.DataFrame, kernels: pd.DataFrame, steps: pd.DataFrame) -
     loads = ops[is_loader(ops["name"])]
     if loads.empty:
         return out
-    has_kernels = not kernels.empty and "rank" in kernels
+    by_rank = kernels.groupby("rank").indices if not kernels.empty and "rank" in kernels else {}
     base = int(steps["start"].min())  # relative times: epoch nanoseconds lose ~256 ns as float64
     for rank, rows in steps.groupby("rank").indices.items():
         mine = loads[loads["rank"] == rank]
@@ -44,12 +44,11 @@ def loader_idle(ops: pd.DataFrame, kernels: pd.DataFrame, steps: pd.DataFrame) -
         a = _since(mine["ts"], base)
         b = a + mine["dur"].to_numpy(dtype=float)
         idle = b - a
-        if has_kernels:
-            k = kernels[kernels["rank"] == rank]
-            if len(k):
-                ks = _since(k["ts"], base)
-                ks, ke = merge(ks, ks + k["dur"].to_numpy(dtype=float))
-                idle = idle - _covered(a, b, ks, ke)
+        if (rows_k := by_rank.get(rank)) is not None:  # one pass over the kernels, not a mask a rank
+            k = kernels.iloc[rows_k]
+            ks = _since(k["ts"], base)
+            ks, ke = merge(ks, ks + k["dur"].to_numpy(dtype=float))
+            idle = idle - _covered(a, b, ks, ke)
         st = steps.iloc[rows]
         lo, hi = _since(st["start"], base), _since(st["end"], base)
         for i, (x, y) in enumerate(zip(lo, hi)):
