@@ -61,8 +61,7 @@ def single_process(ops: pd.DataFrame) -> bool | None:
     """Whether the job's loader ran in the training process (num_workers=0); None: no loader op."""
     if ops.empty or "name" not in ops:
         return None
-    names = ops["name"].astype(str)
-    loads = names[names.str.startswith(LOADER)]
+    loads = ops["name"][is_loader(ops["name"])].astype(str)
     return None if loads.empty else bool(loads.str.contains(SINGLE).any())
 
 
