@@ -113,3 +113,31 @@ def test_another_frameworks_log_with_a_bar_keeps_its_own_steps(tmp_path):
     path.write_text(_tqdm_log([0.1] * 30) + "\n" + "".join(ds.format(s, s) for s in (10, 20, 30)))
     st = import_log(str(path)).frames["log_step"]
     assert list(st["step"]) == [10, 20, 30]
+
+
+def test_a_lone_bars_displays_continue_it_as_scoring_the_choice_would():
+    """`_assign` continues the one bar below a display's count without scoring (a lone bar's every
+    display); the scored choice (`_best`) of that one bar gives the same bars, and a rate the bar's
+    averages cannot show (dt <= 0: 0.1 s/step after 10 s/steps) gives None on both ways."""
+    from diag.importers.logs.tqdm_times import Bar, _assign, _best
+
+    bars = [Bar().after(200, 2.0)]  # a finished bar: no display below 200 continues it
+    for count, rate in enumerate([1.5, 1.6, 10.0, 10.0, 0.1, 1.2], start=1):
+        got = _assign(bars, count, [rate])
+        free = [i for i, b in enumerate(bars) if b.n < count]
+        pick = _best(bars, free, [rate], count) if free else None
+        if free and pick is None:
+            assert got is None
+            break
+        assert got is not None
+        want = list(bars)
+        if pick is not None:
+            want[pick[0]] = bars[pick[0]].after(count, rate)  # type: ignore[assignment]
+        else:
+            want.append(Bar().after(count, rate))  # type: ignore[arg-type]
+        assert [(b.n, b.ema_dn, b.ema_dt, b.sec, b.ms) for b in got] == [
+            (b.n, b.ema_dn, b.ema_dt, b.sec, b.ms) for b in want
+        ]
+        bars = got
+    else:
+        pytest.fail("the rate the bar cannot show was not refused")

@@ -98,20 +98,18 @@ def _assign(before: list[Bar], count: int, rates: list[float]) -> list[Bar] | No
     beyond those bars start new ones. None when no assignment can show the rates."""
     free = [i for i, b in enumerate(before) if b.n < count]
     own = rates[: len(free)]
-    best: tuple[float, float, tuple[int, ...]] | None = None
-    if own and len(own) <= 4 and len(free) <= 8:
-        for pick in permutations(free, len(own)):
-            nxt = [before[i].after(count, r) for i, r in zip(pick, own)]
-            if any(b is None for b in nxt):
-                continue
-            ms = [b.ms for b in nxt if b is not None]
-            score = (max(ms) / min(ms), sum(abs(math.log(m / before[i].ms)) for i, m in zip(pick, ms)), pick)
-            best = score if best is None or score[:2] < best[:2] else best
-    if best is None and own:
-        return None
     bars = list(before)
-    for i, r in zip(best[2] if best else (), own):
-        bars[i] = before[i].after(count, r) or bars[i]
+    if len(free) == 1 and own:  # one bar to continue, no choice to score: a lone bar's every display
+        bar = before[free[0]].after(count, own[0])
+        if bar is None:
+            return None
+        bars[free[0]] = bar
+    elif own:
+        pick = _best(before, free, own, count)
+        if pick is None:
+            return None
+        for i, r in zip(pick, own):
+            bars[i] = before[i].after(count, r) or bars[i]
     for r in rates[len(free) :]:
         if len(bars) >= MAX_BARS:
             return None
@@ -120,3 +118,19 @@ def _assign(before: list[Bar], count: int, rates: list[float]) -> list[Bar] | No
             return None
         bars.append(fresh)
     return bars
+
+
+def _best(before: list[Bar], free: list[int], own: list[float], count: int) -> tuple[int, ...] | None:
+    """The bars of `free` the displays `own` continue, in turn: the bars' step times agreeing best,
+    then each changing least (the first such); None when no choice shows the rates, or there are too
+    many to try."""
+    best: tuple[float, float, tuple[int, ...]] | None = None
+    if len(own) <= 4 and len(free) <= 8:
+        for pick in permutations(free, len(own)):
+            nxt = [before[i].after(count, r) for i, r in zip(pick, own)]
+            if any(b is None for b in nxt):
+                continue
+            ms = [b.ms for b in nxt if b is not None]
+            score = (max(ms) / min(ms), sum(abs(math.log(m / before[i].ms)) for i, m in zip(pick, ms)), pick)
+            best = score if best is None or score[:2] < best[:2] else best
+    return None if best is None else best[2]
