@@ -262,15 +262,24 @@ def unbalanced(got: Bubble) -> Split | None:
     pace), another waits past it by >= MIN_BUBBLE, and the pacing stage computes >= IMBALANCE x the
     waiting one's time a step (compute: the step less its send/recv). Equal stages whose waits differ
     by noise give None. DeepSpeedExamples' AlexNet split by parameters: every convolution on stage 0,
-    stage 1 waiting 0.50 of its compute where the schedule leaves 0.125."""
+    stage 1 waiting 0.50 of its compute where the schedule leaves 0.125. None too where an even split
+    at the schedule's bubble would take no less than the step does (mean compute x (1 + (p-1)/m)): the
+    split then costs nothing (Megatron-LM's run_simple_mcore_train_loop.py at PP=2, m=1 on CPU was
+    called unbalanced with "the imbalance costs 0 us of every 48.7 ms step")."""
     by = got.by_rank
     light, heavy = by.idxmax(), by.idxmin()
     if not (by[heavy] <= got.ideal + TOLERANCE < by[light] and by[light] - by[heavy] >= MIN_BUBBLE):
         return None
     compute = got.compute_by_rank
-    if compute[heavy] < IMBALANCE * compute[light]:
+    if compute[heavy] < IMBALANCE * compute[light] or even_split_saves(got) <= 0:
         return None
     return (heavy, float(compute[heavy])), (light, float(compute[light]))
+
+
+def even_split_saves(got: Bubble) -> float:
+    """Seconds a step would save with the stages' compute split evenly at the schedule's bubble:
+    the step less the stages' mean compute x (1 + (p-1)/m), at least 0."""
+    return max(got.step_s - float(got.compute_by_rank.mean()) * (1 + got.ideal), 0.0)
 
 
 @rule("pipeline_bubble")
@@ -287,8 +296,9 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     Silent when m is neither counted nor recorded. Severity: the bubble's share of the step (send/recv
     waits over the step). An unbalanced split (`unbalanced`: one stage waits no more than the
     schedule's bubble, another past it by >= 0.10, the first computing >= 1.1x the other's time a
-    step) is said as such: recoverable and severity then from the step less the stages' mean compute
-    at (p-1)/m (what an even split would take), and
+    step, and an even split at (p-1)/m taking less than the step) is said as such: recoverable and
+    severity then from the step less the stages' mean compute at (p-1)/m (what an even split would
+    take), and
     for DeepSpeed's PipelineModule (not Megatron-DeepSpeed's GPTModelPipe) the fix moves layers to
     the lighter stage by its partition_method, named without a value (DeepSpeed keeps no record of
     the one used); a schedule-bound bubble gets no balancing fix."""
@@ -320,8 +330,7 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
             f"send/recv, {rank_name(heavy)} {float(by_rank[heavy]):.2f} "
             f"(the schedule's (p-1)/m = {ideal:.3g})"
         )
-        mean = float(got.compute_by_rank.mean())
-        recoverable = max(got.step_s - mean * (1 + ideal), 0.0)
+        recoverable = even_split_saves(got)
         cost = Cost(recoverable, got.step_s)  # what an even split would save, not the whole wait
         why = (
             f"{rank_name(heavy)}'s stage computes {heavy_s * 1e3:.0f} ms a step, {rank_name(light)}'s "
