@@ -73,6 +73,15 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int, split: Split | None
                         megatron_args=job.flags("--global-batch-size", str(target * micro * dp)),
                     )
                 )
+            elif not job.args:  # megatron-core's own schedule in the job's loop: no Megatron-LM arguments
+                now, then = (p - 1) / (m + p - 1), (p - 1) / (target + p - 1)
+                fixes.append(
+                    Fix(
+                        f"pass num_microbatches={target} (not {m}) to megatron-core's forward_backward_func "
+                        f"(get_forward_backward_func()), micro_batch_size divided by {target / m:g} to keep "
+                        f"the batch: (p-1)/(m+p-1) {now:.2f} -> {then:.2f}"
+                    )
+                )
         elif deepspeed_pipeline(trace):
             fixes.append(_more_microbatches(trace, job, p, m, target))
         elif job.deepspeed is not False:
@@ -289,7 +298,8 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     (p-1)/m > 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
     (the configured value where sends are not recorded one by one). Fix, where it changes the job's
     setting and its framework has the knob: microbatches up to 4(p-1) (DeepSpeed
-    gradient_accumulation_steps, Megatron-LM --global-batch-size); Megatron-LM only:
+    gradient_accumulation_steps, Megatron-LM --global-batch-size, a megatron-core loop without
+    Megatron-LM arguments: num_microbatches of forward_backward_func); Megatron-LM only:
     --num-layers-per-virtual-pipeline-stage when a stage holds >= 2 layers,
     --decoder-first/last-pipeline-num-layers. recoverable_s: the bubble above (p-1)/max(m, 4(p-1))
     (what 4(p-1) microbatches leave) times compute.
