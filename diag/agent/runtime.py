@@ -245,9 +245,13 @@ class Agent:
             self.record_error("agent", "layout", exc)
 
     def _learn_versions(self, missing: dict[str, str]) -> bool:
-        """An idle listener (writer thread): the framework versions imported since the header."""
-        for key, version in late_versions(missing).items():
-            self.set_meta(key, version)
+        """The framework versions imported since the header (at start, then an idle listener on the
+        writer thread). Guarded here, not by `guard`: it is no hook of the job's (no self-time)."""
+        try:
+            for key, version in late_versions(missing).items():
+                self.set_meta(key, version)
+        except Exception as exc:  # noqa: BLE001 - counted, never raised into the job
+            self.record_error("agent", "versions", exc)
         return True
 
     def set_meta(self, key: str, value: Any) -> None:
@@ -289,9 +293,12 @@ class Agent:
         # number); layers' 1-3 s install last
         for name in sorted(self.what, key=lambda n: (n == "layers", n != "memory")):
             self._install(name)
+        # versions the header lacks, as meta once imported (the reader merges meta into the header):
+        # what the installs imported (torch) at once, before the writer's next flush; the rest later
         missing = {key: mod for key, mod in VERSIONS.items() if header.get(key) is None}
-        if missing:  # written as meta once imported (the reader merges meta into the header)
-            self.idle_listeners.append(self.guard("agent", lambda: self._learn_versions(missing), "versions"))
+        self._learn_versions(missing)
+        if missing:
+            self.idle_listeners.append(lambda: self._learn_versions(missing))
         # the control socket is started by diag.agent.start() once this agent is the current one:
         # a `detach` that arrives at once must find it there (else it stops a half-started agent)
 
