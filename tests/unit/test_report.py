@@ -370,3 +370,23 @@ def test_top_layers_name_megatron_core_pipeline_stages_model_wide(tmp_path):
     rows = {r["module"]: r for r in trace_doc.layers(job.write(str(tmp_path)), None)}
     assert set(rows) == {"embed", "logits", "decoder.layers.0.mlp", "decoder.layers.1.mlp"}
     assert rows["decoder.layers.1.mlp"]["fwd_ms"] == 5.0 and rows["decoder.layers.0.mlp"]["fwd_ms"] == 3.0
+
+
+def test_terminal_tables_fold_module_names_and_keep_op_whole_at_80_columns():
+    """At 80 columns a megatron-core leaf read `module.decoder.layers.1…` (every leaf of the layer
+    alike) and `all_reduce` read `all_red…` beside its group: names are folded or kept whole."""
+    name = "module.decoder.layers.1.self_attention.linear_proj"
+    layers = terminal.plain_table(
+        "t", ["module", "fwd ms", "bwd ms", "FLOPs", "FLOP/s", "MFU"], [[name] + ["1.0"] * 5]
+    )
+    comms = terminal.plain_table(
+        "t",
+        ["rank", "op [group]", "calls", "time ms", "mean size", "algbw", "busbw"],
+        [["0", "all_reduce [dp_cp:1]", "12", "88.00", "27.2 KiB", "3.8 MB/s", "3.8 MB/s"]],
+    )
+    firsts, seconds = [], []
+    for table, into, col in ((layers, firsts, 1), (comms, seconds, 2)):
+        out = io.StringIO()
+        Console(file=out, width=80).print(table)
+        into.extend(line.split("│")[col].strip() for line in out.getvalue().splitlines() if "│" in line)
+    assert "".join(firsts) == name and "all_reduce" in seconds, (firsts, seconds)
