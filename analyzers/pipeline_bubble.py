@@ -73,6 +73,15 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int, split: Split | None
                         megatron_args=job.flags("--global-batch-size", str(target * micro * dp)),
                     )
                 )
+            elif not job.args:  # megatron-core's own schedule in the job's loop: no Megatron-LM arguments
+                now, then = (p - 1) / (m + p - 1), (p - 1) / (target + p - 1)
+                fixes.append(
+                    Fix(
+                        f"pass num_microbatches={target} (not {m}) to megatron-core's forward_backward_func "
+                        f"(get_forward_backward_func()), micro_batch_size divided by {target / m:g} to keep "
+                        f"the batch: (p-1)/(m+p-1) {now:.2f} -> {then:.2f}"
+                    )
+                )
         elif deepspeed_pipeline(trace):
             fixes.append(_more_microbatches(trace, job, p, m, target))
         elif job.deepspeed is not False:
@@ -262,15 +271,24 @@ def unbalanced(got: Bubble) -> Split | None:
     pace), another waits past it by >= MIN_BUBBLE, and the pacing stage computes >= IMBALANCE x the
     waiting one's time a step (compute: the step less its send/recv). Equal stages whose waits differ
     by noise give None. DeepSpeedExamples' AlexNet split by parameters: every convolution on stage 0,
-    stage 1 waiting 0.50 of its compute where the schedule leaves 0.125."""
+    stage 1 waiting 0.50 of its compute where the schedule leaves 0.125. None too where an even split
+    at the schedule's bubble would take no less than the step does (mean compute x (1 + (p-1)/m)): the
+    split then costs nothing (Megatron-LM's run_simple_mcore_train_loop.py at PP=2, m=1 on CPU was
+    called unbalanced with "the imbalance costs 0 us of every 48.7 ms step")."""
     by = got.by_rank
     light, heavy = by.idxmax(), by.idxmin()
     if not (by[heavy] <= got.ideal + TOLERANCE < by[light] and by[light] - by[heavy] >= MIN_BUBBLE):
         return None
     compute = got.compute_by_rank
-    if compute[heavy] < IMBALANCE * compute[light]:
+    if compute[heavy] < IMBALANCE * compute[light] or even_split_saves(got) <= 0:
         return None
     return (heavy, float(compute[heavy])), (light, float(compute[light]))
+
+
+def even_split_saves(got: Bubble) -> float:
+    """Seconds a step would save with the stages' compute split evenly at the schedule's bubble:
+    the step less the stages' mean compute x (1 + (p-1)/m), at least 0."""
+    return max(got.step_s - float(got.compute_by_rank.mean()) * (1 + got.ideal), 0.0)
 
 
 @rule("pipeline_bubble")
@@ -280,15 +298,17 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     (p-1)/m > 0.25 with a measured bubble >= 0.10. m is counted from the pipeline's sends per step
     (the configured value where sends are not recorded one by one). Fix, where it changes the job's
     setting and its framework has the knob: microbatches up to 4(p-1) (DeepSpeed
-    gradient_accumulation_steps, Megatron-LM --global-batch-size); Megatron-LM only:
+    gradient_accumulation_steps, Megatron-LM --global-batch-size, a megatron-core loop without
+    Megatron-LM arguments: num_microbatches of forward_backward_func); Megatron-LM only:
     --num-layers-per-virtual-pipeline-stage when a stage holds >= 2 layers,
     --decoder-first/last-pipeline-num-layers. recoverable_s: the bubble above (p-1)/max(m, 4(p-1))
     (what 4(p-1) microbatches leave) times compute.
     Silent when m is neither counted nor recorded. Severity: the bubble's share of the step (send/recv
     waits over the step). An unbalanced split (`unbalanced`: one stage waits no more than the
     schedule's bubble, another past it by >= 0.10, the first computing >= 1.1x the other's time a
-    step) is said as such: recoverable and severity then from the step less the stages' mean compute
-    at (p-1)/m (what an even split would take), and
+    step, and an even split at (p-1)/m taking less than the step) is said as such: recoverable and
+    severity then from the step less the stages' mean compute at (p-1)/m (what an even split would
+    take), and
     for DeepSpeed's PipelineModule (not Megatron-DeepSpeed's GPTModelPipe) the fix moves layers to
     the lighter stage by its partition_method, named without a value (DeepSpeed keeps no record of
     the one used); a schedule-bound bubble gets no balancing fix."""
@@ -320,8 +340,7 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
             f"send/recv, {rank_name(heavy)} {float(by_rank[heavy]):.2f} "
             f"(the schedule's (p-1)/m = {ideal:.3g})"
         )
-        mean = float(got.compute_by_rank.mean())
-        recoverable = max(got.step_s - mean * (1 + ideal), 0.0)
+        recoverable = even_split_saves(got)
         cost = Cost(recoverable, got.step_s)  # what an even split would save, not the whole wait
         why = (
             f"{rank_name(heavy)}'s stage computes {heavy_s * 1e3:.0f} ms a step, {rank_name(light)}'s "

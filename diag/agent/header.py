@@ -14,10 +14,23 @@ from typing import Any
 
 from diag.schema import MEGATRON_MODEL_ARGS, SCHEMA_VERSION
 
+VERSIONS = {"torch": "torch", "deepspeed": "deepspeed", "megatron": "megatron.core"}  # header key: module
+
 
 def _version(mod: str) -> str | None:
     m = sys.modules.get(mod)
     return getattr(m, "__version__", None) if m is not None else None
+
+
+def late_versions(missing: dict[str, str]) -> dict[str, str]:
+    """The versions of `missing` (header key: module) imported since the header was written, taken
+    out of `missing`: under `diag run` the agent starts before the job imports torch or megatron, and
+    a header without `megatron` hid megatron-core from the framework detection (Megatron-LM's
+    run_simple_mcore_train_loop.py: null torch and megatron under `diag run`, known under attach)."""
+    found = {key: v for key, mod in missing.items() if (v := _version(mod)) is not None}
+    for key in found:
+        del missing[key]
+    return found
 
 
 def rank_and_world() -> tuple[int | None, int | None]:
@@ -59,9 +72,7 @@ def build_header(wall0_ns: int, perf0_ns: int, options: dict[str, Any]) -> dict[
         "argv": list(sys.argv),
         "job_id": job_id(),
         "python": sys.version.split()[0],
-        "torch": _version("torch"),
-        "deepspeed": _version("deepspeed"),
-        "megatron": _version("megatron.core"),
+        **{key: _version(mod) for key, mod in VERSIONS.items()},
         "start_ts": wall0_ns,
         "start_wall": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(wall0_ns / 1e9)),
         "options": options,

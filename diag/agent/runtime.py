@@ -23,7 +23,15 @@ from diag.agent import fork as _fork
 from diag.agent import pending as _pending
 from diag.agent import uncaught as _uncaught
 from diag.agent.api import CollectorState, Installer, StepListener
-from diag.agent.header import MEGATRON_STATE, build_header, describe_job, megatron_layout, rank_and_world
+from diag.agent.header import (
+    MEGATRON_STATE,
+    VERSIONS,
+    build_header,
+    describe_job,
+    late_versions,
+    megatron_layout,
+    rank_and_world,
+)
 from diag.agent.options import AgentOptions
 from diag.agent.registry import COLLECTORS
 from diag.agent.ring import Ring
@@ -236,6 +244,16 @@ class Agent:
             self._layout_known = self._rank_known = True  # don't retry a broken parallel state
             self.record_error("agent", "layout", exc)
 
+    def _learn_versions(self, missing: dict[str, str]) -> bool:
+        """The framework versions imported since the header (at start, then an idle listener on the
+        writer thread). Guarded here, not by `guard`: it is no hook of the job's (no self-time)."""
+        try:
+            for key, version in late_versions(missing).items():
+                self.set_meta(key, version)
+        except Exception as exc:  # noqa: BLE001 - counted, never raised into the job
+            self.record_error("agent", "versions", exc)
+        return True
+
     def set_meta(self, key: str, value: Any) -> None:
         self.emit((schema.META, self.now(), key, value))
 
@@ -275,6 +293,12 @@ class Agent:
         # number); layers' 1-3 s install last
         for name in sorted(self.what, key=lambda n: (n == "layers", n != "memory")):
             self._install(name)
+        # versions the header lacks, as meta once imported (the reader merges meta into the header):
+        # what the installs imported (torch) at once, before the writer's next flush; the rest later
+        missing = {key: mod for key, mod in VERSIONS.items() if header.get(key) is None}
+        self._learn_versions(missing)
+        if missing:
+            self.idle_listeners.append(lambda: self._learn_versions(missing))
         # the control socket is started by diag.agent.start() once this agent is the current one:
         # a `detach` that arrives at once must find it there (else it stops a half-started agent)
 

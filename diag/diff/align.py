@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from diag import schema
 from diag.diff import adapter
 from diag.metrics.comms import between_ranks
+from diag.metrics.layer_stats import global_layer_names
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -103,29 +103,6 @@ def units(trace: Trace) -> dict[str, float | None]:
         per_step = v.groupby(steps).max().dropna() if v.notna().any() else pd.Series(dtype=float)
         out[col] = float(per_step.median()) if len(per_step) else None
     return out
-
-
-def renumber(name: str, numbers: dict[str, int]) -> str:
-    """`decoder.layers.0.mlp` -> `decoder.layers.2.mlp` when the agent recorded that this rank's
-    `decoder.layers.0` is layer 2 of the whole model (a pipeline stage's local numbering)."""
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        index = numbers.get(".".join(parts[:i]))
-        if index is not None:
-            parts[i - 1] = str(index)
-            return ".".join(parts)
-    return name
-
-
-def global_layer_names(trace: Trace, lay: pd.DataFrame) -> pd.Series:
-    """Each record's module name with pipeline stages' local layer indices made model-wide, from the
-    rank's `layer_numbers` meta (see collectors/modules.py)."""
-    numbers = {r: h.get(schema.META_LAYER_NUMBERS) for r, h in trace.headers.items()}
-    names = lay["module"].astype(str)
-    if not any(isinstance(v, dict) and v for v in numbers.values()):
-        return names
-    pairs = {(m, r): renumber(m, numbers.get(r) or {}) for m, r in set(zip(names, lay["rank"]))}
-    return pd.Series([pairs[(m, r)] for m, r in zip(names, lay["rank"])], index=lay.index)
 
 
 def layer_table(trace: Trace) -> pd.DataFrame:

@@ -84,9 +84,12 @@ def comm_overlap(trace: Trace) -> pd.DataFrame:
 
 
 def collective_stats(trace: Trace) -> pd.DataFrame:
-    """Per rank and op: calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
+    """Per rank, op and process group (its name, `tp:N`, `dp_cp:N`, ...; "" where the input names
+    none): calls, time, bytes, and bandwidths (GB/s; busbw is `schema.bus_bandwidth`:
     bus bytes, each call's with its group's nccl-tests factor, over the time of the calls whose size
-    is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0."""
+    is known). Sizes nothing recorded are unknown: bytes, mean and bandwidths NaN, never 0. By group:
+    megatron-core's tensor-parallel all_reduces and its data-parallel gradient all_reduce are one op
+    in two groups (Megatron-LM's run_simple_mcore_train_loop.py), one row of both hid which was which."""
     c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     # one rank at a time (a rank's calls are one rank's rows of the table): the columns read and
     # their groupby are one rank's, not the job's (+206 MiB for a 64-rank x 1,000-step trace)
@@ -94,7 +97,7 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     parts = [_rank_stats(c.iloc[rows]) for rows in ranks] if not c.empty else []
     if not parts:
         return pd.DataFrame(
-            columns=["rank", "op", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
+            columns=["rank", "op", "group", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
         )
     df = pd.concat(parts, ignore_index=True)
     df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
@@ -109,16 +112,19 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
 
 
 def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
-    """`collective_stats`' sums per (rank, op) of calls of one rank."""
+    """`collective_stats`' sums per (rank, op, group) of calls of one rank."""
     # the columns read, first: a filter or a column set below copies only these
-    c = c[["rank", "op", "dur", "group_size"]].assign(bytes=pd.to_numeric(c["bytes"], errors="coerce"))
+    group = as_text(c["group"]) if "group" in c.columns else pd.Series("", index=c.index)
+    c = c[["rank", "op", "dur", "group_size"]].assign(
+        bytes=pd.to_numeric(c["bytes"], errors="coerce"), group=group.where(group.notna(), "")
+    )
     sized = c["bytes"].notna()
     c = c.assign(
         op=as_text(c["op"]),  # a categorical stays one: 843,360 calls' op as strings took 55 MiB
         bus_bytes=bandwidth.bus_bytes(c["op"], c["bytes"], c["group_size"]),
         sized_ns=c["dur"].where(sized, 0),
     )
-    g = c.groupby(["rank", "op"], observed=True)
+    g = c.groupby(["rank", "op", "group"], observed=True)
     df = named(
         g,
         calls=("dur", "size"),
@@ -127,7 +133,8 @@ def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
         group_size=("group_size", "max"),
         sized_ns=("sized_ns", "sum"),
     ).reset_index()
-    df["op"] = df["op"].astype(str)  # one row per rank and op: as the strings' groupby gave it
+    df["op"] = df["op"].astype(str)  # one row per rank, op and group: as the strings' groupby gave it
+    df["group"] = df["group"].astype(str).replace({"None": "", "nan": ""})
     df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()  # NaN: no call's size is known
     df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
     return df

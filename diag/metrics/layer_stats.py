@@ -2,9 +2,50 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
+from diag import schema
+
+if TYPE_CHECKING:
+    from diag.trace.model import Trace
+
 COLUMNS = ["module", "steps", "fwd_ms", "bwd_ms", "flops", "tflops", "mfu", "mem_delta"]
+
+
+def renumber(name: str, numbers: dict[str, int]) -> str:
+    """`decoder.layers.0.mlp` -> `decoder.layers.2.mlp` when the agent recorded that this rank's
+    `decoder.layers.0` is layer 2 of the whole model (a pipeline stage's local numbering)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        index = numbers.get(".".join(parts[:i]))
+        if index is not None:
+            parts[i - 1] = str(index)
+            return ".".join(parts)
+    return name
+
+
+def global_layer_names(trace: Trace, lay: pd.DataFrame) -> pd.Series:
+    """Each record's module name with pipeline stages' local layer indices made model-wide, from the
+    rank's `layer_numbers` meta (see collectors/modules.py)."""
+    numbers = {r: h.get(schema.META_LAYER_NUMBERS) for r, h in trace.headers.items()}
+    names = lay["module"].astype(str)
+    if not any(isinstance(v, dict) and v for v in numbers.values()):
+        return names
+    pairs = {(m, r): renumber(m, numbers.get(r) or {}) for m, r in set(zip(names, lay["rank"]))}
+    return pd.Series([pairs[(m, r)] for m, r in zip(names, lay["rank"])], index=lay.index)
+
+
+def model_wide_layers(trace: Trace) -> pd.DataFrame:
+    """The trace's layer records named model-wide: megatron-core numbers each pipeline stage's layers
+    from 0, so without this the second stage's `decoder.layers.0` reads as the first stage's and one
+    of the two is dropped as a shard of the other (Megatron-LM's run_simple_mcore_train_loop.py at
+    PP=2: the top-layers table showed stage 0's decoder layer only)."""
+    lay = trace.layers
+    if lay.empty or "module" not in lay.columns:
+        return lay
+    return lay.assign(module=global_layer_names(trace, lay))
 
 
 def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:

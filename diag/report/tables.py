@@ -139,16 +139,17 @@ def tables(doc: dict[str, Any]) -> list[Table]:
             )
         )
     if m["collectives"]:
+        op_header = "op [group]" if any(r.get("group") for r in m["collectives"]) else "op"
         out.append(
             (
                 "Collectives (time: each call's start to its end on that rank, waiting for the other "
                 "ranks included; algbw / busbw over that time, so a rank that waits reads slower than "
                 "its link)",
-                ["rank", "op", "calls", "time ms", "mean size", "algbw", "busbw"],
+                ["rank", op_header, "calls", "time ms", "mean size", "algbw", "busbw"],
                 [
                     [
                         rank_label(r["rank"]),
-                        r["op"],
+                        f"{r['op']} [{r['group']}]" if r.get("group") else r["op"],
                         str(r["calls"]),
                         _ms(r["time_ns"]),
                         _bytes(r["mean_bytes"]),

@@ -20,6 +20,8 @@ from diag.report.tables import finding_lines, summary_line, tables, throughput_l
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _RANK_COLUMNS = ("rank",)
+_NAME_COLUMNS = ("op", "op [group]")  # what a cell names, never cut
+_FOLD_COLUMNS = ("module",)  # long qualified names: folded over lines, never cut
 
 
 def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> None:
@@ -56,11 +58,24 @@ def plain_table(
     title: str, header: Sequence[str], rows: Iterable[Sequence[str]], left: Iterable[str] = ()
 ) -> Table:
     """A rich table whose title and cells are plain text (never markup); columns right-justified
-    but those named in `left`. A rank column is never wrapped (`pid 20267` on one line)."""
+    but those named in `left`. A rank column is never wrapped (`pid 20267` on one line); a name
+    column (`_NAME_COLUMNS`) is as wide as its longest word (`all_reduce` read `all_red…` at 80
+    columns: the numbers wrap instead); a module column (`_FOLD_COLUMNS`) folds a long name over
+    lines (cut, megatron-core's `module.decoder.layers.1.self_attention.linear_proj` and every other
+    leaf of that layer read `module.decoder.layers.1…` at 80 columns)."""
     lefts = set(left)
+    rows = [list(r) for r in rows]
     t = Table(title=Text(title), title_justify="left")
-    for h in header:
-        t.add_column(Text(h), justify="left" if h in lefts else "right", no_wrap=h in _RANK_COLUMNS)
+    for i, h in enumerate(header):
+        words = (w for r in rows for w in r[i].split()) if h in _NAME_COLUMNS else ()
+        widest = max((len(w) for w in words), default=None)
+        t.add_column(
+            Text(h),
+            justify="left" if h in lefts or h in _FOLD_COLUMNS else "right",
+            no_wrap=h in _RANK_COLUMNS,
+            min_width=widest,
+            overflow="fold" if h in _FOLD_COLUMNS else "ellipsis",
+        )
     for r in rows:
         t.add_row(*(Text(c) for c in r))
     return t

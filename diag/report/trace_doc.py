@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from diag.metrics.layer_stats import top_layers
+from diag.metrics.layer_stats import model_wide_layers, top_layers
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 
 def layers(trace: Trace, peak_tflops: float | None) -> list[dict[str, Any]]:
-    return top_layers(trace.layers, peak_tflops).astype(object).to_dict("records")
+    return top_layers(model_wide_layers(trace), peak_tflops).astype(object).to_dict("records")
 
 
 def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:

@@ -83,7 +83,7 @@ def test_trace_plus_log_writes_all_reports(tmp_path):
     assert doc["ranks"] == [0, 1] and doc["summary"]["overflows"] == 2
     assert [x["loss_scale"] for x in doc["metrics"]["loss_scale"]] == [256.0, 128.0, 64.0]
     assert {c["op"] for c in doc["metrics"]["collectives"]} == {"all_reduce"}
-    assert "| rank | op | calls |" in md.read_text()
+    assert "| rank | op [group] | calls |" in md.read_text() and "| all_reduce [default] |" in md.read_text()
     assert html.read_text().count("<svg") == 7  # 6 plots and the per-rank step timeline
 
 

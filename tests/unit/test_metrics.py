@@ -172,3 +172,23 @@ def test_comm_frame_leaves_the_trace_frame_as_it_is():
     out = comm_frame(trace.comms, step_frame(trace.steps))
     assert "kind" in out and "dur_s" in out and len(out) == len(before)
     pd.testing.assert_frame_equal(trace.comms, before)
+
+
+def test_collective_stats_keep_each_process_group_apart(tmp_path):
+    """megatron-core at TP x DP: the tensor-parallel all_reduces and the data-parallel gradient
+    all_reduce are one op in two groups; one row per (rank, op) summed both and averaged their sizes
+    (Megatron-LM's run_simple_mcore_train_loop.py: 13 TP calls and 1 DP call a step)."""
+    from tests.unit.synth_trace import Job
+
+    job = Job(ranks=2, steps=2)
+    for r in range(2):
+        for s in range(2):
+            for i in range(3):
+                job.comm(r, s, nbytes=1 << 10, at_ms=10 + i, dur_ms=1, group="tp:12")
+            job.comm(r, s, nbytes=1 << 20, at_ms=60, dur_ms=4, group="dp_cp:1")
+    stats = breakdown.collective_stats(job.write(str(tmp_path))).set_index(["rank", "op", "group"])
+    assert stats["calls"].to_dict() == {
+        (r, "all_reduce", g): n for r in range(2) for g, n in (("dp_cp:1", 2), ("tp:12", 6))
+    }
+    assert stats.loc[(0, "all_reduce", "tp:12"), "mean_bytes"] == 1 << 10
+    assert stats.loc[(1, "all_reduce", "dp_cp:1"), "mean_bytes"] == 1 << 20

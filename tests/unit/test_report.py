@@ -18,6 +18,7 @@ from diag.findings import Finding, Fix
 from diag.importers import load_inputs
 from diag.report import html, json_report, markdown, model, terminal
 from tests.unit.kineto_samples import GPT_DS
+from tests.unit.synth_trace import MS
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
@@ -347,3 +348,45 @@ def test_top_layers_take_each_module_from_its_own_lowest_rank():
     assert set(top.index) == {"embed", "layers.0", "layers.1", "logits"}
     assert top.loc["logits", "fwd_ms"] == 3.0 and top.loc["layers.1", "fwd_ms"] == 2.0  # rank 2's
     assert (top["steps"] == 2).all() and top.loc["logits", "flops"] == 4e6  # fwd + bwd per step
+
+
+def test_top_layers_name_megatron_core_pipeline_stages_model_wide(tmp_path):
+    """megatron-core numbers each pipeline stage's layers from 0 and the agent records the model-wide
+    index (`layer_numbers`): Megatron-LM's run_simple_mcore_train_loop.py at PP=2 showed stage 0's
+    `decoder.layers.0` only, stage 1's layer (also `decoder.layers.0` locally) dropped as its shard."""
+    from diag.report import trace_doc
+    from tests.unit.synth_trace import T0, Job
+
+    job = Job(ranks=2, steps=1)
+    job.add(1, schema.META, ts=T0, key=schema.META_LAYER_NUMBERS, value={"decoder.layers.0": 1})
+    for rank, ms in ((0, 3), (1, 5)):
+        modules = (
+            ("decoder.layers.0.mlp", 10**6),
+            (("embed", "logits")[rank], 2 * 10**6),
+            ("GPTModel", 9 * 10**6),
+        )
+        for name, flops in modules:  # the root, named by its class, is not a leaf
+            job.add(rank, schema.LAYER, step=0, module=name, phase="fwd", ts=T0, dur=ms * MS, flops=flops)
+    rows = {r["module"]: r for r in trace_doc.layers(job.write(str(tmp_path)), None)}
+    assert set(rows) == {"embed", "logits", "decoder.layers.0.mlp", "decoder.layers.1.mlp"}
+    assert rows["decoder.layers.1.mlp"]["fwd_ms"] == 5.0 and rows["decoder.layers.0.mlp"]["fwd_ms"] == 3.0
+
+
+def test_terminal_tables_fold_module_names_and_keep_op_whole_at_80_columns():
+    """At 80 columns a megatron-core leaf read `module.decoder.layers.1…` (every leaf of the layer
+    alike) and `all_reduce` read `all_red…` beside its group: names are folded or kept whole."""
+    name = "module.decoder.layers.1.self_attention.linear_proj"
+    layers = terminal.plain_table(
+        "t", ["module", "fwd ms", "bwd ms", "FLOPs", "FLOP/s", "MFU"], [[name] + ["1.0"] * 5]
+    )
+    comms = terminal.plain_table(
+        "t",
+        ["rank", "op [group]", "calls", "time ms", "mean size", "algbw", "busbw"],
+        [["0", "all_reduce [dp_cp:1]", "12", "88.00", "27.2 KiB", "3.8 MB/s", "3.8 MB/s"]],
+    )
+    firsts, seconds = [], []
+    for table, into, col in ((layers, firsts, 1), (comms, seconds, 2)):
+        out = io.StringIO()
+        Console(file=out, width=80).print(table)
+        into.extend(line.split("│")[col].strip() for line in out.getvalue().splitlines() if "│" in line)
+    assert "".join(firsts) == name and "all_reduce" in seconds, (firsts, seconds)

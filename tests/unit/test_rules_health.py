@@ -294,3 +294,34 @@ def test_pipeline_bubble_of_an_unbalanced_split_says_so(tmp_path):
     assert g.title.startswith("pipeline bubble ") and not any(
         "partition_method" in x.summary for x in g.fixes
     )
+
+
+def test_pipeline_bubble_calls_no_split_unbalanced_that_costs_nothing(tmp_path):
+    """Megatron-LM's run_simple_mcore_train_loop.py at PP=2 with one microbatch (CPU): stage 1 waited
+    1.27 of its compute, stage 0 0.38 at the schedule's (p-1)/m = 1, and diag called the stages
+    unbalanced while its own estimate said the imbalance cost 0 us a step. Here stage 0 computes 90 ms
+    of a 100 ms step and stage 1 44 ms: an even split at the schedule's bubble would take 2 x 67 ms,
+    longer than the step, so the finding is the schedule's bubble, not an unbalanced split."""
+    header = {"pp": 2, "gradient_accumulation_steps": 1}
+    job = Job(ranks=2, header=header)
+    job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=56 if r else 10, group_ranks=[0, 1]))
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    assert f.title.startswith("pipeline bubble 1.27 vs the schedule's (p-1)/m = 1"), f.title
+    assert f.recoverable_s > 0 and not any("balance" in x.summary for x in f.fixes)
+
+
+def test_pipeline_bubble_of_a_megatron_core_loop_names_its_num_microbatches(tmp_path):
+    """Megatron-LM's run_simple_mcore_train_loop.py at PP=2 runs megatron-core's schedule from its
+    own loop with num_microbatches=1: a 49% bubble, critical, and no fix (the fixes were Megatron-LM
+    arguments and DeepSpeed settings, neither of which the program has)."""
+    header = {"pp": 2, "gradient_accumulation_steps": 1, "megatron": "0.16.1"}
+    job = Job(ranks=2, header=header)
+    job.each_step(lambda r, s: job.comm(r, s, op="recv", at_ms=0, dur_ms=48, group_ranks=[0, 1]))
+    (f,) = fired(job.write(str(tmp_path)), "pipeline_bubble")
+    (fix,) = f.fixes
+    assert fix.summary.startswith("pass num_microbatches=4 (not 1) to megatron-core's forward_backward_func")
+    assert "divided by 4 " in fix.summary and not fix.megatron_args and not fix.ds_config
+    plain = Job(ranks=2, header={k: v for k, v in header.items() if k != "megatron"})
+    plain.each_step(lambda r, s: plain.comm(r, s, op="recv", at_ms=0, dur_ms=48, group_ranks=[0, 1]))
+    (g,) = fired(plain.write(str(tmp_path / "plain")), "pipeline_bubble")
+    assert not any("num_microbatches" in x.summary for x in g.fixes)

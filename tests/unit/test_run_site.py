@@ -109,3 +109,20 @@ def test_a_python_subprocess_of_a_rank_gets_no_agent(tmp_path) -> None:
     )
     rc, err, files = _run(tmp_path, "train.py", [], probe + other + JOB)
     assert rc == 0 and sorted(files) == ["rank-00000.jsonl", "rank-00007.jsonl"], (files, err[-2000:])
+
+
+def test_versions_imported_after_the_agent_started_reach_the_header(tmp_path) -> None:
+    """Under `diag run` the agent starts before the job imports torch or megatron: the header said
+    null for both on Megatron-LM's run_simple_mcore_train_loop.py (known under attach), and the
+    framework detection did not see megatron-core. They are written once imported."""
+    pytest.importorskip("megatron.core", reason="megatron-core is the `train` extra")
+    import megatron.core
+    import torch
+
+    import diag
+
+    body = "import time, megatron.core  # noqa\ntime.sleep(1.0)\n"
+    rc, err, files = _run(tmp_path, "train.py", [], body)
+    assert rc == 0 and "rank-00000.jsonl" in files, (files, err[-2000:])
+    header = diag.load(str(tmp_path / "trace")).headers[0]
+    assert header["megatron"] == megatron.core.__version__ and header["torch"] == torch.__version__, header
