@@ -11,7 +11,7 @@ import os
 
 import psutil
 
-from diag.errors import USAGE, DiagError
+from diag.errors import FAILURE, USAGE, DiagError
 
 
 def environ_rank(pid: int) -> int | None:
@@ -55,6 +55,20 @@ def ranks_under(pid: int) -> list[tuple[int, int | None]]:
     if not found:
         return [(pid, None)]
     return sorted(found, key=lambda pr: (pr[1] is None, pr[1] or 0))
+
+
+def rank_targets(pid: int, nothing: str) -> list[tuple[int, int | None]]:
+    """`ranks_under(pid)`, refusing a launcher with no rank under it: attached to, it records nothing
+    of the training (it runs none), and its ranks are not started yet or have exited (`nothing`: what
+    the user can do, or that there is nothing to do)."""
+    ranks = ranks_under(pid)
+    if ranks == [(pid, None)] and (launcher := launcher_of(pid)) is not None:
+        raise DiagError(
+            f"pid {pid} is a {launcher} launcher with no rank under it (not started yet, or exited): "
+            + nothing,
+            FAILURE,
+        )
+    return ranks
 
 
 # what a launcher's command line names among its first words (`python -m torch.distributed.run`,

@@ -20,7 +20,7 @@ from diag.cli import agent_options
 from diag.errors import FAILURE, DiagError
 from diag.inject import METHODS
 from diag.inject.attach import Attached, attach_one
-from diag.procs import launcher_of, ranks_under
+from diag.procs import rank_targets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,13 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     options = agent_options.options(args)
-    ranks = ranks_under(args.pid)
-    if ranks == [(args.pid, None)] and (launcher := launcher_of(args.pid)) is not None:
-        raise DiagError(
-            f"pid {args.pid} is a {launcher} launcher with no rank under it yet (still starting?): "
-            "attach again once its ranks run, or to a rank's pid",
-            FAILURE,
-        )
+    ranks = rank_targets(args.pid, "attach again once its ranks run, or to a rank's pid")
     with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
         futures = [
             pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch) for pid, rank in ranks

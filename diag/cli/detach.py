@@ -6,7 +6,7 @@ import argparse
 
 from diag.control.client import request
 from diag.errors import FAILURE, DiagError
-from diag.procs import ranks_under
+from diag.procs import rank_targets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     errors = []
-    for pid, rank in ranks_under(args.pid):  # one rank that cannot answer does not keep the others
+    # one rank that cannot answer does not keep the others
+    for pid, rank in rank_targets(args.pid, "nothing to detach"):
         try:
             reply = request(pid, "detach")
         except DiagError as e:

@@ -117,11 +117,23 @@ time.sleep(30)
 """
 
 
+def _until_exec(pid: int, word: str) -> None:
+    """Until the process's command line holds `word` (it has run exec)."""
+    import psutil
+
+    for _ in range(1000):
+        if word in psutil.Process(pid).cmdline():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} never ran {word}")
+
+
 @pytest.mark.parametrize("argv", [["torchrun"], ["-m", "torch.distributed.run"], ["deepspeed"], ["train.py"]])
 def test_a_launcher_with_no_ranks_yet_is_no_target(tmp_path, argv):
     """Attached 4 s into the public DDP tutorial's start, `diag attach <torchrun pid>` injected the
     launcher itself (it had no rank yet): a trace of "1 process without a rank", and a later
-    `diag detach` found its ranks unattached. A launcher is told by its command line."""
+    `diag detach` found its ranks unattached. A launcher is told by its command line; one with no
+    rank is no target of attach or detach."""
     script = tmp_path / argv[-1].replace(".", "_")
     script.write_text("import time\ntime.sleep(60)\n")
     cmd = (
@@ -129,18 +141,29 @@ def test_a_launcher_with_no_ranks_yet_is_no_target(tmp_path, argv):
     )
     proc = subprocess.Popen([*cmd, "--nproc-per-node", "2", "train.py"])
     try:
+        _until_exec(proc.pid, str(script))  # before its exec, the child's command line is pytest's
         if argv == ["train.py"]:
             assert launcher_of(proc.pid) is None
             return
         assert launcher_of(proc.pid) == os.path.basename(argv[-1])
-        res = subprocess.run(
-            [sys.executable, "-m", "diag", "attach", str(proc.pid), "--no-torch"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert res.returncode == 1 and "launcher with no rank under it yet" in res.stderr, res
-        assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+        # attach before its ranks started; detach after they exited (the public DDP tutorial's
+        # launcher, detached a moment after its job ended: "pid N is not attached (no control socket)")
+        for command, says in (("attach", "attach again once its ranks run"), ("detach", "nothing to detach")):
+            res = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "diag",
+                    command,
+                    str(proc.pid),
+                    *(["--no-torch"] * (command == "attach")),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert res.returncode == 1 and "launcher with no rank under it" in res.stderr, res
+            assert says in res.stderr and "Traceback" not in res.stderr and res.stderr.count("\n") == 1
     finally:
         proc.kill()
         proc.wait()
