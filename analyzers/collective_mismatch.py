@@ -86,14 +86,28 @@ class _Calls(NamedTuple):
         )
 
 
-def _compared(trace: Trace, c: pd.DataFrame) -> _Calls:
+def _compared(trace: Trace, metrics: Metrics, c: pd.DataFrame) -> _Calls:
     """The calls compared: final ones (`_final`), not p2p, with a step and a time, after each
     rank's first recorded step (a trace may begin mid-step: attach, whatever its number), in a
     group; each as its compact key, no copy of the frame's rows (a copy of 7 columns and the sort
     of their keys were this rule's peak: +509 MiB for a 64-rank x 1,000-step trace)."""
-    keep = ~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
+    p2p = c["kind"].isin(P2P).to_numpy()
+    cut = _session_starts(trace)
+    # each call's k as the analysis placed it (`Metrics.placement`), where leaving calls out moves
+    # no other call of its rank, group and step: only a whole one (a group, a step), or the last
+    # ones in time (the not yet final; no start: sorted last)
+    placed = metrics.placement.k if c is metrics.comms and not cut and _apart(c, p2p) else None
+    keep = ~p2p & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
     keep &= (as_text(c["group"]) != UNNAMED_GROUP).to_numpy()  # which communicator: not recorded
-    return _keyed(c, _final(trace, c, keep), _session_starts(trace))
+    return _keyed(c, _final(trace, c, keep), cut, placed)
+
+
+def _apart(c: pd.DataFrame, p2p: np.ndarray) -> bool:
+    """No group holds both point-to-point calls and others (each is left out or kept whole)."""
+    if not p2p.any():
+        return True
+    group = positions.coded(as_text(c["group"]))[0]
+    return not np.intersect1d(group[p2p], group[~p2p]).size
 
 
 def _session_starts(trace: Trace) -> dict[Any, tuple[np.ndarray, np.ndarray]]:
@@ -130,10 +144,16 @@ def _in_cut_steps(
     return out
 
 
-def _keyed(c: pd.DataFrame, keep: np.ndarray, cut: dict[Any, tuple[np.ndarray, np.ndarray]]) -> _Calls:
+def _keyed(
+    c: pd.DataFrame,
+    keep: np.ndarray,
+    cut: dict[Any, tuple[np.ndarray, np.ndarray]],
+    placed: np.ndarray | None = None,
+) -> _Calls:
     """The `keep` rows of `c` after each rank's first step and outside the steps its sessions
     began inside (`cut`), in a group, each as its key: int32 arrays but the step (a 64-rank x
-    1,000-step trace's 3.4 M calls: 95 MiB)."""
+    1,000-step trace's 3.4 M calls: 95 MiB). `placed`: each row's k, where the rows left out
+    change none (`_compared`), else counted here."""
     rows = np.flatnonzero(keep).astype(np.int32 if len(c) < 2**31 else np.int64)
     step = pd.to_numeric(c["step"]).to_numpy()[rows].astype(np.int64)
     rank = pd.factorize(c["rank"].to_numpy()[rows])[0].astype(np.int32)
@@ -143,7 +163,10 @@ def _keyed(c: pd.DataFrame, keep: np.ndarray, cut: dict[Any, tuple[np.ndarray, n
     later = (rank >= 0) & (group >= 0) & (step > first[np.maximum(rank, 0)]) & ~_in_cut_steps(c, rows, cut)
     rows, step, rank, group = rows[later], step[later], rank[later], group[later]
     del later, first
-    k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
+    if placed is not None:
+        k = placed[rows]
+    else:
+        k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
     return _Calls(c, rows, group, names, rank, step, k, _signatures(c, rows))
 
 
@@ -206,7 +229,7 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     c = liveness.entered(trace, metrics)
     if c.empty or "group" not in c or "step" not in c or c["rank"].nunique() < 2:
         return []  # (one rank's calls: no two members to differ)
-    calls = _compared(trace, c)
+    calls = _compared(trace, metrics, c)
     out = []
     for group, step, k in _first_differing(calls):
         near = calls.near(group, step, k)

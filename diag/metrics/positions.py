@@ -112,6 +112,30 @@ def in_step(c: pd.DataFrame, ts: pd.Series) -> Placed:
     return Placed(group, rank, k, slot)
 
 
+class Positions(NamedTuple):
+    """Each call's position among its group's calls across ranks, placed once (`place`) and read
+    by every reduction over a position's members (`comms.transfer_dur`, `comms.arrival_wait`,
+    `breakdown.stragglers`; `collective_mismatch` reads `k`): 8 bytes a call kept, where each
+    reader placing the calls anew took 50-60 bytes a call at its peak (docs/scale.md).
+
+    `k`: `in_step`'s (-1 where group or rank is missing); `ids`: a dense id per (group, step, k)
+    (`position_ids` of `in_step`'s slot), -1 where the call has none; `count` ids; `need`: per id,
+    its group's members (`members`), the calls a position holds when every member made it."""
+
+    k: np.ndarray
+    ids: np.ndarray
+    count: int
+    need: np.ndarray
+
+
+def place(c: pd.DataFrame, ts: pd.Series | None = None) -> Positions:
+    """`c`'s calls placed (`in_step`, by `ts`, else the frame's own `ts`) as `Positions`."""
+    placed = in_step(c, c["ts"] if ts is None else ts)
+    ids, count = position_ids(placed.slot, placed.k)
+    need = members(placed.group, placed.rank)[group_of(ids, placed.group, count)]
+    return Positions(placed.k, ids.astype(np.int32) if count < 2**31 else ids, count, need)
+
+
 def coded(s: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, pd.Index]:
     """(an int32 code per value (of `rows` only, given them), -1 where missing; the values coded,
     sorted): a categorical's own codes where its categories are sorted (no int64 array of them)."""
