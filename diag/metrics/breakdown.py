@@ -166,7 +166,7 @@ def stragglers(
 def _last_arrivals(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.Series:
     """rank -> the share of its group's calls, among those every member made with a known duration,
     at which it was the shortest, i.e. it arrived last (the lowest rank among equals). Calls are
-    placed within their group and step (`positions.in_step`, as `comms.transfer_dur` and
+    placed within their group and step (`positions.place`, as `comms.transfer_dur` and
     `comms.arrival_wait` place them): counted over a rank's whole trace, one call more on one rank
     (an attach lands mid-step on each rank at its own point) paired every later call with the
     wrong one. Reductions per position with `ufunc.at`: a pivot of calls x ranks took +77 MiB for

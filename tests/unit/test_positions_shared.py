@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 from diag.analyzers import collective_mismatch as cm
 from diag.analyzers import run_all
@@ -26,13 +27,13 @@ def test_an_analysis_places_the_calls_once(monkeypatch):
     trace = diag.load(os.path.join(ROOT, "tests", "fixtures", "zero2_start"))
     metrics = Metrics(trace)
     placed: list[int] = []
-    real = positions.in_step
+    real = positions.place
 
-    def counted(c, ts):
+    def counted(c, ts=None):
         placed.append(len(c))
         return real(c, ts)
 
-    monkeypatch.setattr(positions, "in_step", counted)
+    monkeypatch.setattr(positions, "place", counted)
     _, failures = run_all(trace, metrics=metrics)
     assert not failures, failures
     assert not metrics.stragglers.empty  # (the report's table read the placement too)
@@ -52,3 +53,35 @@ def test_the_shared_placement_gives_what_placing_anew_gives(path):
         return
     shared, counted = cm._compared(trace, metrics, c), cm._compared(trace, metrics, c.copy())
     assert np.array_equal(shared.rows, counted.rows) and np.array_equal(shared.k, counted.k)
+
+
+@pytest.mark.parametrize("path", DIAG_DIRS, ids=os.path.basename)
+def test_the_placement_pairs_the_calls_a_groupby_pairs(path):
+    """`positions.place` on integer codes against the plainest reading: each rank's calls of a
+    (group, step) numbered in time order, a (group, step) placed where every rank in it made as
+    many calls, and one id per (group, step, k) placed."""
+    c = Metrics(load_inputs([path], slim=True)).comms
+    if c.empty:
+        return
+    at = positions.place(c)
+    ref = pd.DataFrame(
+        {
+            "g": c["group"].astype(object),
+            "s": pd.to_numeric(c["step"]).fillna(-1),
+            "r": c["rank"],
+            "ts": positions.numbers(c["ts"]),
+            "k": at.k,
+            "id": at.ids,
+        }
+    ).dropna(subset=["g"])
+    k = ref.sort_values("ts", kind="stable").groupby(["r", "g", "s"]).cumcount()
+    assert (ref["k"] == k.reindex(ref.index)).all()
+    even = ref.groupby(["g", "s", "r"]).size().groupby(["g", "s"]).nunique() == 1
+    placed = pd.MultiIndex.from_frame(ref[["g", "s"]]).isin(even.index[even])
+    assert ((ref["id"] >= 0) == placed).all()
+    ids = ref[placed]
+    assert (ids.groupby(["g", "s", "k"])["id"].nunique() == 1).all()
+    assert (ids.groupby("id")[["g", "s", "k"]].nunique() == 1).all().all()
+    assert at.count == ids["id"].nunique()
+    members = ref.groupby("g")["r"].nunique()
+    assert (at.need[ids["id"].to_numpy()] == ids["g"].map(members).to_numpy()).all()
