@@ -173,19 +173,24 @@ def _last_arrivals(c: pd.DataFrame, at: positions.Positions | None = None) -> pd
     843,360 calls."""
     at = positions.place(c) if at is None else at
     ids, count = at.ids, at.count
-    rank_codes, ranks = pd.factorize(c["rank"], sort=True)
+    codes, ranks = pd.factorize(c["rank"], sort=True)
+    rank_codes = codes.astype(np.int32)
+    del codes
     dur = pd.to_numeric(c["dur"]).to_numpy(dtype=float, na_value=np.nan)
     known = (ids >= 0) & ~np.isnan(dur)
     if not count or not known.any():
         return pd.Series(dtype=float)
-    full = np.bincount(ids[known], minlength=count) == at.need  # every member's duration is known
-    ids, dur, rank_codes = ids[known], dur[known], rank_codes[known]
+    if not known.all():  # (a finished trace's calls all are: no copies)
+        ids, dur, rank_codes = ids[known], dur[known], rank_codes[known]
+    del known
+    full = np.bincount(ids, minlength=count) == at.need  # every member's duration is known
     mine = full[ids]
     least = np.full(count, np.inf)
     np.minimum.at(least, ids, dur)
-    at = mine & (dur == least[ids])
+    last = mine & (dur == least[ids])
+    del dur
     first = np.full(count, len(ranks), np.int64)
-    np.minimum.at(first, ids[at], rank_codes[at])  # the lowest rank among equals, as idxmin gives
+    np.minimum.at(first, ids[last], rank_codes[last])  # the lowest rank among equals, as idxmin gives
     lasts = np.bincount(first[full], minlength=len(ranks) + 1)[: len(ranks)]
     seen = np.bincount(rank_codes[mine], minlength=len(ranks))  # the positions each rank was in
     shares = lasts / np.maximum(seen, 1)
