@@ -174,13 +174,21 @@ def _signatures(c: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """One integer per distinct (op, size) of each call of `rows`, -1 for a call of no op (not
     counted among the signatures, as a groupby's NaN key is not): strings of them took 200 MB for
     3.4 M calls. The size of an op in `ANY_SIZE` counts as unknown."""
-    kind = c["kind"].iloc[rows]
-    nbytes = pd.to_numeric(c["bytes"].iloc[rows], errors="coerce").to_numpy(float, copy=True, na_value=np.nan)
+    # the rows' values alone (`.array`: no copy of the frame's index) and arithmetic in place: the
+    # temporaries of 3.4 M calls are 27 MiB an int64 array
+    kind = pd.Series(c["kind"].array[rows])
+    nbytes = pd.Series(c["bytes"].array[rows])
+    nbytes = pd.to_numeric(nbytes, errors="coerce").to_numpy(float, copy=True, na_value=np.nan)
     nbytes[kind.isin(ANY_SIZE).to_numpy()] = np.nan
-    size = pd.factorize(np.where(np.isnan(nbytes), -1, np.round(nbytes)).astype(np.int64))[0]  # -1: None
+    np.round(nbytes, out=nbytes)
+    nbytes[np.isnan(nbytes)] = -1  # None
+    size = pd.factorize(nbytes.astype(np.int64))[0]
     del nbytes
     codes = positions.coded(kind)[0]
-    sig = np.where(codes < 0, -1, codes.astype(np.int64) * (int(size.max(initial=0)) + 1) + size)
+    sig = codes.astype(np.int64)
+    sig *= int(size.max(initial=0)) + 1
+    sig += size
+    sig[codes < 0] = -1
     return sig.astype(np.int32) if sig.max(initial=0) < 2**31 else sig
 
 
@@ -250,15 +258,24 @@ def _first_differing(calls: _Calls) -> list[tuple[str, int, int]]:
     members = positions.members(group, calls.rank)
     lo, hi = int(step.min()), int(step.max())
     if hi - lo < len(step) + 2**20:  # every step of the range: the step's offset is its code
-        width, step_code = hi - lo + 1, step - lo
+        width, step_code = hi - lo + 1, None
     else:
         steps, step_code = np.unique(step, return_inverse=True)
         width = len(steps)
     depth = int(k.max()) + 1
     if len(calls.names) * width * depth < 2**62:
-        key = (group.astype(np.int64) * width + step_code) * depth + k
+        key = group.astype(np.int64)  # (group * width + step code) * depth + k, in place
+        key *= width
+        if step_code is None:
+            key += step
+            key -= lo
+        else:
+            key += step_code
+        key *= depth
+        key += k
     else:  # (astronomical step and call counts: the distinct triples, numbered in their order)
-        key = np.unique(np.stack([group, step_code, k], axis=1), axis=0, return_inverse=True)[1]
+        code = step - lo if step_code is None else step_code
+        key = np.unique(np.stack([group, code, k], axis=1), axis=0, return_inverse=True)[1]
     del step_code
     key = key.reshape(-1)
     if int(key.max()) < len(key) + 2**20:  # one entry per possible position
