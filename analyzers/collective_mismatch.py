@@ -93,10 +93,12 @@ def _compared(trace: Trace, metrics: Metrics, c: pd.DataFrame) -> _Calls:
     of their keys were this rule's peak: +509 MiB for a 64-rank x 1,000-step trace)."""
     p2p = c["kind"].isin(P2P).to_numpy()
     cut = _session_starts(trace)
-    # each call's k as the analysis placed it (`Metrics.placement`), where leaving calls out moves
-    # no other call of its rank, group and step: only a whole one (a group, a step), or the last
-    # ones in time (the not yet final; no start: sorted last)
-    placed = metrics.placement.k if c is metrics.comms and not cut and _apart(c, p2p) else None
+    # each call's k as this rule's stage placed it, if it did (`Metrics.placed`: placing them all
+    # here would be a larger peak than counting k one rank at a time), where leaving calls out
+    # moves no other call of its rank, group and step: only a whole one (a group, a step), or the
+    # last ones in time (the not yet final; no start: sorted last)
+    held = metrics.placed
+    placed = held.k if held is not None and c is metrics.comms and not cut and _apart(c, p2p) else None
     keep = ~p2p & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
     keep &= (as_text(c["group"]) != UNNAMED_GROUP).to_numpy()  # which communicator: not recorded
     return _keyed(c, _final(trace, c, keep), cut, placed)
