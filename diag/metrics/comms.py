@@ -171,13 +171,28 @@ def arrival_per_step(
         if "async_op" in c
         else pd.Series(False, index=c.index)
     )
-    a = pd.DataFrame(
-        {"rank": c["rank"], "step": c["step"], "ts": pd.to_numeric(c["ts"]), "wait": arrival_wait(c, at) / NS}
-    )
-    sync = a[~flag].groupby(["rank", "step"], observed=True)["wait"].sum()
-    tail = a[flag].sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
-    wait = sync.add(tail.set_index(["rank", "step"])["wait"], fill_value=0.0)
-    df = join_steps(st, wait, "wait_s")
+    wait, ts, flags = arrival_wait(c, at) / NS, pd.to_numeric(c["ts"]), flag.to_numpy()
+    # one rank at a time: a frame, sort and groupbys of every call took +121 MiB for 843,360 calls
+    sync, tail = [], []
+    for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]):
+        a = pd.DataFrame(
+            {
+                "rank": c["rank"].iloc[rows],
+                "step": c["step"].iloc[rows],
+                "ts": ts.iloc[rows],
+                "wait": wait.iloc[rows],
+            }
+        )
+        mine = flags[rows]
+        sync.append(a[~mine].groupby(["rank", "step"], observed=True)["wait"].sum())
+        last = a[mine].sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
+        tail.append(last.set_index(["rank", "step"])["wait"])
+    sync, tail = [p for p in sync if len(p)], [p for p in tail if len(p)]
+    if sync and tail:
+        waits = pd.concat(sync).add(pd.concat(tail), fill_value=0.0)
+    else:
+        waits = pd.concat(sync or tail) if sync or tail else pd.Series(dtype=float)
+    df = join_steps(st, waits, "wait_s")
     return df.assign(compute_s=(df["dur_s"] - df["wait_s"]).clip(lower=0))
 
 
