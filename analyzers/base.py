@@ -108,6 +108,7 @@ def run_all(
             findings.extend(fn(trace, metrics))
         except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
             failures[name] = f"{type(exc).__name__}: {exc}"
+        metrics.end_rule()
         # the rule's temporaries are freed, but glibc kept their pages: the next rule's arrays went
         # above them (16 ranks x 1,000 steps: the rules' peak 312 MiB RSS with them kept, 268 without)
         release_memory()

@@ -86,14 +86,30 @@ class _Calls(NamedTuple):
         )
 
 
-def _compared(trace: Trace, c: pd.DataFrame) -> _Calls:
+def _compared(trace: Trace, metrics: Metrics, c: pd.DataFrame) -> _Calls:
     """The calls compared: final ones (`_final`), not p2p, with a step and a time, after each
     rank's first recorded step (a trace may begin mid-step: attach, whatever its number), in a
     group; each as its compact key, no copy of the frame's rows (a copy of 7 columns and the sort
     of their keys were this rule's peak: +509 MiB for a 64-rank x 1,000-step trace)."""
-    keep = ~c["kind"].isin(P2P).to_numpy() & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
+    p2p = c["kind"].isin(P2P).to_numpy()
+    cut = _session_starts(trace)
+    # each call's k as this rule's stage placed it, if it did (`Metrics.placed`: placing them all
+    # here would be a larger peak than counting k one rank at a time), where leaving calls out
+    # moves no other call of its rank, group and step: only a whole one (a group, a step), or the
+    # last ones in time (the not yet final; no start: sorted last)
+    held = metrics.placed
+    placed = held.k if held is not None and c is metrics.comms and not cut and _apart(c, p2p) else None
+    keep = ~p2p & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
     keep &= (as_text(c["group"]) != UNNAMED_GROUP).to_numpy()  # which communicator: not recorded
-    return _keyed(c, _final(trace, c, keep), _session_starts(trace))
+    return _keyed(c, _final(trace, c, keep), cut, placed)
+
+
+def _apart(c: pd.DataFrame, p2p: np.ndarray) -> bool:
+    """No group holds both point-to-point calls and others (each is left out or kept whole)."""
+    if not p2p.any():
+        return True
+    group = positions.coded(as_text(c["group"]))[0]
+    return not np.intersect1d(group[p2p], group[~p2p]).size
 
 
 def _session_starts(trace: Trace) -> dict[Any, tuple[np.ndarray, np.ndarray]]:
@@ -130,10 +146,16 @@ def _in_cut_steps(
     return out
 
 
-def _keyed(c: pd.DataFrame, keep: np.ndarray, cut: dict[Any, tuple[np.ndarray, np.ndarray]]) -> _Calls:
+def _keyed(
+    c: pd.DataFrame,
+    keep: np.ndarray,
+    cut: dict[Any, tuple[np.ndarray, np.ndarray]],
+    placed: np.ndarray | None = None,
+) -> _Calls:
     """The `keep` rows of `c` after each rank's first step and outside the steps its sessions
     began inside (`cut`), in a group, each as its key: int32 arrays but the step (a 64-rank x
-    1,000-step trace's 3.4 M calls: 95 MiB)."""
+    1,000-step trace's 3.4 M calls: 95 MiB). `placed`: each row's k, where the rows left out
+    change none (`_compared`), else counted here."""
     rows = np.flatnonzero(keep).astype(np.int32 if len(c) < 2**31 else np.int64)
     step = pd.to_numeric(c["step"]).to_numpy()[rows].astype(np.int64)
     rank = pd.factorize(c["rank"].to_numpy()[rows])[0].astype(np.int32)
@@ -143,7 +165,10 @@ def _keyed(c: pd.DataFrame, keep: np.ndarray, cut: dict[Any, tuple[np.ndarray, n
     later = (rank >= 0) & (group >= 0) & (step > first[np.maximum(rank, 0)]) & ~_in_cut_steps(c, rows, cut)
     rows, step, rank, group = rows[later], step[later], rank[later], group[later]
     del later, first
-    k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
+    if placed is not None:
+        k = placed[rows]
+    else:
+        k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
     return _Calls(c, rows, group, names, rank, step, k, _signatures(c, rows))
 
 
@@ -151,13 +176,21 @@ def _signatures(c: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """One integer per distinct (op, size) of each call of `rows`, -1 for a call of no op (not
     counted among the signatures, as a groupby's NaN key is not): strings of them took 200 MB for
     3.4 M calls. The size of an op in `ANY_SIZE` counts as unknown."""
-    kind = c["kind"].iloc[rows]
-    nbytes = pd.to_numeric(c["bytes"].iloc[rows], errors="coerce").to_numpy(float, copy=True, na_value=np.nan)
+    # the rows' values alone (`.array`: no copy of the frame's index) and arithmetic in place: the
+    # temporaries of 3.4 M calls are 27 MiB an int64 array
+    kind = pd.Series(c["kind"].array[rows])
+    nbytes = pd.Series(c["bytes"].array[rows])
+    nbytes = pd.to_numeric(nbytes, errors="coerce").to_numpy(float, copy=True, na_value=np.nan)
     nbytes[kind.isin(ANY_SIZE).to_numpy()] = np.nan
-    size = pd.factorize(np.where(np.isnan(nbytes), -1, np.round(nbytes)).astype(np.int64))[0]  # -1: None
+    np.round(nbytes, out=nbytes)
+    nbytes[np.isnan(nbytes)] = -1  # None
+    size = pd.factorize(nbytes.astype(np.int64))[0]
     del nbytes
     codes = positions.coded(kind)[0]
-    sig = np.where(codes < 0, -1, codes.astype(np.int64) * (int(size.max(initial=0)) + 1) + size)
+    sig = codes.astype(np.int64)
+    sig *= int(size.max(initial=0)) + 1
+    sig += size
+    sig[codes < 0] = -1
     return sig.astype(np.int32) if sig.max(initial=0) < 2**31 else sig
 
 
@@ -206,7 +239,7 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     c = liveness.entered(trace, metrics)
     if c.empty or "group" not in c or "step" not in c or c["rank"].nunique() < 2:
         return []  # (one rank's calls: no two members to differ)
-    calls = _compared(trace, c)
+    calls = _compared(trace, metrics, c)
     out = []
     for group, step, k in _first_differing(calls):
         near = calls.near(group, step, k)
@@ -227,15 +260,24 @@ def _first_differing(calls: _Calls) -> list[tuple[str, int, int]]:
     members = positions.members(group, calls.rank)
     lo, hi = int(step.min()), int(step.max())
     if hi - lo < len(step) + 2**20:  # every step of the range: the step's offset is its code
-        width, step_code = hi - lo + 1, step - lo
+        width, step_code = hi - lo + 1, None
     else:
         steps, step_code = np.unique(step, return_inverse=True)
         width = len(steps)
     depth = int(k.max()) + 1
     if len(calls.names) * width * depth < 2**62:
-        key = (group.astype(np.int64) * width + step_code) * depth + k
+        key = group.astype(np.int64)  # (group * width + step code) * depth + k, in place
+        key *= width
+        if step_code is None:
+            key += step
+            key -= lo
+        else:
+            key += step_code
+        key *= depth
+        key += k
     else:  # (astronomical step and call counts: the distinct triples, numbered in their order)
-        key = np.unique(np.stack([group, step_code, k], axis=1), axis=0, return_inverse=True)[1]
+        code = step - lo if step_code is None else step_code
+        key = np.unique(np.stack([group, code, k], axis=1), axis=0, return_inverse=True)[1]
     del step_code
     key = key.reshape(-1)
     if int(key.max()) < len(key) + 2**20:  # one entry per possible position

@@ -151,14 +151,18 @@ def bandwidth_by_size(trace: Trace) -> pd.DataFrame:
     return df.assign(op=df["op"].astype(str))
 
 
-def stragglers(trace: Trace) -> pd.DataFrame:
-    """Per rank: the fraction of collectives it arrived last at, and its median step time."""
-    c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
+def stragglers(
+    trace: Trace, c: pd.DataFrame | None = None, at: positions.Positions | None = None
+) -> pd.DataFrame:
+    """Per rank: the fraction of collectives it arrived last at, and its median step time. `c`:
+    the trace's calls between ranks, given (`Metrics.comms` of a trace whose calls carry their
+    steps) with their placement `at` (`positions.place`)."""
+    c = between_ranks(trace.comms) if c is None else c  # a rank alone in its group moves nothing
     ranks = sorted(c["rank"].unique()) if not c.empty else []
     cols = ["rank", "last_arrival_frac", "median_step_ns"]
     if len(ranks) < 2:
         return pd.DataFrame(columns=cols)
-    last = _last_arrivals(c)
+    last = _last_arrivals(c, at)
     steps = trace.steps.groupby("rank")["dur"].median() if not trace.steps.empty else pd.Series()
     df = pd.DataFrame({"rank": ranks})
     df["last_arrival_frac"] = df["rank"].map(last).fillna(0.0).round(3)
@@ -166,31 +170,34 @@ def stragglers(trace: Trace) -> pd.DataFrame:
     return df
 
 
-def _last_arrivals(c: pd.DataFrame) -> pd.Series:
+def _last_arrivals(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.Series:
     """rank -> the share of its group's calls, among those every member made with a known duration,
     at which it was the shortest, i.e. it arrived last (the lowest rank among equals). Calls are
-    placed within their group and step (`positions.in_step`, as `comms.transfer_dur` and
+    placed within their group and step (`positions.place`, as `comms.transfer_dur` and
     `comms.arrival_wait` place them): counted over a rank's whole trace, one call more on one rank
     (an attach lands mid-step on each rank at its own point) paired every later call with the
     wrong one. Reductions per position with `ufunc.at`: a pivot of calls x ranks took +77 MiB for
     843,360 calls."""
-    rank_codes, ranks = pd.factorize(c["rank"], sort=True)
-    placed = positions.in_step(c, c["ts"])
-    ids, count = positions.position_ids(placed.slot, placed.k)
+    at = positions.place(c) if at is None else at
+    ids, count = at.ids, at.count
+    codes, ranks = pd.factorize(c["rank"], sort=True)
+    rank_codes = codes.astype(np.int32)
+    del codes
     dur = pd.to_numeric(c["dur"]).to_numpy(dtype=float, na_value=np.nan)
     known = (ids >= 0) & ~np.isnan(dur)
     if not count or not known.any():
         return pd.Series(dtype=float)
-    members = positions.members(placed.group, placed.rank)
-    need = members[positions.group_of(ids, placed.group, count)]
-    full = np.bincount(ids[known], minlength=count) == need  # every member's duration is known
-    ids, dur, rank_codes = ids[known], dur[known], rank_codes[known]
+    if not known.all():  # (a finished trace's calls all are: no copies)
+        ids, dur, rank_codes = ids[known], dur[known], rank_codes[known]
+    del known
+    full = np.bincount(ids, minlength=count) == at.need  # every member's duration is known
     mine = full[ids]
     least = np.full(count, np.inf)
     np.minimum.at(least, ids, dur)
-    at = mine & (dur == least[ids])
+    last = mine & (dur == least[ids])
+    del dur
     first = np.full(count, len(ranks), np.int64)
-    np.minimum.at(first, ids[at], rank_codes[at])  # the lowest rank among equals, as idxmin gives
+    np.minimum.at(first, ids[last], rank_codes[last])  # the lowest rank among equals, as idxmin gives
     lasts = np.bincount(first[full], minlength=len(ranks) + 1)[: len(ranks)]
     seen = np.bincount(rank_codes[mine], minlength=len(ranks))  # the positions each rank was in
     shares = lasts / np.maximum(seen, 1)

@@ -68,10 +68,18 @@ def comm_frame(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return attribute_steps(df, steps)
 
 
+def stepped(df: pd.DataFrame) -> bool:
+    """Every call of `df` carries its step (a diag trace's do; imported ones carry -1): then
+    `attribute_steps` leaves the frame as it is."""
+    if df.empty:
+        return True
+    step = pd.to_numeric(df["step"], errors="coerce")
+    return not (step.isna() | (step < 0)).any()
+
+
 def attribute_steps(df: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
     """Imported traces (Kineto) carry step -1: give each collective the step whose span holds it."""
-    step = pd.to_numeric(df["step"], errors="coerce")
-    if not (step.isna() | (step < 0)).any() or st.empty:
+    if stepped(df) or st.empty:
         return df
     df = df.assign(ts=pd.to_numeric(df["ts"]).astype("int64")).sort_values("ts")
     spans = st[["rank", "step", "start", "end"]].rename(columns={"step": "_step"}).sort_values("start")
@@ -82,7 +90,7 @@ def attribute_steps(df: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
     return m.set_index("index").drop(columns=["_step", "start", "end"]).dropna(subset=["step"])
 
 
-def transfer_dur(c: pd.DataFrame) -> pd.Series:
+def transfer_dur(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.Series:
     """Each collective's duration without waiting for late ranks: the k-th op of a group takes, on
     every member, at least the transfer; the rank that arrived last waited least, so the minimum over
     the members is the transfer time (the rest is waiting for a straggler).
@@ -90,52 +98,58 @@ def transfer_dur(c: pd.DataFrame) -> pd.Series:
     NaN (unknown) where some member of the group in the trace has no k-th op yet: followed live, one
     rank's records run a step or two ahead of another's (each flushes on its own), and the minimum
     over the leader alone is its whole duration, waiting included (a healthy ZeRO-2 job's rank 1
-    read "44% of each step waits on communication" live, from its first 7 steps)."""
+    read "44% of each step waits on communication" live, from its first 7 steps).
+
+    `at`: `c`'s calls placed (`positions.place`; `Metrics.placement` of `Metrics.comms`), else
+    placed here."""
     if c.empty:
         return pd.Series(dtype=float)
-    group, rank, k, slot = positions.in_step(c, c["ts"])
-    ids, count = positions.position_ids(slot, k)
-    del k
+    at = positions.place(c) if at is None else at
+    ids, count = at.ids, at.count
     dur = pd.to_numeric(c["dur"])
     placed = ids >= 0
     whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     out = np.full(len(c), np.nan)
     if count:
-        at = ids if whole else ids[placed]
+        where = ids if whole else ids[placed]
         values = dur.to_numpy(dtype=float, na_value=np.nan)
         least = np.full(count, np.nan)  # fmin skips NaN: a position of no known duration stays NaN
-        np.fmin.at(least, at, values if whole else values[placed])
+        np.fmin.at(least, where, values if whole else values[placed])
         del values
-        calls = np.bincount(at, minlength=count)
-        least[calls < positions.members(group, rank)[positions.group_of(ids, group, count)]] = np.nan
+        calls = np.bincount(where, minlength=count)
+        least[calls < at.need] = np.nan
         del calls
-        out[placed] = least[at]
+        out[placed] = least[where]
     if dur.dtype.kind in "iu" and not np.isnan(out).any():  # as the groupby's min of integers stays
         return pd.Series(out.astype(dur.dtype), index=c.index, name="dur")
     return pd.Series(out, index=c.index, name="dur")
 
 
-def arrival_wait(c: pd.DataFrame) -> pd.Series:
+def arrival_wait(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.Series:
     """Each member's wait for the last to arrive at the k-th op of its group: from its own start to
     the latest start, at most its duration (ns). Where every member sees the op complete at once it
     equals `dur - transfer_dur`; unlike that, a completion one rank noticed late (it was stopped or
     descheduled when the op completed: its `dur` runs on until it resumes) is not read as that
     rank waiting for the others (a rank stopped 40 ms of every 100 ms: half of all the waiting the
-    durations showed was its own stops)."""
+    durations showed was its own stops).
+
+    `at` as `transfer_dur`'s; calls placed by their starts as integers (a placement by float starts
+    is not taken: ties may differ)."""
     if c.empty:
         return pd.Series(dtype=float)
-    ts = pd.to_numeric(c["ts"]).astype("int64")
-    _, _, k, slot = positions.in_step(c, ts)
-    ids, count = positions.position_ids(slot, k)
-    del slot, k
+    num = pd.to_numeric(c["ts"])
+    ts = num.astype("int64")
+    if at is None or num.dtype.kind not in "iu":
+        at = positions.place(c, ts)
+    ids, count = at.ids, at.count
     placed = ids >= 0
     whole = bool(placed.all())  # (the usual case: no copy of the placed calls' ids)
     latest = np.zeros(len(c), np.int64)
     if count:
-        at = ids if whole else ids[placed]
+        where = ids if whole else ids[placed]
         most = np.full(count, np.iinfo(np.int64).min)
-        np.maximum.at(most, at, ts.to_numpy() if whole else ts.to_numpy()[placed])
-        latest[placed] = most[at]
+        np.maximum.at(most, where, ts.to_numpy() if whole else ts.to_numpy()[placed])
+        latest[placed] = most[where]
     # integers where every call has a position, else floats with NaN: as the groupby's max gave
     last = pd.Series(
         latest if placed.all() else np.where(placed, latest.astype(float), np.nan), index=c.index, name="ts"
@@ -143,11 +157,13 @@ def arrival_wait(c: pd.DataFrame) -> pd.Series:
     return (last - ts).clip(lower=0).clip(upper=pd.to_numeric(c["dur"]).fillna(0)).astype(float)
 
 
-def arrival_per_step(c: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
+def arrival_per_step(
+    c: pd.DataFrame, st: pd.DataFrame, at: positions.Positions | None = None
+) -> pd.DataFrame:
     """Per steady (rank, step) of `st`: `wait_s`, its wait for the last to arrive (`arrival_wait`) at its
     blocking collectives and at the step's last async one, and `compute_s`, the rest of the step.
     What a stopped rank's peers waited for it, without its own stops read as its waiting: an op it
-    saw complete only once resumed lasts, on its side, until then."""
+    saw complete only once resumed lasts, on its side, until then. `at`: as `arrival_wait`'s."""
     if c.empty or st.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "wait_s", "compute_s"])
     flag = (
@@ -155,34 +171,52 @@ def arrival_per_step(c: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
         if "async_op" in c
         else pd.Series(False, index=c.index)
     )
-    a = pd.DataFrame(
-        {"rank": c["rank"], "step": c["step"], "ts": pd.to_numeric(c["ts"]), "wait": arrival_wait(c) / NS}
-    )
-    sync = a[~flag].groupby(["rank", "step"], observed=True)["wait"].sum()
-    tail = a[flag].sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
-    wait = sync.add(tail.set_index(["rank", "step"])["wait"], fill_value=0.0)
-    df = join_steps(st, wait, "wait_s")
+    wait, ts, flags = arrival_wait(c, at) / NS, pd.to_numeric(c["ts"]), flag.to_numpy()
+    # one rank at a time: a frame, sort and groupbys of every call took +121 MiB for 843,360 calls
+    sync, tail = [], []
+    for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]):
+        a = pd.DataFrame(
+            {
+                "rank": c["rank"].iloc[rows],
+                "step": c["step"].iloc[rows],
+                "ts": ts.iloc[rows],
+                "wait": wait.iloc[rows],
+            }
+        )
+        mine = flags[rows]
+        sync.append(a[~mine].groupby(["rank", "step"], observed=True)["wait"].sum())
+        last = a[mine].sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
+        tail.append(last.set_index(["rank", "step"])["wait"])
+    sync, tail = [p for p in sync if len(p)], [p for p in tail if len(p)]
+    if sync and tail:
+        waits = pd.concat(sync).add(pd.concat(tail), fill_value=0.0)
+    else:
+        waits = pd.concat(sync or tail) if sync or tail else pd.Series(dtype=float)
+    df = join_steps(st, waits, "wait_s")
     return df.assign(compute_s=(df["dur_s"] - df["wait_s"]).clip(lower=0))
 
 
-def blocking_per_step(c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool) -> pd.DataFrame:
+def blocking_per_step(
+    c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool, at: positions.Positions | None = None
+) -> pd.DataFrame:
     """Blocking (async_op false) communication seconds per (rank, step) (`exposed_s`: the union of
     their intervals), joined to the steady steps; transfer time only, unless `waits` (then also the
-    time spent waiting for late ranks)."""
+    time spent waiting for late ranks). `at`: as `transfer_dur`'s."""
     if c.empty or steady_steps.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
-    # the columns the union reads: a filtered copy of the whole frame was most of the peak memory
-    dur = c["dur"] if waits else transfer_dur(c)  # waiting for a straggler is not an overlap problem
+    dur = c["dur"] if waits else transfer_dur(c, at)  # waiting for a straggler is not an overlap problem
     flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
-    sync = pd.DataFrame({col: c[col][flag] for col in ("rank", "step", "ts")}).assign(dur=dur[flag])
-    if sync.empty:
+    if not flag.any():
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
-    unknown = sync[sync["dur"].isna() & c.loc[sync.index, "dur"].notna()] if not waits else sync.iloc[:0]
-    out = join_steps(steady_steps, union_by_step(sync[sync["dur"].notna()]), "exposed_s")
-    if unknown.empty:
+    known = flag & dur.notna().to_numpy()
+    # selected one rank at a time (`union_by_step`): a copy of every blocking call's columns was
+    # this figure's peak (+55 MiB for a 16-rank x 1,000-step trace)
+    out = join_steps(steady_steps, union_by_step(c, known, dur), "exposed_s")
+    lost = flag & ~known & c["dur"].notna().to_numpy() if not waits else np.zeros(len(c), dtype=bool)
+    if not lost.any():
         return out
     # a step with a collective whose transfer time is unknown (a member's records not in yet): NaN,
     # not its other collectives' time alone (rows stay aligned with `waits=True`'s)
-    gone = pd.MultiIndex.from_frame(unknown[["rank", "step"]]).unique()
-    at = pd.MultiIndex.from_frame(out[["rank", "step"]]).isin(gone)
-    return out.assign(exposed_s=out["exposed_s"].mask(at))
+    gone = pd.MultiIndex.from_frame(c.loc[lost, ["rank", "step"]]).unique()
+    hit = pd.MultiIndex.from_frame(out[["rank", "step"]]).isin(gone)
+    return out.assign(exposed_s=out["exposed_s"].mask(hit))

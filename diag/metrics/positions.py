@@ -2,11 +2,12 @@
 on one rank matches the k-th on every other member (`comms.transfer_dur`, `comms.arrival_wait`,
 `straggler.arrivals`, the `collective_mismatch` rule).
 
-A call's position is a compact key (group code, rank code, k: three int32, 12 bytes a call)
-computed one rank at a time: k only orders a rank's own calls, so a sort of one rank's calls
-gives it, and the temporaries are one rank's (docs/scale.md). A reduction over the members of a
-position (the least duration, the latest start) then runs on a dense id per (group, k) with
-`ufunc.at`, no sort of the whole job's calls (a lexsort of 3.4 M calls and its keys: +120 MiB)."""
+A call's position is its k (its index among its rank's calls of its group and step) computed one
+rank at a time: k only orders a rank's own calls, so a sort of one rank's calls gives it, and the
+temporaries are one rank's (docs/scale.md). A reduction over the members of a position (the least
+duration, the latest start) then runs on a dense id per (group, step, k) with `ufunc.at`, no sort
+of the whole job's calls (a lexsort of 3.4 M calls and its keys: +120 MiB). An analysis places
+its calls once (`place`, `Metrics.placement`) and each reader reduces on those ids."""
 
 from __future__ import annotations
 
@@ -70,46 +71,87 @@ def index_per_rank(rank: np.ndarray, ts: np.ndarray, keys: tuple[np.ndarray, ...
     return out
 
 
-class Placed(NamedTuple):
-    """Each call's place among its group's calls of its step (`in_step`): group and rank codes, k
-    (its index among its rank's calls in that group and step, in time order) and `slot`, a code
-    per (group, step) that holds it, -1 where the call has no place: group or rank missing, or the
-    members' calls in that group and step differ in number (a step an attach or a detach cut on
-    each rank at its own point)."""
+class Positions(NamedTuple):
+    """Each call's position among its group's calls across ranks (`place`), placed once per
+    analysis (`Metrics.placement`) and read by every reduction over a position's members
+    (`comms.transfer_dur`, `comms.arrival_wait`, `breakdown.stragglers`; `collective_mismatch`
+    reads `k`): 8 bytes a call kept, where each reader placing the calls anew took 50-60 bytes a
+    call at its peak (docs/scale.md).
 
-    group: np.ndarray
-    rank: np.ndarray
+    `k`: a call's index among its rank's calls in its group and step, in time order (-1 where
+    group or rank is missing); `ids`: a dense id per (group, step, k), -1 where the call has none
+    (group or rank missing, or the members' calls in that group and step differ in number: a step
+    an attach or a detach cut on each rank at its own point); `count` ids; `need`: per id, its
+    group's members (`members`), the calls a position holds when every member made it."""
+
     k: np.ndarray
-    slot: np.ndarray
+    ids: np.ndarray
+    count: int
+    need: np.ndarray
 
 
-def in_step(c: pd.DataFrame, ts: pd.Series) -> Placed:
-    """The k-th call of a group in a step on one rank matches the k-th of that group and step on
-    every other member. Counted over the whole trace instead, one call more seen by one rank (an
-    attach lands mid-step on each rank at its own point) paired every later call with the wrong
-    one: on the real Megatron-DeepSpeed job attached mid-run, 53% of the TP group's positions paired
-    calls of different sizes. Calls without a step are one step."""
+def place(c: pd.DataFrame, ts: pd.Series | None = None) -> Positions:
+    """`c`'s calls placed by `ts` (else the frame's own): the k-th call of a group in a step on one
+    rank matches the k-th of that group and step on every other member. Counted over the whole
+    trace instead, one call more seen by one rank (an attach lands mid-step on each rank at its own
+    point) paired every later call with the wrong one: on the real Megatron-DeepSpeed job attached
+    mid-run, 53% of the TP group's positions paired calls of different sizes. Calls without a step
+    are one step. Integer arrays of 4 bytes a call, the (group, step) slot its code where the
+    codes are few (no hash of every call's pair)."""
+    n = len(c)
     group = coded(as_text(c["group"]))[0]
     rank = pd.factorize(c["rank"])[0].astype(np.int32)
     missing = (group < 0) | (rank < 0)
     group[missing] = -1
     rank[missing] = -1
-    step = pd.factorize(pd.to_numeric(c["step"]) if "step" in c else np.zeros(len(c)))[0]
-    step[step < 0] = int(step.max()) + 1 if len(step) else 0  # no step: a step of its own
-    k = index_per_rank(rank, numbers(ts), (group, step))
-    slot = np.full(len(c), -1, np.int64)
-    if len(c) and not missing.all():
-        pair = group.astype(np.int64) * (int(step.max()) + 1) + step
-        codes = pd.factorize(pair[~missing])[0]
-        slot[~missing] = codes
-        n = int(codes.max()) + 1
-        calls = np.bincount(codes, minlength=n)
-        ranks = np.bincount(codes[k[~missing] == 0], minlength=n)  # each rank's first call of the slot
-        longest = np.zeros(n, np.int64)
-        np.maximum.at(longest, codes, k[~missing])
-        even = calls == ranks * (longest + 1)  # every rank there made as many calls
-        slot[~missing] = np.where(even[codes], codes, -1)
-    return Placed(group, rank, k, slot)
+    need = members(group, rank)  # per group code
+    step = pd.factorize(pd.to_numeric(c["step"]) if "step" in c else np.zeros(n))[0]
+    step[step < 0] = int(step.max()) + 1 if n else 0  # no step: a step of its own
+    step = step.astype(np.int32)
+    k = index_per_rank(rank, numbers(c["ts"] if ts is None else ts), (group, step))
+    del rank
+    ok = ~missing
+    if not ok.any():
+        return Positions(k, np.full(n, -1, np.int32), 0, np.zeros(0, np.int64))
+    whole = not missing.any()  # (the usual case: no copy of the placed calls' codes)
+    del missing
+    slot, slots = _slots(group if whole else group[ok], step if whole else step[ok], n)
+    del step
+    at = k if whole else k[ok]
+    calls = np.bincount(slot, minlength=slots)
+    ranks = np.bincount(slot[at == 0], minlength=slots)  # each rank's first call of the slot
+    longest = np.zeros(slots, np.int64)
+    np.maximum.at(longest, slot, at)
+    even = (calls == ranks * (longest + 1)) & (calls > 0)  # every rank there made as many calls
+    width = np.where(even, longest + 1, 0)
+    del calls, ranks, longest, even
+    count = int(width.sum())
+    kind = np.int32 if count < 2**31 else np.int64
+    offset = (np.cumsum(width) - width).astype(kind)
+    ids = offset[slot]
+    ids += at
+    ids[width[slot] == 0] = -1
+    group_of = np.zeros(slots, np.int64)
+    group_of[slot] = group if whole else group[ok]
+    if not whole:
+        placed = np.full(n, -1, kind)
+        placed[ok] = ids
+        ids = placed
+    return Positions(k, ids, count, np.repeat(need[group_of], width))
+
+
+def _slots(group: np.ndarray, step: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """(a code per (group, step) for each call, how many codes): `group * steps + step` where
+    those are few (at most `n` + 2**20), else the pairs taken, numbered in order."""
+    steps = int(step.max()) + 1
+    slots = (int(group.max()) + 1) * steps
+    if slots <= n + 2**20:
+        slot = group.astype(np.int32 if slots < 2**31 else np.int64)
+        slot *= steps
+        slot += step
+        return slot, slots
+    codes = pd.factorize(group.astype(np.int64) * steps + step)[0]
+    return codes, int(codes.max()) + 1
 
 
 def coded(s: pd.Series, rows: np.ndarray | None = None) -> tuple[np.ndarray, pd.Index]:
@@ -129,38 +171,6 @@ def numbers(values: pd.Series) -> np.ndarray:
     if num.dtype.kind in "iu" and not num.isna().any():
         return num.to_numpy(np.int64)
     return num.to_numpy(dtype=float, na_value=np.nan)
-
-
-def position_ids(group: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, int]:
-    """(a dense id per (group, k) for each call, -1 where it has none; how many ids): the group's
-    offset plus k, so a reduction per position is a `ufunc.at` into an array of that length."""
-    placed = group >= 0
-    if not placed.any():
-        return np.full(len(group), -1, np.int64), 0
-    whole = bool(placed.all())  # (the usual case: no copy of the placed calls' codes)
-    g, at = (group, k) if whole else (group[placed], k[placed])
-    width = np.zeros(int(g.max()) + 1, np.int64)
-    np.maximum.at(width, g, at)
-    width += 1  # a group's largest k + 1 (0 for a code no call has: 1 spare id, never taken)
-    offset = np.concatenate(([0], np.cumsum(width)[:-1]))
-    ids = offset[g]
-    ids += at
-    if not whole:
-        out = np.full(len(group), -1, np.int64)
-        out[placed] = ids
-        ids = out
-    return ids, int(width.sum())
-
-
-def group_of(ids: np.ndarray, group: np.ndarray, count: int) -> np.ndarray:
-    """The group code of each position id (0 for an id no call has)."""
-    out = np.zeros(count, np.int64)
-    placed = ids >= 0
-    if placed.all():
-        out[ids] = group
-    else:
-        out[ids[placed]] = group[placed]
-    return out
 
 
 def members(group: np.ndarray, rank: np.ndarray) -> np.ndarray:

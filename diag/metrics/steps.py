@@ -55,21 +55,29 @@ def join_steps(steady_steps: pd.DataFrame, values: pd.Series, name: str) -> pd.D
     return out.fillna({name: 0.0})
 
 
-def union_by_step(c: pd.DataFrame) -> pd.Series:
+def union_by_step(c: pd.DataFrame, keep: np.ndarray | None = None, dur: pd.Series | None = None) -> pd.Series:
     """Seconds covered by the union of each (rank, step)'s [ts, ts + dur) intervals (nested or async
-    ops count once), indexed by (rank, step). One rank at a time: a union never crosses ranks, and
-    the sort and groupbys of every rank's calls at once took +165 MiB for a 64-rank x 1,000-step
-    trace's blocking collectives."""
+    ops count once), indexed by (rank, step), of the calls `keep` selects (all) with durations
+    `dur` (their own). One rank at a time, selected there: a union never crosses ranks, and the
+    sort and groupbys of every rank's calls at once took +165 MiB for a 64-rank x 1,000-step
+    trace's blocking collectives (a copy of the selected calls' columns, 32 bytes a call)."""
     if c.empty:
         return pd.Series(dtype=float)
-    parts = [
-        _union_of_rank(c.iloc[rows]) for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
-    ]
+    dur = c["dur"] if dur is None else dur
+    parts = []
+    for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]):
+        mine, took = c.iloc[rows][["rank", "step", "ts"]], dur.iloc[rows]
+        if keep is not None:
+            sel = keep[rows]
+            if not sel.any():
+                continue
+            mine, took = mine[sel], took[sel]
+        parts.append(_union_of_rank(mine, took))
     return pd.concat(parts) / NS if parts else pd.Series(dtype=float)
 
 
-def _union_of_rank(c: pd.DataFrame) -> pd.Series:
-    """`union_by_step` of one rank's calls, in ns."""
+def _union_of_rank(c: pd.DataFrame, dur: pd.Series) -> pd.Series:
+    """`union_by_step` of one rank's calls (`dur`: their durations), in ns."""
     ts = pd.to_numeric(c["ts"]).astype("int64")
     # offsets from the first op: epoch nanoseconds are past float64's exact integers (union_by_group
     # compares against a shifted, hence float, running end)
@@ -78,7 +86,7 @@ def _union_of_rank(c: pd.DataFrame) -> pd.Series:
             "rank": c["rank"],
             "step": c["step"],
             "ts": ts - ts.min(),
-            "dur": pd.to_numeric(c["dur"]).fillna(0).astype("int64"),
+            "dur": pd.to_numeric(dur).fillna(0).astype("int64"),
         }
     )
     return intervals.union_by_group(rows, ["rank", "step"])

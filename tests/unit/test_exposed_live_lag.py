@@ -58,7 +58,7 @@ def test_its_unmatched_collectives_have_no_transfer_time():
 def test_without_that_the_leading_rank_reads_as_exposed(monkeypatch):
     """The old reading (the minimum over whichever members are in) fires on the same view."""
 
-    def over_present(c: pd.DataFrame) -> pd.Series:
+    def over_present(c: pd.DataFrame, at: object = None) -> pd.Series:
         key = c["group"].astype(str)
         k = pd.DataFrame({"ts": c["ts"]}).sort_values("ts").groupby([c["rank"], key]).cumcount()
         frame = pd.DataFrame({"g": key, "k": k.reindex(c.index), "dur": pd.to_numeric(c["dur"])})
