@@ -126,9 +126,9 @@ def test_one_stage_computes_each_figure_once(monkeypatch):
     for name in ("temporal_breakdown", "comm_overlap", "collective_stats", "stragglers", "step_times"):
         real = getattr(breakdown, name)
 
-        def counted(trace, _real=real, _name=name):
+        def counted(trace, *args, _real=real, _name=name):
             calls[_name] = calls.get(_name, 0) + 1
-            return _real(trace)
+            return _real(trace, *args)
 
         monkeypatch.setattr(breakdown, name, counted)
     trace = load_inputs(GPU_RANKS)
