@@ -11,6 +11,7 @@ from diag.report.trace_tables import per, trace_tables
 from diag.units import binary_bytes as _bytes
 from diag.units import flop_count, flop_rate, percent, rate, significant
 from diag.units import ms as _ms
+from diag.vocab import UNNAMED_GROUP
 
 Table = tuple[str, list[str], list[list[str]]]
 
@@ -139,17 +140,30 @@ def tables(doc: dict[str, Any]) -> list[Table]:
             )
         )
     if m["collectives"]:
-        op_header = "op [group]" if any(r.get("group") for r in m["collectives"]) else "op"
+        # each op beside its group where the table holds several; one named group is said once, in
+        # the title (a group per row wrapped every row at 80 columns)
+        groups = {r.get("group") for r in m["collectives"]}
+        several = len(groups) > 1
+        (one,) = groups if not several else (None,)
+        where = f" in group {one}" if one and one != UNNAMED_GROUP else ""
         out.append(
             (
-                "Collectives (time: each call's start to its end on that rank, waiting for the other "
-                "ranks included; algbw / busbw over that time, so a rank that waits reads slower than "
-                "its link)",
-                ["rank", op_header, "calls", "time ms", "mean size", "algbw", "busbw"],
+                f"Collectives{where} (time: each call's start to its end on that rank, waiting for the "
+                "other ranks included; algbw / busbw over that time, so a rank that waits reads slower "
+                "than its link)",
+                [
+                    "rank",
+                    "op [group]" if several else "op",
+                    "calls",
+                    "time ms",
+                    "mean size",
+                    "algbw",
+                    "busbw",
+                ],
                 [
                     [
                         rank_label(r["rank"]),
-                        f"{r['op']} [{r['group']}]" if r.get("group") else r["op"],
+                        f"{r['op']} [{r.get('group') or UNNAMED_GROUP}]" if several else r["op"],
                         str(r["calls"]),
                         _ms(r["time_ns"]),
                         _bytes(r["mean_bytes"]),

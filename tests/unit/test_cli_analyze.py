@@ -83,7 +83,9 @@ def test_trace_plus_log_writes_all_reports(tmp_path):
     assert doc["ranks"] == [0, 1] and doc["summary"]["overflows"] == 2
     assert [x["loss_scale"] for x in doc["metrics"]["loss_scale"]] == [256.0, 128.0, 64.0]
     assert {c["op"] for c in doc["metrics"]["collectives"]} == {"all_reduce"}
-    assert "| rank | op [group] | calls |" in md.read_text() and "| all_reduce [default] |" in md.read_text()
+    # one group, and that one diag's placeholder (a trace with no group names): no group said
+    assert "| rank | op | calls |" in md.read_text() and "| all_reduce |" in md.read_text()
+    assert "Collectives (time" in md.read_text()
     assert html.read_text().count("<svg") == 7  # 6 plots and the per-rank step timeline
 
 
@@ -138,3 +140,23 @@ def test_options_between_paths(tmp_path):
     assert str(log) in json.dumps(sources) and json.loads(r.stdout)["sources"] == sources
     r = _diag(GPT_DS, "--rules", "overflow_storm", str(log), "--json")  # an option with a value between
     assert r.returncode == 0 and json.loads(r.stdout)["sources"] == sources, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("sample", "header", "title"),
+    [
+        ("embedding_moved", "| rank | op | calls |", "Collectives in group world:1 ("),  # one group
+        ("embedding_heavy", "| rank | op [group] | calls |", "Collectives ("),  # groups 0 and 1
+    ],
+)
+def test_collectives_table_names_groups_once_or_per_row(tmp_path, sample, header, title):
+    """The table splits each op by group; where the trace holds one group it is said once, in the
+    title (a group beside every op wrapped every row of the demo's table at 80 columns)."""
+    from tests.workloads.launch import ROOT
+
+    md = tmp_path / "r.md"
+    r = _diag(f"{ROOT}/sample_traces/{sample}", "--markdown", str(md))
+    assert r.returncode == 0, r.stderr
+    text = md.read_text()
+    assert header in text and title in text, text
+    assert ("all_reduce [" in text) == (header.endswith("[group] | calls |"))
