@@ -74,12 +74,11 @@ def _fixes(trace: Trace, job: framework.Job, p: int, m: int, split: Split | None
                     )
                 )
             elif not job.args:  # megatron-core's own schedule in the job's loop: no Megatron-LM arguments
-                now, then = (p - 1) / (m + p - 1), (p - 1) / (target + p - 1)
                 fixes.append(
                     Fix(
                         f"pass num_microbatches={target} (not {m}) to megatron-core's forward_backward_func "
                         f"(get_forward_backward_func()), micro_batch_size divided by {target / m:g} to keep "
-                        f"the batch: (p-1)/(m+p-1) {now:.2f} -> {then:.2f}"
+                        f"the batch: {_bubble_change(p, m, target)}"
                     )
                 )
         elif deepspeed_pipeline(trace):
@@ -144,6 +143,11 @@ def deepspeed_pipeline(trace: Trace) -> bool:
     return any(h.get("pipeline_engine") == "deepspeed" for h in trace.headers.values())
 
 
+def _bubble_change(p: int, m: int, target: int) -> str:
+    """The schedule's bubble share before and after m -> target micro-batches, as a fix says it."""
+    return f"(p-1)/(m+p-1) {(p - 1) / (m + p - 1):.2f} -> {(p - 1) / (target + p - 1):.2f}"
+
+
 def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target: int) -> Fix:
     """m -> target micro-batches; the global batch (micro x m x dp) stays where the micro-batch divides,
     else train_batch_size grows with them (DeepSpeed checks train_batch_size = micro x accumulation x dp)."""
@@ -151,7 +155,7 @@ def _more_microbatches(trace: Trace, job: framework.Job, p: int, m: int, target:
     micro, batch = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("train_batch_size")
     patch: dict[str, Any] = {"gradient_accumulation_steps": target}
     args: list[str] = []
-    what = f"(p-1)/(m+p-1) {(p - 1) / (m + p - 1):.2f} -> {(p - 1) / (target + p - 1):.2f}"
+    what = _bubble_change(p, m, target)
     if micro and int(micro) * m % target == 0:
         patch["train_micro_batch_size_per_gpu"] = int(micro) * m // target
         args = job.flags("--micro-batch-size", str(patch["train_micro_batch_size_per_gpu"]))
