@@ -57,8 +57,9 @@ def render(doc: dict[str, Any], console: Console, *, quiet: bool = False) -> Non
 def plain_table(
     title: str, header: Sequence[str], rows: Iterable[Sequence[str]], left: Iterable[str] = ()
 ) -> Table:
-    """A rich table whose title and cells are plain text (never markup); columns right-justified
-    but those named in `left`. A rank column is never wrapped (`pid 20267` on one line); a name
+    """A rich table whose title and cells are plain text (never markup); numbers right-justified,
+    names (`left`, `_NAME_COLUMNS`, `_FOLD_COLUMNS`) left-justified, as a name reads from its
+    start. A rank column is never wrapped (`pid 20267` on one line); a name
     column (`_NAME_COLUMNS`) is as wide as its longest word (`all_reduce` read `all_red…` at 80
     columns: the numbers wrap instead); a module column (`_FOLD_COLUMNS`) folds a long name over
     lines (cut, megatron-core's `module.decoder.layers.1.self_attention.linear_proj` and every other
@@ -71,7 +72,7 @@ def plain_table(
         widest = max((len(w) for w in words), default=None)
         t.add_column(
             Text(h),
-            justify="left" if h in lefts or h in _FOLD_COLUMNS else "right",
+            justify="left" if h in lefts or h in _NAME_COLUMNS or h in _FOLD_COLUMNS else "right",
             no_wrap=h in _RANK_COLUMNS,
             min_width=widest,
             overflow="fold" if h in _FOLD_COLUMNS else "ellipsis",

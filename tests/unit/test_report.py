@@ -390,3 +390,16 @@ def test_terminal_tables_fold_module_names_and_keep_op_whole_at_80_columns():
         Console(file=out, width=80).print(table)
         into.extend(line.split("│")[col].strip() for line in out.getvalue().splitlines() if "│" in line)
     assert "".join(firsts) == name and "all_reduce" in seconds, (firsts, seconds)
+
+
+def test_terminal_tables_left_justify_names_and_right_justify_numbers():
+    """A short op under a long one reads from the column's start (`send` beside `all_reduce`), the
+    numbers beside it from its end, so digits line up."""
+    table = terminal.plain_table(
+        "t", ["rank", "op", "calls"], [["0", "all_reduce", "1200"], ["0", "send", "3"]]
+    )
+    out = io.StringIO()
+    Console(file=out, width=80).print(table)
+    rows = [line.split("│") for line in out.getvalue().splitlines() if "send" in line or "1200" in line]
+    (send,) = (r for r in rows if "send" in r[2])
+    assert send[2].startswith(" send ") and send[3].endswith("    3 "), rows
