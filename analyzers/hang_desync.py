@@ -10,6 +10,7 @@ from diag.analyzers.base import rule
 
 from diag import schema
 from diag.findings import Finding, Fix
+from diag.metrics import tails
 from diag.metrics.steps import NS
 from diag.metrics.text import as_text
 
@@ -28,8 +29,9 @@ STALL_CAP_S = 6.0  # ... at most this long when the waiting ranks are in a call 
 
 
 def last_seen(trace: Trace) -> pd.Series:
-    """Each rank's last event timestamp (ns) over steps and comms."""
-    parts = [df.groupby("rank")["ts"].max() for df in (trace.steps, trace.comms) if not df.empty]
+    """Each rank's last event timestamp (ns) over steps and comms (each rank's own rows:
+    `tails.max_by_rank`)."""
+    parts = [tails.max_by_rank(df["ts"], df["rank"]) for df in (trace.steps, trace.comms) if not df.empty]
     if not parts:
         return pd.Series(dtype="int64")
     return pd.concat(parts, axis=1).max(axis=1).astype("int64")
@@ -41,18 +43,18 @@ def _size(nbytes: Any) -> int | None:
 
 
 def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
-    """Per group: each member rank's count of collectives and its last one (op, bytes, step)."""
+    """Per group: each member rank's count of collectives and its last one (op, bytes, step),
+    taken from each rank's own calls (`tails.last_per_group`: a groupby of every call by group and
+    rank was this rule's peak after `metrics.comms`)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    by = c.groupby([as_text(c["group"]), "rank"], observed=True)
-    counts, last = by.size(), c.loc[by["ts"].idxmax()]
-    for (group, rank), n, op, nbytes, step in zip(
-        counts.index, counts, last["kind"], last["bytes"], last["step"]
-    ):
+    lasts = tails.last_per_group(as_text(c["group"]), c["rank"], c["ts"])
+    kind, nbytes, step = (c[col].iloc[lasts.row] for col in ("kind", "bytes", "step"))
+    for group, rank, n, op, size, at in zip(lasts.group, lasts.rank, lasts.count, kind, nbytes, step):
         out.setdefault(group, {})[int(rank)] = {
             "count": int(n),
             "op": op,
-            "bytes": _size(nbytes),
-            "step": int(step),
+            "bytes": _size(size),
+            "step": int(at),
         }
     return out
 
@@ -86,8 +88,7 @@ def still_moving(trace: Trace, c: pd.DataFrame, median_step_s: float) -> bool:
     last = liveness.last_record(trace)
     if c.empty or last.empty:
         return False
-    ends = pd.to_numeric(c["ts"], errors="coerce") + pd.to_numeric(c["dur"], errors="coerce")
-    quiet_s = (float(last.min()) - float(ends.max())) / NS
+    quiet_s = (float(last.min()) - tails.latest_end(c["ts"], c["dur"])) / NS
     return quiet_s < max(STALL_S, STALL_STEPS * median_step_s)
 
 

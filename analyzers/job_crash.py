@@ -288,7 +288,7 @@ def _dead_rank(
     st, c = metrics.steps, metrics.comms
     step = {r: int(st[st["rank"] == r]["step"].max()) for r in dead if (st["rank"] == r).any()}
     peers = [int(r) for r in liveness.last_record(trace).index if int(r) not in dead]
-    left = liveness.pending_collectives(c[c["rank"].isin(peers)]) if not c.empty else c
+    left = liveness.pending_collectives(c, c["rank"].isin(peers)) if not c.empty else c
     ran_on = st[st["rank"].isin(peers)]["step"] if not st.empty else st
     peer_step = int(ran_on.max()) if len(ran_on) else None
     where = ""

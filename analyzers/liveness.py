@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag import schema
+from diag.metrics import tails
 from diag.metrics.comms import comm_frame
 from diag.metrics.steps import NS
 
@@ -100,7 +101,7 @@ def _last_record(trace: Trace) -> pd.Series:
     for kind in _RECORD_KINDS:
         df = trace.frame(kind)
         if not df.empty and "ts" in df:
-            parts.append(pd.to_numeric(df["ts"], errors="coerce").groupby(df["rank"]).max())
+            parts.append(tails.max_by_rank(pd.to_numeric(df["ts"], errors="coerce"), df["rank"]))
     if not parts:
         return pd.Series(dtype="float64")
     s = pd.concat(parts, axis=1).max(axis=1)
@@ -163,13 +164,15 @@ def died(trace: Trace, rank: int, how: dict[str, Any]) -> bool:
     return bool(closed(trace) - {rank})
 
 
-def pending_collectives(c: pd.DataFrame) -> pd.DataFrame:
+def pending_collectives(c: pd.DataFrame, among: pd.Series | None = None) -> pd.DataFrame:
     """Collectives issued and never completed (the agent writes their duration as null once it gave
     up waiting, after 10 s or when it closed; `entered` adds those still waited in): where a rank
-    is stuck."""
+    is stuck. `among`: a mask of the calls to look at, taken with the pending ones (selected
+    first, the selection was a copy of each selected call's every column)."""
     if c.empty:
         return c
-    return c[pd.to_numeric(c["dur"], errors="coerce").isna()]
+    pending = pd.to_numeric(c["dur"], errors="coerce").isna()
+    return c[pending if among is None else pending & among]
 
 
 def entered(trace: Trace, metrics: Metrics) -> pd.DataFrame:

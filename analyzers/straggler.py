@@ -91,21 +91,21 @@ ONSET_MARGIN = 5.0
 ONSET_EXCESS_S = 0.2
 
 
-def async_tail_wait(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.Series:
+def async_tail_wait(c: pd.DataFrame, xfer: pd.Series | None = None) -> pd.Series:
     """Seconds each (rank, step) waited for late peers at its last async collective: the op's
     duration beyond its transfer time (the least duration over the group's members, `transfer_dur`).
 
     Why the last one: an async collective (DDP's bucket all-reduces, issued and waited by the C++
     Reducer) overlaps the rank's own work until someone waits for it, which no Python frame shows.
     The last one issued in a step is waited for right away (DDP's Reducer at the end of backward),
-    so its wait is time the step lost; earlier ones overlap it and the rank's own work. `at`: `c`'s
-    calls placed (`Metrics.placement`)."""
+    so its wait is time the step lost; earlier ones overlap it and the rank's own work. `xfer`:
+    `transfer_dur(c)` where computed already (`Metrics.transfer`)."""
     if c.empty or "async_op" not in c:
         return pd.Series(dtype=float)
     flag = c["async_op"].astype("boolean").fillna(False).astype(bool).to_numpy()
     if not flag.any():
         return pd.Series(dtype=float)
-    xfer = transfer_dur(c, at)
+    xfer = transfer_dur(c) if xfer is None else xfer
     # one rank at a time: a frame, sort and groupby of every async call took +79 MiB for 843,360
     parts = [
         _tail_wait(c.iloc[rows], flag[rows], xfer.iloc[rows])
@@ -146,7 +146,7 @@ def compute_per_step(metrics: Metrics) -> pd.DataFrame:
 
 
 def _compute_per_step(metrics: Metrics) -> pd.DataFrame:
-    df, tail = metrics.blocked, async_tail_wait(metrics.comms, metrics.placement)
+    df, tail = metrics.blocked, async_tail_wait(metrics.comms, metrics.transfer)
     if df.empty and not tail.empty:  # no blocking collective at all (plain DDP)
         df = metrics.steady_steps[["rank", "step", "dur_s"]].assign(exposed_s=0.0)
     if df.empty:

@@ -197,14 +197,18 @@ def arrival_per_step(
 
 
 def blocking_per_step(
-    c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool, at: positions.Positions | None = None
+    c: pd.DataFrame, steady_steps: pd.DataFrame, waits: bool, xfer: pd.Series | None = None
 ) -> pd.DataFrame:
     """Blocking (async_op false) communication seconds per (rank, step) (`exposed_s`: the union of
     their intervals), joined to the steady steps; transfer time only, unless `waits` (then also the
-    time spent waiting for late ranks). `at`: as `transfer_dur`'s."""
+    time spent waiting for late ranks). `xfer`: `transfer_dur(c)` where computed already
+    (`Metrics.transfer`)."""
     if c.empty or steady_steps.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
-    dur = c["dur"] if waits else transfer_dur(c, at)  # waiting for a straggler is not an overlap problem
+    if waits:
+        dur = c["dur"]
+    else:
+        dur = transfer_dur(c) if xfer is None else xfer  # waiting for a straggler is not an overlap problem
     flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
     if not flag.any():
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])

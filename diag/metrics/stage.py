@@ -29,6 +29,7 @@ class Metrics:
 
     trace: Trace
     _placement: positions.Positions | None = field(default=None, init=False, repr=False)
+    _transfer: pd.Series | None = field(default=None, init=False, repr=False)
 
     # ---- whole-trace figures (the report's metrics section) -----------------------------------
     @cached_property
@@ -117,14 +118,25 @@ class Metrics:
         """`placement` where this rule placed the calls already, else None."""
         return self._placement
 
+    @property
+    def transfer(self) -> pd.Series:
+        """Each of `comms`' calls' transfer time (`comms.transfer_dur` on `placement`), once per
+        rule and held as `placement` is: the straggler rule read it twice (`exposed` and its async
+        tail, `straggler.async_tail_wait`), each a reduction over every call."""
+        if self._transfer is None:
+            self._transfer = comms.transfer_dur(self.comms, self.placement)
+        return self._transfer
+
     def end_rule(self) -> None:
-        """Drop what is held for one rule only (`placement`; `analyzers.run_all` after each)."""
+        """Drop what is held for one rule only (`placement`, `transfer`; `analyzers.run_all` after
+        each)."""
         self._placement = None
+        self._transfer = None
 
     @cached_property
     def exposed(self) -> pd.DataFrame:
         """Per steady (rank, step): seconds blocked in collectives, transfer time only (`exposed_s`)."""
-        return comms.blocking_per_step(self.comms, self.steady_steps, waits=False, at=self.placement)
+        return comms.blocking_per_step(self.comms, self.steady_steps, waits=False, xfer=self.transfer)
 
     @cached_property
     def blocked(self) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from diag.analyzers import collective_mismatch as cm
-from diag.analyzers import run_all
+from diag.analyzers import run_all, straggler
 
 import diag
 from diag.importers import load_inputs
@@ -41,6 +41,29 @@ def test_a_rule_places_the_calls_once(monkeypatch):
     assert not failures, failures
     assert placed == [len(metrics.comms)]
     assert metrics.placed is None
+
+
+def test_a_rule_computes_the_transfer_times_once(monkeypatch):
+    """`metrics.exposed` and the async tail (`straggler.async_tail_wait`) read one `transfer_dur`
+    of every call (`Metrics.transfer`), dropped with the placement when the rule ends."""
+    trace = diag.load(os.path.join(ROOT, "tests", "fixtures", "zero2_start"))
+    metrics = Metrics(trace)
+    computed: list[int] = []
+    real = comms.transfer_dur
+
+    def counted(c, at=None):
+        computed.append(len(c))
+        return real(c, at)
+
+    monkeypatch.setattr(comms, "transfer_dur", counted)
+    monkeypatch.setattr(straggler, "transfer_dur", counted)
+    _, failures = run_all(trace, only=["straggler"], metrics=metrics)
+    assert not failures, failures
+    assert not metrics.exposed.empty and computed == [len(metrics.comms)]
+    got = metrics.transfer
+    assert got.equals(real(metrics.comms)) and computed == [len(metrics.comms)] * 2
+    metrics.end_rule()
+    assert metrics.placed is None and metrics.transfer is not got
 
 
 @pytest.mark.parametrize("path", DIAG_DIRS, ids=os.path.basename)
