@@ -1,8 +1,9 @@
 """Per-module forward and backward time, FLOPs and memory delta on sampled steps.
 
 A sampled step is one where `agent.sampled` is set (the steps collector, every `layers_every`
-steps). Before any step boundary has been seen, the step under way is sampled whole when the agent
-started with the job, and not at all after an attach (it is partial); a loop with no boundary within
+steps, and the first steady step, the third, where the agent started with the job). Before any
+step boundary has been seen, the step under way is sampled whole when the agent started with the
+job, and not at all after an attach (it is partial); a loop with no boundary within
 64 micro-batches (one the steps collector does not know) has every `layers_every`-th outermost
 forward (micro-batch) sampled from then on. Sampled steps are always tracked steps of the module
 tracker (collectors/modules.py), whose hooks drive this recorder; on other steps its global hooks

@@ -78,6 +78,12 @@ class Agent:
         self.step = 0  # index of the step in progress (steps collector)
         self.layers_every = options.layers_every  # 0: no sampled steps
         self.sampled = False  # is the current step a per-layer sampled step
+        # boundaries until the first steady step, sampled too where the agent started with the job
+        # (0: none). The first step (sampled whole, collectors/layers.py) has no duration and the
+        # next is the analysis's warm-up (`steps.steady`): a short run's only sample was the first,
+        # mostly waiting in its first collectives; a 12-step megatron-core run's step 1 took 609 ms
+        # where steady ones took 90
+        self._to_steady = 0 if options.joined else 2
         self.module_stack: list[str] = []  # qualified names of modules running now (fwd or bwd)
         self.step_listeners: list[StepListener] = []
         # run by the writer thread every flush: collectors that wrap a framework imported after the
@@ -209,7 +215,11 @@ class Agent:
         """Called by the steps collector at each optimizer-step boundary (training thread)."""
         self.step = step
         every = self.layers_every
-        self.sampled = every > 0 and step % every == 0
+        if self._to_steady:
+            self._to_steady -= 1
+            self.sampled = every > 0 and (step % every == 0 or not self._to_steady)
+        else:
+            self.sampled = every > 0 and step % every == 0
         if not (self._layout_known and self._rank_known) and len(sys.modules) != self._layout_modules:
             self._learn_layout()
         faults = self.faults

@@ -11,7 +11,7 @@ from diag import schema
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
-COLUMNS = ["module", "steps", "fwd_ms", "bwd_ms", "flops", "tflops", "mfu", "mem_delta"]
+COLUMNS = ["module", "steps", "fwd_ms", "bwd_ms", "flops", "tflops", "mfu", "mem_delta", "warmup"]
 
 
 def renumber(name: str, numbers: dict[str, int]) -> str:
@@ -48,6 +48,23 @@ def model_wide_layers(trace: Trace) -> pd.DataFrame:
     return lay.assign(module=global_layer_names(trace, lay))
 
 
+def steady_samples(layers: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
+    """`layers` on each rank's steady steps (`steady`: rank, step; `Metrics.steady_steps`) where it
+    sampled one, else all of its records, with a column `warmup`: the record's step is not steady.
+    The first steps are the warm-up (lazy set-up, the first collectives' connections): Megatron-LM's
+    run_simple_mcore_train_loop.py at TP=2, 12 steps, sampled step 0 alone and its table gave rank
+    0's embedding forward 115.7 ms, 111.6 of them waiting in its first all_reduce; its step 1 took
+    609 ms where steady ones took 90. The agent also samples the first steady step
+    (diag/agent/runtime.py), so a run of three steps or more has a steady sample."""
+    if layers.empty:
+        return layers.assign(warmup=False)
+    keys = pd.MultiIndex.from_frame(layers[["rank", "step"]].astype("int64"))
+    warm = ~keys.isin(pd.MultiIndex.from_frame(steady[["rank", "step"]].astype("int64")))
+    warm = pd.Series(warm, index=layers.index)
+    steady_rank = (~warm).groupby(layers["rank"]).transform("any")
+    return layers.assign(warmup=warm)[~(warm & steady_rank)]
+
+
 def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
     """Layer records of modules without children (parents' records are inclusive of them). The root
     is named by its class, not as a prefix of its children: it is the one with the most FLOPs."""
@@ -61,7 +78,8 @@ def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
 def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -> pd.DataFrame:
     """The `top` leaf modules, each from the lowest rank that ran it, by time per sampled step:
     forward and backward ms, FLOPs, FLOP/s over its own time, MFU, and the mean allocated-memory
-    change of its forward (CUDA only; None on CPU). Each module's own lowest rank, not the job's:
+    change of its forward (CUDA only; None on CPU), and whether its records are all of warm-up
+    steps (`warmup`, a column `steady_samples` adds). Each module's own lowest rank, not the job's:
     under pipeline parallelism a stage's layers run on its ranks only (Megatron-DeepSpeed PP=2: the
     table showed stage 0 alone, without the logits and layer 1, 68% of the FLOPs)."""
     if layers.empty:
@@ -80,5 +98,6 @@ def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -
     fwd = leaf[leaf["phase"] == "fwd"]
     out["mem_delta"] = pd.to_numeric(fwd["mem_delta"], errors="coerce").groupby(fwd["module"]).mean()
     out["steps"] = steps.reindex(out.index)
+    out["warmup"] = leaf["warmup"].groupby(leaf["module"]).all() if "warmup" in leaf else False
     out = out.assign(_t=out["fwd_ms"] + out["bwd_ms"]).sort_values("_t", ascending=False).head(top)
     return out.drop(columns="_t").rename_axis("module").reset_index()[COLUMNS]

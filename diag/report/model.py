@@ -161,7 +161,9 @@ def build(
                 ),  # trace + log by iteration (importers/join.py)
             },
             "throughput": tp,
-            "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None),
+            "layers": trace_doc.layers(
+                trace, tp["peak"]["tflops"] if tp["peak"] else None, metrics.steady_steps
+            ),
             "steps": trace_doc.steps(tp["per_step"], trace),
             "step_timeline": trace_doc.step_timeline(trace),
             "memory": trace_doc.memory(trace),

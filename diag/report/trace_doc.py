@@ -7,14 +7,22 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from diag.metrics.layer_stats import model_wide_layers, top_layers
+from diag.metrics import steps as step_frames
+from diag.metrics.layer_stats import model_wide_layers, steady_samples, top_layers
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 
-def layers(trace: Trace, peak_tflops: float | None) -> list[dict[str, Any]]:
-    return top_layers(model_wide_layers(trace), peak_tflops).astype(object).to_dict("records")
+def layers(
+    trace: Trace, peak_tflops: float | None, steady: pd.DataFrame | None = None
+) -> list[dict[str, Any]]:
+    """The top layers over the steady samples (`steady`: the steady steps, `Metrics.steady_steps`;
+    the warm-up's samples only where a rank has no other)."""
+    if steady is None:
+        steady = step_frames.steady(step_frames.step_frame(trace.steps))
+    lay = steady_samples(model_wide_layers(trace), steady)
+    return top_layers(lay, peak_tflops).astype(object).to_dict("records")
 
 
 def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:

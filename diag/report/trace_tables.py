@@ -74,9 +74,18 @@ def layers_table(doc: dict[str, Any]) -> list[Table]:
     ]
     devices = {r["device"] for r in (doc.get("memory") or {}).get("peaks") or []}
     note = "; memory deltas: none on CPU (no device allocator)" if not with_mem and devices == {"cpu"} else ""
-    steps = rows[0]["steps"]
-    title = f"Top layers by time (leaf modules, each on its lowest rank, mean of {steps} sampled steps{note})"
+    title = f"Top layers by time (leaf modules, each on its lowest rank, {_samples(rows)}{note})"
     return [(title, head, body)]
+
+
+def _samples(rows: list[dict[str, Any]]) -> str:
+    """Which steps the layers' times are from: warm-up samples are said as such."""
+    warm = sum(bool(r.get("warmup")) for r in rows)
+    if warm == len(rows):
+        return "warm-up steps only"
+    steps = max(int(r["steps"]) for r in rows if not r.get("warmup"))
+    said = f"mean of {steps} steady sampled step{'s' if steps != 1 else ''}"
+    return said + (f"; {warm} of warm-up steps only" if warm else "")
 
 
 STEP_COLUMNS = ("step", "slowest ms", "fastest ms", "slowest rank", "applied")

@@ -111,10 +111,13 @@ def test_module_flops_exact_and_inclusive(tmp_path) -> None:
 
 
 def test_sampling_every_n_steps(tmp_path) -> None:
+    """Every 3rd step, and the first steady one (the third: the first has no duration, the second
+    is the analysis's warm-up): a 12-step megatron-core run at the default 50 had step 0 alone,
+    its first all_reduce 111.6 of the embedding's 115.7 ms forward."""
     diag_agent.start(str(tmp_path), what=("layers",), layers_every=3)
     train(7)
     diag_agent.stop()
-    assert {r["step"] for r in events(str(tmp_path), schema.LAYER)} == {0, 3, 6}
+    assert {r["step"] for r in events(str(tmp_path), schema.LAYER)} == {0, 2, 3, 6}
     assert len({r["step"] for r in events(str(tmp_path), schema.STEP)}) == 7
 
 
@@ -125,8 +128,8 @@ def test_layers_listens_to_step_boundaries_only_while_a_sample_runs(tmp_path) ->
     listening = []
     train(7, pause=lambda step: listening.append(any(c == "layers" for c, _, _ in ag.step_listeners)))
     diag_agent.stop()
-    assert listening == [True, False, False, True, False, False, True]
-    assert {r["step"] for r in events(str(tmp_path), schema.LAYER)} == {0, 3, 6}
+    assert listening == [True, False, True, True, False, False, True]
+    assert {r["step"] for r in events(str(tmp_path), schema.LAYER)} == {0, 2, 3, 6}
 
 
 def test_hook_faults_are_counted_not_raised(tmp_path) -> None:
@@ -511,7 +514,7 @@ def test_the_first_step_is_sampled_whole_or_not_at_all(tmp_path) -> None:
     step up to the first sampled one. Started with the job, the first step is sampled whole; after
     an attach (joined), which lands mid-step, not at all."""
     whole = _root_flops(_accumulating(str(tmp_path / "start"), 7, joined=False, layers_every=3))
-    assert sorted(whole) == [0, 3, 6]
+    assert sorted(whole) == [0, 2, 3, 6]  # and the first steady one (`test_sampling_every_n_steps`)
     assert all(v == (2, 2 * ROOT_FWD, 2 * ROOT_BWD) for v in whole.values()), whole
     joined = _root_flops(_accumulating(str(tmp_path / "attach"), 7, joined=True, layers_every=3))
     assert sorted(joined) == [3, 6] and joined[3] == (2, 2 * ROOT_FWD, 2 * ROOT_BWD)
