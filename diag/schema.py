@@ -151,6 +151,8 @@ MEGATRON_MODEL_ARGS = (
     "num_experts",
     "moe_router_topk",
     "moe_ffn_hidden_size",
+    "moe_layer_freq",
+    "moe_shared_expert_intermediate_size",
     "checkpoint_activations",
     "recompute_granularity",
     "deepspeed",

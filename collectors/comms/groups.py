@@ -38,6 +38,19 @@ ROLES = (
     ("megatron.core.parallel_state", "_DATA_PARALLEL_GROUP_WITH_CP", "dp_cp"),
     ("megatron.core.parallel_state", "_SEQUENCE_DATA_PARALLEL_GROUP", "sp_dp"),
     ("megatron.core.parallel_state", "_EXPERT_DATA_PARALLEL_GROUP", "ep_dp"),
+    ("megatron.core.parallel_state", "_EXPERT_DATA_PARALLEL_GROUP_GLOO", "ep_dp"),
+    # the MoE groups megatron-core's token dispatchers and expert layers call on (its
+    # ProcessGroupCollection names them tp_ep, expt_tp, tp_ep_pp): the alltoall dispatcher
+    # all-gathers its tokens-per-expert counts on tp_ep, a different group object from ep
+    ("megatron.core.parallel_state", "_EXPERT_TENSOR_PARALLEL_GROUP", "ep_tp"),
+    ("megatron.core.parallel_state", "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "tp_ep"),
+    ("megatron.core.parallel_state", "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "tp_ep_pp"),
+    ("megatron.core.parallel_state", "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "ep_dp"),
+    ("megatron.core.parallel_state", "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "ep_dp_inter"),
+    ("megatron.core.parallel_state", "_TENSOR_AND_DATA_PARALLEL_GROUP", "tp_dp"),
+    ("megatron.core.parallel_state", "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "tp_dp_cp"),
+    ("megatron.core.parallel_state", "_TENSOR_AND_CONTEXT_PARALLEL_GROUP", "tp_cp"),
+    ("megatron.core.parallel_state", "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "dist_opt"),
     ("megatron.core.parallel_state", "_MODEL_PARALLEL_GROUP", "mp"),
     ("megatron.core.parallel_state", "_EMBEDDING_GROUP", "embd"),
     ("megatron.core.parallel_state", "_POSITION_EMBEDDING_GROUP", "pos_embd"),

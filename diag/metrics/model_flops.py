@@ -13,7 +13,8 @@ formulas, each exactly as its framework prints its own TFLOPs line, so diag agre
 - `megatron_lm`: NVIDIA/Megatron-LM `megatron/training/training.py` `num_floating_point_operations`
   (d98e8a6, 2026-08), dense MHA/GQA path: 3 (fwd + 2 bwd) x 2 (FMA) x per-token GEMMs (QKV with
   query groups, output projection, MLP x2 or x3 with SwiGLU, logits) + the core attention over the
-  causal half of s x s. Recomputation is NOT counted (model FLOPs). MoE layers count `topk` experts.
+  causal half of s x s. Recomputation is NOT counted (model FLOPs). MoE layers (`moe_layer_freq`)
+  count `moe_router_topk` routed experts and the shared expert; the router's GEMM is not counted.
   Its log line: `throughput per GPU (TFLOP/s/GPU)`. Older Megatron-LM releases counted the full
   s x s attention (no causal half): their lines differ from this by that term.
 
@@ -110,13 +111,29 @@ def megatron_lm(m: dict[str, Any], batch: int) -> float:
     kv_ch = _int(m, "kv_channels", h // heads)
     q, kv = kv_ch * heads, kv_ch * groups
     ffn_mult = 3 if _true(m, "swiglu") else 2
-    experts = m.get("num_experts")  # Megatron-DeepSpeed prints [1] for a dense model
-    experts = max(experts, default=1) if isinstance(experts, list) else experts
-    if experts not in (None, "None", 1, "[1]"):
-        ffn = _int(m, "moe_ffn_hidden_size", ffn) * _int(m, "moe_router_topk", 2)
-    per_token = 6 * (h * ffn * ffn_mult * layers + layers * (h * (q + 2 * kv) + q * h) + h * vocab)
+    moe = _moe_layers(m, layers)
+    routed = _int(m, "moe_ffn_hidden_size", ffn) * _int(m, "moe_router_topk", 2)
+    routed += _int(m, "moe_shared_expert_intermediate_size", 0)
+    mlp = h * ffn_mult * (ffn * (layers - moe) + routed * moe)
+    per_token = 6 * (mlp + layers * (h * (q + 2 * kv) + q * h) + h * vocab)
     core = 6 * q * layers  # 3 x 2 x q / 2 (causal half) x 2 (QK^T and AV), per s^2
     return float(batch * s * per_token + batch * s * s * core)
+
+
+def _moe_layers(m: dict[str, Any], layers: int) -> int:
+    """How many of the layers are MoE, as Megatron-LM counts them: none without `num_experts`
+    (Megatron-DeepSpeed prints [1] for a dense model), else `moe_layer_freq`'s pattern: an int N is
+    every Nth layer from the first (default 1: all), a list marks each layer 1 (MoE) or 0 (dense),
+    as DeepSeek-V3's first three dense layers do."""
+    experts = m.get("num_experts")
+    experts = max(experts, default=1) if isinstance(experts, list) else experts
+    if experts in (None, "None", 1, "[1]"):
+        return 0
+    freq = m.get("moe_layer_freq", 1)
+    if isinstance(freq, list):
+        return sum(1 for x in freq[:layers] if x)
+    every = _int(m, "moe_layer_freq", 1)
+    return len(range(0, layers, every)) if every > 0 else layers
 
 
 def formula_of(m: dict[str, Any]) -> str:

@@ -90,6 +90,29 @@ def test_megatron_lm_formula_by_hand():
     assert model_flops.formula_of(SHAPE) == "megatron-deepspeed"
 
 
+def test_megatron_lm_moe_counts_routed_shared_and_dense_layers_as_megatron_lm_does():
+    """Megatron-LM's `num_floating_point_operations` (d98e8a6): MoE layers by `moe_layer_freq`,
+    each with `moe_router_topk` experts of `moe_ffn_hidden_size` plus the shared expert; the other
+    layers dense with `ffn_hidden_size`. The shape of run_simple_mcore_train_loop.py made MoE
+    (4 experts, top-2, batch 16): diag's counted FLOPs of that run were this + the full (not
+    causal) s x s attention 9,437,184 + the router GEMMs 589,824 = 62,226,432, to the FLOP."""
+    h, s, layers, v = 12, 64, 2, 100
+    moe = {"num_layers": layers, "hidden_size": h, "ffn_hidden_size": 48, "num_attention_heads": 4}
+    moe |= {"seq_length": s, "padded_vocab_size": v, "num_experts": 4, "moe_router_topk": 2}
+    attn, logits, core = layers * 4 * h * h, h * v, 6 * h * layers * s * s
+    per_token = 6 * (2 * h * 48 * 2 * layers + attn + logits)
+    assert model_flops.megatron_lm(moe, 16) == 16 * (s * per_token + core) == 52_199_424
+    # DeepSeek-style: first layer dense (its own ffn), the second MoE with a shared expert
+    ds = {**moe, "num_layers": 2, "moe_layer_freq": [0, 1], "moe_ffn_hidden_size": 8}
+    ds |= {"moe_shared_expert_intermediate_size": 16, "swiglu": True}
+    mlp = 3 * h * (48 * 1 + (8 * 2 + 16) * 1)
+    assert model_flops.megatron_lm(ds, 1) == s * 6 * (mlp + attn + logits) + core
+    # an int frequency: every 2nd layer from the first is MoE (layers 0 and 2 of 3)
+    every2 = {**moe, "num_layers": 3, "moe_layer_freq": 2}
+    mlp = 2 * h * (48 * 1 + 48 * 2 * 2)
+    assert model_flops.megatron_lm(every2, 1) == s * 6 * (mlp + 3 * 4 * h * h + logits) + 6 * h * 3 * s * s
+
+
 def test_model_view_agrees_with_megatron_deepspeeds_own_tflops_lines():
     """A real Megatron-DeepSpeed log: its arguments dump gives the shape, and the formula on each
     iteration's printed time gives the TFLOPs it printed (2 decimals) on every line."""

@@ -31,15 +31,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_model(args: argparse.Namespace) -> Any:
+def build_model(args: argparse.Namespace, moe: dict[str, Any] | None = None) -> Any:
+    """The GPT of `args` on CPU; `moe` (TransformerConfig's MoE fields) makes its MLPs experts."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
+    moe = moe or {}
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        expert_model_parallel_size=moe.get("expert_model_parallel_size", 1),
     )
     torch.manual_seed(args.seed)
     model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=True)
@@ -60,10 +64,11 @@ def build_model(args: argparse.Namespace) -> Any:
         pipeline_model_parallel_size=args.pp,
         pipeline_dtype=torch.float32,
         batch_p2p_comm=False,
+        **moe,
     )
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(),
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=moe.get("num_moe_experts")),
         vocab_size=args.vocab,
         max_sequence_length=args.seq,
         pre_process=parallel_state.is_pipeline_first_stage(),
