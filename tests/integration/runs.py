@@ -15,6 +15,11 @@ from tests.workloads import launch
 GPT = "tests.workloads.gpt_ds"
 MEGATRON = "tests.workloads.megatron_tp"
 DDP = "tests.workloads.ddp"
+# test_agent_deepspeed's ZeRO-2 fp16 run (one forced overflow, on rank 1, skipped on both ranks), also
+# test_agent_robustness's: its run without the agent is shared through the cache
+ZERO2_FP16 = ["--zero", "2", "--dtype", "fp16", "--overflow-at", "2", "--overflow-rank", "1"]
+DS_STEPS = 4
+DS_COMMON = ["--steps", str(DS_STEPS), "--layers-every", "1", "--truth", "--comms-logger"]
 
 
 @dataclass

@@ -7,20 +7,20 @@ from __future__ import annotations
 import pytest
 
 from tests.integration import truth
-from tests.integration.runs import GPT, Job, Runs
+from tests.integration.runs import DS_COMMON, DS_STEPS, GPT, ZERO2_FP16, Job, Runs
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = DS_STEPS
 # a covering set: every ZeRO stage and every dtype at least once, overflows under two stages
 CONFIGS = {
     "z0-fp16": ["--zero", "0", "--dtype", "fp16", "--overflow-at", "1"],
     "z1-bf16": ["--zero", "1", "--dtype", "bf16"],
-    "z2-fp16": ["--zero", "2", "--dtype", "fp16", "--overflow-at", "2", "--overflow-rank", "1"],
+    "z2-fp16": ZERO2_FP16,
     "z3-fp32": ["--zero", "3", "--dtype", "fp32"],
 }
 STEP_NUMBERS = range(1, STEPS + 1)  # DeepSpeed's own numbers: global_steps once each step is taken
-COMMON = ["--steps", str(STEPS), "--layers-every", "1", "--truth", "--comms-logger"]
+COMMON = DS_COMMON
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

@@ -14,12 +14,13 @@ import pytest
 
 from diag import load
 from diag.agent import ALL_COLLECTORS
-from tests.integration.runs import GPT, Job, Runs
+from tests.integration.runs import DS_COMMON, GPT, ZERO2_FP16, Job, Runs
 from tests.workloads import launch
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--zero", "2", "--dtype", "fp16", "--overflow-at", "1", "--steps", "3", "--layers-every", "1"]
+# ZeRO-2 fp16 with one overflow: test_agent_deepspeed's run, so the run without the agent is shared
+ARGS = [*ZERO2_FP16, *DS_COMMON]
 # memory samples at step boundaries, which a faulting steps collector never reports: the second
 # set leaves steps alone so that memory's hook runs (and fails) too
 FAULT_SETS = {

@@ -68,7 +68,8 @@ def diag(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return launch.diag_cli(*args, timeout=timeout)
 
 
-def _targets(tmp_path_factory):
+def _start_target(tmp_path_factory) -> tuple[subprocess.Popen, object]:
+    """A target started, not yet awaited (`_ready`): its start is mostly `import torch`."""
     from tests.workloads.launch import free_port
 
     tmp_path = tmp_path_factory.mktemp("target")
@@ -80,23 +81,49 @@ def _targets(tmp_path_factory):
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    yield proc, tmp_path
-    proc.kill()
-    proc.wait()
+    return proc, tmp_path
+
+
+def _ready(started: tuple[subprocess.Popen, object]):
+    proc, _ = started
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield started
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
+def spare_targets(request, tmp_path_factory):
+    """Targets of their own for the injectors of MALLOC_HAZARD this session runs, all started at once
+    with the module's first target: each starts while the tests before it run (a start is ~15 s of
+    one core's `import torch`, the tests leave the other core mostly idle), not in turn."""
+    wanted = sum(
+        1
+        for item in request.session.items
+        if item.module is request.module
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("method") in MALLOC_HAZARD
+    )
+    started = [_start_target(tmp_path_factory) for _ in range(wanted)]
+    yield started
+    for proc, _ in started:  # those no test took (a test failed before taking it)
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, spare_targets):
     """One target for the module: each test must leave it as it found it, which is the point."""
-    yield from _targets(tmp_path_factory)
+    yield from _ready(_start_target(tmp_path_factory))
 
 
 @pytest.fixture
-def own_target(tmp_path_factory):
+def own_target(tmp_path_factory, spare_targets):
     """A target of its own for an injector that can deadlock it (`MALLOC_HAZARD`): once one did,
     under load in CI's compat leg, every later test of the shared target failed with it."""
-    yield from _targets(tmp_path_factory)
+    yield from _ready(spare_targets.pop() if spare_targets else _start_target(tmp_path_factory))
 
 
 # the injectors that run code in a thread ptrace stopped (dlopen, gdb's calls), which deadlocks

@@ -21,7 +21,8 @@ from tests.workloads import launch
 
 pytestmark = pytest.mark.slow
 STEPS = 40
-ARGS = ["--zero", "3", "--steps", str(STEPS), "--step-sleep", "0.1"]
+TRAIN = ["--zero", "3", "--steps", str(STEPS)]
+ARGS = [*TRAIN, "--step-sleep", "0.1"]  # the attached job's pace: time to attach while it trains
 EVENT_KINDS = {"step", "comm", "layer", "memory", "overflow"}
 
 
@@ -53,7 +54,7 @@ def ranks_with_events(trace_dir: str) -> set[int]:
 
 
 def test_attach_to_launcher_traces_both_ranks_and_keeps_losses(runs, tmp_path):
-    untouched = runs.get(GPT, ARGS, diag=False)
+    untouched = runs.get(GPT, TRAIN, diag=False)  # a sleep between steps changes no loss
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
     out, trace = str(tmp_path / "result.json"), str(tmp_path / "trace")
     job = launch.popen(GPT, [*ARGS, "--out", out], env=env, stdout=subprocess.DEVNULL)

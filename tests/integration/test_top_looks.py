@@ -55,7 +55,9 @@ def _top_on_a_job(tmp_path: Any) -> Iterator[tuple[list[Any], dict[int | None, i
         worker = threading.Thread(target=pump.run, args=(lambda: False,), name="diag-test-top", daemon=True)
         worker.start()
         pids = {rank: pid for pid, rank in ranks_under(job.pid)}
-        time.sleep(3.0)  # the healthy start read and analyzed once
+        while pump.analyses == 0:  # the healthy start read and analyzed once
+            assert time.monotonic() < deadline, "the pump never analyzed the healthy start"
+            time.sleep(0.1)
         yield posted, pids
     finally:
         if pump is not None:
