@@ -19,6 +19,7 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics.sched import runq_per_step
 from diag.ranks import rank_name
 from diag.vocab import P2P
 
@@ -30,6 +31,7 @@ TOLERANCE = 0.05  # measured bubble may exceed (p-1)/m by this much (timing nois
 MIN_BUBBLE = 0.10  # and must be at least this large to matter
 SCHEDULE_LIMIT = 0.25  # (p-1)/m itself above this: too few microbatches (the fix's own target, 4(p-1))
 QUIET = 1.25  # a step within this factor of the quickest steady step was not slowed by outside load
+STARVED = 0.5  # a rank waiting for a CPU this share of its steps: the waits are the host's
 IMBALANCE = 1.1  # a stage computing this many times another's time a step: the split is unbalanced
 
 
@@ -254,11 +256,13 @@ def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
     if not m:  # the schedule's bubble (p-1)/m is the premise: unknown m, no verdict
         return None
     c = metrics.comms
-    per = metrics.comm_per_step(c["kind"].isin(P2P)) if not c.empty else None
+    per = metrics.union_per_step(c["kind"].isin(P2P)) if not c.empty else None
     if per is None or per.empty:
         return None
     steady = int(per["step"].nunique())
     per = quiet_steps(per)
+    if starved(trace, metrics, per):
+        return None
     per["bubble"] = per["comm_s"] / (per["dur_s"] - per["comm_s"]).clip(lower=1e-9)
     per["fraction"] = per["comm_s"] / per["dur_s"].clip(lower=1e-9)
     return Bubble(
@@ -272,6 +276,21 @@ def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
         step_s=float(per["dur_s"].median()),
         steps=(int(per["step"].nunique()), steady),
     )
+
+
+def starved(trace: Trace, metrics: Metrics, per: pd.DataFrame) -> bool:
+    """Some rank waited for a CPU (run-queue wait, the agent's `sched` samples) >= STARVED of its
+    measured steps' time (median): its host is oversubscribed, and the other stages' waits for it
+    are the host's, not the schedule's or the split's. Megatron-LM's run_simple_mcore_train_loop.py
+    at PP=2, m=4 under load 11.6 on 2 cores (tests/fixtures/pp2_starved): stage 1 was off-CPU 130-233
+    ms of every 215-365 ms step, stage 0 waited 2.8x its compute, and the rule said CRITICAL
+    "pipeline bubble 2.82"."""
+    runq = runq_per_step(trace.sched, metrics.steps)
+    if runq.empty:
+        return False
+    keys = pd.MultiIndex.from_frame(per[["rank", "step"]])
+    share = pd.Series(runq.reindex(keys).to_numpy() / per["dur_s"].clip(lower=1e-9).to_numpy(), index=keys)
+    return bool((share.groupby(level="rank").median() >= STARVED).any())
 
 
 def quiet_steps(per: pd.DataFrame) -> pd.DataFrame:
@@ -338,8 +357,11 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     (what 4(p-1) microbatches leave) times compute.
     The waits are each rank's medians over the steady steps whose slowest rank took at most 1.25x
     the quickest (`quiet_steps`: outside load only lengthens a step, and a stage it slows makes the
-    others wait). Silent when m is neither counted nor recorded. Severity: the bubble's share of the
-    step (send/recv waits over the step). An unbalanced split (`unbalanced`: one stage waits no more than the
+    others wait); their send/recv time is the union of the calls' intervals (megatron-core's 1F1B
+    sends and receives at once). Silent when m is neither counted nor recorded, or when some rank
+    waited for a CPU >= 0.5 of its steps (`starved`: the host is oversubscribed). Severity: the
+    bubble's share of the step (send/recv waits over the step). An unbalanced split (`unbalanced`:
+    one stage waits no more than the
     schedule's bubble, another past it by >= 0.10, the first computing >= 1.1x the other's time a
     step, and an even split at (p-1)/m taking less than the step) is said as such: recoverable and
     severity then from the step less the stages' mean compute at (p-1)/m (what an even split would
