@@ -201,6 +201,8 @@ def _finish(kind: str, df: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     df = df.drop(columns=["k"], errors="ignore")
+    if kind == schema.COMM:
+        _bandwidths(df)
     for col in CATEGORICAL:
         # pandas 3 reads text as `str` (StringDtype), not object: both become categoricals
         if col in df.columns and (df[col].dtype == object or isinstance(df[col].dtype, pd.StringDtype)):
@@ -211,6 +213,30 @@ def _finish(kind: str, df: pd.DataFrame) -> pd.DataFrame:
     if "ts" in df.columns:
         df = df.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
     return df
+
+
+def _bandwidths(df: pd.DataFrame) -> None:
+    """The writer's derived `algbw` / `busbw` where the records lack them (a trace written by
+    another tool, or trimmed by hand), as the agent derives them (`schema.bandwidths`): without them
+    every bandwidth table stopped the analysis with a KeyError."""
+    if "algbw" in df.columns and "busbw" in df.columns:
+        return
+    import pandas as pd
+
+    size = pd.to_numeric(df["bytes"], errors="coerce").fillna(0).to_numpy(float)
+    dur = pd.to_numeric(df["dur"], errors="coerce").fillna(0).to_numpy(float)
+    alg = [schema.bus_bandwidth(b, d) for b, d in zip(size, dur)]
+    factors: dict[tuple[str, int], float] = {}
+    bus = []
+    for op, n, a in zip(df["op"].astype(str), pd.to_numeric(df["group_size"], errors="coerce"), alg):
+        key = (op, int(n) if n == n else 0)  # NaN: no size recorded
+        if key not in factors:
+            factors[key] = schema.bus_factor(*key)
+        bus.append(a * factors[key])
+    if "algbw" not in df.columns:
+        df["algbw"] = alg
+    if "busbw" not in df.columns:
+        df["busbw"] = bus
 
 
 def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trace:

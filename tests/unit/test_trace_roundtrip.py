@@ -12,6 +12,7 @@ import pytest
 import diag
 from diag import agent, schema
 from diag.errors import DiagError
+from tests.workloads.launch import diag_cli as launch_cli
 
 
 def _start(tmp_path, **kw):
@@ -44,6 +45,29 @@ def test_roundtrip_and_bandwidth(tmp_path):
     assert row["algbw"] == pytest.approx(2.0)  # 4 MB in 2 ms = 2 GB/s
     assert row["busbw"] == pytest.approx(2.0 * 2 * 3 / 4)
     assert abs(row["ts"] - time.time_ns()) < 60e9  # converted to the wall clock
+
+
+def test_comm_records_without_bandwidths_are_analyzed(tmp_path):
+    """A trace whose comm records lack the writer's derived algbw / busbw (another tool's, or
+    trimmed by hand) gets them as the agent derives them: the bandwidth table raised a KeyError."""
+    from tests.workloads.launch import ROOT
+
+    src = os.path.join(ROOT, "sample_traces", "zero3")
+    for name in sorted(os.listdir(src)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(src, name)) as f, open(tmp_path / name, "w") as out:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("k") == schema.COMM:
+                    del rec["algbw"], rec["busbw"]
+                out.write(json.dumps(rec) + "\n")
+    whole, trimmed = diag.load(src), diag.load(str(tmp_path))
+    for col in ("algbw", "busbw"):
+        assert trimmed.comms[col].tolist() == pytest.approx(whole.comms[col].tolist())
+    out = launch_cli("analyze", str(tmp_path), "--json")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert json.loads(out.stdout)["metrics"]["bandwidth_by_size"]
 
 
 def test_trace_file_private_and_header(tmp_path):
