@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from diag.analyzers import config, evidence
 
-from diag.metrics.comms import transfer_dur
+from diag.metrics.comms import bus_bandwidth, transfer_dur
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -77,6 +77,7 @@ def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
     per = metrics.union_per_step(cross)
     size = pd.to_numeric(c["bytes"], errors="coerce")
     rows = c[cross & (c["dur_s"] > 0) & size.notna()]
+    rows = rows.assign(busbw=bus_bandwidth(rows))  # of these calls only (`comm_frame` keeps none)
     xfer = transfer_dur(c[cross]).reindex(rows.index) / 1e9
     large = rows[(size.reindex(rows.index) >= BW_BYTES) & (xfer > 0)]
     if large.empty or per.empty:  # no size recorded, or none large: the bandwidth is not measured

@@ -99,7 +99,7 @@ class Metrics:
 
     @cached_property
     def comms(self) -> pd.DataFrame:
-        """Collectives with canonical `kind`, `dur_s`, busbw, and a step each (`comms.comm_frame`)."""
+        """Collectives with canonical `kind`, `dur_s` and a step each (`comms.comm_frame`)."""
         return comms.comm_frame(self.trace.comms, self.steps)
 
     @property

@@ -159,7 +159,8 @@ def test_by_rank_holds_what_a_mask_selects(rows, rank):
 
 def test_comm_frame_leaves_the_trace_frame_as_it_is():
     """`comm_frame` no longer copies the whole comm frame (a 64-rank trace's largest): the columns
-    it adds or replaces (kind, dur_s, busbw) must not reach the trace's own frame."""
+    it adds (kind, dur_s) or drops (the writer's busbw: `bus_bandwidth` reads the canonical name)
+    must not reach the trace's own frame."""
     import os
 
     from diag.metrics.comms import comm_frame
@@ -170,7 +171,7 @@ def test_comm_frame_leaves_the_trace_frame_as_it_is():
     trace = load_trace(os.path.join(root, "sample_traces", "zero3"))
     before = trace.comms.copy()
     out = comm_frame(trace.comms, step_frame(trace.steps))
-    assert "kind" in out and "dur_s" in out and len(out) == len(before)
+    assert "kind" in out and "dur_s" in out and "busbw" not in out and len(out) == len(before)
     pd.testing.assert_frame_equal(trace.comms, before)
 
 
