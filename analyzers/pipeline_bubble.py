@@ -355,20 +355,18 @@ def pipeline_bubble(trace: Trace, metrics: Metrics) -> list[Finding]:
     --num-layers-per-virtual-pipeline-stage when a stage holds >= 2 layers,
     --decoder-first/last-pipeline-num-layers. recoverable_s: the bubble above (p-1)/max(m, 4(p-1))
     (what 4(p-1) microbatches leave) times compute.
-    The waits are each rank's medians over the steady steps whose slowest rank took at most 1.25x
-    the quickest (`quiet_steps`: outside load only lengthens a step, and a stage it slows makes the
-    others wait); their send/recv time is the union of the calls' intervals (megatron-core's 1F1B
-    sends and receives at once). Silent when m is neither counted nor recorded, or when some rank
-    waited for a CPU >= 0.5 of its steps (`starved`: the host is oversubscribed). Severity: the
-    bubble's share of the step (send/recv waits over the step). An unbalanced split (`unbalanced`:
-    one stage waits no more than the
-    schedule's bubble, another past it by >= 0.10, the first computing >= 1.1x the other's time a
-    step, and an even split at (p-1)/m taking less than the step) is said as such: recoverable and
-    severity then from the step less the stages' mean compute at (p-1)/m (what an even split would
-    take), and
-    for DeepSpeed's PipelineModule (not Megatron-DeepSpeed's GPTModelPipe) the fix moves layers to
-    the lighter stage by its partition_method, named without a value (DeepSpeed keeps no record of
-    the one used); a schedule-bound bubble gets no balancing fix."""
+    The waits are each rank's medians over the steady steps whose slowest rank took at most 1.25x the
+    quickest (`quiet_steps`: outside load only lengthens a step, and a stage it slows makes the others
+    wait); their send/recv time is the union of the calls' intervals (megatron-core's 1F1B sends and
+    receives at once). Silent when m is neither counted nor recorded, or when some rank waited for a CPU
+    >= 50% of its steps (`starved`: the host is oversubscribed). Severity: the bubble's share of the step
+    (send/recv waits over the step). An unbalanced split (`unbalanced`: one stage waits no more than the
+    schedule's bubble, another past it by >= 0.10, the first computing >= 1.1x the other's time a step,
+    and an even split at (p-1)/m taking less than the step) is said as such: recoverable and severity then
+    from the step less the stages' mean compute at (p-1)/m (what an even split would take), and for
+    DeepSpeed's PipelineModule (not Megatron-DeepSpeed's GPTModelPipe) the fix moves layers to the lighter
+    stage by its partition_method, named without a value (DeepSpeed keeps no record of the one used); a
+    schedule-bound bubble gets no balancing fix."""
     got = measure(trace, metrics)
     if got is None:
         return []

@@ -228,8 +228,9 @@ def _bandwidths(df: pd.DataFrame) -> None:
     alg = [schema.bus_bandwidth(b, d) for b, d in zip(size, dur)]
     factors: dict[tuple[str, int], float] = {}
     bus = []
-    for op, n, a in zip(df["op"].astype(str), pd.to_numeric(df["group_size"], errors="coerce"), alg):
-        key = (op, int(n) if n == n else 0)  # NaN: no size recorded
+    for op, n, a in zip(df["op"], pd.to_numeric(df["group_size"], errors="coerce"), alg):
+        # no op or size recorded (pandas 3 keeps a missing text NaN through `astype(str)`): factor 1
+        key = (op if isinstance(op, str) else "", int(n) if n == n else 0)
         if key not in factors:
             factors[key] = schema.bus_factor(*key)
         bus.append(a * factors[key])
