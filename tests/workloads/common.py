@@ -189,6 +189,11 @@ def train_loop(
     return {"losses": losses, "step_times": times, "step_ends": ends}
 
 
+def model_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """The GPT's size knobs as the result JSON records them (`model`), for the tests' own FLOP counts."""
+    return {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")}
+
+
 def write_result(args: argparse.Namespace, rank: int, mine: dict[str, Any], common: dict[str, Any]) -> None:
     """Gather every rank's `mine` (after the agent stopped, so it never sees this) and write JSON."""
     world = dist.get_world_size()

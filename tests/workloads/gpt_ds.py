@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             "zero": args.zero,
             "dtype": args.dtype,
             "steps": args.steps,
-            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+            "model": common.model_shape(args),
             "overflow_at": args.overflow_at,
             "overflow_rank": args.overflow_rank,
         },

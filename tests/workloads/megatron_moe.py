@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             "workload": "megatron_moe",
             "ep": args.ep,
             "steps": args.steps,
-            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+            "model": common.model_shape(args),
         },
     )
     common.finish()

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             "tp": args.tp,
             "pp": args.pp,
             "steps": args.steps,
-            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+            "model": common.model_shape(args),
         },
     )
     common.finish()

@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             "steps": args.steps,
             "micro_batches": args.micro_batches,
             "pace_ms": args.pace_ms,
-            "model": {k: getattr(args, k) for k in ("vocab", "hidden", "layers", "heads", "seq", "batch")},
+            "model": common.model_shape(args),
         },
     )
     common.finish()
