@@ -56,6 +56,9 @@ FLUSH_INTERVAL_S = 0.5
 # this often to run it, so a late import is patched before the job's first step; it writes on the
 # flush ticks only
 LISTEN_INTERVAL_S = 0.2
+# a job whose step numbers at its first boundaries are at most this started with the agent (steps
+# number from 0 or 1): the agent also samples its first steady step (`Agent._to_steady`)
+FRESH_STEPS = 3
 STATS_INTERVAL_S = 2.0
 MAX_ERROR_MESSAGES = 20
 _COMM = schema.COMM
@@ -216,8 +219,12 @@ class Agent:
         self.step = step
         every = self.layers_every
         if self._to_steady:
-            self._to_steady -= 1
-            self.sampled = every > 0 and (step % every == 0 or not self._to_steady)
+            # a job past its first steps when the agent saw its first boundary (started in-process
+            # mid-run: bench.overhead's blocks at step 1000, or resumed from a checkpoint) has its
+            # steady steps sampled every `layers_every`: its warm-up is not in this trace
+            fresh = step <= FRESH_STEPS
+            self._to_steady = self._to_steady - 1 if fresh else 0
+            self.sampled = every > 0 and (step % every == 0 or (fresh and not self._to_steady))
         else:
             self.sampled = every > 0 and step % every == 0
         if not (self._layout_known and self._rank_known) and len(sys.modules) != self._layout_modules:

@@ -529,3 +529,20 @@ def test_a_stage_running_forwards_before_backwards_counts_both_backwards(tmp_pat
     assert sorted(got) == [1, 2, 3, 4, 5]  # step 0 is the attach's partial step
     assert all(v == (2, 2 * ROOT_FWD, 2 * ROOT_BWD) for v in got.values()), got
     assert all(r["flops"] is not None for r in recs)
+
+
+@pytest.mark.parametrize(("first", "sampled"), [(0, {0, 2}), (1001, set())])
+def test_first_steady_step_is_sampled_only_where_the_agent_saw_the_run_start(tmp_path, first, sampled):
+    """Started with the job, the agent also samples its first steady step (the third): a run shorter
+    than `layers_every` gets a steady sample. Started in-process mid-run (bench.overhead's blocks at
+    step 1000; a job resumed from a checkpoint) it adds none: there its third step was sampled in
+    every block, and the agent's 'not sampled' cost read 1.0 ms a rank-step (modules 398 us)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ag = diag_agent.start(str(tmp_path), what=("layers",), layers_every=50)
+    for step in range(first, first + 6):
+        if step:  # a fresh run's step 0 has no boundary before it
+            ag.begin_step(step)
+        model(torch.randn(6, 8)).sum().backward()
+    ag.begin_step(first + 6)
+    diag_agent.stop()
+    assert set(_steps_of(str(tmp_path))) == sampled
