@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 import torch
 
 from tests.workloads import common, megatron_tp, shims
-from tests.workloads.gpt import batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,20 +73,9 @@ def count_rows(model: torch.nn.Module) -> dict[str, list[int]]:
 
 
 def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
-    from megatron.core import parallel_state
-
     model = build_model(args)
     rows = count_rows(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    dp_rank = parallel_state.get_data_parallel_rank()
-    pos = torch.arange(args.seq).unsqueeze(0).expand(args.batch, -1)
-    mask = torch.tril(torch.ones(1, 1, args.seq, args.seq)) < 0.5  # True = masked out
-
-    def loss_at(step: int) -> torch.Tensor:
-        tokens, targets = batch(step, dp_rank, args.batch, args.seq, args.vocab)
-        return model(tokens, pos, mask, labels=targets).mean()
-
-    out = common.train_loop(args, prof, opt, loss_at, model)
+    out = megatron_tp.train(argparse.Namespace(**vars(args), pp=1), prof, model)
     return {**out, "expert_rows": rows}
 
 

@@ -76,10 +76,11 @@ def build_model(args: argparse.Namespace, moe: dict[str, Any] | None = None) -> 
     )
 
 
-def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
+def train(args: argparse.Namespace, prof: Any, model: Any = None) -> dict[str, Any]:
+    """Train `model` (built from `args` where None) for `args.steps` steps; the result's dict."""
     from megatron.core import parallel_state
 
-    model = build_model(args)
+    model = build_model(args) if model is None else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     dp_rank = parallel_state.get_data_parallel_rank()
     pos = torch.arange(args.seq).unsqueeze(0).expand(args.batch, -1)
