@@ -223,21 +223,19 @@ def _bandwidths(df: pd.DataFrame) -> None:
         return
     import pandas as pd
 
-    size = pd.to_numeric(df["bytes"], errors="coerce").fillna(0).to_numpy(float)
-    dur = pd.to_numeric(df["dur"], errors="coerce").fillna(0).to_numpy(float)
-    alg = [schema.bus_bandwidth(b, d) for b, d in zip(size, dur)]
-    factors: dict[tuple[str, int], float] = {}
-    bus = []
-    for op, n, a in zip(df["op"], pd.to_numeric(df["group_size"], errors="coerce"), alg):
-        # no op or size recorded (pandas 3 keeps a missing text NaN through `astype(str)`): factor 1
-        key = (op if isinstance(op, str) else "", int(n) if n == n else 0)
-        if key not in factors:
-            factors[key] = schema.bus_factor(*key)
-        bus.append(a * factors[key])
+    def num(col: str) -> pd.Series:
+        return pd.to_numeric(df[col], errors="coerce").fillna(0)
+
+    # no op recorded (pandas 3 keeps a missing text NaN through `astype(str)`): factor 1
+    ops = (op if isinstance(op, str) else "" for op in df["op"])
+    both = [
+        schema.bandwidths(*call) for call in zip(ops, num("bytes"), num("dur"), num("group_size").astype(int))
+    ]
+    alg, bus = zip(*both) if both else ((), ())
     if "algbw" not in df.columns:
-        df["algbw"] = alg
+        df["algbw"] = list(alg)
     if "busbw" not in df.columns:
-        df["busbw"] = bus
+        df["busbw"] = list(bus)
 
 
 def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trace:
