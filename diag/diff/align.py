@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from diag.diff import adapter
+from diag.metrics import steps as step_frames
 from diag.metrics.comms import between_ranks
-from diag.metrics.layer_stats import global_layer_names
+from diag.metrics.layer_stats import global_layer_names, steady_samples
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -107,11 +108,13 @@ def units(trace: Trace) -> dict[str, float | None]:
 
 def layer_table(trace: Trace) -> pd.DataFrame:
     """Per folded layer and phase: mean time per sampled rank-step (ns) and FLOPs per step of one
-    model replica (all ranks' FLOPs on the step / data-parallel replicas)."""
-    lay = trace.layers
+    model replica (all ranks' FLOPs on the step / data-parallel replicas), over the steady samples as
+    `diag analyze`'s top layers (the warm-up step's where a rank has no other): a run whose first
+    step waited longer in its first collectives read as a slower layer."""
     cols = ["layer", "phase", "time_ns", "flops"]
-    if lay.empty or "module" not in lay.columns:
+    if trace.layers.empty or "module" not in trace.layers.columns:
         return pd.DataFrame(columns=cols)
+    lay = steady_samples(trace.layers, step_frames.steady(step_frames.step_frame(trace.steps)))
     dp = layout(trace)["dp"]
     d = lay.assign(
         layer=global_layer_names(trace, lay).map(fold_layer),

@@ -31,8 +31,12 @@ class JobModel:
         self.step_samples: dict[int, list[int]] = defaultdict(list)
         self.comms: dict[tuple[str, str], CommStat] = {}  # every member rank's records of a group/op
         self.rank_comms: dict[int, dict[tuple[str, str], CommStat]] = defaultdict(dict)
+        # layer records of steady steps, and of each rank's warm-up (its steps up to its first timed
+        # one: what `diag analyze` leaves out of its top layers where a rank has a later sample)
         self.layers: dict[str, LayerStat] = {}
         self.layer_rank_steps: set[tuple[int, int]] = set()
+        self.warm_layers: dict[str, LayerStat] = {}
+        self.warm_rank_steps: set[tuple[int, int]] = set()
         self.overflow: deque[dict[str, Any]] = deque(maxlen=OVERFLOW_KEPT)
         # every step that overflowed (the recent-events deque above loses old ones on a long run,
         # while each rank's health keeps counting them): step -> {ranks, scale_before, scale_after}
@@ -154,12 +158,17 @@ class JobModel:
         st.last_comm = (key[1], key[0], int(ev.get("ts") or 0))
 
     def _on_layer(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
-        name = str(ev.get("module"))
-        stat = self.layers.get(name)
+        """A layer record, into the steady or the warm-up figures: a step's layers come before its
+        step record, so a record of a rank's first sampled step (the first step, sampled whole)
+        comes while no step of the rank is timed, or at its first timed one."""
+        name, step = str(ev.get("module")), int(ev.get("step") or 0)
+        warm = st.first_timed is None or step <= st.first_timed
+        layers = self.warm_layers if warm else self.layers
+        stat = layers.get(name)
         if stat is None:
-            stat = self.layers[name] = LayerStat(name)
+            stat = layers[name] = LayerStat(name)
         stat.add(ev)
-        self.layer_rank_steps.add((rank, int(ev.get("step") or 0)))
+        (self.warm_rank_steps if warm else self.layer_rank_steps).add((rank, step))
 
     def _on_memory(self, rank: int, st: RankState, ev: dict[str, Any]) -> None:
         peak = ev.get("peak")

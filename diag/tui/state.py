@@ -36,8 +36,11 @@ class RankState:
     blocked_ns: dict[int, int] = field(default_factory=dict)  # step -> blocking (sync) comm ns
     blocked_ns_total: int = 0
     mem_allocated: int | None = None  # the latest memory record's (device allocator, else RSS)
+    first_timed: int | None = None  # the first step with a duration: the warm-up (`metrics.steps.steady`)
 
     def add_step(self, step: int, dur: int) -> None:
+        if self.first_timed is None:
+            self.first_timed = step
         self.steps.append((step, dur))
         self.step_count += 1
         self.step_ns_total += dur

@@ -13,6 +13,8 @@ import pytest
 import diag
 from diag import schema
 from diag.errors import DiagError
+from diag.metrics import steps as step_frames
+from diag.metrics.layer_stats import steady_samples
 from diag.tui import fmt
 from diag.tui.model import JobModel
 from diag.tui.source import LiveSource, ReplaySource, trace_dir_of_pid
@@ -68,7 +70,11 @@ def test_collectives_layers_overflow_match_pandas(real_trace):
     assert got.keys() == expect.keys()
     for k, (n, b, bw) in expect.items():
         assert got[k][:2] == (n, b) and got[k][2] == pytest.approx(bw)
-    lay = tr.layers
+    # over the steady samples, as `diag analyze`'s top layers: the warm-up step's are left out
+    lay = steady_samples(tr.layers, step_frames.steady(step_frames.step_frame(tr.steps)))
+    assert len(lay) < len(tr.layers) and not lay["warmup"].any(), (
+        "the trace samples a warm-up and a steady step"
+    )
     per_step = len(lay[["rank", "step"]].drop_duplicates())
     totals = lay.groupby("module", observed=True)["dur"].sum() / per_step / 1e6
     assert v.layer_rows, "the real trace has layer events"
@@ -416,3 +422,35 @@ def test_samples_per_second_is_the_jobs_rate_as_analyze_gives_it():
     job = sum(s["samples_per_s"] * t for s, t in zip(steps, secs)) / sum(secs)
     _, v = _view(path)
     assert len(steps) == 5 and v.samples_per_s == pytest.approx(job, rel=1e-6)
+
+
+def test_layers_show_the_warm_up_only_until_a_steady_step_is_sampled(real_trace):
+    """Early in a run the only sample is the first step's: shown (a panel with something in it)
+    until a steady step's sample arrives, then left out, as in `diag analyze`."""
+    from diag.tui.tail import Chunk
+    from diag.tui.view import leaf_layer_rows
+
+    events: dict[str, list[dict]] = {}
+    headers: dict[str, dict] = {}
+    for name in sorted(os.listdir(real_trace)):
+        if name.startswith("rank-") and name.endswith(".jsonl"):
+            path = os.path.join(real_trace, name)
+            with open(path) as f:
+                rows = [json.loads(line) for line in f]
+            headers[path], events[path] = rows[0], rows[1:]
+    later = max(int(e["step"]) for evs in events.values() for e in evs if e["k"] == schema.LAYER)
+    m = JobModel()
+    m.ingest(
+        [
+            Chunk(p, headers[p], [e for e in evs if int(e.get("step") or 0) < later])
+            for p, evs in events.items()
+        ]
+    )
+    early = {r.module: r.ms_per_step for r in leaf_layer_rows(m)}
+    assert early and not m.layers, "only warm-up samples so far: they are what the panel shows"
+    m.ingest(
+        [Chunk(p, None, [e for e in evs if int(e.get("step") or 0) >= later]) for p, evs in events.items()]
+    )
+    steady = {r.module: r.ms_per_step for r in leaf_layer_rows(m)}
+    assert steady.keys() == early.keys() and steady != early
+    assert {s for _, s in m.layer_rank_steps} == {later}

@@ -148,6 +148,18 @@ def test_tp_all_reduces_get_the_tp_role_and_layers_fold_wrappers():
     assert row["baseline_flops"] == engine
 
 
+def test_layer_times_leave_out_the_warm_up_sample():
+    """As `diag analyze`'s top layers: the first step, sampled whole with its first collectives'
+    set-up in it, is not a layer's time where a steady step is sampled too (healthy: steps 0 and 4)."""
+    tr = trace("healthy")
+    lay = tr.layers[tr.layers["module"] == "module.blocks.0.attn"]
+    assert sorted(lay["step"].unique()) == [0, 4]
+    row = align.layer_table(tr).set_index(["layer", "phase"]).loc[("blocks.0.attn", "fwd")]
+    fwd = lay[lay["phase"] == "fwd"]
+    assert row["time_ns"] == pytest.approx(fwd[fwd["step"] == 4].groupby("rank")["dur"].sum().mean())
+    assert row["time_ns"] != pytest.approx(fwd.groupby(["rank", "step"])["dur"].sum().mean())
+
+
 def test_a_different_batch_compares_per_sample():
     d = doc("zero3", "embedding_heavy")
     assert d["waterfall"]["unit"] == "sample" and d["headline"]["unit"] == "sample"
