@@ -110,7 +110,19 @@ def _layout(m: JobModel) -> dict[str, Any]:
     """The job's layout as the lowest rank that knows states it, and `roles`: each named process
     group role (tp, pp, dp, cp, ep, ...; not the default `world`) and its size, from every rank's
     `groups` record."""
-    keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch", "global_batch")
+    keys = (
+        "world_size",
+        "tp",
+        "pp",
+        "dp",
+        "cp",
+        "ep",
+        "sp",
+        "zero_stage",
+        "dtype",
+        "micro_batch",
+        "global_batch",
+    )
     out: dict[str, Any] = {}
     roles: dict[str, int] = {}
     for rank in sorted(m.headers):
