@@ -2,7 +2,8 @@
 the agent, against torch.profiler's `c10d::` ops in the same run and the same job without the agent.
 
 Found on Megatron-DeepSpeed's pretrain_gpt.py with `--ds-sequence-parallel-size 2`: the all-to-alls
-were right but the layout said TP=1 PP=1 DP=1 for 2 ranks (no SP)."""
+were right but the layout said TP=1 PP=1 DP=1 for 2 ranks (no SP), and under ZeRO-3 tiny_collectives
+counted the attention's all-to-alls among the tiny collectives a ZeRO bucket would merge."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 
 import pytest
+from diag.analyzers import run_all
 
 import diag
 from tests.integration import truth
@@ -17,8 +19,8 @@ from tests.workloads import launch
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--steps", "3", "--truth"]
-LAYERS = 2  # the workload's default: 4 all-to-alls per layer forward (q, k, v, out), 4 backward
+LAYERS = 4  # 4 all-to-alls per layer forward (q, k, v, out), 4 backward: 32 of 16 KiB a step
+ARGS = ["--steps", "3", "--truth", "--layers", str(LAYERS)]
 
 
 def _run(folder: str, *extra: str) -> dict:
@@ -58,3 +60,11 @@ def test_layout_names_the_sp_degree_and_losses_are_untouched(runs) -> None:
     assert trace.layout()["sp"] == 2
     assert result["losses"] == bare["losses"]
     assert trace.errors.empty, trace.errors.to_dict("records")
+
+
+def test_attention_all_to_alls_are_not_tiny_collectives_a_bucket_merges(runs) -> None:
+    """32 all-to-alls of 16 KiB a step on the sp group are the attention's activations: no
+    DeepSpeed bucket or persistence setting merges them (as a TP group's all-reduces)."""
+    _, _, trace = runs
+    findings, failures = run_all(trace)
+    assert not failures and [f for f in findings if f.rule == "tiny_collectives"] == []
