@@ -8,7 +8,7 @@ from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
-from diag.metrics.comms import tensor_parallel
+from diag.metrics.comms import activations
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -62,10 +62,10 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
 
 @rule("tiny_collectives")
 def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
-    """Fires when a step issues >= 32 collectives under 64 KiB (barriers and tensor-parallel groups'
-    activations excluded) and they take >= 10% of the median step; silent when the trace records no
-    collective sizes. Fix (DeepSpeed jobs; only changes to the current values): ZeRO-3
-    stage3_param_persistence_threshold x10 and 4x prefetch bucket; stage 1/2 with DP > 1:
+    """Fires when a step issues >= 32 collectives under 64 KiB (barriers and tensor- and
+    sequence-parallel groups' activations excluded) and they take >= 10% of the median step; silent
+    when the trace records no collective sizes. Fix (DeepSpeed jobs; only changes to the current
+    values): ZeRO-3 stage3_param_persistence_threshold x10 and 4x prefetch bucket; stage 1/2 with DP > 1:
     reduce/allgather buckets raised toward DeepSpeed's default when below.
     recoverable_s: their time minus one bucketed collective's worth (the largest tiny op's time).
     Severity: their share of the median step."""
@@ -76,9 +76,11 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     known = size.notna() & (size > 0)  # traces without size fields (some Kineto) say 0 or nothing
     if not known.any():
         return []
-    # a tensor-parallel group's activations: no bucket merges them (Megatron-DeepSpeed TP=2, hidden
-    # 64: 26 all-reduces of 8 KiB a step, "latency-bound" with no fix); exposed_comm measures them
-    tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~tensor_parallel(c["group"])
+    # a tensor- or sequence-parallel group's activations: no bucket merges them (Megatron-DeepSpeed
+    # TP=2, hidden 64: 26 all-reduces of 8 KiB a step, "latency-bound" with no fix; Ulysses SP=2
+    # under ZeRO-3: its 16 attention all-to-alls a step led the finding whose fix was ZeRO-3's
+    # buckets); exposed_comm measures them
+    tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~activations(c["group"])
     if int(tiny.sum()) < MIN_PER_STEP:  # no step can hold that many: the per-step tables are moot
         return []
     per = metrics.comm_per_step(tiny)

@@ -121,6 +121,7 @@ LAYOUT_KEYS = (
     "dp",
     "cp",
     "ep",
+    "sp",  # DeepSpeed-Ulysses degree (Megatron-DeepSpeed --ds-sequence-parallel-size): a factor of the world
     "zero_stage",
     "dtype",
     "micro_batch",

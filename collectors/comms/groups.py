@@ -61,6 +61,9 @@ ROLES = (
     ("deepspeed.utils.groups", "_SEQUENCE_DATA_PARALLEL_GROUP", "sp_dp"),
     ("deepspeed.utils.groups", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "zero_hpz"),
     ("deepspeed.utils.groups", "_WORLD_GROUP", "world"),
+    # DeepSpeed's own Ulysses groups (Arctic long-sequence training, its HF integration)
+    ("deepspeed.runtime.sequence_parallel.parallel_state_sp", "_SEQUENCE_PARALLEL_GROUP", "sp"),
+    ("deepspeed.runtime.sequence_parallel.parallel_state_sp", "_SEQUENCE_DATA_PARALLEL_GROUP", "sp_dp"),
     # DeepSpeed's PipelineEngine builds its own groups on a PipelineParallelGrid, which its p2p module
     # keeps as `_grid`: "model" there is the pipeline x tensor slice of one data-parallel replica
     ("deepspeed.runtime.pipe.p2p", "_groups", "pp"),

@@ -95,6 +95,8 @@ def megatron_layout() -> dict[str, Any]:
             "pp": ps.get_pipeline_model_parallel_world_size(),
             "dp": ps.get_data_parallel_world_size(),
         }
+        if hasattr(ps, "get_sequence_parallel_world_size"):  # Megatron-DeepSpeed's Ulysses degree
+            out["sp"] = ps.get_sequence_parallel_world_size()
     except Exception:  # noqa: BLE001
         return {}
     model = megatron_model()

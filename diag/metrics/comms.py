@@ -16,6 +16,7 @@ from diag.schema import lone
 from diag.vocab import canonical_op
 
 TP_PREFIX = "tp:"  # a group the agent named tensor-parallel (its role, then its id)
+SP_PREFIX = "sp:"  # sequence-parallel (DeepSpeed-Ulysses); `sp_dp:` is its gradients' group
 
 
 def alone(c: pd.DataFrame) -> np.ndarray:
@@ -34,12 +35,18 @@ def alone(c: pd.DataFrame) -> np.ndarray:
     return one
 
 
-def tensor_parallel(group: pd.Series) -> pd.Series:
+def tensor_parallel(group: pd.Series, prefixes: tuple[str, ...] = (TP_PREFIX,)) -> pd.Series:
     """Calls in a tensor-parallel group (the agent names a group by its role: `tp:N`): a layer's
     activations, reduced where the math needs them, on the critical path by design; no bucket
     merges them and no data-parallel overlap setting hides them."""
-    names = [g for g in group.dropna().unique() if str(g).startswith(TP_PREFIX)]
+    names = [g for g in group.dropna().unique() if str(g).startswith(prefixes)]
     return group.isin(names) if names else pd.Series(False, index=group.index)
+
+
+def activations(group: pd.Series) -> pd.Series:
+    """Calls that move a layer's activations: tensor-parallel groups' and DeepSpeed-Ulysses' (`sp:N`:
+    the attention's q/k/v/output all-to-alls, 8 a layer a step, their count fixed by the model)."""
+    return tensor_parallel(group, (TP_PREFIX, SP_PREFIX))
 
 
 def between_ranks(c: pd.DataFrame) -> pd.DataFrame:

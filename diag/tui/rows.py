@@ -149,7 +149,9 @@ def gpu_rows(v: JobView) -> dict[str, tuple[str, ...]]:
 def summary_text(v: JobView, source: str) -> str:
     lay = v.layout
     parts = [f"{v.ranks} ranks on {v.hosts} host(s)" if v.ranks else "waiting for data"]
-    par = " ".join(f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if lay.get(k) is not None)
+    par = " ".join(
+        f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp") if lay.get(k) is not None
+    )
     if par:
         parts.append(par)
     if lay.get("zero_stage") is not None:

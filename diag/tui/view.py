@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag import schema
 from diag.tui.model import JobModel
 from diag.tui.state import RankState
 
@@ -110,7 +111,7 @@ def _layout(m: JobModel) -> dict[str, Any]:
     """The job's layout as the lowest rank that knows states it, and `roles`: each named process
     group role (tp, pp, dp, cp, ep, ...; not the default `world`) and its size, from every rank's
     `groups` record."""
-    keys = ("world_size", "tp", "pp", "dp", "cp", "ep", "zero_stage", "dtype", "micro_batch", "global_batch")
+    keys = [k for k in schema.LAYOUT_KEYS if k not in ("grad_accum", "model")]  # the header's one line
     out: dict[str, Any] = {}
     roles: dict[str, int] = {}
     for rank in sorted(m.headers):

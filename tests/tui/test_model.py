@@ -383,6 +383,22 @@ def test_header_shows_the_megatron_layout_and_named_groups(tmp_path):
     assert "world" not in line
 
 
+def test_header_shows_the_sequence_parallel_degree(tmp_path):
+    """Megatron-DeepSpeed with DeepSpeed-Ulysses (`--ds-sequence-parallel-size 2`, 2 ranks): the
+    header read `2 ranks, TP=1 PP=1 DP=1`, no SP; the agent now writes `sp` as it writes `tp`."""
+    from diag.tui.rows import summary_text
+
+    meta = (("dp", 1), ("pp", 1), ("sp", 2), ("tp", 1))
+    recs = [
+        {"k": "header", "schema": 1, "rank": 0, "world_size": 2, "host": "vm", "pid": 1},
+        *({"k": "meta", "ts": 3, "key": k, "value": v} for k, v in meta),
+    ]
+    (tmp_path / "rank-00000.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    m = JobModel()
+    m.ingest(DirTail(str(tmp_path)).poll())
+    assert "TP=1 PP=1 DP=1 SP=2" in summary_text(build_view(m), "live x").splitlines()[0]
+
+
 def test_analyses_are_spaced_by_their_own_cost(tmp_path):
     """At 1,024 ranks the rules cost 2.4 CPU s: run every 10 s they took a quarter of a core and held
     up the refreshes. The next analysis waits `ANALYSIS_SHARE` times the latest one's CPU time

@@ -239,6 +239,7 @@ def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
         "tp": 2,
         "pp": 2,
         "dp": 1,
+        "sp": 1,  # `sequence-parallel size: 1` (no DeepSpeed-Ulysses)
         "zero_stage": 1,
         "dtype": "fp16",
         "micro_batch": 1,
@@ -246,6 +247,36 @@ def test_megatron_deepspeed_lines_arguments_and_skipped_iterations():
     }
     mem = res.frames["memory"].iloc[0]
     assert (mem["rank"], mem["step"]) == (0, 1) and mem["peak"] == pytest.approx(60.43310546875 * MiB)
+
+
+def test_megatron_deepspeed_ulysses_layout_names_the_sequence_parallel_degree():
+    """A real Megatron-DeepSpeed pretrain_gpt.py run with `--ds-sequence-parallel-size 2` (DeepSpeed-
+    Ulysses, 2 ranks on CPU/gloo; the log trimmed to its layout lines, arguments and iterations): the
+    layout read TP=1 PP=1 DP=1 for 2 ranks, the SP degree that makes up the world was dropped."""
+    res = _load("megatron_deepspeed_ulysses_sp2.log")
+    layout = _layout(res)
+    assert layout["sp"] == 2 and (layout["tp"], layout["pp"], layout["dp"]) == (1, 1, 1)
+    assert layout["world_size"] == 2 == layout["tp"] * layout["pp"] * layout["dp"] * layout["sp"]
+    st = _steps(res)
+    assert list(st.index) == list(range(1, 21)) and st.loc[1, "loss"] == pytest.approx(6.975361)
+    assert "overflow" not in res.frames  # `number of skipped iterations:   0` on every line
+
+
+def test_layout_world_size_counts_the_sequence_parallel_degree(tmp_path):
+    """Where a log gives sizes but no world size, SP is one of its factors."""
+    log = tmp_path / "sp.log"
+    log.write_text(
+        "------------------------ arguments ------------------------\n"
+        "  ds_sequence_parallel_size ....................... 4\n"
+        "  data_parallel_size .............................. 2\n"
+        "  pipeline_model_parallel_size .................... 1\n"
+        "  tensor_model_parallel_size ...................... 1\n"
+        "-------------------- end of arguments ---------------------\n"
+        " iteration        1/      20 | consumed samples:            2"
+        " | elapsed time per iteration (ms): 309.5 | lm loss: 6.975361E+00"
+        " | number of skipped iterations:   0 |\n"
+    )
+    assert _layout(import_log(str(log)))["world_size"] == 8
 
 
 def test_megatron_lm_interval_counts_and_memory():

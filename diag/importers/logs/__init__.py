@@ -183,7 +183,9 @@ def import_log(path: str, every_line: bool = False) -> LogImport:
         )
     layout = {k: rec.layout[k] for k in schema.LAYOUT_KEYS if rec.layout.get(k) is not None}
     if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):
-        layout["world_size"] = layout["tp"] * layout["pp"] * layout["dp"] * layout.get("cp", 1)
+        layout["world_size"] = (
+            layout["tp"] * layout["pp"] * layout["dp"] * layout.get("cp", 1) * layout.get("sp", 1)
+        )
     world = layout.get("world_size")
     ranks = set(rec.ranks) | set(rec.hosts)
     if isinstance(world, int) and 0 < world <= 1 << 16:

@@ -86,6 +86,7 @@ _ARGS = {
     "data_parallel_size": "dp",
     "context_parallel_size": "cp",
     "expert_model_parallel_size": "ep",
+    "ds_sequence_parallel_size": "sp",  # Megatron-DeepSpeed's DeepSpeed-Ulysses degree
     "zero_stage": "zero_stage",
     "micro_batch_size": "micro_batch",
     "global_batch_size": "global_batch",
@@ -107,6 +108,7 @@ _WORLD_KEYS = {
     "tensor-model-parallel": "tp",
     "pipeline-model-parallel": "pp",
     "context-parallel": "cp",
+    "sequence-parallel": "sp",  # Megatron-DeepSpeed: `sequence-parallel size: 2` (Ulysses)
 }
 
 
