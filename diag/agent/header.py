@@ -97,6 +97,15 @@ def megatron_layout() -> dict[str, Any]:
         }
         if hasattr(ps, "get_sequence_parallel_world_size"):  # Megatron-DeepSpeed's Ulysses degree
             out["sp"] = ps.get_sequence_parallel_world_size()
+        # megatron-core's expert and context parallelism, where used: known at start, where the
+        # comms collector names them only once a collective ran on their group
+        for key, getter in (
+            ("cp", "get_context_parallel_world_size"),
+            ("ep", "get_expert_model_parallel_world_size"),
+        ):
+            size = getattr(ps, getter, None)
+            if size is not None and size() > 1:
+                out[key] = size()
     except Exception:  # noqa: BLE001
         return {}
     model = megatron_model()

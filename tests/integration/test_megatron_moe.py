@@ -68,3 +68,21 @@ def test_expert_flops_count_the_tokens_each_expert_got(job) -> None:
 def test_healthy_moe_run_has_no_finding(job) -> None:
     findings, failures = run_all(job[1])
     assert failures == {} and [f.rule for f in findings] == []
+
+
+def test_allgather_dispatcher_job_has_its_expert_parallel_degree(tmp_path) -> None:
+    """The allgather dispatcher moves tokens on `tp_ep` only, so no collective ever runs on `ep`,
+    whose first call is what gave the layout its EP: the header read TP=1 PP=1 DP=2 for an EP=2 job.
+    megatron-core's parallel_state says it from the start."""
+    trace = str(tmp_path / "trace")
+    args = ["--steps", "2", "--layers", "1", "--hidden", str(HIDDEN), "--dispatcher", "allgather"]
+    launch.run(
+        "tests.workloads.megatron_moe",
+        [*args, "--out", str(tmp_path / "r.json"), "--diag", "--trace-dir", trace],
+    )
+    tr = diag.load(trace)
+    roles = set(tr.comms["group"].astype(str).str.split(":").str[0])
+    assert "tp_ep" in roles and "ep" not in roles and "all_to_all" not in set(tr.comms["op"].astype(str))
+    assert tr.layout()["ep"] == 2
+    findings, failures = run_all(tr)
+    assert failures == {} and [f.rule for f in findings] == []
