@@ -43,7 +43,7 @@ class Job:
 
 
 class Runs:
-    """Cache of runs keyed by (module, args, env)."""
+    """Cache of runs keyed by (module, args, diag, env, under_run)."""
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -51,26 +51,38 @@ class Runs:
         self._failed: dict[tuple[Any, ...], Exception] = {}  # a failed run fails its tests once each,
         self._attempts = 0  # not by rerunning for every test
 
-    def get(self, module: str, args: list[str], diag: bool = True, env: dict[str, str] | None = None) -> Job:
-        key = (module, tuple(args), diag, tuple(sorted((env or {}).items())))
+    def get(
+        self,
+        module: str,
+        args: list[str],
+        diag: bool = True,
+        env: dict[str, str] | None = None,
+        under_run: bool = False,
+    ) -> Job:
+        """The run, from the cache or launched now. diag: the agent in every rank, started by the
+        workload's `--diag` (after its process group), or with `under_run` by `diag run` (preloaded)."""
+        key = (module, tuple(args), diag, tuple(sorted((env or {}).items())), under_run)
         if key in self._failed:
             raise self._failed[key]
         if key not in self._done:
             self._attempts += 1
             try:
-                self._done[key] = self._run(module, args, diag, env, self._attempts)
+                self._done[key] = self._run(module, args, diag, env, under_run, self._attempts)
             except Exception as exc:
                 self._failed[key] = exc
                 raise
         return self._done[key]
 
-    def _run(self, module: str, args: list[str], diag: bool, env: dict[str, str] | None, n: int) -> Job:
+    def _run(
+        self, module: str, args: list[str], diag: bool, env: dict[str, str] | None, under_run: bool, n: int
+    ) -> Job:
         folder = os.path.join(self.root, f"run{n}")
         os.makedirs(folder)
         out = os.path.join(folder, "result.json")
         trace_dir = os.path.join(folder, "trace") if diag else None
-        extra = ["--diag", "--trace-dir", trace_dir] if trace_dir else []
-        proc = launch.run(module, [*args, "--out", out, *extra], env=env)
+        extra = ["--diag", "--trace-dir", trace_dir] if trace_dir and not under_run else []
+        preload = trace_dir if under_run else None
+        proc = launch.run(module, [*args, "--out", out, *extra], env=env, diag_run=preload)
         with open(out) as f:
             result = json.load(f)
         return Job(result, proc.stdout + proc.stderr, trace_dir)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.faults import CELLS, FULL, Cell, render, run_cell
+from tests.integration.faults import CELLS, FULL, TABLE, Cell, render, run_cell
 from tests.integration.runs import Runs
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ ROWS: list[dict[str, Any]] = []
 @pytest.fixture(scope="module", autouse=True)
 def _table():
     yield
-    path = os.environ.get("DIAG_FAULT_TABLE")
+    path = os.environ.get(TABLE)
     if path and ROWS:
         order = {c.name: i for i, c in enumerate(CELLS)}
         rows = sorted(ROWS, key=lambda r: order[f"{r['job']}-{r['fault']}".replace(" ", "_")])

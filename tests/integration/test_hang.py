@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from diag import schema
 from diag.procs import ranks_under
 from tests.conftest import ROOT
 from tests.workloads import launch
@@ -76,7 +77,7 @@ def test_detach_with_a_collective_in_flight_is_no_hang(tmp_path):
     hang_desync on a healthy job. In-flight ops are unfinished at detach, not errors or evidence."""
     from diag.analyzers import registered_rules
 
-    from diag import load, schema
+    from diag import load
 
     trace = tmp_path / "trace"
     launch.run(
@@ -161,9 +162,9 @@ def test_stacks_of_a_healthy_job_give_no_verdict_and_no_diag_frames(tmp_path):
 
 def test_stacks_names_a_collective_issued_from_cpp_with_its_group_and_step(tmp_path):
     """Issue 17: plain DDP's bucket all-reduces come from its C++ reducer, so a rank waiting in one
-    shows `backward` on its stack, no collective. With rank 1 SIGSTOPped past the agent's 10 s
-    give-up, rank 0's trace holds the all-reduce it issued and never completed: `diag stacks` names
-    it, its group and step, and rank 1 as never arrived."""
+    shows `backward` on its stack, no collective. With rank 1 SIGSTOPped, rank 0's trace holds the
+    all-reduce it issued and never completed (a `comm_open` record, written once it has waited
+    `pending.OPEN_S`): `diag stacks` names it, its group and step, and rank 1 as never arrived."""
     trace = tmp_path / "trace"
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
     args = ["--steps", "4000", "--hidden", "512", "--log-iterations", "--diag", "--trace-dir", str(trace)]
@@ -176,8 +177,14 @@ def test_stacks_names_a_collective_issued_from_cpp_with_its_group_and_step(tmp_p
                 break
         assert job.poll() is None, "the job ended before training"
         pids = {rank: pid for pid, rank in ranks_under(job.pid)}
+        rank0 = str(trace / "rank-00000.jsonl")
+        seen = _open_collectives(rank0)  # a healthy call waited in as long under load: not this one
         os.kill(pids[1], signal.SIGSTOP)
-        time.sleep(12)  # past the agent's 10 s wait: rank 0's pending all-reduce is written
+        stopped = time.monotonic()
+        while _open_collectives(rank0) == seen:  # rank 0's all-reduce waited in past OPEN_S, written
+            assert time.monotonic() - stopped < 60, f"no comm_open record in {rank0} after 60 s"
+            time.sleep(0.2)
+        print(f"\nrank 0's all-reduce on disk as comm_open {time.monotonic() - stopped:.1f} s after SIGSTOP")
         res = subprocess.run(
             [sys.executable, "-m", "diag", "stacks", str(job.pid), "--trace-dir", str(trace), "--json"],
             capture_output=True,
@@ -195,3 +202,12 @@ def test_stacks_names_a_collective_issued_from_cpp_with_its_group_and_step(tmp_p
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         job.wait()
+
+
+def _open_collectives(path: str) -> int:
+    """`comm_open` records in a rank's trace file: collectives waited in past `pending.OPEN_S` (the
+    test slept a fixed 12 s before, past the 10 s after which the agent gives a call up)."""
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return sum(json.loads(line).get("k") == schema.COMM_OPEN for line in f if line.endswith("\n"))

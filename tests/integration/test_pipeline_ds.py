@@ -27,7 +27,10 @@ ACTIVATION = 2 * 32 * 64 * 4  # micro-batch 2 x seq 32 x hidden 64 float32: ever
 
 @pytest.fixture(scope="module")
 def few(runs: Runs) -> Job:
-    return runs.get(PIPE, FEW)
+    """Under `diag run` (the agent preloaded, before the process group and the engine): one run for
+    the few-micro-batch tests and the group-naming one; `many` and the tied run start the agent with
+    the workload's `--diag`."""
+    return runs.get(PIPE, FEW, under_run=True)
 
 
 @pytest.fixture(scope="module")
@@ -146,17 +149,11 @@ def test_the_pipeline_engines_own_groups_are_named(few: Job) -> None:
     assert (few.trace.comms["group"].isin(pp) & (few.trace.comms["op"] == "broadcast")).any()
 
 
-def test_under_diag_run_every_group_of_the_engine_is_named(tmp_path) -> None:
+def test_under_diag_run_every_group_of_the_engine_is_named(few: Job) -> None:
     """Under `diag run` the agent starts before the PipelineEngine, whose first broadcasts run on
     its grid's groups before deepspeed.runtime.pipe.p2p keeps the grid: each group must still carry
     its role (`dp`, `mp`, `pp`), in the records written before the grid was kept too."""
-    from tests.workloads import launch
-
-    trace_dir = str(tmp_path / "trace")
-    cmd = launch.torchrun_cmd(PIPE, [*FEW, "--out", str(tmp_path / "result.json")])
-    proc = launch.diag_cli("run", "--trace-dir", trace_dir, "--", *cmd, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    trace = load(trace_dir)
+    trace = few.trace
     groups = trace.layout()["groups"]
     assert {g["role"] for g in groups.values()} >= {"dp", "mp", "pp", "world"}, groups
     assert all(":" in name for name in groups), groups

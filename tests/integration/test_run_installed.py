@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.test_attach_installed import _clean_env, _run, venv  # noqa: F401 - the fixture
+from tests.integration.installed import clean_env, run
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ LAUNCH = {  # how the job's own launcher sets PYTHONPATH before it starts python
 
 
 @pytest.mark.parametrize("launch", sorted(LAUNCH))
-def test_run_keeps_the_jobs_sitecustomize_and_starts_the_agent(venv, tmp_path, launch):  # noqa: F811
+def test_run_keeps_the_jobs_sitecustomize_and_starts_the_agent(venv, tmp_path, launch):
     job = tmp_path / "job"
     job.mkdir()
     for name, text in {
@@ -45,11 +45,11 @@ def test_run_keeps_the_jobs_sitecustomize_and_starts_the_agent(venv, tmp_path, l
     xdg = tmp_path / "xdg"
     xdg.mkdir(mode=0o700)
     bin_dir = os.path.dirname(venv["python"])
-    env = _clean_env(
+    env = clean_env(
         XDG_RUNTIME_DIR=str(xdg), PYTHONPATH=str(job), PATH=bin_dir + os.pathsep + os.environ.get("PATH", "")
     )
     trace = tmp_path / "trace"
-    res = _run(
+    res = run(
         venv["diag"],
         "run",
         "--what",
@@ -71,12 +71,12 @@ def test_run_keeps_the_jobs_sitecustomize_and_starts_the_agent(venv, tmp_path, l
     assert kinds.count("step") == 3, kinds
 
 
-def test_the_hook_is_installed_beside_diag(venv):  # noqa: F811
+def test_the_hook_is_installed_beside_diag(venv):
     """The wheel puts diag-run.pth at the root of site-packages, where Python runs it at start-up."""
     with open(os.path.join(venv["purelib"], "diag-run.pth")) as f:
         assert "diag.inject.site.hook" in f.read()
     probe = "import sys; print([type(f).__name__ for f in sys.meta_path])"
     quiet = subprocess.run(
-        [venv["python"], "-c", probe], capture_output=True, text=True, env=_clean_env(), timeout=60
+        [venv["python"], "-c", probe], capture_output=True, text=True, env=clean_env(), timeout=60
     )
     assert "_Finder" not in quiet.stdout, "armed without DIAG_RUN"

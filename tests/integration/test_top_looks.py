@@ -89,24 +89,31 @@ def _stopped_from_outside(f: Any) -> bool:
     return f.rule == "straggler" and 1 in f.ranks and "stopped_share" in f.evidence
 
 
-def test_top_names_a_rank_throttled_from_outside(tmp_path):
-    with _top_on_a_job(tmp_path) as (posted, pids):
-        assert posted and not any(
-            _stopped_from_outside(f) for m in posted for f in getattr(m, "findings", [])
-        )
-        throttle = Throttle(pids[1])
-        try:
-            f = _said(posted, _stopped_from_outside)
-        finally:
-            throttle.stop()
+@pytest.fixture(scope="module")
+def top(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Any], dict[int | None, int]]]:
+    """One job and pump for both tests, in their order: the throttle (stopped at its test's end, rank
+    1 running again), then the kill, which ends the job. A job each cost a start and a healthy
+    first analysis more, training on both cores all along."""
+    with _top_on_a_job(tmp_path_factory.mktemp("top")) as found:
+        yield found
+
+
+def test_top_names_a_rank_throttled_from_outside(top):
+    posted, pids = top
+    assert posted and not any(_stopped_from_outside(f) for m in posted for f in getattr(m, "findings", []))
+    throttle = Throttle(pids[1])
+    try:
+        f = _said(posted, _stopped_from_outside)
+    finally:
+        throttle.stop()
     assert f.severity in ("warning", "critical") and f.evidence["resumes"] >= 3, f
 
 
-def test_top_names_the_rank_that_died_first(tmp_path):
+def test_top_names_the_rank_that_died_first(top):
     """torchrun ends rank 0 within a moment of rank 1's SIGKILL: the looks every 20 ms saw rank 1
     gone, killed, while rank 0 ran, so the analysis names rank 1 alone."""
-    with _top_on_a_job(tmp_path) as (posted, pids):
-        since = len(posted)
-        os.kill(pids[1], signal.SIGKILL)
-        f = _said(posted, lambda f: f.rule == "job_crash", since)
+    posted, pids = top
+    since = len(posted)
+    os.kill(pids[1], signal.SIGKILL)
+    f = _said(posted, lambda f: f.rule == "job_crash", since)
     assert f.ranks == [1] and f.severity == "critical", f

@@ -52,11 +52,18 @@ def diag_cli(
 
 
 def run(
-    module: str, args: list[str], nproc: int = 2, timeout: float = 240, env: dict[str, str] | None = None
+    module: str,
+    args: list[str],
+    nproc: int = 2,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+    diag_run: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run to completion; a non-zero exit raises with every rank's output in the message."""
+    """Run to completion; a non-zero exit raises with every rank's output in the message. `diag_run`:
+    a trace directory, to launch under `diag run --trace-dir` (the agent preloaded in every rank)."""
+    under = [sys.executable, "-m", "diag", "run", "--trace-dir", diag_run, "--"] if diag_run else []
     proc = subprocess.run(
-        torchrun_cmd(module, args, nproc),
+        [*under, *torchrun_cmd(module, args, nproc)],
         env=job_env(env),
         cwd=ROOT,
         capture_output=True,

@@ -101,6 +101,7 @@ def agent_if(args: argparse.Namespace) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     shims.megatron_cpu()
+    shims.eager_compile()
     moe_cpu()
     rank, _ = common.init_process_group()
     with agent_if(args), common.profiled(args, rank) as prof:

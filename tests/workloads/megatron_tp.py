@@ -142,6 +142,7 @@ def train_pipelined(
 def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     shims.megatron_cpu()
+    shims.eager_compile()
     if args.pp > 1:
         shims.megatron_pipeline_cpu()
     rank, _ = common.init_process_group()
