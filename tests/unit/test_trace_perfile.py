@@ -136,3 +136,34 @@ def test_alike_files_are_joined_column_by_column():
     expected = pd.concat([p.copy() for p in parts], ignore_index=True)
     pd.testing.assert_frame_equal(_join(parts), expected)
     assert all(p.columns.empty for p in parts)
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    """What the reader did before: the whole frame sorted at once."""
+    return df.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
+
+
+def test_rows_by_rank_and_time_as_the_whole_sort_gives_them():
+    """`by_rank_and_time` (the frame in order kept as it is, else a lexsort taken one column at a
+    time) orders the rows as `sort_values` does: every sample's frames, shuffled, and with ties,
+    missing ranks and times, and times that are not numbers."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    frames = [df for d in DIRS for df in reader._load(d, False, reader.ALL, None).frames.values()]
+    frames = [df for df in frames if "ts" in df.columns]
+    assert sum(len(df) for df in frames) > 10_000
+    for df in frames:
+        shuffled = df.iloc[rng.permutation(len(df))].reset_index(drop=True)
+        for case in (df, shuffled):
+            pd.testing.assert_frame_equal(reader.by_rank_and_time(case.copy()), _sorted(case))
+    ties = pd.DataFrame({"rank": [1, 0, 1, 0, 0], "ts": [5, 5, 5, 2, 5], "v": list("abcde")})
+    pd.testing.assert_frame_equal(reader.by_rank_and_time(ties.copy()), _sorted(ties))
+    assert list(reader.by_rank_and_time(ties.copy())["v"]) == list("dbeac")
+    for rank, ts in (
+        ([1, None, 0, 0], [3.0, 1.0, float("nan"), 2.0]),  # missing values: where sort_values puts them
+        ([0, 0, 1], ["b", "a", "c"]),  # not numbers
+        ([0, 1, 1], [1, 2, 3]),  # in order already
+    ):
+        odd = pd.DataFrame({"rank": rank, "ts": ts, "v": range(len(rank))})
+        pd.testing.assert_frame_equal(reader.by_rank_and_time(odd.copy()), _sorted(odd))
