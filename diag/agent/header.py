@@ -103,9 +103,9 @@ def megatron_layout() -> dict[str, Any]:
             ("cp", "get_context_parallel_world_size"),
             ("ep", "get_expert_model_parallel_world_size"),
         ):
-            size = getattr(ps, getter, None)
-            if size is not None and size() > 1:
-                out[key] = size()
+            size = getattr(ps, getter, lambda: 1)()
+            if size > 1:
+                out[key] = size
     except Exception:  # noqa: BLE001
         return {}
     model = megatron_model()

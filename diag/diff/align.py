@@ -54,7 +54,8 @@ def layout(trace: Trace) -> dict[str, Any]:
     lay = trace.layout()
     world = int(lay.get("world_size") or len(trace.ranks) or 1)
     tp, pp = int(lay.get("tp") or _inferred_tp(trace, lay)), int(lay.get("pp") or 1)
-    dp = int(lay.get("dp") or max(world // (tp * pp * int(lay.get("sp") or 1)), 1))
+    others = int(lay.get("cp") or 1) * int(lay.get("sp") or 1)  # context and Ulysses degrees: world factors
+    dp = int(lay.get("dp") or max(world // (tp * pp * others), 1))
     return {**lay, "world_size": world, "tp": tp, "pp": pp, "dp": dp}
 
 

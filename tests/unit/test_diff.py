@@ -190,3 +190,14 @@ def test_gpu_timeline_split_matches_the_temporal_breakdown():
     assert done["compute"].sum().tolist() == want.tolist()
     hidden = breakdown.comm_overlap(t).set_index("rank")
     assert done[comm].sum().sum(axis=1).tolist() == (hidden["comm_ns"] - hidden["overlap_ns"]).tolist()
+
+
+def test_data_parallel_degree_leaves_out_context_and_sequence_parallel_ranks():
+    """Without a `dp` in the layout it is the world over every other factor: a CP=2 or Ulysses SP=2
+    job of 4 ranks has 2 model replicas, whose FLOPs a layer's per-replica figure divides by."""
+    from diag.trace.model import Trace
+
+    for extra in ({"cp": 2}, {"sp": 2}, {"cp": 2, "sp": 2}):
+        headers = {r: {"rank": r, "world_size": 8, "tp": 2, "pp": 1, **extra} for r in range(8)}
+        got = align.layout(Trace(headers=headers, frames={}))
+        assert got["dp"] == 8 // (2 * extra.get("cp", 1) * extra.get("sp", 1)), extra
