@@ -130,6 +130,10 @@ LAYOUT_KEYS = (
     "model",
 )
 HEADER_KEYS = (*LAYOUT_KEYS, "ds_config", "host", "device_name")
+# the parallel degrees (TUI header, the comms collector's roles that name one) and those whose product
+# is the world (expert parallelism is carved out of data parallelism, not a factor of its own)
+PARALLEL_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp")
+WORLD_FACTORS = ("tp", "pp", "dp", "cp", "sp")
 
 MEGATRON_MODEL_ARGS = (
     "num_layers",

@@ -149,7 +149,7 @@ def install(agent: AgentAPI, undo: Undo, timing: CommTiming | None = None) -> No
     )
 
 
-LAYOUT_ROLES = ("tp", "pp", "dp", "cp", "ep", "sp")
+LAYOUT_ROLES = schema.PARALLEL_KEYS
 
 
 def _new_group(agent: Any, seen: dict[str, dict[str, Any]]) -> None:

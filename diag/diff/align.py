@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from diag import schema
 from diag.diff import adapter
 from diag.metrics import steps as step_frames
 from diag.metrics.comms import between_ranks
@@ -54,7 +56,7 @@ def layout(trace: Trace) -> dict[str, Any]:
     lay = trace.layout()
     world = int(lay.get("world_size") or len(trace.ranks) or 1)
     tp, pp = int(lay.get("tp") or _inferred_tp(trace, lay)), int(lay.get("pp") or 1)
-    others = int(lay.get("cp") or 1) * int(lay.get("sp") or 1)  # context and Ulysses degrees: world factors
+    others = math.prod(int(lay.get(k) or 1) for k in schema.WORLD_FACTORS if k not in ("tp", "pp", "dp"))
     dp = int(lay.get("dp") or max(world // (tp * pp * others), 1))
     return {**lay, "world_size": world, "tp": tp, "pp": pp, "dp": dp}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag import schema
 from diag.ranks import rank_label, rank_list
 from diag.tui import fmt
 from diag.tui.view import JobView, RankRow
@@ -149,9 +150,7 @@ def gpu_rows(v: JobView) -> dict[str, tuple[str, ...]]:
 def summary_text(v: JobView, source: str) -> str:
     lay = v.layout
     parts = [f"{v.ranks} ranks on {v.hosts} host(s)" if v.ranks else "waiting for data"]
-    par = " ".join(
-        f"{k.upper()}={lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp") if lay.get(k) is not None
-    )
+    par = " ".join(f"{k.upper()}={lay[k]}" for k in schema.PARALLEL_KEYS if lay.get(k) is not None)
     if par:
         parts.append(par)
     if lay.get("zero_stage") is not None:

@@ -16,6 +16,7 @@ Unknown lines are ignored; a log with nothing readable is an `ImportProblem`.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,9 +184,7 @@ def import_log(path: str, every_line: bool = False) -> LogImport:
         )
     layout = {k: rec.layout[k] for k in schema.LAYOUT_KEYS if rec.layout.get(k) is not None}
     if "world_size" not in layout and all(k in layout for k in ("tp", "pp", "dp")):
-        layout["world_size"] = (
-            layout["tp"] * layout["pp"] * layout["dp"] * layout.get("cp", 1) * layout.get("sp", 1)
-        )
+        layout["world_size"] = math.prod(layout.get(k, 1) for k in schema.WORLD_FACTORS)
     world = layout.get("world_size")
     ranks = set(rec.ranks) | set(rec.hosts)
     if isinstance(world, int) and 0 < world <= 1 << 16:
