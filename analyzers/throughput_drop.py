@@ -100,11 +100,13 @@ def _contended(
 ) -> float | None:
     """How much longer (ms a step) the job waited for a CPU on the `slow` steps than on the `base`
     ones, where that explains >= `CONTENDED` of their step time's `rise_ms`: other processes on the
-    hosts took the ranks' CPUs (the agent's `sched` samples, joined by step number; a log alone has
-    none). None otherwise, or where the log prints no step times."""
+    hosts took the ranks' CPUs (the agent's `sched` samples, on the trace's steps the log's are joined
+    to; a log alone has none). None otherwise, or where the log prints no step times."""
     if col != "iter_ms" or rise_ms <= 0 or trace.sched.empty:
         return None
-    rise = wait_rise(trace.sched, metrics.steps, slow, base)
+    joined = trace.frame("step_join")  # log step + log_shift = trace step (importers/join.py)
+    k = int(joined["log_shift"].iloc[0]) if "log_shift" in joined.columns and len(joined) else 0
+    rise = wait_rise(trace.sched, metrics.steps, [s + k for s in slow], [s + k for s in base])
     if rise is None or rise * 1e3 < CONTENDED * rise_ms:
         return None
     return rise * 1e3
