@@ -12,6 +12,7 @@ import pandas as pd
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix, severity_of
+from diag.metrics.sched import wait_rise
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -21,6 +22,7 @@ MIN_RECORDS = 10  # logged records (after warm-up) needed before judging a run
 SLOW = 1.5  # a record this many times the run's median step time is slow ...
 MIN_SLOW_RUN = 3  # ... and a drop is this many consecutive slow records (one slow record: a checkpoint)
 REGRESSION = 1.25  # the last third's median step time over the first third's
+CONTENDED = 0.5  # a rise in the wait for a CPU this share of the step time's rise explains it
 
 
 def step_cost(trace: Trace) -> tuple[pd.DataFrame, str]:
@@ -93,6 +95,33 @@ def _fixes(trace: Trace, growing: bool) -> list[Fix]:
     return fixes
 
 
+def _contended(
+    trace: Trace, metrics: Metrics, col: str, slow: list[int], base: list[int], rise_ms: float
+) -> float | None:
+    """How much longer (ms a step) the job waited for a CPU on the `slow` steps than on the `base`
+    ones, where that explains >= `CONTENDED` of their step time's `rise_ms`: other processes on the
+    hosts took the ranks' CPUs (the agent's `sched` samples, on the trace's steps the log's are joined
+    to; a log alone has none). None otherwise, or where the log prints no step times."""
+    if col != "iter_ms" or rise_ms <= 0 or trace.sched.empty:
+        return None
+    joined = trace.frame("step_join")  # log step + log_shift = trace step (importers/join.py)
+    k = int(joined["log_shift"].iloc[0]) if "log_shift" in joined.columns and len(joined) else 0
+    rise = wait_rise(trace.sched, metrics.steps, [s + k for s in slow], [s + k for s in base])
+    if rise is None or rise * 1e3 < CONTENDED * rise_ms:
+        return None
+    return rise * 1e3
+
+
+def _busy_host(waited_ms: float, rise_ms: float) -> tuple[str, dict[str, float], list[Fix]]:
+    """The sentence, evidence and fix of a slowdown that the ranks' wait for a CPU explains."""
+    return (
+        f" The ranks waited for a CPU {waited_ms:.0f} ms a step more meanwhile (run queue; the steps took "
+        f"{rise_ms:.0f} ms more): other processes on the hosts took their CPUs.",
+        {"runq_rise_ms": waited_ms},
+        [Fix("keep other CPU-heavy processes off the training hosts (or pin the ranks' cores)")],
+    )
+
+
 def _on_cpu(trace: Trace) -> bool:
     """Every rank's recorded memory device is the CPU (a trace's; a log's rows name no device)."""
     dev = trace.memory["device"].dropna().astype(str) if "device" in trace.memory.columns else None
@@ -122,7 +151,10 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
     >= 1.25x the first third's. Rates (samples/s, tokens/s) stand in for times when no time is printed.
     Fix: find the slow window's cause (host, link, co-tenant; `diag attach` while slow); for a
     regression also fragmentation: expandable_segments (not on a CPU job). Severity: the excess step
-    time's share of the logged run."""
+    time's share of the logged run. With a diag trace beside the log: where the ranks' wait for a CPU
+    (the agent's run-queue samples; per step the most any rank waited) rose by >= 50% of the step
+    time's rise over the same steps, other processes on the hosts took their CPUs: an info finding
+    that says so, whose fix is the host's, not the job's."""
     d, col = step_cost(trace)
     d = d.iloc[1:].reset_index(drop=True)
     if len(d) < MIN_RECORDS:
@@ -143,9 +175,15 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
         # over a 299-step run)
         rec_s = excess / len(d) / 1e3 if col == "iter_ms" else None
         sev, lost, ev = _priced(d, col, excess)
+        others = [int(x) for i, x in enumerate(d["step"]) if i not in slow]
+        rise = float(d["cost"].iloc[slow].median()) - median
+        waited = _contended(trace, metrics, col, [int(d["step"].iloc[i]) for i in slow], others, rise)
+        busy, busy_ev, fixes = (
+            _busy_host(waited, rise) if waited is not None else ("", {}, _fixes(trace, False))
+        )
         found.append(
             Finding(
-                severity=sev,
+                severity="info" if busy else sev,
                 title=(
                     f"throughput drop over steps {d['step'].iloc[worst[0]]}-{d['step'].iloc[worst[-1]]}: "
                     f"{float(d['cost'].iloc[peak]) / median:.2f}x the run's median step time"
@@ -153,10 +191,11 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
                 detail=(
                     f"{len(runs)} stretch(es) of >= {MIN_SLOW_RUN} logged records at >= {SLOW:g}x the median "
                     f"({_describe(d, col, peak)} at step {int(d['step'].iloc[peak])}; figure: {col}); "
-                    f"the slow stretches' excess {lost}."
+                    f"the slow stretches' excess {lost}.{busy}"
                 ),
                 evidence={
                     **ev,
+                    **busy_ev,
                     "figure": col,
                     "median_cost": median,
                     "runs": [[int(d["step"].iloc[i]) for i in r] for r in runs][:10],
@@ -165,14 +204,21 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
                 },
                 steps=steps[:50],
                 recoverable_s=rec_s,
-                fixes=_fixes(trace, growing=False),
+                fixes=fixes,
             )
         )
     if early > 0 and late >= REGRESSION * early:
         sev, lost, ev = _priced(d, col, float((d["cost"].iloc[-third:] - early).clip(lower=0).sum()))
+        first, last = (
+            [int(x) for x in d["step"].iloc[part]] for part in (slice(None, third), slice(-third, None))
+        )
+        waited = _contended(trace, metrics, col, last, first, late - early)
+        busy, busy_ev, fixes = (
+            _busy_host(waited, late - early) if waited is not None else ("", {}, _fixes(trace, True))
+        )
         found.append(
             Finding(
-                severity=sev,
+                severity="info" if busy else sev,
                 title=(
                     "throughput regressed over the run: the last third's steps are "
                     f"{late / early:.2f}x slower"
@@ -180,10 +226,11 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
                 detail=(
                     f"median step cost {early:.4g} over the first {third} logged records, {late:.4g} over "
                     f"the last {third} (figure: {col}, {'ms' if col == 'iter_ms' else 'inverse rate'}); "
-                    f"the slowdown {lost}."
+                    f"the slowdown {lost}.{busy}"
                 ),
                 evidence={
                     **ev,
+                    **busy_ev,
                     "figure": col,
                     "early_median": early,
                     "late_median": late,
@@ -192,7 +239,7 @@ def throughput_drop(trace: Trace, metrics: Metrics) -> list[Finding]:
                 },
                 steps=[int(s) for s in d["step"].iloc[-third:]][:50],
                 recoverable_s=(late - early) / 1e3 if col == "iter_ms" else None,
-                fixes=_fixes(trace, growing=True),
+                fixes=fixes,
             )
         )
     return found

@@ -3,8 +3,9 @@ idle between steps" of the gap between them and a bogus "rank 3 stopped emitting
 
 Each trace source gets a `RunSig` (job id, world size, ranks, time span, argv from diag headers;
 distributedInfo and the events' span for Kineto). Sources of one run agree on the world size and
-argv, hold different ranks when they are of the same kind, and their time spans are within `GAP_NS`
-of each other. Logs carry no signature: they go with the run when there is one.
+argv, hold different ranks (a diag trace and a Kineto trace of the same ranks are two captures), and
+their time spans are within `GAP_NS` of each other. Logs carry no signature: they go with the run
+when there is one.
 """
 
 from __future__ import annotations
@@ -115,15 +116,17 @@ def of_frames(
 
 def same_run(a: RunSig, b: RunSig) -> bool:
     if a.job_id and b.job_id:  # the scheduler's word is final
-        return a.job_id == b.job_id and not (a.kind == b.kind and a.ranks & b.ranks)
+        return a.job_id == b.job_id and not a.ranks & b.ranks
     if a.world and b.world and a.world != b.world:
         return False
     if a.argv is not None and b.argv is not None and a.argv != b.argv:
         return False
-    if a.kind != b.kind:  # a diag trace and a Kineto trace of one job: their clocks may differ
-        return True
-    if a.ranks & b.ranks:
+    if a.ranks & b.ranks:  # a second capture of a rank, a diag trace and a Kineto trace alike: they
+        # number steps differently (ProfilerStep#N counts from the profiler's start: an HF Trainer
+        # callback's #7 is the job's step 8) on different clocks, and merged each is counted twice
         return False
+    if a.kind != b.kind:  # a diag trace and a Kineto trace of other ranks: their clocks may differ
+        return True
     if None in (a.start_ns, a.end_ns, b.start_ns, b.end_ns):
         return True
     gap = max(a.start_ns, b.start_ns) - min(a.end_ns, b.end_ns)  # type: ignore[type-var,operator]

@@ -37,3 +37,20 @@ def _at(when: pd.Series, ts: np.ndarray, counter: np.ndarray) -> np.ndarray:
     nanoseconds are past float64's exact integers)."""
     x = (pd.to_numeric(when).to_numpy(dtype="int64") - ts[0]).astype(float)
     return np.interp(x, (ts - ts[0]).astype(float), counter)
+
+
+def wait_rise(sched: pd.DataFrame, steps: pd.DataFrame, slow: list[int], base: list[int]) -> float | None:
+    """Seconds a step more that the job waited for a CPU on the `slow` steps than on the `base` ones:
+    per step the most any rank waited (a synchronous step waits for its slowest rank), the medians
+    of the two sets subtracted. None where the samples cover under half of either set's steps."""
+    runq = runq_per_step(sched, steps)
+    if runq.empty:
+        return None
+    worst = runq.groupby(level="step").max()
+    medians = []
+    for chosen in (slow, base):
+        have = worst[worst.index.isin(chosen)]
+        if not chosen or len(have) * 2 < len(set(chosen)):
+            return None
+        medians.append(float(have.median()))
+    return medians[0] - medians[1]

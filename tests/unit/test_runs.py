@@ -135,3 +135,21 @@ def test_job_id_tells_runs_apart(tmp_path, monkeypatch):
     with pytest.raises(MixedRuns) as e:
         load_inputs([a, b])
     assert "SLURM_JOB_ID=1" in str(e.value) and "SLURM_JOB_ID=2" in str(e.value)
+
+
+def test_a_diag_trace_and_a_profiler_trace_of_the_same_ranks_are_two_captures(tmp_path):
+    """An HF Trainer + DeepSpeed job run under `diag run` with a torch.profiler callback: merged, the
+    profiler's ProfilerStep#7-11 (the job's steps 8-12, on the profiler's clock) sat beside the diag
+    trace's steps 7-11 (42 steps a rank for 37) and every collective of them counted twice."""
+    j = Job(ranks=2)
+    j.header = {**j.header, "argv": ["run_clm.py"]}
+    trace = j.write(str(tmp_path / "trace"))
+    assert trace.ranks == [0, 1]
+    profiled = _rank(tmp_path / "kineto" / "rank1.json", 1, 2, 1.66e15)
+    with pytest.raises(MixedRuns) as e:
+        load_inputs([str(tmp_path / "trace"), profiled])
+    assert sorted(e.value.runs) == sorted([[str(tmp_path / "trace")], [profiled]])
+    # a profiler trace of a rank the diag trace lacks still joins it
+    os.unlink(tmp_path / "trace" / "rank-00001.jsonl")
+    joined = load_inputs([str(tmp_path / "trace"), profiled])
+    assert joined.ranks == [0, 1] and joined.steps.groupby("rank").size().to_dict() == {0: 8, 1: 6}
