@@ -22,9 +22,11 @@ from diag.trace.model import LoadProblem, Trace
 from diag.trace.perfile import PerFile, Uneven
 from diag.trace.window import Window
 
-PARALLEL_BYTES = 32 << 20  # total bytes of rank files above which workers are used
-# the main process only waits and joins: a worker a core, none left spare (measured, docs/scale.md)
-MIN_CORES, SPARE = 2, 0
+PARALLEL_BYTES = 32 << 20  # total bytes of rank files above which workers are used (as Kineto's)
+# the main process only waits and joins: a worker a core, none left spare; but on 2 cores two
+# workers did not measurably beat the in-process reading (same wall and CPU, the tree's PSS +11% at
+# 16 ranks x 1,000 steps: docs/scale.md), so 2 cores read in-process, as for Kineto
+MIN_CORES, SPARE = 3, 0
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """diag's rank files read in worker processes (`trace.rankfiles`, issue 14) give what the in-process
 reading gives: the same frames, headers and problems (file, line, message, order), with a window,
 with bad lines, where a rank comes from two files, and where the files' columns are `Uneven`. Small
-traces and this 2-core machine's do not start workers by default: the tests force them."""
+traces, and 2 cores, do not start workers by default: the tests force them (`DIAG_WORKERS=2`)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ DIAG_DIRS = [d for d in sample_folders() if any(f.endswith(".jsonl") for f in os
 
 @pytest.fixture
 def forked(monkeypatch):
-    """Workers for any input on any machine (2 of them); the list of pools started."""
+    """Workers for any input, as many cores as they need; the list of pools started (their sizes)."""
     monkeypatch.delenv(workers.ENV, raising=False)
     monkeypatch.setattr(rankfiles, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(workers, "cores", lambda: 2)
+    monkeypatch.setattr(workers, "cores", lambda: rankfiles.MIN_CORES)
     pools: list[int] = []
     real = workers.forked_map
 
