@@ -307,9 +307,10 @@ def measure_cli(folder: str, root: str = ROOT) -> dict[str, Any]:
 def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> None:
     """`--diag-trace RANKSxSTEPS`: one line per checkout (this one, and `baseline` when given) with
     input MiB, wall and CPU seconds, the peak RSS (the kernel's high-water mark of the largest
-    process: `diag analyze` on a diag trace runs in one) and the sampled peak PSS of the process
-    tree, then the ratio; the two reports must be the same document (bounded memory may not change
-    a finding or figure). The input is deleted afterwards unless `--keep` was given."""
+    process) and the sampled peak PSS and RSS sums of the process tree (with workers reading the
+    rank files, `trace.rankfiles`, the largest process is not the whole), then the ratio; the two
+    reports must be the same document (bounded memory may not change a finding or figure). The
+    input is deleted afterwards unless `--keep` was given."""
     ranks, steps = (int(x) for x in shape.lower().split("x"))
     sub = os.path.join(folder, f"diag-{ranks}x{steps}")
     traces = os.path.join(sub, "traces")
@@ -321,7 +322,8 @@ def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> Non
         print(
             f"{ranks:5d} ranks x {steps:6d} steps {size / 2**20:8.1f} MiB  {name:8s} "
             f"{r['wall']:7.2f} s {r['cpu']:7.2f} CPU s  peak RSS {r['high_water'] / 2**20:6.0f} MiB "
-            f"({r['high_water'] / size:.2f}x the input; sampled PSS {r['peak_pss'] / 2**20:.0f})",
+            f"({r['high_water'] / size:.2f}x the input; sampled over the process tree: PSS "
+            f"{r['peak_pss'] / 2**20:.0f}, RSS {r['peak_rss'] / 2**20:.0f})",
             flush=True,
         )
     if baseline:

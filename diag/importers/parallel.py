@@ -2,25 +2,24 @@
 
 Each worker parses a file and sends back only the compact frames (pickled), so the parsed JSON and
 the heap fragmentation it leaves stay in the worker; the main process holds frames only. Small
-inputs, or a machine with fewer than 3 cores, are imported in-process (a fork costs more than it
-saves there).
+inputs, or fewer than 3 cores given, are imported in-process (a fork costs more than it saves
+there); the pool and its size: `trace.workers`.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import pickle
 from collections.abc import Iterator
 from typing import Any
 
 from diag.importers.errors import ImportProblem
+from diag.trace import workers
 from diag.trace.heap import release_memory
 from diag.trace.safeio import file_size
 from diag.trace.window import ALL, Window
 
 PARALLEL_BYTES = 32 << 20  # total Kineto bytes above which workers are used
-MAX_WORKERS = 4
 DETACH_BYTES = 1 << 20  # a file (compressed or not) at least this big is copied out of its parse
 Result = tuple[int, dict[str, Any], dict[str, Any]]
 
@@ -57,12 +56,9 @@ def _detached(path: str, window: Window, slim: bool) -> Result | ImportProblem |
 
 
 def workers_for(paths: list[str]) -> int:
-    if len(paths) < 2 or sum(file_size(p) for p in paths) < PARALLEL_BYTES:
-        return 0
-    cores = os.cpu_count() or 1
     # leave a core to the main process, which turns results into frames meanwhile; on 2 cores the
     # workers only add fork and pickling costs (measured: same load time, twice the memory)
-    return min(len(paths), cores - 1, MAX_WORKERS) if cores >= 3 else 0
+    return workers.workers_for(paths, PARALLEL_BYTES, min_cores=3, spare=1)
 
 
 def import_many(
@@ -74,9 +70,6 @@ def import_many(
         for p in paths:
             yield p, _detached(p, window, slim)
         return
-    import multiprocessing  # here: a small input never pays for importing it
-
-    # fork: workers start in milliseconds with diag already imported; a fresh worker every 4 files
-    # bounds the heap fragmentation one worker accumulates
-    with multiprocessing.get_context("fork").Pool(n, maxtasksperchild=4) as pool:
-        yield from zip(paths, pool.imap(functools.partial(import_one, window=window, slim=slim), paths))
+    yield from zip(
+        paths, workers.forked_map(functools.partial(import_one, window=window, slim=slim), paths, n)
+    )

@@ -49,7 +49,7 @@ class PerFile:
                 raise Uneven from e
             dtypes = dict(df.dtypes)
             for col, dtype in dtypes.items():
-                text = isinstance(dtype, pd.StringDtype) or (col in CATEGORICAL and dtype is np.dtype(object))
+                text = isinstance(dtype, pd.StringDtype) or (col in CATEGORICAL and _objects(dtype))
                 if text and df[col].notna().any():
                     try:
                         df[col] = df[col].astype("category")
@@ -60,6 +60,11 @@ class PerFile:
             self.parts.setdefault(kind, []).append((_own_columns(df), dtypes))
         by_kind.clear()
         release_memory()  # the file's dicts are freed: their pages back to the OS before the next
+
+    def extend(self, parts: dict[str, list[tuple[pd.DataFrame, dict[str, Any]]]]) -> None:
+        """Another `PerFile`'s frames (one file's, read in a worker: `rankfiles`) after these."""
+        for kind, frames in parts.items():
+            self.parts.setdefault(kind, []).extend(frames)
 
     def mark(self) -> dict[str, int]:
         """Where the frames added from now on begin, by kind (`rename`)."""
@@ -131,6 +136,12 @@ def _as_read(df: pd.DataFrame, dtypes: dict[str, Any]) -> pd.DataFrame:
     return df
 
 
+def _objects(dtype: Any) -> bool:
+    """numpy's object dtype (`is np.dtype(object)` is not: a frame sent from a worker, unpickled,
+    holds another instance of it)."""
+    return isinstance(dtype, np.dtype) and dtype == np.dtype(object)
+
+
 def _categories(dfs: list[pd.DataFrame], col: str) -> pd.Index | None:
     """The categories one frame of every file's `col` would get from `astype("category")` (their
     values sorted), when each file's column is categorical or holds no value; None otherwise."""
@@ -141,7 +152,7 @@ def _categories(dfs: list[pd.DataFrame], col: str) -> pd.Index | None:
         dtype = df[col].dtype
         if isinstance(dtype, pd.CategoricalDtype):
             seen.update(dict.fromkeys(dtype.categories))
-        elif not (dtype is np.dtype(object) and df[col].isna().all()):
+        elif not (_objects(dtype) and df[col].isna().all()):
             return None
     try:
         return pd.Index(sorted(seen))

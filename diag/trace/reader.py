@@ -302,61 +302,82 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
 
 
 def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
-    """`load_trace` with each file's records turned into columns as read (`per_file`), or held
-    until every file is read (None)."""
+    """`load_trace` with each file's records turned into columns as read (`per_file`: in worker
+    processes where the files are many and big, `rankfiles`), or held until every file is read
+    (None)."""
     trace = Trace(sources=[path])
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    skipped = 0
-    for file in trace_files(path):
-        if per_file is not None and by_kind:
-            per_file.add(by_kind)
-            by_kind = defaultdict(list)
-        named = diag_file_rank(file) if window.ranks is not None else None
-        if named is not None and not window.wants_rank(named):
-            skipped += 1
-            continue
-        taken = _Taken(trace, by_kind, per_file, window) if per_file is not None else None
-        header, events, problems = read_file(file, window, taken.take if taken else None, CHUNK)
-        trace.problems.extend(problems)
-        if header is None:
-            continue
-        if header.get("sidecar"):  # host-level samples (NVML, the watcher's looks): no rank header
-            for ev in events:
-                ev["rank"] = None
-                by_kind[ev["k"]].append(ev)
-            continue
-        rank = header.get("rank")
-        if rank is None:  # started before the process group: the rank came later, as meta
-            rank = next(
-                (
-                    ev.get("value")
-                    for ev in events
-                    if ev.get("k") == schema.META and ev.get("key") == "rank" and _is_int(ev.get("value"))
-                ),
-                None,
-            )
-        if rank is None:
-            rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
-        if window.ranks is not None and not window.wants_rank(rank):
-            skipped += 1
-            continue
-        merged = _add_events(trace, rank, header, events, by_kind)
-        renames = _renames(merged.get(schema.META_GROUPS))
-        _rename_groups(events, renames)
-        if taken is not None and taken.mark is not None:
-            per_file.rename(schema.COMM, "group", renames, taken.mark)  # its records taken already
+    files = trace_files(path)
+    wanted = [f for f in files if not _named_outside(f, window)]
+    skipped = len(files) - len(wanted)
+    if per_file is not None:
+        from diag.trace.rankfiles import read_each
+
+        skipped += read_each(trace, wanted, window, per_file, read_into)
+    else:
+        by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        skipped += sum(read_into(trace, file, window, by_kind, None) for file in wanted)
     if strict and trace.problems:
         raise DiagError(str(trace.problems[0]))
     if not trace.headers:
         if skipped and not trace.problems:
             return trace  # every rank outside the window
         raise Unreadable(trace.problems or [LoadProblem(path, "no readable trace")])
-    if per_file is not None:
-        per_file.add(by_kind)
-        trace.frames = per_file.frames(_finish)
-    else:
-        trace.frames = build_frames(by_kind, trace.problems, path)
+    trace.frames = (
+        per_file.frames(_finish) if per_file is not None else build_frames(by_kind, trace.problems, path)
+    )
     return trace
+
+
+def _named_outside(file: str, window: Window) -> bool:
+    """A rank-NNNNN.jsonl of a rank outside `window`: not opened."""
+    named = diag_file_rank(file) if window.ranks is not None else None
+    return named is not None and not window.wants_rank(named)
+
+
+def read_into(
+    trace: Trace, file: str, window: Window, by_kind: dict[str, list[dict[str, Any]]], per_file: Any
+) -> bool:
+    """One file read into `trace` (its rank's merged header, its problems) and its records into
+    `by_kind`, or, with `per_file`, into its frames (`by_kind` left empty); True where the file is
+    of a rank outside `window` (dropped)."""
+    taken = _Taken(trace, by_kind, per_file, window) if per_file is not None else None
+    header, events, problems = read_file(file, window, taken.take if taken else None, CHUNK)
+    trace.problems.extend(problems)
+    if header is None:
+        return False
+    if header.get("sidecar"):  # host-level samples (NVML, the watcher's looks): no rank header
+        for ev in events:
+            ev["rank"] = None
+            by_kind[ev["k"]].append(ev)
+        _add_file(per_file, by_kind)
+        return False
+    rank = header.get("rank")
+    if rank is None:  # started before the process group: the rank came later, as meta
+        rank = next(
+            (
+                ev.get("value")
+                for ev in events
+                if ev.get("k") == schema.META and ev.get("key") == "rank" and _is_int(ev.get("value"))
+            ),
+            None,
+        )
+    if rank is None:
+        rank = -int(header.get("pid") or 0)  # unknown rank: keep it apart, keyed by pid
+    if window.ranks is not None and not window.wants_rank(rank):
+        return True
+    merged = _add_events(trace, rank, header, events, by_kind)
+    renames = _renames(merged.get(schema.META_GROUPS))
+    _rename_groups(events, renames)
+    if taken is not None and taken.mark is not None:
+        per_file.rename(schema.COMM, "group", renames, taken.mark)  # its records taken already
+    _add_file(per_file, by_kind)
+    return False
+
+
+def _add_file(per_file: Any, by_kind: dict[str, list[dict[str, Any]]]) -> None:
+    """The file's records left in `by_kind` into its frames, with `per_file`."""
+    if per_file is not None and by_kind:
+        per_file.add(by_kind)
 
 
 def _add_events(

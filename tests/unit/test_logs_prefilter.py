@@ -136,7 +136,8 @@ def test_logs_merged_as_they_come_equal_the_merge_of_all(monkeypatch, workers):
 
     if workers:
         monkeypatch.setattr(many, "PARALLEL_BYTES", 0)
-        monkeypatch.setattr(many.os, "cpu_count", lambda: 2)
+        monkeypatch.setattr(many.workers, "cores", lambda: 2)
+        monkeypatch.delenv(many.workers.ENV, raising=False)
     paths = [os.path.join(FIX, n) for n in sorted(os.listdir(FIX)) if n.endswith(".log")]
     one_by_one = [(p, import_log(p)) for p in paths]
     got = import_logs(paths)

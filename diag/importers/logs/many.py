@@ -9,15 +9,13 @@ holds the run's steps once, not once per log.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections.abc import Iterator
 
 import pandas as pd
 
 from diag.importers.errors import ImportProblem
 from diag.importers.logs import LogImport, first_per_step, import_log
-from diag.trace.safeio import file_size
+from diag.trace import workers
 
 PARALLEL_BYTES = 32 << 20  # total log bytes above which workers are used
 
@@ -31,9 +29,8 @@ def import_one(path: str) -> LogImport | ImportProblem:
 
 
 def workers_for(paths: list[str]) -> int:
-    if len(paths) < 2 or sum(file_size(p) for p in paths) < PARALLEL_BYTES:
-        return 0
-    return min(len(paths), os.cpu_count() or 1)
+    """A worker a core given (the main process only merges the small results)."""
+    return workers.workers_for(paths, PARALLEL_BYTES, min_cores=2, spare=0)
 
 
 def import_logs(paths: list[str]) -> list[tuple[str, LogImport | ImportProblem]]:
@@ -54,10 +51,8 @@ def import_logs(paths: list[str]) -> list[tuple[str, LogImport | ImportProblem]]
 
 def _results(paths: list[str]) -> Iterator[tuple[str, LogImport | ImportProblem]]:
     n = workers_for(paths)
-    if n <= 1:
+    if n == 0:
         for p in paths:
             yield p, import_one(p)
         return
-    # fork: workers start at once with diag imported; one file per task, results in input order
-    with multiprocessing.get_context("fork").Pool(n, maxtasksperchild=1) as pool:
-        yield from zip(paths, pool.imap(import_one, paths))
+    yield from zip(paths, workers.forked_map(import_one, paths, n, per_child=1))
