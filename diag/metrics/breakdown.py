@@ -24,7 +24,7 @@ from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
 from diag.metrics.agg import named
 from diag.metrics.comms import between_ranks
-from diag.metrics.text import as_text
+from diag.metrics.text import as_text, filled_text
 from diag.vocab import COMM, COMPUTE
 
 if TYPE_CHECKING:
@@ -114,9 +114,9 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
 def _rank_stats(c: pd.DataFrame) -> pd.DataFrame:
     """`collective_stats`' sums per (rank, op, group) of calls of one rank."""
     # the columns read, first: a filter or a column set below copies only these
-    group = as_text(c["group"]) if "group" in c.columns else pd.Series("", index=c.index)
+    group = filled_text(c["group"]) if "group" in c.columns else pd.Series("", index=c.index)
     c = c[["rank", "op", "dur", "group_size"]].assign(
-        bytes=pd.to_numeric(c["bytes"], errors="coerce"), group=group.where(group.notna(), "")
+        bytes=pd.to_numeric(c["bytes"], errors="coerce"), group=group
     )
     sized = c["bytes"].notna()
     c = c.assign(

@@ -36,3 +36,18 @@ def map_categories(s: pd.Series, fn: Callable[[str], str]) -> pd.Series | None:
     lookup = np.array([where[v] for v in old], dtype=np.int64)
     codes = lookup[text.cat.codes.to_numpy()] if len(old) else text.cat.codes.to_numpy()
     return pd.Series(pd.Categorical.from_codes(codes, categories=pd.Index(new)), index=s.index)
+
+
+def filled_text(s: pd.Series, value: str = "") -> pd.Series:
+    """`as_text(s)` with each missing value `value`. A categorical gains `value` as a category, kept
+    sorted as `as_text` requires (a trace whose rank files name a collective's group in one file and
+    leave it null in another joins a categorical with missing values: filling one raised)."""
+    text = as_text(s)
+    if not text.isna().any():
+        return text
+    if isinstance(text.dtype, pd.CategoricalDtype):
+        cats = text.cat.categories
+        if value not in cats:
+            text = text.cat.set_categories(sorted([*cats, value]))
+        return text.fillna(value)
+    return text.where(text.notna(), value)

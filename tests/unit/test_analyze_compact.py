@@ -180,3 +180,35 @@ def test_the_json_report_is_written_as_rendered():
     json_report.write(doc, out)
     assert out.getvalue() == json_report.render(doc) + "\n"
     assert out.getvalue().count("\n") > 100  # indented, as the rendered text
+
+
+def test_a_rank_file_with_no_group_names_gives_the_plain_report(tmp_path, monkeypatch):
+    """One rank file names its collectives' groups, the other leaves them null: the joined group
+    categorical has missing values, and filling them (`breakdown._rank_stats`) raised a TypeError
+    out of `diag analyze` (found while testing worker reads)."""
+    import json
+    import shutil
+
+    src = os.path.join(ROOT, "sample_traces", "zero3")
+    dst = tmp_path / "trace"
+    shutil.copytree(src, dst)
+    path = dst / "rank-00000.jsonl"
+    lines = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("k") == "comm":
+            rec["group"] = None
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n")
+    assert _report(str(dst)) == _plain_report(str(dst), monkeypatch)
+
+
+def test_filled_text_keeps_a_sorted_categorical():
+    from diag.metrics.text import as_text, filled_text
+
+    s = pd.Series(["b", None, "a"], dtype="category")
+    filled = filled_text(s, "")
+    assert list(filled) == ["b", "", "a"]
+    assert as_text(filled) is filled  # still the sorted categorical `as_text` passes through
+    plain = filled_text(pd.Series(["b", None], dtype=object), "")
+    assert list(plain) == ["b", ""]
