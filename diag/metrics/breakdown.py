@@ -157,20 +157,20 @@ def by_size(c: pd.DataFrame) -> pd.DataFrame:
     if c.empty:
         return pd.DataFrame(columns=BY_SIZE_COLUMNS)
     size = c["bytes"].to_numpy()
-    sizes = pd.unique(size)
-    sizes = np.sort(sizes[sizes > 0])
     codes, ops = positions.coded(as_text(c["op"]))  # ops sorted, as the groupby on (op, bytes) sorts them
-    if len(sizes) > SIZES_SCANNED or size.dtype.kind not in "iuf":
+    sizes = _distinct(size) if size.dtype.kind in "iuf" else None
+    if sizes is None or len(sizes) > SIZES_SCANNED:
         return _by_size_groupby(c, codes, ops)
     busbw = c["busbw"].to_numpy(dtype=float, na_value=np.nan)
     found: list[tuple[int, int, float, int]] = []  # (op code, size's index, median, calls)
     for k, s in enumerate(sizes):
-        at = np.flatnonzero(size == s)
-        op = codes[at]
-        for i in np.unique(op[op >= 0]):
-            bw = busbw[at[op == i]]
-            known = bw[~np.isnan(bw)]  # pandas' median leaves NaN out; `calls` counts every call
-            found.append((int(i), k, float(np.median(known)) if len(known) else np.nan, len(bw)))
+        same = size == s
+        for i in np.flatnonzero(np.bincount(codes[same] + 1, minlength=len(ops) + 1)[1:]):
+            bw = busbw[same & (codes == i)]  # a copy: the median's partition works in it
+            calls = len(bw)
+            if np.isnan(bw).any():  # pandas' median leaves NaN out; `calls` counts every call
+                bw = bw[~np.isnan(bw)]
+            found.append((int(i), k, _median(bw), calls))
     if not found:
         return pd.DataFrame(columns=BY_SIZE_COLUMNS)
     found.sort(key=lambda f: (f[0], f[1]))
@@ -182,6 +182,29 @@ def by_size(c: pd.DataFrame) -> pd.DataFrame:
             "calls": np.array([f[3] for f in found], dtype=np.int64),
         }
     )
+
+
+def _distinct(size: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+    """The positive sizes in `size`, sorted, a chunk at a time (`pd.unique` of every call sizes its
+    hash table by the calls)."""
+    seen: set[float] = set()
+    for start in range(0, len(size), chunk):
+        seen.update(pd.unique(size[start : start + chunk]).tolist())
+    return np.sort(np.array([v for v in seen if v > 0], dtype=size.dtype))
+
+
+def _median(bw: np.ndarray) -> float:
+    """The median as pandas' groupby takes it (the middle value, else the mean of the two middle
+    ones; NaN of none), partitioning `bw` in place."""
+    n = len(bw)
+    if not n:
+        return np.nan
+    k = n // 2
+    if n % 2:
+        bw.partition(k)
+        return float(bw[k])
+    bw.partition([k - 1, k])
+    return float((bw[k] + bw[k - 1]) / 2)
 
 
 def _by_size_groupby(c: pd.DataFrame, codes: np.ndarray, ops: pd.Index) -> pd.DataFrame:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag.metrics import steps as step_frames
-from diag.metrics.layer_stats import model_wide_layers, steady_samples, top_layers
+from diag.metrics.layer_stats import model_wide_layers, steady_rows, steady_samples, top_layers
 from diag.report.records import Records
 
 if TYPE_CHECKING:
@@ -19,11 +19,18 @@ def layers(
     trace: Trace, peak_tflops: float | None, steady: pd.DataFrame | None = None
 ) -> list[dict[str, Any]]:
     """The top layers over the steady samples (`steady`: the steady steps, `Metrics.steady_steps`;
-    the warm-up's samples only where a rank has no other)."""
+    the warm-up's samples only where a rank has no other). Only each module's lowest rank's records
+    are read (`top_layers`' own choice) and taken: a copy of every steady record took +105 MiB at
+    64 ranks x 1,000 steps (1,026,048 records)."""
     if steady is None:
         steady = step_frames.steady(step_frames.step_frame(trace.steps))
-    lay = steady_samples(model_wide_layers(trace), steady)
-    return top_layers(lay, peak_tflops).astype(object).to_dict("records")
+    lay = model_wide_layers(trace)
+    if lay.empty:
+        return top_layers(steady_samples(lay, steady), peak_tflops).astype(object).to_dict("records")
+    warm, keep = steady_rows(lay, steady)
+    lowest = lay["rank"].where(keep).groupby(lay["module"], observed=True).transform("min")
+    keep &= (lay["rank"] == lowest).to_numpy()
+    return top_layers(lay.assign(warmup=warm)[keep], peak_tflops).astype(object).to_dict("records")
 
 
 def steps(per_step: Records, trace: Trace) -> list[dict[str, Any]]:
