@@ -35,13 +35,12 @@ def _write(value: Any, out: IO[str], depth: int) -> None:
         out.write("\n" + _INDENT * depth + "}")
     elif isinstance(value, Records):
         out.write("[")
-        n = 0
-        for chunk in value.chunks():
-            for row in chunk:
-                out.write(("," if n else "") + "\n" + _INDENT * (depth + 1))
-                _write(row, out, depth + 1)
-                n += 1
-        out.write(("\n" + _INDENT * depth if n else "") + "]")
+        inner, n = "\n" + _INDENT * depth, 0
+        for chunk in value.chunks():  # a chunk's text as the encoder lays out a list, less its brackets
+            text = _ENCODER.encode(chunk)
+            out.write(("," if n else "") + inner + text[2:-2].replace("\n", inner))
+            n += len(chunk)
+        out.write((inner if n else "") + "]")
     else:
         inner = "\n" + _INDENT * depth
         for piece in _ENCODER.iterencode(value):
