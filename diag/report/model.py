@@ -101,17 +101,9 @@ def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any, str | No
     return printed, None, "log"
 
 
-def build(
-    trace: Trace,
-    findings: list[Finding],
-    failures: dict[str, str],
-    metrics: Metrics | None = None,
-    *,
-    peak_tflops: float | None = None,
-    model: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The report document for one analysis, every table as its rows (`document`, made plain)."""
-    return materialize(document(trace, findings, failures, metrics, peak_tflops=peak_tflops, model=model))
+def build(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`document(...)` with every table as its rows: the plain document the renderers read."""
+    return materialize(document(*args, **kwargs))
 
 
 def document(
