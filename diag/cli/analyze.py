@@ -154,7 +154,7 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
         return e.exit_code
     metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
     findings, failures = run_all(trace, only, metrics)
-    doc = model.build(
+    doc = model.document(
         trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=_model_option(args.model)
     )
     _render(doc, args, run_no)
@@ -217,6 +217,12 @@ def _write_ds_config(doc: dict[str, Any], path: str) -> None:
 
 
 def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> None:
+    """`doc`: `model.document`'s, its tables `Records`; `--json` alone writes it a table's chunk at a
+    time, the other renderers read it whole (`materialize`)."""
+    if args.markdown or args.html or args.ds_config_out or not args.json:
+        from diag.report.records import materialize
+
+        doc = materialize(doc)
     if args.markdown:
         from diag.report import markdown
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from diag import schema
+from diag.metrics import positions
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -58,11 +60,27 @@ def steady_samples(layers: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
     (diag/agent/runtime.py), so a run of three steps or more has a steady sample."""
     if layers.empty:
         return layers.assign(warmup=False)
-    keys = pd.MultiIndex.from_frame(layers[["rank", "step"]].astype("int64"))
-    warm = ~keys.isin(pd.MultiIndex.from_frame(steady[["rank", "step"]].astype("int64")))
-    warm = pd.Series(warm, index=layers.index)
-    steady_rank = (~warm).groupby(layers["rank"]).transform("any")
-    return layers.assign(warmup=warm)[~(warm & steady_rank)]
+    warm, keep = steady_rows(layers, steady)
+    return layers.assign(warmup=warm)[keep]
+
+
+def steady_rows(layers: pd.DataFrame, steady: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(`warmup` of each record, the records `steady_samples` keeps), one rank's records at a time:
+    a (rank, step) index of every record took +80 MiB at 64 ranks x 1,000 steps."""
+    rank = layers["rank"].astype("int64").to_numpy()
+    step = layers["step"].astype("int64").to_numpy()
+    steady_steps = {
+        int(r): np.unique(g.to_numpy()) for r, g in steady["step"].astype("int64").groupby(steady["rank"])
+    }
+    warm = np.ones(len(layers), dtype=bool)
+    keep = np.ones(len(layers), dtype=bool)
+    for rows in positions.by_rank(pd.factorize(rank, sort=True)[0]):
+        mine = steady_steps.get(int(rank[rows][0]))
+        if mine is not None:
+            warm[rows] = ~np.isin(step[rows], mine)
+        if not warm[rows].all():  # a rank with a steady sample: its warm-up records are left out
+            keep[rows] = ~warm[rows]
+    return warm, keep
 
 
 def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:

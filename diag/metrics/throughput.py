@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diag.metrics import positions
 from diag.metrics.agg import named
 from diag.metrics.steps import NS, steady
 
@@ -56,13 +57,22 @@ RANK_COLUMNS = [
 def step_flops(layers: pd.DataFrame) -> pd.DataFrame:
     """FLOPs per (rank, step): the sum over the step's outermost layer records (a record inside an
     earlier one's interval is part of it: records are inclusive). Null when one of them is null
-    (a module whose FLOPs were never counted under its input signature)."""
+    (a module whose FLOPs were never counted under its input signature). One rank's records at a
+    time (a rank's rows of the trace's frame): the copy and sort of every record took +108 MiB at
+    64 ranks x 1,000 steps (1,026,048 records)."""
     cols = ["rank", "step", "flops"]
     if layers.empty or not {"ts", "dur", "flops"} <= set(layers.columns):
         return pd.DataFrame(columns=cols)
+    ranks = positions.by_rank(pd.factorize(layers["rank"], sort=True)[0])
+    parts = [part for rows in ranks if len(part := _rank_flops(layers.iloc[rows]))]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+
+def _rank_flops(layers: pd.DataFrame) -> pd.DataFrame:
+    """`step_flops` of one rank's records (empty where none has a time)."""
     d = layers[["rank", "step", "ts", "dur", "flops"]].dropna(subset=["ts", "dur"])
     if d.empty:
-        return pd.DataFrame(columns=cols)
+        return d
     d = d.assign(ts=d["ts"].astype("int64"), flops=pd.to_numeric(d["flops"], errors="coerce"))
     d = d.assign(end=d["ts"] + d["dur"].astype("int64"))
     d = d.sort_values(["rank", "step", "ts", "end"], ascending=[True, True, True, False], kind="stable")

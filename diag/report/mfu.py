@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag.metrics import model_flops, peaks, throughput
+from diag.report.records import Records
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -83,7 +84,7 @@ def _model_view(
 def section(
     trace: Trace, metrics: Metrics, peak_tflops: float | None = None, model: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The `throughput` part of the report document."""
+    """The `throughput` part of the report document (its tables `Records`)."""
     layout = trace.layout()
     peak, why = _peak(trace, layout, peak_tflops)
     value = peak["tflops"] if peak else None
@@ -116,6 +117,6 @@ def section(
         "dp": dp,
         "model": _model_view(trace, shape, layout, throughput.job_step_s(rows, quiet), value),
         "log_tflops_median": printed.median() if len(printed) else None,
-        "per_rank": ranks.astype(object).to_dict("records"),
-        "per_step": rows.astype(object).to_dict("records"),
+        "per_rank": Records(ranks),
+        "per_step": Records(rows),  # one per (rank, step): rows when read
     }

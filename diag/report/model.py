@@ -5,16 +5,16 @@ Bump `VERSION` when a field changes meaning or disappears; adding fields keeps t
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec
 
-import numpy as np
 import pandas as pd
 
 from diag import __version__
 from diag.metrics.stage import Metrics
 from diag.ranks import rank_labels
 from diag.report import mfu, trace_doc
+from diag.report.records import Records, materialize, plain
 from diag.trace.heap import release_memory
 
 if TYPE_CHECKING:
@@ -22,30 +22,21 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 SCHEMA = "diag.analyze"
+_P = ParamSpec("_P")
 VERSION = 1
 
 
-def plain(value: Any) -> Any:
-    """numpy/pandas scalars -> Python, NaN -> None, recursively."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return value
-
-
 def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """A table of the report as records. The temporaries that computed it are freed by now: their
-    heap pages go back to the OS first (`run_all` does it after each rule), or the next table's
-    arrays go above them."""
+    """A table as records (the diff document's)."""
+    return table(df).rows()
+
+
+def table(df: pd.DataFrame) -> Records:
+    """A table of the report, made into rows when read (`Records`). The temporaries that computed
+    it are freed by now: their heap pages go back to the OS first (`run_all` does it after each
+    rule), or the next table's arrays go above them."""
     release_memory()
-    return plain(df.astype(object).to_dict("records"))
+    return Records(df)
 
 
 def _steps_summary(st: pd.DataFrame, recorded: pd.DataFrame) -> dict[str, Any]:
@@ -112,7 +103,17 @@ def _headline(tp: dict[str, Any], log: pd.DataFrame) -> tuple[Any, Any, str | No
     return printed, None, "log"
 
 
-def build(
+def _with_rows(make: Callable[_P, dict[str, Any]]) -> Callable[_P, dict[str, Any]]:
+    """`make`'s document with every table as its rows: the plain document the renderers read (typed
+    as `make`, so a caller's arguments are checked against `document`'s)."""
+
+    def made(*args: _P.args, **kwargs: _P.kwargs) -> dict[str, Any]:
+        return materialize(make(*args, **kwargs))
+
+    return made
+
+
+def document(
     trace: Trace,
     findings: list[Finding],
     failures: dict[str, str],
@@ -121,9 +122,10 @@ def build(
     peak_tflops: float | None = None,
     model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The report document for one analysis: the trace's `metrics` (the ones the rules read; made
-    here when not given) and the findings. `peak_tflops` overrides the device table's peak, `model`
-    (Megatron argument names) the model shape the trace or log recorded."""
+    """The report document for one analysis, its tables `Records` (rows when read: `json_report.write`
+    holds a chunk of rows at a time, `materialize` the whole): the trace's `metrics` (the ones the
+    rules read; made here when not given) and the findings. `peak_tflops` overrides the device
+    table's peak, `model` (Megatron argument names) the model shape the trace or log recorded."""
     metrics = metrics if metrics is not None else Metrics(trace)
     steps = metrics.step_times
     log = trace.frame("log_step")
@@ -148,15 +150,15 @@ def build(
                 "findings": len(findings),
             },
             "metrics": {
-                "breakdown": rows(metrics.breakdown),
-                "step_split": rows(metrics.step_split),
-                "overlap": rows(metrics.overlap),
-                "collectives": rows(metrics.collectives),
-                "bandwidth_by_size": rows(metrics.bandwidth_by_size),
-                "stragglers": rows(_stragglers(metrics, findings)),
-                "step_times": rows(steps),
-                "loss_scale": rows(_loss_scale(trace)),
-                "steps_joined": rows(
+                "breakdown": table(metrics.breakdown),
+                "step_split": table(metrics.step_split),
+                "overlap": table(metrics.overlap),
+                "collectives": table(metrics.collectives),
+                "bandwidth_by_size": table(metrics.bandwidth_by_size),
+                "stragglers": table(_stragglers(metrics, findings)),
+                "step_times": table(steps),
+                "loss_scale": table(_loss_scale(trace)),
+                "steps_joined": table(
                     trace.frame("step_join")
                 ),  # trace + log by iteration (importers/join.py)
             },
@@ -172,3 +174,6 @@ def build(
             "rule_failures": dict(failures),
         }
     )
+
+
+build = _with_rows(document)  # `document` with every table as its rows

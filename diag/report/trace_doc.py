@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag.metrics import steps as step_frames
-from diag.metrics.layer_stats import model_wide_layers, steady_samples, top_layers
+from diag.metrics.layer_stats import model_wide_layers, steady_rows, steady_samples, top_layers
+from diag.report.records import Records
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -18,20 +19,28 @@ def layers(
     trace: Trace, peak_tflops: float | None, steady: pd.DataFrame | None = None
 ) -> list[dict[str, Any]]:
     """The top layers over the steady samples (`steady`: the steady steps, `Metrics.steady_steps`;
-    the warm-up's samples only where a rank has no other)."""
+    the warm-up's samples only where a rank has no other). Only each module's lowest rank's records
+    are read (`top_layers`' own choice) and taken: a copy of every steady record took +105 MiB at
+    64 ranks x 1,000 steps (1,026,048 records)."""
     if steady is None:
         steady = step_frames.steady(step_frames.step_frame(trace.steps))
-    lay = steady_samples(model_wide_layers(trace), steady)
-    return top_layers(lay, peak_tflops).astype(object).to_dict("records")
+    lay = model_wide_layers(trace)
+    if lay.empty:
+        return top_layers(steady_samples(lay, steady), peak_tflops).astype(object).to_dict("records")
+    warm, keep = steady_rows(lay, steady)
+    lowest = lay["rank"].where(keep).groupby(lay["module"], observed=True).transform("min")
+    keep &= (lay["rank"] == lowest).to_numpy()
+    return top_layers(lay.assign(warmup=warm)[keep], peak_tflops).astype(object).to_dict("records")
 
 
-def steps(per_step: list[dict[str, Any]], trace: Trace) -> list[dict[str, Any]]:
+def steps(per_step: Records, trace: Trace) -> list[dict[str, Any]]:
     """One row per step: the slowest and fastest rank's time, whether every rank applied it, and the
     throughput figures (FLOP/s: mean over ranks; samples/s: the job's). Without the trace's steps,
-    the training log's timed iterations (`log_steps`)."""
-    if not per_step:
+    the training log's timed iterations (`log_steps`). `per_step`'s frame is read as it is: its rows
+    as dicts (held in the document) and a frame of them again took +23 MiB at 64 ranks x 1,000 steps."""
+    df = per_step.frame
+    if df.empty:
         return log_steps(trace.frame("log_step"))
-    df = pd.DataFrame(per_step)
     st = trace.steps
     flags = st["applied"].astype("boolean").fillna(True) if not st.empty else pd.Series(dtype=bool)
     applied = flags.groupby(st["step"]).all() if not st.empty else flags
@@ -100,9 +109,9 @@ def _positive(v: float) -> float | None:
     return float(v) if v == v and v > 0 else None
 
 
-def memory(trace: Trace) -> dict[str, list[dict[str, Any]]]:
+def memory(trace: Trace) -> dict[str, Any]:
     """`peaks`: per rank device, peak allocated/reserved, capacity, peak RSS; `timeline`: every
-    memory record (rank, step, allocated, reserved, rss; bytes)."""
+    memory record (rank, step, allocated, reserved, rss; bytes), `Records` (one per rank and step)."""
     mem = trace.memory
     if mem.empty:
         return {"peaks": [], "timeline": []}
@@ -127,8 +136,7 @@ def memory(trace: Trace) -> dict[str, list[dict[str, Any]]]:
             }
         )
     cols = ["rank", "step", "ts", "allocated", "reserved", "rss"]
-    timeline = mem[[c for c in cols if c in mem.columns]].astype(object).to_dict("records")
-    return {"peaks": peaks, "timeline": timeline}
+    return {"peaks": peaks, "timeline": Records(mem[[c for c in cols if c in mem.columns]])}
 
 
 def overflows(trace: Trace) -> list[dict[str, Any]]:

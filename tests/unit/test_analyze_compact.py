@@ -7,6 +7,8 @@ column of strings: what the reader gave before (pandas 3 reads text as `str`, wh
 
 from __future__ import annotations
 
+import io
+import json
 import os
 
 import pandas as pd
@@ -15,7 +17,7 @@ from diag.analyzers import run_all
 
 from diag.importers import load_inputs
 from diag.metrics.stage import Metrics
-from diag.report import json_report, model
+from diag.report import json_report, model, records
 from diag.trace import perfile, reader
 from tests.conftest import ROOT, sample_folders
 
@@ -166,20 +168,73 @@ def test_positions_on_integer_arrays_equal_the_groupbys():
     assert partial > 20  # positions some members lack were drawn
 
 
-def test_the_json_report_is_written_as_rendered():
-    """`diag analyze --json` streams the document (`json_report.write`: the whole text is never
-    held, the run's peak at 16 ranks x 1,000 steps): the same text as `render`, and a newline."""
-    import io
-
-    path = os.path.join(ROOT, "sample_traces", "zero3")
+def _streamed(path: str) -> tuple[str, str]:
+    """(`diag analyze --json`'s text: `json_report.write` of `model.document`, its tables written a
+    chunk of rows at a time; `json.dump` of the whole plain document, `model.build`, as it was)."""
     trace = load_inputs([path], slim=True)
     metrics = Metrics(trace)
     findings, failures = run_all(trace, None, metrics)
-    doc = model.build(trace, findings, failures, metrics)
+    doc = model.document(trace, findings, failures, metrics)
+    assert records.lazy(doc), "the document's tables are written as they are read"
     out = io.StringIO()
     json_report.write(doc, out)
-    assert out.getvalue() == json_report.render(doc) + "\n"
-    assert out.getvalue().count("\n") > 100  # indented, as the rendered text
+    whole = model.build(trace, findings, failures, metrics)
+    assert not records.lazy(whole)
+    return out.getvalue(), json.dumps(whole, indent=2, default=str, allow_nan=False) + "\n"
+
+
+@pytest.mark.parametrize("path", DIAG_DIRS, ids=os.path.basename)
+def test_the_json_report_is_written_as_dumped(path, monkeypatch):
+    """`diag analyze --json` streams the document (the whole text, and the per-(rank, step) tables as
+    dicts, are never held: the run's peak at 64 ranks x 1,000 steps): the same text as `json.dump`
+    of the whole document, and a newline; chunks of 3 rows, so that tables span several."""
+    monkeypatch.setattr(records, "CHUNK", 3)
+    streamed, dumped = _streamed(path)
+    assert streamed == dumped
+    assert streamed.count("\n") > 100  # indented, as the dumped text
+
+
+def test_a_tiled_trace_is_written_as_dumped(tmp_path, monkeypatch):
+    """The same on bench.analyze's input (3 ranks x 30 steps), in chunks of 7 rows."""
+    from bench.analyze import make_diag_input
+
+    monkeypatch.setattr(records, "CHUNK", 7)
+    make_diag_input(str(tmp_path), 3, 30)
+    streamed, dumped = _streamed(str(tmp_path / "traces"))
+    assert streamed == dumped
+
+
+def test_bandwidth_by_size_scanned_equals_the_groupby(monkeypatch):
+    """`breakdown.by_size` (a scan per distinct size) gives the groupby's table, made into the
+    document's rows, on random calls: unknown sizes and bandwidths, sizes of 0, ops missing; and
+    the groupby itself where the sizes are too many to scan."""
+    import random
+
+    import numpy as np
+
+    from diag.metrics import breakdown, positions
+
+    rng = random.Random(7)
+    for trial in range(60):
+        n = rng.randint(1, 200)
+        c = pd.DataFrame(
+            {
+                "op": pd.Series(
+                    [rng.choice(["all_gather", "all_reduce", "broadcast", None]) for _ in range(n)],
+                    dtype="category" if trial % 2 else object,
+                ),
+                "bytes": [
+                    rng.choice([0, 256, 4096, 4096, 1 << 20, np.nan if trial % 3 else 8]) for _ in range(n)
+                ],
+                "busbw": [rng.choice([0.5, 1.25, 3.0, rng.random(), np.nan]) for _ in range(n)],
+            }
+        )
+        codes, ops = positions.coded(c["op"].astype(object) if trial % 2 == 0 else c["op"])
+        want = records.Records(breakdown._by_size_groupby(c, codes, ops)).rows()
+        assert records.Records(breakdown.by_size(c)).rows() == want
+        monkeypatch.setattr(breakdown, "SIZES_SCANNED", 0)
+        assert records.Records(breakdown.by_size(c)).rows() == want
+        monkeypatch.undo()
 
 
 def test_a_rank_file_with_no_group_names_gives_the_plain_report(tmp_path, monkeypatch):

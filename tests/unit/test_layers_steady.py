@@ -62,3 +62,57 @@ def test_a_long_runs_samples_leave_the_first_step_out(tmp_path) -> None:
     (the warm-up weighed a third)."""
     rows = {r["module"]: r for r in trace_doc.layers(_job((0, 2, 10)).write(str(tmp_path)), None)}
     assert rows["embedding"]["fwd_ms"] == pytest.approx(STEADY_MS) and rows["embedding"]["steps"] == 2
+
+
+def _steady_by_index(layers, steady):
+    """`steady_samples` as a (rank, step) index defines it (the reference)."""
+    import pandas as pd
+
+    keys = pd.MultiIndex.from_frame(layers[["rank", "step"]].astype("int64"))
+    warm = pd.Series(
+        ~keys.isin(pd.MultiIndex.from_frame(steady[["rank", "step"]].astype("int64"))), layers.index
+    )
+    steady_rank = (~warm).groupby(layers["rank"]).transform("any")
+    return layers.assign(warmup=warm)[~(warm & steady_rank)]
+
+
+def test_steady_rows_per_rank_equal_the_index_and_the_lowest_ranks_table():
+    """`steady_samples` one rank at a time gives the (rank, step) index's rows, on ranks in any order,
+    ranks without a steady step and steps without a sample; `trace_doc.layers`, which takes each
+    module's lowest rank's records only, gives `top_layers` of every steady record."""
+    import random
+
+    import pandas as pd
+
+    from diag.metrics.layer_stats import steady_samples, top_layers
+    from diag.report.records import plain
+
+    rng = random.Random(11)
+    for _ in range(40):
+        rows = [
+            {
+                "rank": rng.choice([0, 1, 2, 5]),
+                "step": rng.randint(0, 5),
+                "module": rng.choice(["m", "m.a", "m.b", "n.c"]),
+                "phase": rng.choice(["fwd", "bwd"]),
+                "ts": rng.randint(0, 10**6),
+                "dur": rng.randint(1, 1000),
+                "flops": rng.randint(0, 10**6),
+                "mem_delta": None,
+            }
+            for _ in range(rng.randint(1, 60))
+        ]
+        layers = pd.DataFrame(rows, index=rng.sample(range(1000), len(rows)))
+        steady = pd.DataFrame(
+            [(r, s) for r in (0, 1, 2) for s in range(rng.randint(0, 6), 6)], columns=["rank", "step"]
+        )
+        want = _steady_by_index(layers, steady)
+        pd.testing.assert_frame_equal(steady_samples(layers, steady), want)
+
+        class Trace:  # what `trace_doc.layers` reads of a trace: the layer records, the headers
+            headers: dict = {}
+
+        trace = Trace()
+        trace.layers = layers
+        got = trace_doc.layers(trace, 10.0, steady)
+        assert plain(got) == plain(top_layers(want, 10.0).astype(object).to_dict("records"))

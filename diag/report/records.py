@@ -1,0 +1,62 @@
+"""The report document's tables held as their frames until read: `diag analyze --json` writes a
+table's rows a chunk at a time (`json_report.write`), so the per-(rank, step) tables are never held
+whole as dicts (at 64 ranks x 1,000 steps the dicts, and the copy a second `plain` made of them, were
+the run's peak: docs/scale.md); the other renderers read the document with its tables as rows
+(`materialize`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+CHUNK = 4096  # rows made into dicts at a time
+
+
+def plain(value: Any) -> Any:
+    """numpy/pandas scalars -> Python, NaN -> None, recursively (a `Records` stays as it is)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return value
+
+
+class Records:
+    """A table of the document: `frame`'s rows as plain dicts, made `CHUNK` rows at a time."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+
+    def chunks(self) -> Iterator[list[dict[str, Any]]]:
+        for start in range(0, len(self.frame), CHUNK):
+            part = self.frame.iloc[start : start + CHUNK]
+            yield plain(part.astype(object).to_dict("records"))
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [row for chunk in self.chunks() for row in chunk]
+
+
+def materialize(doc: Any) -> Any:
+    """`doc` with each `Records` in it (inside dicts) made into its rows: the plain document."""
+    if isinstance(doc, Records):
+        return doc.rows()
+    if isinstance(doc, dict):
+        return {k: materialize(v) for k, v in doc.items()}
+    return doc
+
+
+def lazy(doc: Any) -> bool:
+    """Whether `doc` holds a `Records` (inside dicts): what `json_report.write` takes apart."""
+    if isinstance(doc, Records):
+        return True
+    return isinstance(doc, dict) and any(lazy(v) for v in doc.values())
