@@ -13,7 +13,8 @@ import pandas as pd
 from diag import __version__
 from diag.diff import adapter, align, config, kineto, waterfall
 from diag.diff.split import split
-from diag.report.model import plain, rows
+from diag.report.model import rows
+from diag.report.records import plain
 
 if TYPE_CHECKING:
     from diag.findings import Finding

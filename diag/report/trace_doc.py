@@ -26,11 +26,13 @@ def layers(
         steady = step_frames.steady(step_frames.step_frame(trace.steps))
     lay = model_wide_layers(trace)
     if lay.empty:
-        return top_layers(steady_samples(lay, steady), peak_tflops).astype(object).to_dict("records")
-    warm, keep = steady_rows(lay, steady)
-    lowest = lay["rank"].where(keep).groupby(lay["module"], observed=True).transform("min")
-    keep &= (lay["rank"] == lowest).to_numpy()
-    return top_layers(lay.assign(warmup=warm)[keep], peak_tflops).astype(object).to_dict("records")
+        picked = steady_samples(lay, steady)
+    else:
+        warm, keep = steady_rows(lay, steady)
+        lowest = lay["rank"].where(keep).groupby(lay["module"], observed=True).transform("min")
+        keep &= (lay["rank"] == lowest).to_numpy()
+        picked = lay.assign(warmup=warm)[keep]
+    return top_layers(picked, peak_tflops).astype(object).to_dict("records")
 
 
 def steps(per_step: Records, trace: Trace) -> list[dict[str, Any]]:
