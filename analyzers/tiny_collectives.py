@@ -9,6 +9,7 @@ from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics.comms import activations
+from diag.metrics.steps import join_steps
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -83,22 +84,21 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~activations(c["group"])
     if int(tiny.sum()) < MIN_PER_STEP:  # no step can hold that many: the per-step tables are moot
         return []
-    per = metrics.comm_per_step(tiny)
-    counts = metrics.calls_per_step(tiny).rename("n").reset_index()
-    per = per.merge(counts, on=["rank", "step"], how="left").fillna({"n": 0})
+    sel = metrics.selected(tiny)  # what the finding reads of them
+    per = join_steps(metrics.steady_steps, sel.sums, "comm_s")
+    per = per.merge(sel.counts.rename("n").reset_index(), on=["rank", "step"], how="left").fillna({"n": 0})
     if per.empty:
         return []
     n, tiny_s, step_s = float(per["n"].median()), float(per["comm_s"].median()), float(per["dur_s"].median())
     if n < MIN_PER_STEP or step_s <= 0 or tiny_s / step_s < STEP_SHARE:
         return []
-    rows = c.loc[tiny, ["rank", "kind", "bytes", "dur_s", "module"]]  # what the finding reads, copied
     cost = Cost(tiny_s, step_s)
     return [
         Finding(
             severity=cost.severity,
             title=f"{n:.0f} collectives under 64 KiB per step take {cost.share:.0%} of it",
             detail=(
-                f"median {rows['bytes'].median():.0f} B each; latency-bound, not bandwidth-bound; "
+                f"median {sel.median_bytes():.0f} B each; latency-bound, not bandwidth-bound; "
                 f"together this {cost.text}"
             ),
             evidence={
@@ -106,12 +106,12 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "per_step": n,
                 "tiny_s": tiny_s,
                 "step_s": step_s,
-                "by_op": {str(k): int(v) for k, v in rows["kind"].astype(str).value_counts().items()},
-                "median_bytes": float(rows["bytes"].median()),
+                "by_op": sel.ops(),
+                "median_bytes": sel.median_bytes(),
             },
-            ranks=sorted(int(r) for r in rows["rank"].unique()),
-            layers=[str(m) for m in rows["module"].dropna().astype(str).value_counts().index[:5]],
-            recoverable_s=max(tiny_s - float(rows["dur_s"].max()), 0.0),
+            ranks=sorted(sel.ranks),
+            layers=sel.top_modules(5),
+            recoverable_s=max(tiny_s - sel.max_dur_s, 0.0),
             fixes=_fixes(trace, framework.job_of(metrics)),
         )
     ]

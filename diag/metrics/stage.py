@@ -18,6 +18,7 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import breakdown, comms, positions, step_split, steps
+from diag.metrics.selection import Selected
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -146,20 +147,12 @@ class Metrics:
     def comm_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
         comm_s."""
-        return steps.join_steps(self.steady_steps, self.calls_per_step(mask, "sum"), "comm_s")
+        return steps.join_steps(self.steady_steps, self.selected(mask).sums, "comm_s")
 
-    def calls_per_step(self, mask: pd.Series | None = None, how: str = "size") -> pd.Series:
-        """Per (rank, step) with a (selected) call: their count (`size`) or summed seconds (`sum`),
-        one rank at a time (a rank's calls of a step are its own rows; the job's selected calls
-        and their groupby keys at once were +156 MiB of `tiny_collectives` at 64 ranks x 1,000
-        steps)."""
-        c = self.comms[["rank", "step", "dur_s"]]
-        keep = None if mask is None else mask.reindex(c.index, fill_value=False).to_numpy(dtype=bool)
-        parts = []
-        for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]):
-            part = c.iloc[rows] if keep is None else c.iloc[rows][keep[rows]]
-            parts.append(part.groupby(["rank", "step"], observed=True)["dur_s"].agg(how))
-        return pd.concat(parts) if parts else c.groupby(["rank", "step"], observed=True)["dur_s"].agg(how)
+    def selected(self, mask: pd.Series | None = None) -> Selected:
+        """The calls `mask` selects (all), reduced to what a rule reads of them (`Selected`: per
+        (rank, step) counts and seconds, per op and module counts, the sizes' counts)."""
+        return Selected.of(self._selected(mask, ["rank", "step", "dur_s", "bytes", "kind", "module"]))
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
@@ -169,5 +162,5 @@ class Metrics:
     def _selected(self, mask: pd.Series | None, columns: list[str]) -> pd.DataFrame:
         """The selected calls' `columns` (only they are copied: a mask over every call of a
         16-rank x 1,000-step trace copied 76 MiB of columns nothing read)."""
-        c = self.comms[columns]
+        c = self.comms[[col for col in columns if col in self.comms]]
         return c if mask is None else c[mask.reindex(c.index, fill_value=False)]
