@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
 from diag.analyzers import config, framework
 from diag.analyzers.base import rule
 
@@ -61,6 +62,17 @@ def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
     ]
 
 
+def _tiny(c: pd.DataFrame) -> pd.Series:
+    """Collectives under 64 KiB that a bucket could merge: sizes recorded (traces without size fields,
+    some Kineto, say 0 or nothing), barriers and tensor- and sequence-parallel groups' activations
+    left out: no bucket merges them (Megatron-DeepSpeed TP=2, hidden 64: 26 all-reduces of 8 KiB a
+    step, "latency-bound" with no fix; Ulysses SP=2 under ZeRO-3: its 16 attention all-to-alls a step
+    led the finding whose fix was ZeRO-3's buckets); exposed_comm measures them."""
+    size = c["bytes"].astype(float)
+    known = size.notna() & (size > 0)
+    return known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~activations(c["group"])
+
+
 @rule("tiny_collectives")
 def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when a step issues >= 32 collectives under 64 KiB (barriers and tensor- and
@@ -70,21 +82,9 @@ def tiny_collectives(trace: Trace, metrics: Metrics) -> list[Finding]:
     reduce/allgather buckets raised toward DeepSpeed's default when below.
     recoverable_s: their time minus one bucketed collective's worth (the largest tiny op's time).
     Severity: their share of the median step."""
-    c = metrics.comms
-    if c.empty:
+    sel = metrics.select(_tiny)  # what the finding reads of them
+    if sel.calls < MIN_PER_STEP:  # no step can hold that many: the per-step tables are moot
         return []
-    size = c["bytes"].astype(float)
-    known = size.notna() & (size > 0)  # traces without size fields (some Kineto) say 0 or nothing
-    if not known.any():
-        return []
-    # a tensor- or sequence-parallel group's activations: no bucket merges them (Megatron-DeepSpeed
-    # TP=2, hidden 64: 26 all-reduces of 8 KiB a step, "latency-bound" with no fix; Ulysses SP=2
-    # under ZeRO-3: its 16 attention all-to-alls a step led the finding whose fix was ZeRO-3's
-    # buckets); exposed_comm measures them
-    tiny = known & (size < TINY_BYTES) & (c["kind"] != "barrier") & ~activations(c["group"])
-    if int(tiny.sum()) < MIN_PER_STEP:  # no step can hold that many: the per-step tables are moot
-        return []
-    sel = metrics.selected(tiny)  # what the finding reads of them
     per = join_steps(metrics.steady_steps, sel.sums, "comm_s")
     per = per.merge(sel.counts.rename("n").reset_index(), on=["rank", "step"], how="left").fillna({"n": 0})
     if per.empty:

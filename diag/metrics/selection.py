@@ -11,6 +11,7 @@ defined by counts and names, not by where a call sits in the frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ import pandas as pd
 from diag.metrics import positions
 
 KEY = ["rank", "step"]
+Pick = Callable[[pd.DataFrame], pd.Series]  # a rule's selection: `comm_frame` rows -> a mask of them
 
 
 @dataclass(frozen=True)

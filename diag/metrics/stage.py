@@ -18,7 +18,7 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import breakdown, comms, positions, step_split, steps
-from diag.metrics.selection import Selected
+from diag.metrics.selection import Pick, Selected
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -147,11 +147,16 @@ class Metrics:
     def comm_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
         comm_s."""
-        return steps.join_steps(self.steady_steps, self.selected(mask).sums, "comm_s")
+        return steps.join_steps(self.steady_steps, self._reduced(mask).sums, "comm_s")
 
-    def selected(self, mask: pd.Series | None = None) -> Selected:
-        """The calls `mask` selects (all), reduced to what a rule reads of them (`Selected`: per
-        (rank, step) counts and seconds, per op and module counts, the sizes' counts)."""
+    def select(self, pick: Pick | None = None) -> Selected:
+        """The calls `pick` selects (all), reduced to what a rule reads of them (`Selected`: per
+        (rank, step) counts and seconds, per op and module counts, the sizes' counts). `pick` reads
+        each call's own columns only (a mask of `comms`' rows), so the windowed pass can apply it a
+        window of steps at a time and merge what it reduces (docs/scale.md)."""
+        return self._reduced(None if pick is None or self.comms.empty else pick(self.comms))
+
+    def _reduced(self, mask: pd.Series | None) -> Selected:
         return Selected.of(self._selected(mask, ["rank", "step", "dur_s", "bytes", "kind", "module"]))
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:

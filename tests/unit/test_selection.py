@@ -41,10 +41,13 @@ def test_windows_merged_equal_the_whole(folder, size):
     m = Metrics(load_trace(os.path.join(ROOT, "sample_traces", folder)))
     c = m.comms
     assert len(c), "a sample with collectives"
-    small = pd.to_numeric(c["bytes"], errors="coerce") < 64 << 10
-    for mask in (None, small):
-        whole = m.selected(mask)
-        picked = c if mask is None else c[mask]
+
+    def small(c: pd.DataFrame) -> pd.Series:
+        return pd.to_numeric(c["bytes"], errors="coerce") < 64 << 10
+
+    for pick in (None, small):
+        whole = m.select(pick)
+        picked = c if pick is None else c[pick(c)]
         parts = [Selected.of(w) for w in _windows(picked, size)]
         merged = parts[0]
         for p in parts[1:]:
