@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pandas as pd
 from diag.analyzers import evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics.steps import join_steps
 
 if TYPE_CHECKING:
+    from diag.metrics.selection import Pick
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
@@ -29,6 +32,16 @@ def tp_groups(trace: Trace, tp: int) -> list[tuple[int, ...]]:
     return [tuple(range(i, i + tp)) for i in range(0, int(world), tp)]
 
 
+def _in(groups: list[tuple[int, ...]]) -> Pick:
+    """The calls of these groups (by their recorded members)."""
+    wanted = set(groups)
+
+    def pick(c: pd.DataFrame) -> pd.Series:
+        return c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in wanted)
+
+    return pick
+
+
 @rule("tp_cross_node")
 def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     """Fires when tp > 1 and any tensor-parallel group holds ranks on more than one host (headers'
@@ -44,9 +57,7 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     if not bad:
         return []
     per_node = min(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
-    c = metrics.comms
-    in_bad = c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in bad)
-    per = metrics.comm_per_step(in_bad) if not c.empty else None
+    per = join_steps(metrics.steady_steps, metrics.select(_in(bad)).sums, "comm_s") if metrics.calls else None
     tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
     step_s = float(per["dur_s"].median()) if per is not None and not per.empty else 0.0
     cost = Cost(tp_s, step_s) if tp_s is not None and step_s > 0 else None

@@ -144,19 +144,22 @@ class Metrics:
         """Like `exposed`, with the time spent waiting for late ranks (what a rank's step loses)."""
         return comms.blocking_per_step(self.comms, self.steady_steps, waits=True)
 
-    def comm_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
+    @property
+    def calls(self) -> int:
+        """How many collectives `comms` holds (what a rule asks before it selects any)."""
+        return len(self.comms)
+
+    def comm_per_step(self, pick: Pick | None = None) -> pd.DataFrame:
         """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
         comm_s."""
-        return steps.join_steps(self.steady_steps, self._reduced(mask).sums, "comm_s")
+        return steps.join_steps(self.steady_steps, self.select(pick).sums, "comm_s")
 
     def select(self, pick: Pick | None = None) -> Selected:
         """The calls `pick` selects (all), reduced to what a rule reads of them (`Selected`: per
         (rank, step) counts and seconds, per op and module counts, the sizes' counts). `pick` reads
         each call's own columns only (a mask of `comms`' rows), so the windowed pass can apply it a
         window of steps at a time and merge what it reduces (docs/scale.md)."""
-        return self._reduced(None if pick is None or self.comms.empty else pick(self.comms))
-
-    def _reduced(self, mask: pd.Series | None) -> Selected:
+        mask = None if pick is None or self.comms.empty else pick(self.comms)
         return Selected.of(self._selected(mask, ["rank", "step", "dur_s", "bytes", "kind", "module"]))
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
