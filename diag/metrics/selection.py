@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,43 +38,64 @@ class Selected:
     max_dur_s: float
 
     @classmethod
-    def of(cls, c: pd.DataFrame) -> Selected:
-        """Reduce the selected rows of `Metrics.comms` (one rank at a time, as `calls_per_step`:
-        every rank's selected calls and their groupby keys at once were +156 MiB at 64 ranks x
-        1,000 steps)."""
-        counts, sums = [], []
+    def of(cls, c: pd.DataFrame, keep: np.ndarray | None = None) -> Selected:
+        """Reduce the calls of `Metrics.comms` that `keep` selects (all), one rank at a time: the
+        selected calls' columns are never copied whole (all ranks' at once were +8-11 MiB of the
+        run's peak at 16 ranks x 1,000 steps; `calls_per_step`'s, +156 MiB at 64 x 1,000)."""
+        parts = []
         for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]) if len(c) else []:
-            per = c.iloc[rows][[*KEY, "dur_s"]].groupby(KEY, observed=True)["dur_s"]
-            counts.append(per.size())
-            sums.append(per.sum())
-        size = pd.to_numeric(c["bytes"], errors="coerce") if "bytes" in c else pd.Series(dtype=float)
-        kind = c["kind"].astype(str) if len(c) else pd.Series(dtype=str)
-        moved = pd.DataFrame({"kind": kind, "bytes": size.fillna(0).astype("float64")})
-        kinds = moved.groupby("kind")["bytes"].agg(["count", "sum"])
+            part = c.iloc[rows] if keep is None else c.iloc[rows][keep[rows]]
+            if len(part):
+                parts.append(cls._of_rank(part))
+        return cls.merged(parts)
+
+    @classmethod
+    def _of_rank(cls, c: pd.DataFrame) -> Selected:
+        per = c[[*KEY, "dur_s"]].groupby(KEY, observed=True)["dur_s"]
+        size = pd.to_numeric(c["bytes"], errors="coerce") if "bytes" in c else pd.Series(np.nan, c.index)
+        moved = pd.DataFrame({"kind": c["kind"].astype(str), "bytes": size.fillna(0).astype("float64")})
         module = c["module"].dropna().astype(str) if "module" in c else pd.Series(dtype=str)
         return cls(
             calls=len(c),
-            counts=_joined(counts, "int64"),
-            sums=_joined(sums, "float64"),
+            counts=per.size(),
+            sums=per.sum(),
             sizes=size.dropna().value_counts(),
-            kinds=kinds.rename(columns={"sum": "bytes"}),
+            kinds=moved.groupby("kind")["bytes"].agg(["count", "sum"]).rename(columns={"sum": "bytes"}),
             modules=module.value_counts(),
-            ranks=frozenset(int(r) for r in c["rank"].unique()) if len(c) else frozenset(),
-            max_dur_s=float(c["dur_s"].max()) if len(c) else 0.0,
+            ranks=frozenset(int(r) for r in c["rank"].unique()),
+            max_dur_s=float(c["dur_s"].max()),
+        )
+
+    @classmethod
+    def merged(cls, parts: list[Selected]) -> Selected:
+        """Parts of apart (rank, step)s (ranks of one window, windows of one trace) as one."""
+        if not parts:
+            return cls(
+                calls=0,
+                counts=_joined([], "int64"),
+                sums=_joined([], "float64"),
+                sizes=pd.Series(dtype="int64"),
+                kinds=pd.DataFrame({"count": pd.Series(dtype="int64"), "bytes": pd.Series(dtype="float64")}),
+                modules=pd.Series(dtype="int64"),
+                ranks=frozenset(),
+                max_dur_s=0.0,
+            )
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            calls=sum(p.calls for p in parts),
+            counts=_joined([p.counts for p in parts], "int64"),
+            sums=_joined([p.sums for p in parts], "float64"),
+            sizes=_added([p.sizes for p in parts]).astype("int64"),
+            kinds=_added([p.kinds for p in parts]).astype({"count": "int64", "bytes": "float64"}),
+            modules=_added([p.modules for p in parts]).astype("int64"),
+            ranks=frozenset().union(*(p.ranks for p in parts)),
+            max_dur_s=max((p.max_dur_s for p in parts), default=0.0),
         )
 
     def merge(self, other: Selected) -> Selected:
         """This window's and a later one's together (their (rank, step) keys are apart)."""
-        return Selected(
-            calls=self.calls + other.calls,
-            counts=_joined([self.counts, other.counts], "int64"),
-            sums=_joined([self.sums, other.sums], "float64"),
-            sizes=self.sizes.add(other.sizes, fill_value=0).astype("int64"),
-            kinds=self.kinds.add(other.kinds, fill_value=0).astype({"count": "int64", "bytes": "float64"}),
-            modules=self.modules.add(other.modules, fill_value=0).astype("int64"),
-            ranks=self.ranks | other.ranks,
-            max_dur_s=max(self.max_dur_s, other.max_dur_s),
-        )
+        return Selected.merged([self, other])
 
     def median_bytes(self) -> float:
         """The median of the recorded sizes over every call (as `Series.median`: the middle value,
@@ -102,6 +124,14 @@ def _joined(parts: list[pd.Series], dtype: str) -> pd.Series:
     if not parts:
         return pd.Series(dtype=dtype, index=pd.MultiIndex.from_arrays([[], []], names=KEY))
     return pd.concat(parts) if len(parts) > 1 else parts[0]
+
+
+def _added(parts: list[Any]) -> Any:
+    """Counts (a Series) or sums (a frame) by their index, added."""
+    held = [p for p in parts if len(p)]
+    if len(held) < 2:
+        return held[0] if held else parts[0]
+    return pd.concat(held).groupby(level=0).sum()
 
 
 def _ranked(counts: pd.Series) -> pd.Series:

@@ -159,8 +159,10 @@ class Metrics:
         (rank, step) counts and seconds, per op and module counts, the sizes' counts). `pick` reads
         each call's own columns only (a mask of `comms`' rows), so the windowed pass can apply it a
         window of steps at a time and merge what it reduces (docs/scale.md)."""
-        mask = None if pick is None or self.comms.empty else pick(self.comms)
-        return Selected.of(self._selected(mask, ["rank", "step", "dur_s", "bytes", "kind", "module"]))
+        c = self.comms
+        if pick is None or c.empty:
+            return Selected.of(c)
+        return Selected.of(c, pick(c).reindex(c.index, fill_value=False).to_numpy(dtype=bool))
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
