@@ -172,7 +172,8 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
         return []
     rows = c[emb]
     named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
-    modules = named.groupby(named["module"].astype(str))["dur_s"].sum().sort_values(ascending=False)
+    modules = named.groupby(named["module"].astype(str))["dur_s"].sum()
+    modules = modules.sort_values(ascending=False, kind="stable")
     ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
     cost = Cost(emb_s, step_s)
     return [

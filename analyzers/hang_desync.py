@@ -117,7 +117,8 @@ def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: lis
         return {}
     mine = c[c["rank"].isin(waiting)]
     pend = liveness.pending_collectives(mine)
-    row = (pend if not pend.empty else mine).sort_values("ts").iloc[-1] if not mine.empty else None
+    last = (pend if not pend.empty else mine).sort_values("ts", kind="stable")  # ties: the frame's order
+    row = last.iloc[-1] if not mine.empty else None
     if row is None:
         return {}
     group, step = str(row["group"]), int(row["step"])

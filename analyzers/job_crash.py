@@ -300,7 +300,7 @@ def _dead_rank(
         "silent_s": {r: round(down[r]["silent_s"], 3) for r in dead},
     }
     if not left.empty:
-        row = left.sort_values("ts").iloc[-1]
+        row = left.sort_values("ts", kind="stable").iloc[-1]
         ev.update(group=str(row["group"]), collective=str(row["kind"]), step=int(row["step"]))
         where = f"; {rank_name(row['rank'])} was left in {row['kind']} (group {row['group']}"
         where += f", step {ev['step']})"

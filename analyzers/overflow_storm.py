@@ -35,7 +35,7 @@ def per_step(trace: Trace, logged: pd.DataFrame | None = None) -> pd.DataFrame:
         overflow=of["overflow"].fillna(False).astype(bool),
         scale=pd.to_numeric(of["scale_after"], errors="coerce"),
     )
-    by_step = df.sort_values("ts").groupby(["rank", "step"], observed=True)
+    by_step = df.sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True)
     df = named(by_step, overflow=("overflow", "any"), scale=("scale", "last")).reset_index()
     from_log = "source" in of.columns and of["source"].astype(str).isin(LOG_SOURCES).all()
     if not from_log or logged is None or logged.empty:

@@ -117,5 +117,6 @@ def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -
     out["mem_delta"] = pd.to_numeric(fwd["mem_delta"], errors="coerce").groupby(fwd["module"]).mean()
     out["steps"] = steps.reindex(out.index)
     out["warmup"] = leaf["warmup"].groupby(leaf["module"]).all() if "warmup" in leaf else False
-    out = out.assign(_t=out["fwd_ms"] + out["bwd_ms"]).sort_values("_t", ascending=False).head(top)
+    out = out.assign(_t=out["fwd_ms"] + out["bwd_ms"])
+    out = out.sort_values("_t", ascending=False, kind="stable").head(top)  # ties: by name (groupby's order)
     return out.drop(columns="_t").rename_axis("module").reset_index()[COLUMNS]
