@@ -19,6 +19,7 @@ from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics import steps
 from diag.metrics.sched import runq_per_step
 from diag.ranks import rank_name
 from diag.vocab import P2P
@@ -177,18 +178,26 @@ def sends_per_step(metrics: Metrics) -> pd.Series:
     """rank -> tensors sent per steady step: the sends of the step's largest message size (shape
     messages left out), for the ranks whose count is the same on every steady step; the warm-up
     step is left out (DeepSpeed's PipelineEngine also sends tensor shapes on its first step)."""
-    c = metrics.comms
     steady = metrics.steady_steps
-    if c.empty or steady.empty:
+    if not metrics.calls or steady.empty:
         return pd.Series(dtype="int64")
-    sends = c[c["op"] == "send"]
-    largest = sends.groupby(["rank", "step"], observed=True)["bytes"].transform("max")
-    sends = sends[sends["bytes"] == largest]
     keys = steady.set_index(["rank", "step"]).index
-    counts = sends.groupby(["rank", "step"], observed=True).size().reindex(keys, fill_value=0)
+    counts = metrics.per_step(_sends_at_largest).reindex(keys, fill_value=0)
     by_rank = counts.groupby(level="rank")
     steady_ranks = by_rank.nunique() == 1  # a rank whose sends vary step to step gives no count
     return by_rank.first()[steady_ranks].astype("int64")
+
+
+def _sends_at_largest(c: pd.DataFrame) -> pd.Series:
+    """(rank, step) -> its sends of the step's largest message size."""
+    sends = c[c["op"] == "send"]
+    largest = sends.groupby(["rank", "step"], observed=True)["bytes"].transform("max")
+    return sends[sends["bytes"] == largest].groupby(["rank", "step"], observed=True).size()
+
+
+def _p2p_union(c: pd.DataFrame) -> pd.Series:
+    """(rank, step) -> seconds covered by its send/recv calls (their union)."""
+    return steps.union_by_step(c, keep=c["kind"].isin(P2P).to_numpy())
 
 
 def measured_microbatches(metrics: Metrics) -> int | None:
@@ -255,9 +264,10 @@ def measure(trace: Trace, metrics: Metrics) -> Bubble | None:
     m, source = (counted, "sends") if counted else (configured, "config")
     if not m:  # the schedule's bubble (p-1)/m is the premise: unknown m, no verdict
         return None
-    c = metrics.comms
-    per = metrics.union_per_step(c["kind"].isin(P2P)) if not c.empty else None
-    if per is None or per.empty:
+    if not metrics.calls:
+        return None
+    per = steps.join_steps(metrics.steady_steps, metrics.per_step(_p2p_union), "comm_s")
+    if per.empty:
         return None
     steady = int(per["step"].nunique())
     per = quiet_steps(per)

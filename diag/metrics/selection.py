@@ -22,6 +22,7 @@ from diag.metrics import positions
 
 KEY = ["rank", "step"]
 Pick = Callable[[pd.DataFrame], pd.Series]  # a rule's selection: `comm_frame` rows -> a mask of them
+PerStep = Callable[[pd.DataFrame], pd.Series]  # `comm_frame` rows -> a figure per (rank, step) of them
 
 
 @dataclass(frozen=True)

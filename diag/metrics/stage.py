@@ -18,7 +18,7 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import breakdown, comms, positions, step_split, steps
-from diag.metrics.selection import Pick, Selected
+from diag.metrics.selection import PerStep, Pick, Selected
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -163,6 +163,12 @@ class Metrics:
         if pick is None or c.empty:
             return Selected.of(c)
         return Selected.of(c, pick(c).reindex(c.index, fill_value=False).to_numpy(dtype=bool))
+
+    def per_step(self, reduce: PerStep) -> pd.Series:
+        """`reduce` of `comms`: a figure indexed by (rank, step) whose value for a (rank, step)
+        depends on that step's calls alone (every rank's: a step's calls are placed within it), so
+        the windowed pass can compute it a window of steps at a time and concatenate (docs/scale.md)."""
+        return reduce(self.comms)
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
