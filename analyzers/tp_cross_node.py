@@ -17,15 +17,10 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 
-def tp_groups(trace: Trace, tp: int) -> list[tuple[int, ...]]:
+def tp_groups(trace: Trace, metrics: Metrics, tp: int) -> list[tuple[int, ...]]:
     """TP groups as recorded by the comms collector (groups of size tp), else Megatron's default order
     (consecutive global ranks)."""
-    c = trace.comms
-    seen: set[tuple[int, ...]] = set()
-    if not c.empty and "group_ranks" in c:
-        for ranks, size in zip(c["group_ranks"], c["group_size"]):
-            if isinstance(ranks, list) and size == tp:
-                seen.add(tuple(int(r) for r in ranks))
+    seen = {ranks for ranks, size in metrics.groups if size == tp}
     if seen:
         return sorted(seen)
     world = trace.layout().get("world_size") or len(trace.ranks)
@@ -53,7 +48,7 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     host_of = trace.hosts()
     if tp <= 1 or len(set(host_of.values())) < 2:
         return []
-    bad = [g for g in tp_groups(trace, tp) if evidence.spans_hosts(list(g), host_of)]
+    bad = [g for g in tp_groups(trace, metrics, tp) if evidence.spans_hosts(list(g), host_of)]
     if not bad:
         return []
     per_node = min(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))

@@ -144,6 +144,20 @@ class Metrics:
         """Like `exposed`, with the time spent waiting for late ranks (what a rank's step loses)."""
         return comms.blocking_per_step(self.comms, self.steady_steps, waits=True)
 
+    @cached_property
+    def groups(self) -> frozenset[tuple[tuple[int, ...], int]]:
+        """Each process group the calls name: (its recorded members, its size), of every call the
+        trace holds (lone ones too). A set: the windowed pass unites each window's."""
+        c = self.trace.comms
+        if c.empty or "group_ranks" not in c:
+            return frozenset()
+        seen = {
+            (tuple(int(r) for r in ranks), size)
+            for ranks, size in zip(c["group_ranks"], c["group_size"])
+            if isinstance(ranks, list)
+        }
+        return frozenset(seen)
+
     @property
     def calls(self) -> int:
         """How many collectives `comms` holds (what a rule asks before it selects any)."""
