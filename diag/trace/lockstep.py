@@ -96,6 +96,7 @@ class LockStep:
         self.outside: Trace | None = None  # set once every window is given
         self._files: list[StepFile] = []
         self._outside: dict[int, list[tuple[int, Record]]] = defaultdict(list)  # by id of the file
+        self._still: dict[str, Any] | None = None  # the frames of the kinds of no step
 
     def __iter__(self) -> Iterator[Part]:
         readings = self._scan()
@@ -168,14 +169,31 @@ class LockStep:
 
     def _trace(self, readings: list[_Reading], taken: list[list[tuple[int, Record]]]) -> Trace:
         """A trace of each file's step-less records and `taken` (file by file, in line order, as
-        `load_trace` adds them), with every rank's header."""
-        by_kind: dict[str, list[Record]] = defaultdict(list)
-        for r, records in zip(readings, taken):
-            for _, rec in heapq.merge(r.file.still, records, key=lambda x: x[0]):
-                by_kind[rec["k"]].append(rec)
+        `load_trace` adds them), with every rank's header. A kind of no record in `taken` has the
+        same frame in every window, made once (a shallow copy each: a column added is the
+        window's own); meta's alone cost a sixth of the reading, made again each window."""
+        if self._still is None:
+            self._still_problems: list[LoadProblem] = []
+            self._still = build_frames(self._by_kind(readings, None), self._still_problems, self.path)
+        kinds = {rec["k"] for records in taken for _, rec in records}
         problems: list[LoadProblem] = []
-        frames = build_frames(by_kind, problems, self.path)
+        frames = build_frames(self._by_kind(readings, taken, kinds), problems, self.path)
+        frames.update({k: df.copy(deep=False) for k, df in self._still.items() if k not in kinds})
+        # (build_frames' message begins with the kind it skipped)
+        problems += [p for p in self._still_problems if p.message.split(" ", 1)[0] not in kinds]
         return Trace({r: dict(h) for r, h in self.headers.items()}, frames, problems, [self.path])
+
+    @staticmethod
+    def _by_kind(
+        readings: list[_Reading], taken: list[list[tuple[int, Record]]] | None, kinds: set[str] | None = None
+    ) -> dict[str, list[Record]]:
+        """The records by kind of the step-less ones (of `kinds` only) and `taken`, in file and line order."""
+        by_kind: dict[str, list[Record]] = defaultdict(list)
+        for i, r in enumerate(readings):
+            still = r.file.still if kinds is None else [x for x in r.file.still if x[1]["k"] in kinds]
+            for _, rec in heapq.merge(still, taken[i] if taken is not None else (), key=lambda x: x[0]):
+                by_kind[rec["k"]].append(rec)
+        return by_kind
 
 
 def _rank(f: StepFile) -> int | None:
