@@ -33,7 +33,6 @@ from diag.trace.window import ALL, Window
 __all__ = ["AHEAD", "LockStep", "OutOfStep", "Part"]
 
 AHEAD = 1_024  # records of later steps a file may hold: ~14 steps of the ZeRO-3 sample's 71 a step
-Stepped = tuple[int, int, Record]  # (step, line, record)
 
 
 class Part(NamedTuple):
@@ -44,21 +43,20 @@ class Part(NamedTuple):
 
 
 class _Reading:
-    """One file's second pass, with what it read ahead of the window."""
+    """One file's second pass, with what it read ahead of the window (by step, in line order)."""
 
     def __init__(self, file: StepFile) -> None:
         self.file = file
         self.records = file.stepped()
-        self.ahead: list[Stepped] = []
-        self.beyond = 0  # records in `ahead` of steps at or after the window's end
+        self.ahead: dict[int, list[tuple[int, Record]]] = {}
         self.eof = False
 
     def fill(
         self, lo: int | None, hi: float, wanted: Window, outside: list[tuple[int, Record]], most: int
     ) -> None:
         """Read on until `most` records of steps from `hi` on are held, or the file ends."""
-        self.beyond = sum(1 for step, _, _ in self.ahead if step >= hi)
-        while not self.eof and self.beyond < most:
+        beyond = sum(len(held) for step, held in self.ahead.items() if step >= hi)
+        while not self.eof and beyond < most:
             got = next(self.records, None)
             if got is None:
                 self.eof = True
@@ -71,15 +69,20 @@ class _Reading:
             elif lo is not None and step < lo:
                 raise OutOfStep(f"{self.file.path}:{line}: step {step} after the window {lo}: was given")
             else:
-                self.ahead.append(got)
-                self.beyond += step >= hi
+                self.ahead.setdefault(step, []).append((line, rec))
+                beyond += step >= hi
 
     def take(self, lo: int, hi: int) -> list[tuple[int, Record]]:
-        """The held records of steps in [lo, hi), as (line, record); the rest stay held."""
-        taken = [(line, rec) for step, line, rec in self.ahead if lo <= step < hi]
-        if taken:
-            self.ahead = [got for got in self.ahead if not lo <= got[0] < hi]
+        """The held records of steps in [lo, hi), as (line, record) in line order; the rest stay held."""
+        steps = [step for step in self.ahead if lo <= step < hi]
+        if len(steps) == 1:
+            return self.ahead.pop(steps[0])
+        taken = [got for step in steps for got in self.ahead.pop(step)]
+        taken.sort(key=lambda got: got[0])  # (runs in order: merged)
         return taken
+
+    def steps(self) -> list[int]:
+        return list(self.ahead)
 
 
 class LockStep:
@@ -111,13 +114,12 @@ class LockStep:
             self._check()
             if any(taken):
                 yield Part(Window(self.window.ranks, lo, hi), self._trace(readings, taken))
-            rest = [step for r in readings for step, _, _ in r.ahead]
+            rest = [step for r in readings for step in r.steps()]
             lo = lo + self.size * ((min(rest) - lo) // self.size) if rest and hi != self.window.hi else None
         for r in readings:  # the user's window ended (the rest dropped) or every file did
             r.fill(None, float("inf"), self.window, self._outside[id(r.file)], 1)
-            if r.ahead:
-                step, line, _ = r.ahead[0]
-                raise OutOfStep(f"{r.file.path}:{line}: step {step} after its window was given")
+            for step, held in r.ahead.items():
+                raise OutOfStep(f"{r.file.path}:{held[0][0]}: step {step} after its window was given")
         self._check()
         self.problems = self._problems()
         self.outside = self._trace(readings, [self._outside[id(r.file)] for r in readings])
@@ -154,7 +156,7 @@ class LockStep:
         """The lowest step the files' first `ahead` stepped records hold (None: no step at all)."""
         for r in readings:
             r.fill(None, float("-inf"), self.window, self._outside[id(r.file)], self.ahead)
-        return min((step for r in readings for step, _, _ in r.ahead), default=None)
+        return min((step for r in readings for step in r.steps()), default=None)
 
     def _check(self) -> None:
         """With `strict`, the first problem `load_trace` would stop at, once one is seen."""
@@ -187,12 +189,17 @@ class LockStep:
     def _by_kind(
         readings: list[_Reading], taken: list[list[tuple[int, Record]]] | None, kinds: set[str] | None = None
     ) -> dict[str, list[Record]]:
-        """The records by kind of the step-less ones (of `kinds` only) and `taken`, in file and line order."""
+        """The records of `kinds` (None: every kind of no step) by kind: each file's step-less ones
+        and its `taken`, file by file and in line order."""
         by_kind: dict[str, list[Record]] = defaultdict(list)
         for i, r in enumerate(readings):
-            still = r.file.still if kinds is None else [x for x in r.file.still if x[1]["k"] in kinds]
-            for _, rec in heapq.merge(still, taken[i] if taken is not None else (), key=lambda x: x[0]):
-                by_kind[rec["k"]].append(rec)
+            mine: dict[str, list[tuple[int, Record]]] = defaultdict(list)
+            for got in taken[i] if taken is not None else ():
+                mine[got[1]["k"]].append(got)
+            for kind in r.file.still_by_kind if kinds is None else kinds:
+                still, part = r.file.still_by_kind.get(kind, []), mine.get(kind, [])
+                merged = heapq.merge(still, part, key=lambda got: got[0]) if still and part else still or part
+                by_kind[kind].extend(rec for _, rec in merged)
         return by_kind
 
 

@@ -13,6 +13,7 @@ the lines `scan` left, and yields their (step, line, record), a chunk of lines a
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,9 +50,11 @@ class StepFile:
         self.path = path
         self.header: Record | None = None
         self.still: list[tuple[int, Record]] = []  # (line, record) of no step, in file order
+        self.still_by_kind: dict[str, list[tuple[int, Record]]] = {}  # the same, by kind
         self.rank: int | None = None  # None: a sidecar (host samples)
         self.renames: dict[str, str] = {}
-        self._parsed: set[int] = set()  # lines `scan` settled (step-less records, headers, bad lines)
+        # lines `scan` settled (step-less records, headers, bad lines), ascending: 8 bytes each
+        self._settled = array("q")
         self._raw: list[tuple[int, str | None]] = []  # (line, message; None: the truncated end)
         self._lost: list[tuple[int, Record]] = []
         self._records = 0  # records read, kept or not (the truncation message counts them)
@@ -66,11 +69,11 @@ class StepFile:
             for i, rec in self._lines(first=True):
                 if rec["k"] == "header":
                     self.header = self.header or rec
-                    self._parsed.add(i)
+                    self._settled.append(i)
                 elif not has_step(rec):
                     self._count(i, rec)
                     self.still.append((i, rec))
-                    self._parsed.add(i)
+                    self._settled.append(i)
         except (safeio.InputError, OSError) as e:
             self._error = LoadProblem(
                 self.path, str(e) if isinstance(e, safeio.InputError) else (e.strerror or str(e))
@@ -98,6 +101,8 @@ class StepFile:
         if merged is not None:
             self.renames = _renames(merged.get(schema.META_GROUPS))
             _rename_groups(events, self.renames)
+        for got in self.still:
+            self.still_by_kind.setdefault(got[1]["k"], []).append(got)
 
     def stepped(self) -> Iterator[tuple[int, int, Record]]:
         """The second pass, begun once (`drain` goes on with it)."""
@@ -133,6 +138,7 @@ class StepFile:
         """(line, record) of each line the pass reads (the first: all but the writer's stepped
         lines; the second: those the first left); bad lines noted, too long ones by the first."""
         max_line = safeio.max_line_bytes()
+        settled, k = self._settled, 0  # (the second pass: where the first's lines are)
         with safeio.open_regular(self.path) as f:
             for i, (line, ended) in enumerate(safeio.iter_lines(f, max_line), start=1):
                 if line is None:
@@ -145,11 +151,20 @@ class StepFile:
                             )
                         )
                     continue
-                if not line.strip() or (line.startswith(STEPPED_PREFIXES) if first else i in self._parsed):
+                if first:
+                    if line.startswith(STEPPED_PREFIXES):
+                        continue
+                else:
+                    while k < len(settled) and settled[k] < i:
+                        k += 1
+                    if k < len(settled) and settled[k] == i:
+                        continue
+                if not line.strip():
                     continue
                 rec, why = parse_line(line)
                 if rec is None:
-                    self._parsed.add(i)
+                    if first:
+                        settled.append(i)
                     self._raw.append(
                         (
                             i,
