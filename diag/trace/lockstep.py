@@ -102,6 +102,8 @@ class LockStep:
         self._still: dict[str, Any] | None = None  # the frames of the kinds of no step
 
     def __iter__(self) -> Iterator[Part]:
+        self.headers, self.problems, self.outside, self._still = {}, [], None, None  # (read anew)
+        self._outside.clear()
         readings = self._scan()
         if readings is None:
             return
