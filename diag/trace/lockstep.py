@@ -49,11 +49,10 @@ class _Reading:
         self.file = file
         self.records = file.stepped()
         self.ahead: dict[int, list[tuple[int, Record]]] = {}
+        self.outside: list[tuple[int, Record]] = []  # records of a negative step: in no window
         self.eof = False
 
-    def fill(
-        self, lo: int | None, hi: float, wanted: Window, outside: list[tuple[int, Record]], most: int
-    ) -> None:
+    def fill(self, lo: int | None, hi: float, wanted: Window, most: int) -> None:
         """Read on until `most` records of steps from `hi` on are held, or the file ends."""
         beyond = sum(len(held) for step, held in self.ahead.items() if step >= hi)
         while not self.eof and beyond < most:
@@ -65,7 +64,7 @@ class _Reading:
             if not wanted.wants_step(step):
                 continue
             if step < 0:
-                outside.append((line, rec))
+                self.outside.append((line, rec))
             elif lo is not None and step < lo:
                 raise OutOfStep(f"{self.file.path}:{line}: step {step} after the window {lo}: was given")
             else:
@@ -98,12 +97,11 @@ class LockStep:
         self.problems: list[LoadProblem] = []
         self.outside: Trace | None = None  # set once every window is given
         self._files: list[StepFile] = []
-        self._outside: dict[int, list[tuple[int, Record]]] = defaultdict(list)  # by id of the file
         self._still: dict[str, Any] | None = None  # the frames of the kinds of no step
+        self._still_problems: list[LoadProblem] = []  # build_frames' on them
 
     def __iter__(self) -> Iterator[Part]:
         self.headers, self.problems, self.outside, self._still = {}, [], None, None  # (read anew)
-        self._outside.clear()
         readings = self._scan()
         if readings is None:
             return
@@ -111,7 +109,7 @@ class LockStep:
         while lo is not None:
             hi = lo + self.size if self.window.hi is None else min(lo + self.size, self.window.hi)
             for r in readings:
-                r.fill(lo, hi, self.window, self._outside[id(r.file)], self.ahead)
+                r.fill(lo, hi, self.window, self.ahead)
             taken = [r.take(lo, hi) for r in readings]
             self._check()
             if any(taken):
@@ -119,12 +117,12 @@ class LockStep:
             rest = [step for r in readings for step in r.steps()]
             lo = lo + self.size * ((min(rest) - lo) // self.size) if rest and hi != self.window.hi else None
         for r in readings:  # the user's window ended (the rest dropped) or every file did
-            r.fill(None, float("inf"), self.window, self._outside[id(r.file)], 1)
+            r.fill(None, float("inf"), self.window, 1)
             for step, held in r.ahead.items():
                 raise OutOfStep(f"{r.file.path}:{held[0][0]}: step {step} after its window was given")
         self._check()
         self.problems = self._problems()
-        self.outside = self._trace(readings, [self._outside[id(r.file)] for r in readings])
+        self.outside = self._trace(readings, [r.outside for r in readings])
         self.outside.problems = self.problems
 
     def _scan(self) -> list[_Reading] | None:
@@ -157,7 +155,7 @@ class LockStep:
     def _first(self, readings: list[_Reading]) -> int | None:
         """The lowest step the files' first `ahead` stepped records hold (None: no step at all)."""
         for r in readings:
-            r.fill(None, float("-inf"), self.window, self._outside[id(r.file)], self.ahead)
+            r.fill(None, float("-inf"), self.window, self.ahead)
         return min((step for r in readings for step in r.steps()), default=None)
 
     def _check(self) -> None:
@@ -177,7 +175,7 @@ class LockStep:
         same frame in every window, made once (a shallow copy each: a column added is the
         window's own); meta's alone cost a sixth of the reading, made again each window."""
         if self._still is None:
-            self._still_problems: list[LoadProblem] = []
+            self._still_problems = []
             self._still = build_frames(self._by_kind(readings, None), self._still_problems, self.path)
         kinds = {rec["k"] for records in taken for _, rec in records}
         problems: list[LoadProblem] = []
