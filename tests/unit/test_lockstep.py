@@ -244,3 +244,16 @@ def test_read_again_gives_the_same_windows():
     first = [(p.window, sorted(p.trace.frames)) for p in reading]
     headers = reading.headers
     assert [(p.window, sorted(p.trace.frames)) for p in reading] == first and reading.headers == headers
+
+
+def test_a_file_of_no_header_and_a_stepped_line_of_no_step(tmp_path):
+    """A file of no header is reported as `load_trace` reports it; a writer's comm line that holds
+    no step (it would be in every window, yet the first pass left it) is `OutOfStep`."""
+    shutil.copytree(os.path.join(ROOT, "sample_traces", "zero3"), tmp_path / "z")
+    (tmp_path / "z" / "rank-00009.jsonl").write_bytes(b'{"k":"meta","ts":1,"key":"x","value":1}\n')
+    _check(str(tmp_path / "z"), 2)
+    name = str(tmp_path / "z" / "rank-00001.jsonl")
+    recs = _records(name)
+    _write(name, [*recs, {"k": "comm", "op": "barrier", "ts": 9}])
+    with pytest.raises(OutOfStep):
+        list(LockStep(str(tmp_path / "z"), 2))
