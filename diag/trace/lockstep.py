@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from diag.errors import DiagError
 from diag.trace.model import LoadProblem, Trace
-from diag.trace.reader import Unreadable, _is_int, _named_outside, build_frames, trace_files
+from diag.trace.reader import Unreadable, build_frames, is_int, named_outside, trace_files
 from diag.trace.stepfile import OutOfStep, Record, StepFile
 from diag.trace.window import ALL, Window
 
@@ -129,7 +129,7 @@ class LockStep:
         """Every file's first pass, its rank settled as `reader.read_into` settles it; the files
         of ranks not wanted read to their end for their problems. None: no window to give."""
         files = trace_files(self.path)
-        self._files = [StepFile(f) for f in files if not _named_outside(f, self.window)]
+        self._files = [StepFile(f) for f in files if not named_outside(f, self.window)]
         skipped = len(files) - len(self._files)
         readings = []
         for f in self._files:
@@ -214,7 +214,7 @@ def _rank(f: StepFile) -> int | None:
             (
                 rec.get("value")
                 for _, rec in f.still
-                if rec.get("k") == "meta" and rec.get("key") == "rank" and _is_int(rec.get("value"))
+                if rec.get("k") == "meta" and rec.get("key") == "rank" and is_int(rec.get("value"))
             ),
             None,
         )

@@ -93,7 +93,7 @@ def read_file(
     of a step outside `window` is dropped as it is read: a window of a long job holds its steps'
     records only. With `take`, every `chunk` records kept are offered to it with the header seen so
     far; those it takes (True) are not returned: a long rank file is not held whole as dicts."""
-    problems = _Problems(path)
+    problems = Problems(path)
     header: dict[str, Any] | None = None
     events: list[dict[str, Any]] = []
     read = 0  # records read, kept or not
@@ -141,7 +141,7 @@ def read_file(
         )
     if header is None:
         problems.add("no header line: not a diag trace file")
-    elif not _sound(header):
+    elif not sound_header(header):
         problems.add("header's rank, pid or schema is not an integer: skipped")
         header = None
     elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
@@ -150,7 +150,7 @@ def read_file(
     return header, events, problems.done()
 
 
-class _Problems:
+class Problems:
     """One file's problems: each bad line up to `MAX_LINE_PROBLEMS`, then one count of the rest,
     so a file of a million bad lines gives a bounded report (and bounded memory)."""
 
@@ -307,7 +307,7 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
     (None)."""
     trace = Trace(sources=[path])
     files = trace_files(path)
-    wanted = [f for f in files if not _named_outside(f, window)]
+    wanted = [f for f in files if not named_outside(f, window)]
     skipped = len(files) - len(wanted)
     if per_file is not None:
         from diag.trace.rankfiles import read_each
@@ -328,7 +328,7 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
     return trace
 
 
-def _named_outside(file: str, window: Window) -> bool:
+def named_outside(file: str, window: Window) -> bool:
     """A rank-NNNNN.jsonl of a rank outside `window`: not opened."""
     named = diag_file_rank(file) if window.ranks is not None else None
     return named is not None and not window.wants_rank(named)
@@ -357,7 +357,7 @@ def read_into(
             (
                 ev.get("value")
                 for ev in events
-                if ev.get("k") == schema.META and ev.get("key") == "rank" and _is_int(ev.get("value"))
+                if ev.get("k") == schema.META and ev.get("key") == "rank" and is_int(ev.get("value"))
             ),
             None,
         )
@@ -366,8 +366,8 @@ def read_into(
     if window.ranks is not None and not window.wants_rank(rank):
         return True
     merged = _add_events(trace, rank, header, events, by_kind)
-    renames = _renames(merged.get(schema.META_GROUPS))
-    _rename_groups(events, renames)
+    renames = group_renames(merged.get(schema.META_GROUPS))
+    rename_groups(events, renames)
     if taken is not None and taken.mark is not None:
         per_file.rename(schema.COMM, "group", renames, taken.mark)  # its records taken already
     _add_file(per_file, by_kind)
@@ -408,7 +408,7 @@ class _Taken:
         self.mark: dict[str, int] | None = None
 
     def take(self, header: dict[str, Any] | None, events: list[dict[str, Any]]) -> bool:
-        if header is None or header.get("sidecar") or not _sound(header):
+        if header is None or header.get("sidecar") or not sound_header(header):
             return False
         rank = header.get("rank")
         if rank is None or (self.window.ranks is not None and not self.window.wants_rank(rank)):
@@ -420,7 +420,7 @@ class _Taken:
         return True
 
 
-def _renames(groups: Any) -> dict[str, str]:
+def group_renames(groups: Any) -> dict[str, str]:
     """{group id: name} of the groups the agent named by their role only after their first
     collectives (`renamed` in the `groups` meta: collectors.comms.groups)."""
     if not isinstance(groups, dict):
@@ -432,7 +432,7 @@ def _renames(groups: Any) -> dict[str, str]:
     }
 
 
-def _rename_groups(events: list[dict[str, Any]], renames: dict[str, str]) -> None:
+def rename_groups(events: list[dict[str, Any]], renames: dict[str, str]) -> None:
     """A renamed group carries its name in this rank's earlier records too."""
     if renames:
         for ev in events:
@@ -440,12 +440,12 @@ def _rename_groups(events: list[dict[str, Any]], renames: dict[str, str]) -> Non
                 ev["group"] = renames[ev["group"]]
 
 
-def _sound(header: dict[str, Any]) -> bool:
+def sound_header(header: dict[str, Any]) -> bool:
     """A header whose rank, pid and schema are integers (or absent): one `read_file` keeps."""
-    return all(_is_int(header.get(f)) for f in ("rank", "pid", "schema"))
+    return all(is_int(header.get(f)) for f in ("rank", "pid", "schema"))
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     """None (absent) or a real integer: header fields a corrupt or hostile file may get wrong."""
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 

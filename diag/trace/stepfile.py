@@ -20,7 +20,7 @@ from typing import Any
 from diag import schema
 from diag.trace import safeio
 from diag.trace.model import LoadProblem
-from diag.trace.reader import _Problems, _rename_groups, _renames, _sound, parse_line
+from diag.trace.reader import Problems, group_renames, parse_line, rename_groups, sound_header
 
 # the writer's own start of a line of each kind that carries a step: lines `scan` does not parse
 STEPPED_PREFIXES = tuple(
@@ -81,7 +81,7 @@ class StepFile:
             self.header, self.still = None, []
             self.problems = [self._error]
             return
-        if self.header is not None and not _sound(self.header):
+        if self.header is not None and not sound_header(self.header):
             self._unsound, self.header = self.header, None  # reported at the end, as read_file does
 
     def _count(self, i: int, rec: Record) -> None:
@@ -99,8 +99,8 @@ class StepFile:
             if merged is not None and rec["k"] == schema.META and isinstance(rec.get("key"), str):
                 merged[rec["key"]] = rec.get("value")
         if merged is not None:
-            self.renames = _renames(merged.get(schema.META_GROUPS))
-            _rename_groups(events, self.renames)
+            self.renames = group_renames(merged.get(schema.META_GROUPS))
+            rename_groups(events, self.renames)
         for got in self.still:
             self.still_by_kind.setdefault(got[1]["k"], []).append(got)
 
@@ -122,7 +122,7 @@ class StepFile:
                 self._count(i, rec)
                 rec["rank"] = self.rank
                 if self.renames:
-                    _rename_groups([rec], self.renames)
+                    rename_groups([rec], self.renames)
                 yield rec["step"], i, rec
         except (safeio.InputError, OSError) as e:
             raise OutOfStep(f"{self.path}: {e}") from e
@@ -178,7 +178,7 @@ class StepFile:
 
     def _finish(self) -> list[LoadProblem]:
         """The file's problems as `reader.read_file` lists them."""
-        problems = _Problems(self.path)
+        problems = Problems(self.path)
         for i, message in sorted(self._raw):
             if message is None:
                 problems.add(
@@ -192,7 +192,7 @@ class StepFile:
         header = self.header if self.header is not None else self._unsound
         if header is None:
             problems.add("no header line: not a diag trace file")
-        elif not _sound(header):
+        elif not sound_header(header):
             problems.add("header's rank, pid or schema is not an integer: skipped")
         elif int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION:
             problems.add(f"written by a newer diag (schema {header['schema']}); unknown fields are kept")
