@@ -25,6 +25,7 @@ from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
 from diag.metrics.agg import named
 from diag.metrics.comms import between_ranks
+from diag.metrics.steps import by_ranks
 from diag.metrics.text import as_text, filled_text
 from diag.vocab import COMM, COMPUTE
 
@@ -97,10 +98,11 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     return stats_frame(collective_sums(c))
 
 
-def collective_sums(c: pd.DataFrame) -> pd.DataFrame | None:
+def collective_sums(c: pd.DataFrame, at_once: bool = False) -> pd.DataFrame | None:
     """`collective_stats`' sums per (rank, op, group) of the calls `c` (None: no call), in the
-    table's order; sums of two sets of calls add (`merge_sums`)."""
-    ranks = positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
+    table's order, one rank at a time (every rank `at_once`: a window's few calls); sums of two
+    sets of calls add (`merge_sums`)."""
+    ranks = by_ranks(c["rank"], at_once)
     parts = [_rank_stats(c.iloc[rows]) for rows in ranks] if not c.empty else []
     return pd.concat(parts, ignore_index=True) if parts else None
 

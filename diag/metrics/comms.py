@@ -224,12 +224,12 @@ def blocking_per_step(
 
 
 def blocking_union(
-    c: pd.DataFrame, waits: bool, xfer: pd.Series | None = None
+    c: pd.DataFrame, waits: bool, xfer: pd.Series | None = None, at_once: bool = False
 ) -> tuple[pd.Series, pd.MultiIndex | None] | None:
     """`blocking_per_step`'s figure before its join: the union's seconds per (rank, step) and the
     (rank, step)s with a blocking call whose transfer time is unknown (None: none); None where `c`
     holds no blocking call. Each (rank, step)'s from its own calls only: a window of steps gives
-    its steps' (`metrics.windowed`)."""
+    its steps' (`metrics.windowed`, every rank `at_once`: `union_by_step`)."""
     if c.empty:
         return None
     if waits:
@@ -242,7 +242,7 @@ def blocking_union(
     known = flag & dur.notna().to_numpy()
     # selected one rank at a time (`union_by_step`): a copy of every blocking call's columns was
     # this figure's peak (+55 MiB for a 16-rank x 1,000-step trace)
-    values = union_by_step(c, known, dur)
+    values = union_by_step(c, known, dur, at_once)
     lost = flag & ~known & c["dur"].notna().to_numpy() if not waits else np.zeros(len(c), dtype=bool)
     return values, pd.MultiIndex.from_frame(c.loc[lost, ["rank", "step"]]).unique() if lost.any() else None
 

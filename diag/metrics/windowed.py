@@ -114,7 +114,7 @@ class Windowed:
         self._exposed, self._blocked = _Blocking(), _Blocking()
         self._pending: list[tuple[str, int, pd.DataFrame]] = []  # (group, its members, (rank, step)s)
         self._per_step: dict[str, list[pd.Series]] = {"size": [], "sum": []}
-        self._sums: list[pd.DataFrame] = []
+        self._sums: list[pd.DataFrame] = []  # one: the sums so far
         self._arrivals: dict[str, tuple[int, pd.DataFrame]] = {}  # group -> (members, counts per rank)
         self._headers: dict = {}
 
@@ -179,8 +179,9 @@ class Windowed:
     def _calls(self, c: pd.DataFrame, placed: pd.DataFrame, between: pd.DataFrame) -> None:
         """Reduce one window's calls: `c` as `Metrics.comms`, `placed` the calls `stragglers`
         places (`c` itself but for `done`'s), `between` as `collective_stats` reads them."""
-        if len(between):
-            self._sums.append(breakdown.collective_sums(between))
+        sums = breakdown.collective_sums(between, at_once=True) if len(between) else None
+        if sums is not None:  # folded as they come: a row per (rank, op, group) held, not per window
+            self._sums = [breakdown.merge_sums([*self._sums, sums])]  # type: ignore[list-item]
         calls = c[["rank", "step", "dur_s"]].groupby(["rank", "step"], observed=True)["dur_s"]
         self._per_step["size"].append(calls.size())
         self._per_step["sum"].append(calls.sum())
@@ -190,8 +191,8 @@ class Windowed:
             _unite(self._members, window)
             at = positions.place(c)
             xfer = comms.transfer_dur(c, at)
-            self._exposed.add(comms.blocking_union(c, False, xfer))
-            self._blocked.add(comms.blocking_union(c, True))
+            self._exposed.add(comms.blocking_union(c, False, xfer, at_once=True))
+            self._blocked.add(comms.blocking_union(c, True, at_once=True))
             self._hold_known(c, xfer, window)
         if len(placed):
             self._count_arrivals(placed, at if placed is c else None)
