@@ -45,10 +45,12 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import breakdown, comms, positions, steps
+from diag.metrics.split_windows import SplitWindows
 from diag.metrics.text import as_text
 from diag.trace.model import Trace
 
 _STEP_KINDS = (schema.STEP, "log_step")  # per (rank, step) records: kept whole
+FOLD = 32  # windows' collective sums held before they are added up (a groupby each time)
 _TIMELINES = ("kernel", "cpu_op")  # Kineto's: `breakdown` and `overlap` read them whole
 
 
@@ -66,6 +68,7 @@ class Figures:
     stragglers: pd.DataFrame
     breakdown: pd.DataFrame
     overlap: pd.DataFrame
+    step_split: pd.DataFrame
     attributed: int  # calls outside every step given one by time (see the module's docstring)
     per_step: dict[str, pd.Series] = field(repr=False)
 
@@ -114,9 +117,10 @@ class Windowed:
         self._exposed, self._blocked = _Blocking(), _Blocking()
         self._pending: list[tuple[str, int, pd.DataFrame]] = []  # (group, its members, (rank, step)s)
         self._per_step: dict[str, list[pd.Series]] = {"size": [], "sum": []}
-        self._sums: list[pd.DataFrame] = []  # one: the sums so far
+        self._sums: list[pd.DataFrame] = []  # the sums so far, FOLD windows' at most
         self._arrivals: dict[str, tuple[int, pd.DataFrame]] = {}  # group -> (members, counts per rank)
         self._headers: dict = {}
+        self._split = SplitWindows()
 
     def add(self, trace: Trace) -> None:
         """One window: every rank's records of steps lo..hi-1 (and those of no step column)."""
@@ -126,8 +130,11 @@ class Windowed:
         self._headers = trace.headers
         for kind, parts in self._step_parts.items():
             parts.append(trace.frame(kind))
-        c = comms.comm_frame(trace.comms, steps.step_frame(trace.steps))
-        self._calls(c, c, comms.between_ranks(trace.comms))
+        spans = steps.step_frame(trace.steps)
+        c = comms.comm_frame(trace.comms, spans)
+        between = comms.between_ranks(trace.comms)
+        self._calls(c, c, between)
+        self._split.add(between, trace.frame(schema.LAYER), spans)
 
     def done(self, outside: Trace | None = None) -> Figures:
         """The figures, after every window and `outside`: the step-carrying records no window
@@ -145,6 +152,8 @@ class Windowed:
             # the whole trace's calls then are not `stepped`: `stragglers` places them as written
             self._calls(c, between if by_time else c, between)
         per_step = {how: _by_step(parts, by_time) for how, parts in self._per_step.items()}
+        none = outside or Trace()
+        self._split.done(comms.between_ranks(none.comms), none.frame(schema.LAYER), every)
         steady = steps.steady(every)
         empty = Trace(headers=self._headers)  # no kernel or host-op timeline: no row
         return Figures(
@@ -156,9 +165,10 @@ class Windowed:
             blocked=self._blocked.frame(steady, []),
             collectives=breakdown.stats_frame(breakdown.merge_sums(self._sums)),
             stragglers=breakdown.straggler_frame(sorted(self._ranks), self._shares, raw[schema.STEP]),
+            step_split=self._split.frame(steady),
             breakdown=breakdown.temporal_breakdown(empty),
             overlap=breakdown.comm_overlap(empty),
-            attributed=attributed,
+            attributed=attributed + self._split.missed,
             per_step=per_step,
         )
 
@@ -173,6 +183,7 @@ class Windowed:
             "per_step": sum(size(p) for parts in self._per_step.values() for p in parts),
             "collectives": sum(size(p) for p in self._sums),
             "stragglers": sum(size(p) for _, p in self._arrivals.values()),
+            "step_split": self._split.kept(),
         }
 
     # ---- one window's calls ------------------------------------------------------------------
@@ -180,12 +191,14 @@ class Windowed:
         """Reduce one window's calls: `c` as `Metrics.comms`, `placed` the calls `stragglers`
         places (`c` itself but for `done`'s), `between` as `collective_stats` reads them."""
         sums = breakdown.collective_sums(between, at_once=True) if len(between) else None
-        if sums is not None:  # folded as they come: a row per (rank, op, group) held, not per window
-            self._sums = [breakdown.merge_sums([*self._sums, sums])]  # type: ignore[list-item]
+        if sums is not None:  # folded every FOLD windows: rows per (rank, op, group), not per window
+            self._sums.append(sums)
+            if len(self._sums) >= FOLD:
+                self._sums = [breakdown.merge_sums(self._sums)]  # type: ignore[list-item]
         calls = c[["rank", "step", "dur_s"]].groupby(["rank", "step"], observed=True)["dur_s"]
         self._per_step["size"].append(calls.size())
         self._per_step["sum"].append(calls.sum())
-        at = None
+        at, window = None, None
         if len(c):
             window = _members(c)
             _unite(self._members, window)
@@ -195,7 +208,7 @@ class Windowed:
             self._blocked.add(comms.blocking_union(c, True, at_once=True))
             self._hold_known(c, xfer, window)
         if len(placed):
-            self._count_arrivals(placed, at if placed is c else None)
+            self._count_arrivals(placed, at if placed is c else None, window if placed is c else None)
 
     def _hold_known(self, c: pd.DataFrame, xfer: pd.Series, members: dict[str, set]) -> None:
         """Each group's (rank, step)s with a blocking call of known transfer time, with the
@@ -215,12 +228,14 @@ class Windowed:
             pairs = mine[["rank", "step"]].reset_index(drop=True)
             self._pending.append((str(group), len(members[str(group)]), pairs))
 
-    def _count_arrivals(self, placed: pd.DataFrame, at: positions.Positions | None) -> None:
+    def _count_arrivals(
+        self, placed: pd.DataFrame, at: positions.Positions | None, members: dict[str, set] | None
+    ) -> None:
         """Per group, the positions' counts of last arrivals, kept while its members stay the
-        same (more members later: those positions were not every member's)."""
+        same (more members later: those positions were not every member's). `at`, `members`:
+        `placed`'s, where known."""
         self._ranks.update(placed["rank"].dropna().unique().tolist())
-        window = _members(placed)
-        _unite(self._arrival_members, window)
+        _unite(self._arrival_members, _members(placed) if members is None else members)
         counts = breakdown.arrival_counts(placed, at)
         for group, mine in counts.groupby("group", sort=False):
             need = int(mine["need"].iloc[0])
