@@ -20,7 +20,16 @@ from diag.trace.model import Trace
 from diag.trace.reader import load_trace
 from diag.trace.window import Window
 
-FIGURES = ("steps", "steady_steps", "step_times", "exposed", "blocked", "collectives", "stragglers")
+FIGURES = (
+    "steps",
+    "steady_steps",
+    "step_times",
+    "exposed",
+    "blocked",
+    "collectives",
+    "stragglers",
+    "step_split",
+)
 
 
 def _bytes(frames: dict[str, pd.DataFrame]) -> int:

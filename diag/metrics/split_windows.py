@@ -32,29 +32,46 @@ class SplitWindows:
         self._pending: pd.DataFrame | None = None  # the last window's steps
         self._parts: list[pd.DataFrame] = []  # per (rank, step) split: PARTS
         self._sampled: list[pd.DataFrame] = []  # (rank, step)s with module records
+        self._known: set = set()  # ranks with a sampled step past their first
+        self._first: dict = {}  # rank -> its first step
         self.missed = 0
 
     def add(self, comms: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame) -> None:
         self._take(comms, layers)
         self._split()
-        if len(layers):
-            self._sampled.append(layers[["rank", "step"]].drop_duplicates())
-        self._pending = steps
+        self._pending = self._wanted(steps, layers)
         self._drop_done()
 
-    def done(self, comms: pd.DataFrame, layers: pd.DataFrame, every: pd.DataFrame) -> None:
-        """After the last window: `comms` and `layers` the records of no step, `every` the whole
-        step frame (`outside`'s steps split here too)."""
-        split = self._split_keys()
-        self.missed = _overlapping(comms, every, split) + _overlapping(layers, every, split)
+    def done(
+        self, comms: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame, every: pd.DataFrame
+    ) -> None:
+        """After the last window: `comms`, `layers` and `steps` (`step_frame`) the records of no
+        step, `every` the whole step frame."""
+        self.missed = _overlapping(comms, every, self._split_keys()) + _overlapping(
+            layers, every, self._split_keys()
+        )
         self._take(comms, layers)
         self._split()
-        if len(layers):
-            self._sampled.append(layers[["rank", "step"]].drop_duplicates())
-        rest = every[~pd.MultiIndex.from_frame(every[["rank", "step"]]).isin(self._split_keys())]
-        if len(rest):
-            self._pending = rest
-            self._split()
+        self._pending = self._wanted(steps, layers)
+        self._split()
+
+    def _wanted(self, steps: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+        """The steps a rank's row may read: its sampled ones (with module records), and the
+        others until it has a sampled one past its first step (its warm-up, never steady where
+        later ones are): from then on its row reads only sampled steps."""
+        if not len(steps):
+            return steps
+        for rank, first in steps.groupby("rank")["step"].min().items():
+            self._first.setdefault(rank, first)  # windows come in step order
+        sampled = layers[["rank", "step"]].drop_duplicates() if len(layers) else None
+        if sampled is None:
+            return steps[~steps["rank"].isin(self._known).to_numpy()]
+        self._sampled.append(sampled)
+        later = sampled["step"].to_numpy() > sampled["rank"].map(self._first).to_numpy()
+        keys = pd.MultiIndex.from_frame(steps[["rank", "step"]])
+        wanted = keys.isin(pd.MultiIndex.from_frame(sampled)) | ~steps["rank"].isin(self._known).to_numpy()
+        self._known.update(sampled["rank"][later].tolist())  # (this window's others are split)
+        return steps[wanted]
 
     def frame(self, steady: pd.DataFrame) -> pd.DataFrame:
         """`step_split.step_split`'s frame of a diag trace (no GPU timeline): one row per rank
@@ -80,7 +97,11 @@ class SplitWindows:
         return pd.DataFrame(rows, columns=step_split.COLUMNS)
 
     def kept(self) -> int:
-        frames = [*self._parts, *self._sampled, *(f for f in (self._comms, self._layers) if f is not None)]
+        return int(sum(f.memory_usage(deep=True).sum() for f in [*self._parts, *self._sampled]))
+
+    def carried(self) -> int:
+        """Bytes of the records held for the steps not split yet (about a window's)."""
+        frames = [f for f in (self._comms, self._layers) if f is not None]
         return int(sum(f.memory_usage(deep=True).sum() for f in frames))
 
     def _take(self, comms: pd.DataFrame, layers: pd.DataFrame) -> None:

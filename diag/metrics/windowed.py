@@ -22,6 +22,8 @@ aligns calls across ranks does so within one (group, step) (`positions.place`):
 - `stragglers`: per (group, rank) counts of positions seen and arrived last at, added across
   windows where the group's members were the same (a window of fewer members counts positions
   the whole trace does not: those are dropped when a member appears).
+- `step_split`: each step's parts from the records that lie in its span (`split_windows`: a
+  window's steps split once the next window has come, earlier windows' records carried).
 - `breakdown`, `overlap`: a diag trace has no kernel or host-op timeline (Kineto's), so they are
   the empty frames; a window holding one is refused (its cut, the last step's start, and the
   unions of its intervals would span windows: read a Kineto trace whole).
@@ -29,10 +31,10 @@ aligns calls across ranks does so within one (group, step) (`positions.place`):
 Left out: `bandwidth_by_size` (an exact median of every call's busbw per (op, bytes): busbw
 follows each call's duration, so the values do not repeat and no reduction keeps the median);
 `comm_per_step(mask)` / `union_per_step(mask)` (a rule's own selection of calls: each would be a
-fixed per-window column); `step_split` (clips each rank's intervals per steady sampled step:
-per-window, not built yet). A call outside every step that the whole trace attributes to a
+fixed per-window column). A call outside every step that the whole trace attributes to a
 step by its time (`comms.attribute_steps`: imported traces' step -1) is counted in `attributed`;
-its step's figures then miss it (none does in a diag trace, whose calls carry their step).
+its step's figures then miss it (none does in a diag trace, whose calls carry their step), as
+are records of no step that lie in a step split before they came (`split_windows.missed`).
 """
 
 from __future__ import annotations
@@ -153,7 +155,9 @@ class Windowed:
             self._calls(c, between if by_time else c, between)
         per_step = {how: _by_step(parts, by_time) for how, parts in self._per_step.items()}
         none = outside or Trace()
-        self._split.done(comms.between_ranks(none.comms), none.frame(schema.LAYER), every)
+        self._split.done(
+            comms.between_ranks(none.comms), none.frame(schema.LAYER), steps.step_frame(none.steps), every
+        )
         steady = steps.steady(every)
         empty = Trace(headers=self._headers)  # no kernel or host-op timeline: no row
         return Figures(
@@ -184,6 +188,7 @@ class Windowed:
             "collectives": sum(size(p) for p in self._sums),
             "stragglers": sum(size(p) for _, p in self._arrivals.values()),
             "step_split": self._split.kept(),
+            "split_carry": self._split.carried(),  # a window's records, not per rank-step
         }
 
     # ---- one window's calls ------------------------------------------------------------------

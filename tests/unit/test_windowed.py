@@ -154,3 +154,16 @@ def test_calls_lying_in_a_step_of_another_window_are_split_there(size):
     plain = load_trace(os.path.join("sample_traces", "zero3"))
     assert not Metrics(trace).step_split.equals(Metrics(plain).step_split)  # (they lie in step 3)
     assert_same(trace, figures(trace, size))
+
+
+@pytest.mark.parametrize("name", ["zero3", "megatron_tp2"])
+def test_windows_read_each_on_its_own_give_the_same(name):
+    """Each window read by `load_trace(path, window=...)`, as the lock-step reader gives it: its
+    text columns categoricals of its own values, not the whole trace's."""
+    path = os.path.join("sample_traces", name)
+    trace = load_trace(path)
+    windows, outside = split(trace, 2)
+    acc = windowed.Windowed()
+    for lo in range(0, len(windows) * 2, 2):
+        acc.add(load_trace(path, window=Window(None, lo, lo + 2)))
+    assert_same(trace, acc.done(outside))
