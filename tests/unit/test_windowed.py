@@ -19,7 +19,7 @@ from diag.trace.window import Window
 from tests.conftest import sample_folders
 
 DIAG_DIRS = [d for d in sample_folders() if any(f.endswith(".jsonl") for f in os.listdir(d))]
-SIZES_ON = ("zero3", "megatron_tp2", "join", "straggler")  # every size on these (size 3 on all)
+SIZES_ON = ("zero3", "megatron_tp2", "straggler")  # every size on these (size 3 on all)
 
 
 def split(trace: Trace, size: int) -> tuple[list[Trace], Trace]:
@@ -110,7 +110,7 @@ def late_member(path: str, steps: int = 3) -> Trace:
     return _with_comms(trace, c[~((c["rank"] == 1) & (step < first + steps)).to_numpy()])
 
 
-@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("size", [1, 3])
 @pytest.mark.parametrize("name", ["zero3", "straggler"])
 def test_a_group_that_gains_a_member_later_is_carried(name, size):
     """The early steps' positions had one member: their transfer time is unknown (NaN) and their
