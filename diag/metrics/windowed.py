@@ -117,7 +117,7 @@ class Windowed:
         self._arrival_members: dict[str, set] = {}  # the same of the calls `stragglers` places
         self._ranks: set = set()  # ranks with calls (`stragglers`' rows)
         self._exposed, self._blocked = _Blocking(), _Blocking()
-        self._pending: list[tuple[str, int, pd.DataFrame]] = []  # (group, its members, (rank, step)s)
+        self._known_transfer: list[tuple[str, int, pd.DataFrame]] = []  # (group, its members, (rank, step)s)
         self._per_step: dict[str, list[pd.Series]] = {"size": [], "sum": []}
         self._sums: list[pd.DataFrame] = []  # the sums so far, FOLD windows' at most
         self._arrivals: dict[str, tuple[int, pd.DataFrame]] = {}  # group -> (members, counts per rank)
@@ -183,7 +183,7 @@ class Windowed:
             "steps": sum(size(p) for parts in self._step_parts.values() for p in parts),
             "exposed": sum(size(p) for p in [*self._exposed.values, *self._exposed.gone]),
             "blocked": sum(size(p) for p in [*self._blocked.values, *self._blocked.gone]),
-            "pending": sum(size(p) for _, _, p in self._pending),
+            "known_transfer": sum(size(p) for _, _, p in self._known_transfer),
             "per_step": sum(size(p) for parts in self._per_step.values() for p in parts),
             "collectives": sum(size(p) for p in self._sums),
             "stragglers": sum(size(p) for _, p in self._arrivals.values()),
@@ -231,7 +231,7 @@ class Windowed:
         ).drop_duplicates()
         for group, mine in rows.groupby("group", sort=False):
             pairs = mine[["rank", "step"]].reset_index(drop=True)
-            self._pending.append((str(group), len(members[str(group)]), pairs))
+            self._known_transfer.append((str(group), len(members[str(group)]), pairs))
 
     def _count_arrivals(
         self, placed: pd.DataFrame, at: positions.Positions | None, members: dict[str, set] | None
@@ -254,7 +254,9 @@ class Windowed:
 
     def _lost(self) -> list[pd.DataFrame]:
         """(rank, step)s whose group had fewer members in their window than in the whole trace."""
-        return [pairs for group, had, pairs in self._pending if had < len(self._members.get(group, ()))]
+        return [
+            pairs for group, had, pairs in self._known_transfer if had < len(self._members.get(group, ()))
+        ]
 
     def _shares(self) -> pd.Series:
         kept = [
