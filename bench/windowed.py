@@ -44,6 +44,7 @@ def whole(trace: Trace) -> float:
         getattr(m, name)
     m.calls_per_step(None, "size")
     m.comm_per_step()
+    m.union_per_step()
     return time.process_time() - t
 
 

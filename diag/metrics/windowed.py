@@ -16,7 +16,8 @@ aligns calls across ranks does so within one (group, step) (`positions.place`):
   Carried across windows: a group's members (`positions.members`: a position's transfer time is
   known only where every member made the call); a (rank, step) whose group gains a member in a
   later window has a call of unknown transfer time there, as in the whole trace (NaN).
-- `calls_per_step`, `comm_per_step` (no mask): per (rank, step) counts and sums of its calls.
+- `calls_per_step`, `comm_per_step`, `union_per_step` (no mask): per (rank, step) counts, sums
+  and the union of its calls.
 - `collectives`: per (rank, op, group) sums added across windows; `bus_bytes` and float `bytes`
   sums regrouped (their order of summation differs: equal within rounding).
 - `stragglers`: per (group, rank) counts of positions seen and arrived last at, added across
@@ -82,6 +83,10 @@ class Figures:
         """`Metrics.comm_per_step()`: seconds of communication per steady (rank, step)."""
         return steps.join_steps(self.steady_steps, self.per_step["sum"], "comm_s")
 
+    def union_per_step(self) -> pd.DataFrame:
+        """`Metrics.union_per_step()`: the union of its calls' intervals per steady (rank, step)."""
+        return steps.join_steps(self.steady_steps, self.per_step["union"], "comm_s")
+
 
 @dataclass
 class _Blocking:
@@ -118,7 +123,7 @@ class Windowed:
         self._ranks: set = set()  # ranks with calls (`stragglers`' rows)
         self._exposed, self._blocked = _Blocking(), _Blocking()
         self._known_transfer: list[tuple[str, int, pd.DataFrame]] = []  # (group, its members, (rank, step)s)
-        self._per_step: dict[str, list[pd.Series]] = {"size": [], "sum": []}
+        self._per_step: dict[str, list[pd.Series]] = {"size": [], "sum": [], "union": []}
         self._sums: list[pd.DataFrame] = []  # the sums so far, FOLD windows' at most
         self._arrivals: dict[str, tuple[int, pd.DataFrame]] = {}  # group -> (members, counts per rank)
         self._headers: dict = {}
@@ -203,6 +208,7 @@ class Windowed:
         calls = c[["rank", "step", "dur_s"]].groupby(["rank", "step"], observed=True)["dur_s"]
         self._per_step["size"].append(calls.size())
         self._per_step["sum"].append(calls.sum())
+        self._per_step["union"].append(steps.union_by_step(c[["rank", "step", "ts", "dur"]], at_once=True))
         at, window = None, None
         if len(c):
             window = _members(c)

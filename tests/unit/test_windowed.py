@@ -69,6 +69,7 @@ def assert_same(trace: Trace, got: windowed.Figures) -> None:
     for how in ("size", "sum"):
         pd.testing.assert_series_equal(got.calls_per_step(how), m.calls_per_step(None, how), obj=how)
     pd.testing.assert_frame_equal(got.comm_per_step(), m.comm_per_step(), obj="comm_per_step")
+    pd.testing.assert_frame_equal(got.union_per_step(), m.union_per_step(), obj="union_per_step")
     assert got.attributed == 0
 
 
