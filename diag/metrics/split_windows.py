@@ -67,8 +67,11 @@ class SplitWindows:
         if sampled is None:
             return steps[~steps["rank"].isin(self._known).to_numpy()]
         self._sampled.append(sampled)
-        later = sampled["step"].to_numpy() > sampled["rank"].map(self._first).to_numpy()
         keys = pd.MultiIndex.from_frame(steps[["rank", "step"]])
+        # a sampled step with a span (a step record of no duration is no step of the split)
+        later = (sampled["step"].to_numpy() > sampled["rank"].map(self._first).to_numpy()) & (
+            pd.MultiIndex.from_frame(sampled).isin(keys)
+        )
         wanted = keys.isin(pd.MultiIndex.from_frame(sampled)) | ~steps["rank"].isin(self._known).to_numpy()
         self._known.update(sampled["rank"][later].tolist())  # (this window's others are split)
         return steps[wanted]

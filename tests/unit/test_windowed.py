@@ -168,3 +168,15 @@ def test_windows_read_each_on_its_own_give_the_same(name):
     for lo in range(0, len(windows) * 2, 2):
         acc.add(load_trace(path, window=Window(None, lo, lo + 2)))
     assert_same(trace, acc.done(outside))
+
+
+def test_a_sampled_step_without_a_span_is_not_split_on():
+    """zero3 with rank 0's sampled step 3 of no duration: it is no step, so rank 0's row reads
+    all its steady steps (none is sampled), the ones after step 3 too."""
+    trace = load_trace(os.path.join("sample_traces", "zero3"))
+    st = trace.steps.copy()
+    st.loc[(st["rank"] == 0) & (st["step"] == 3), "dur"] = float("nan")
+    frames = {**trace.frames, "step": st}
+    trace = Trace(headers=trace.headers, frames=frames)
+    assert Metrics(trace).step_split.set_index("rank").loc[0, "basis"] == "all steps"
+    assert_same(trace, figures(trace, 1))
