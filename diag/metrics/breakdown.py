@@ -14,6 +14,7 @@ Definitions (docs/analyze.md) match Holistic Trace Analysis where it defines the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +25,7 @@ from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
 from diag.metrics.agg import named
 from diag.metrics.comms import between_ranks
+from diag.metrics.steps import by_ranks
 from diag.metrics.text import as_text, filled_text
 from diag.vocab import COMM, COMPUTE
 
@@ -93,13 +95,37 @@ def collective_stats(trace: Trace) -> pd.DataFrame:
     c = between_ranks(trace.comms)  # a rank alone in its group moves nothing
     # one rank at a time (a rank's calls are one rank's rows of the table): the columns read and
     # their groupby are one rank's, not the job's (+206 MiB for a 64-rank x 1,000-step trace)
-    ranks = positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
+    return stats_frame(collective_sums(c))
+
+
+def collective_sums(c: pd.DataFrame, at_once: bool = False) -> pd.DataFrame | None:
+    """`collective_stats`' sums per (rank, op, group) of the calls `c` (None: no call), in the
+    table's order, one rank at a time (every rank `at_once`: a window's few calls); sums of two
+    sets of calls add (`merge_sums`)."""
+    ranks = by_ranks(c["rank"], at_once)
     parts = [_rank_stats(c.iloc[rows]) for rows in ranks] if not c.empty else []
-    if not parts:
+    return pd.concat(parts, ignore_index=True) if parts else None
+
+
+def merge_sums(parts: list[pd.DataFrame]) -> pd.DataFrame | None:
+    """`collective_sums` of several sets of calls (a window of steps each) as one set's."""
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    g = pd.concat(parts, ignore_index=True).groupby(["rank", "op", "group"], sort=True)
+    how = {"calls": "sum", "time_ns": "sum", "sized": "sum", "group_size": "max", "sized_ns": "sum"}
+    df = named(g, **{col: (col, f) for col, f in how.items()}).reset_index()
+    df["bytes"] = g["bytes"].sum(min_count=1).to_numpy()
+    df["bus_bytes"] = g["bus_bytes"].sum(min_count=1).to_numpy()
+    return df
+
+
+def stats_frame(df: pd.DataFrame | None) -> pd.DataFrame:
+    """`collective_stats` from its sums (`collective_sums`)."""
+    if df is None:
         return pd.DataFrame(
             columns=["rank", "op", "group", "calls", "time_ns", "bytes", "mean_bytes", "algbw", "busbw"]
         )
-    df = pd.concat(parts, ignore_index=True)
+    df = df.copy(deep=False)  # (sums held by `windowed` stay as they are)
     df["mean_bytes"] = df["bytes"] / df["sized"].where(df["sized"] > 0)
     # bandwidths over the calls whose size is known; unknown (NaN, shown "-") when none is
     df["algbw"] = [
@@ -233,13 +259,17 @@ def stragglers(
     steps) with their placement `at` (`positions.place`)."""
     c = between_ranks(trace.comms) if c is None else c  # a rank alone in its group moves nothing
     ranks = sorted(c["rank"].unique()) if not c.empty else []
-    cols = ["rank", "last_arrival_frac", "median_step_ns"]
+    return straggler_frame(ranks, lambda: _last_arrivals(c, at), trace.steps)
+
+
+def straggler_frame(ranks: list, last: Callable[[], pd.Series], steps: pd.DataFrame) -> pd.DataFrame:
+    """`stragglers` of the ranks with calls (none under two), from their shares of last arrivals
+    (`last()`: `arrival_shares`, taken only then) and the step records."""
     if len(ranks) < 2:
-        return pd.DataFrame(columns=cols)
-    last = _last_arrivals(c, at)
-    steps = trace.steps.groupby("rank")["dur"].median() if not trace.steps.empty else pd.Series()
+        return pd.DataFrame(columns=["rank", "last_arrival_frac", "median_step_ns"])
+    steps = steps.groupby("rank")["dur"].median() if not steps.empty else pd.Series()
     df = pd.DataFrame({"rank": ranks})
-    df["last_arrival_frac"] = df["rank"].map(last).fillna(0.0).round(3)
+    df["last_arrival_frac"] = df["rank"].map(last()).fillna(0.0).round(3)
     df["median_step_ns"] = df["rank"].map(steps)
     return df
 
@@ -250,8 +280,18 @@ def _last_arrivals(c: pd.DataFrame, at: positions.Positions | None = None) -> pd
     placed within their group and step (`positions.place`, as `comms.transfer_dur` and
     `comms.arrival_wait` place them): counted over a rank's whole trace, one call more on one rank
     (an attach lands mid-step on each rank at its own point) paired every later call with the
-    wrong one. Reductions per position with `ufunc.at`: a pivot of calls x ranks took +77 MiB for
-    843,360 calls."""
+    wrong one."""
+    return arrival_shares(arrival_counts(c, at))
+
+
+ARRIVAL_COLUMNS = ["group", "need", "rank", "lasts", "seen"]
+
+
+def arrival_counts(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.DataFrame:
+    """Per (group, rank): the positions every member (`need` of them) made with a known duration
+    that the rank was in (`seen`) and arrived last at (`lasts`). Counts of two sets of steps add
+    where the group's members are the same. Reductions per position with `ufunc.at`: a pivot of
+    calls x ranks took +77 MiB for 843,360 calls."""
     at = positions.place(c) if at is None else at
     ids, count = at.ids, at.count
     codes, ranks = pd.factorize(c["rank"], sort=True)
@@ -260,9 +300,10 @@ def _last_arrivals(c: pd.DataFrame, at: positions.Positions | None = None) -> pd
     dur = pd.to_numeric(c["dur"]).to_numpy(dtype=float, na_value=np.nan)
     known = (ids >= 0) & ~np.isnan(dur)
     if not count or not known.any():
-        return pd.Series(dtype=float)
+        return pd.DataFrame(columns=ARRIVAL_COLUMNS)
+    group, names = positions.coded(as_text(c["group"]))
     if not known.all():  # (a finished trace's calls all are: no copies)
-        ids, dur, rank_codes = ids[known], dur[known], rank_codes[known]
+        ids, dur, rank_codes, group = ids[known], dur[known], rank_codes[known], group[known]
     del known
     full = np.bincount(ids, minlength=count) == at.need  # every member's duration is known
     mine = full[ids]
@@ -272,10 +313,27 @@ def _last_arrivals(c: pd.DataFrame, at: positions.Positions | None = None) -> pd
     del dur
     first = np.full(count, len(ranks), np.int64)
     np.minimum.at(first, ids[last], rank_codes[last])  # the lowest rank among equals, as idxmin gives
-    lasts = np.bincount(first[full], minlength=len(ranks) + 1)[: len(ranks)]
-    seen = np.bincount(rank_codes[mine], minlength=len(ranks))  # the positions each rank was in
-    shares = lasts / np.maximum(seen, 1)
-    return pd.Series(shares[seen > 0], index=ranks[seen > 0])[lambda s: s > 0]
+    of = np.full(count, -1, np.int64)  # each position's group (-1: no call of it is known)
+    of[ids] = group
+    width = len(ranks) + 1
+    lasts = np.bincount(of[full] * width + first[full], minlength=len(names) * width)
+    seen = np.bincount(group[mine].astype(np.int64) * width + rank_codes[mine], minlength=len(names) * width)
+    need = np.zeros(len(names), np.int64)
+    need[of[of >= 0]] = at.need[of >= 0]
+    lasts, seen = lasts.reshape(-1, width)[:, :-1], seen.reshape(-1, width)[:, :-1]
+    g, r = np.nonzero(seen)
+    return pd.DataFrame(
+        {"group": names[g], "need": need[g], "rank": ranks[r], "lasts": lasts[g, r], "seen": seen[g, r]}
+    )
+
+
+def arrival_shares(counts: pd.DataFrame) -> pd.Series:
+    """rank -> its share of last arrivals from `arrival_counts` (of one set of calls or several)."""
+    if counts.empty:
+        return pd.Series(dtype=float)
+    per = counts.groupby("rank", sort=True)[["lasts", "seen"]].sum()
+    shares = per["lasts"].to_numpy() / np.maximum(per["seen"].to_numpy(), 1)
+    return pd.Series(shares, index=per.index.to_numpy())[lambda s: s > 0]
 
 
 def step_times(trace: Trace) -> pd.DataFrame:

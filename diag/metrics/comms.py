@@ -219,22 +219,44 @@ def blocking_per_step(
     (`Metrics.transfer`)."""
     if c.empty or steady_steps.empty:
         return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
+    parts = blocking_union(c, waits, xfer)
+    return join_blocking(steady_steps, *(parts or (None, None)))
+
+
+def blocking_union(
+    c: pd.DataFrame, waits: bool, xfer: pd.Series | None = None, at_once: bool = False
+) -> tuple[pd.Series, pd.MultiIndex | None] | None:
+    """`blocking_per_step`'s figure before its join: the union's seconds per (rank, step) and the
+    (rank, step)s with a blocking call whose transfer time is unknown (None: none); None where `c`
+    holds no blocking call. Each (rank, step)'s from its own calls only: a window of steps gives
+    its steps' (`metrics.windowed`, every rank `at_once`: `union_by_step`)."""
+    if c.empty:
+        return None
     if waits:
         dur = c["dur"]
     else:
         dur = transfer_dur(c) if xfer is None else xfer  # waiting for a straggler is not an overlap problem
     flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
     if not flag.any():
-        return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
+        return None
     known = flag & dur.notna().to_numpy()
     # selected one rank at a time (`union_by_step`): a copy of every blocking call's columns was
     # this figure's peak (+55 MiB for a 16-rank x 1,000-step trace)
-    out = join_steps(steady_steps, union_by_step(c, known, dur), "exposed_s")
+    values = union_by_step(c, known, dur, at_once)
     lost = flag & ~known & c["dur"].notna().to_numpy() if not waits else np.zeros(len(c), dtype=bool)
-    if not lost.any():
+    return values, pd.MultiIndex.from_frame(c.loc[lost, ["rank", "step"]]).unique() if lost.any() else None
+
+
+def join_blocking(
+    steady_steps: pd.DataFrame, values: pd.Series | None, gone: pd.MultiIndex | None
+) -> pd.DataFrame:
+    """`blocking_union`'s figure joined to the steady steps (no blocking call: an empty frame)."""
+    if values is None or steady_steps.empty:
+        return pd.DataFrame(columns=["rank", "step", "dur_s", "exposed_s"])
+    out = join_steps(steady_steps, values, "exposed_s")
+    if gone is None or not len(gone):
         return out
     # a step with a collective whose transfer time is unknown (a member's records not in yet): NaN,
     # not its other collectives' time alone (rows stay aligned with `waits=True`'s)
-    gone = pd.MultiIndex.from_frame(c.loc[lost, ["rank", "step"]]).unique()
     hit = pd.MultiIndex.from_frame(out[["rank", "step"]]).isin(gone)
     return out.assign(exposed_s=out["exposed_s"].mask(hit))

@@ -83,7 +83,7 @@ def _spans(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"ts": ts.to_numpy(), "end": (ts + d["dur"].astype("int64")).to_numpy()})
 
 
-def _per_step(
+def per_step(
     steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame, known: bool
 ) -> list[dict[str, int]]:
     """`claim`'s parts of each of one rank's `steps` (blocking comm, tensor-parallel groups' as TP,
@@ -117,7 +117,12 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
     sampled = _sampled(steps, layers)
     known = bool(len(sampled))
     use = sampled if known else steps
-    per = _per_step(use, comms, layers, known)
+    return rank_row(rank, per_step(use, comms, layers, known), known)
+
+
+def rank_row(rank: int, per: list[dict[str, int]], known: bool) -> dict[str, object]:
+    """One rank's row from its steps' parts (`per_step`; `known`: they are its sampled steps,
+    their async communication labelled exposed)."""
     total = sum(p["total"] for p in per)
     parts = {k: sum(p.get(k, 0) for p in per) for k in (EXPOSED, TP, "compute", "background")}
     compute = parts["compute"] if known else None
@@ -131,7 +136,7 @@ def _rank(rank: int, steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFr
     return {
         "rank": rank,
         "basis": "sampled steps" if known else "all steps",
-        "steps": len(use),
+        "steps": len(per),
         "total_ns": total,
         "compute_ns": compute,
         "comm_ns": comm,

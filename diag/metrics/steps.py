@@ -6,6 +6,8 @@ once per trace for the rules and the report.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -55,17 +57,20 @@ def join_steps(steady_steps: pd.DataFrame, values: pd.Series, name: str) -> pd.D
     return out.fillna({name: 0.0})
 
 
-def union_by_step(c: pd.DataFrame, keep: np.ndarray | None = None, dur: pd.Series | None = None) -> pd.Series:
+def union_by_step(
+    c: pd.DataFrame, keep: np.ndarray | None = None, dur: pd.Series | None = None, at_once: bool = False
+) -> pd.Series:
     """Seconds covered by the union of each (rank, step)'s [ts, ts + dur) intervals (nested or async
     ops count once), indexed by (rank, step), of the calls `keep` selects (all) with durations
     `dur` (their own). One rank at a time, selected there: a union never crosses ranks, and the
     sort and groupbys of every rank's calls at once took +165 MiB for a 64-rank x 1,000-step
-    trace's blocking collectives (a copy of the selected calls' columns, 32 bytes a call)."""
+    trace's blocking collectives (a copy of the selected calls' columns, 32 bytes a call). Every
+    rank at once where `at_once` (a window of a few steps: a pass per rank costs ~25 ms)."""
     if c.empty:
         return pd.Series(dtype=float)
     dur = c["dur"] if dur is None else dur
     parts = []
-    for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]):
+    for rows in by_ranks(c["rank"], at_once):
         mine, took = c.iloc[rows][["rank", "step", "ts"]], dur.iloc[rows]
         if keep is not None:
             sel = keep[rows]
@@ -74,6 +79,15 @@ def union_by_step(c: pd.DataFrame, keep: np.ndarray | None = None, dur: pd.Serie
             mine, took = mine[sel], took[sel]
         parts.append(_union_of_rank(mine, took))
     return pd.concat(parts) / NS if parts else pd.Series(dtype=float)
+
+
+def by_ranks(rank: pd.Series, at_once: bool = False) -> Iterable[np.ndarray | slice]:
+    """The rows of each rank in turn (`positions.by_rank`), or of every rank in one where `at_once`
+    (rows of no rank left out)."""
+    codes = pd.factorize(rank, sort=True)[0]
+    if not at_once:
+        return positions.by_rank(codes)
+    return [slice(None)] if (codes >= 0).all() else [np.flatnonzero(codes >= 0)]
 
 
 def _union_of_rank(c: pd.DataFrame, dur: pd.Series) -> pd.Series:

@@ -1,0 +1,173 @@
+"""`Metrics.step_split` of a diag trace one window of steps at a time (`metrics.windowed`).
+
+A step's split clips every interval of its rank (calls, module records) to the step's span: by
+time, not by the step a record names, so a call that runs past its step's end, or a module record
+of the next step that begins before it, counts there. Each window's steps are split when the next
+window has come (its records that begin before they end are then in), with the records of earlier
+windows that end after the first of them begins (the carry); per (rank, step) only the parts of
+`step_split.per_step` are kept, and each rank's row is made from its steady ones at the end. Exact
+where no record of window k + 2 lies in a step of window k (a record overlaps the steps next to
+its own); the records of no step (`outside`) that lie in a step split before they came are
+counted in `missed`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diag.metrics import step_split
+from diag.metrics.activity import ByRank
+
+PARTS = ("total", step_split.TP, step_split.EXPOSED, "compute", "background")
+_COMM = ("rank", "ts", "dur", "async_op", "group")
+_LAYER = ("rank", "ts", "dur")
+
+
+class SplitWindows:
+    """Takes each window's calls between ranks, module records and steps (`steps.step_frame`)."""
+
+    def __init__(self) -> None:
+        self._comms: pd.DataFrame | None = None  # records that may lie in a step not split yet
+        self._layers: pd.DataFrame | None = None
+        self._pending: pd.DataFrame | None = None  # the last window's steps
+        self._parts: list[pd.DataFrame] = []  # per (rank, step) split: PARTS
+        self._sampled: list[pd.DataFrame] = []  # (rank, step)s with module records
+        self._known: set = set()  # ranks with a sampled step past their first
+        self._first: dict = {}  # rank -> its first step
+        self.missed = 0
+
+    def add(self, comms: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame) -> None:
+        self._take(comms, layers)
+        self._split()
+        self._pending = self._wanted(steps, layers)
+        self._drop_done()
+
+    def done(
+        self, comms: pd.DataFrame, layers: pd.DataFrame, steps: pd.DataFrame, every: pd.DataFrame
+    ) -> None:
+        """After the last window: `comms`, `layers` and `steps` (`step_frame`) the records of no
+        step, `every` the whole step frame."""
+        self.missed = _overlapping(comms, every, self._split_keys()) + _overlapping(
+            layers, every, self._split_keys()
+        )
+        self._take(comms, layers)
+        self._split()
+        self._pending = self._wanted(steps, layers)
+        self._split()
+
+    def _wanted(self, steps: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+        """The steps a rank's row may read: its sampled ones (with module records), and the
+        others until it has a sampled one past its first step (its warm-up, never steady where
+        later ones are): from then on its row reads only sampled steps."""
+        if not len(steps):
+            return steps
+        for rank, first in steps.groupby("rank")["step"].min().items():
+            self._first.setdefault(rank, first)  # windows come in step order
+        sampled = layers[["rank", "step"]].drop_duplicates() if len(layers) else None
+        if sampled is None:
+            return steps[~steps["rank"].isin(self._known).to_numpy()]
+        self._sampled.append(sampled)
+        keys = pd.MultiIndex.from_frame(steps[["rank", "step"]])
+        # a sampled step with a span (a step record of no duration is no step of the split)
+        later = (sampled["step"].to_numpy() > sampled["rank"].map(self._first).to_numpy()) & (
+            pd.MultiIndex.from_frame(sampled).isin(keys)
+        )
+        wanted = keys.isin(pd.MultiIndex.from_frame(sampled)) | ~steps["rank"].isin(self._known).to_numpy()
+        self._known.update(sampled["rank"][later].tolist())  # (this window's others are split)
+        return steps[wanted]
+
+    def frame(self, steady: pd.DataFrame) -> pd.DataFrame:
+        """`step_split.step_split`'s frame of a diag trace (no GPU timeline): one row per rank
+        with steady steps (`steady`); its sampled steps those with module records."""
+        if steady.empty or not self._parts:
+            return pd.DataFrame([], columns=step_split.COLUMNS)
+        parts = pd.concat(self._parts, ignore_index=True)
+        parts = steady[["rank", "step"]].merge(parts, on=["rank", "step"], how="left")
+        sampled = pd.concat(self._sampled) if self._sampled else pd.DataFrame(columns=["rank", "step"])
+        parts["sampled"] = pd.MultiIndex.from_frame(parts[["rank", "step"]]).isin(
+            pd.MultiIndex.from_frame(sampled)
+        )
+        rows = []
+        for rank, mine in parts.groupby("rank", sort=True):
+            known = bool(mine["sampled"].any())
+            use = mine[mine["sampled"]] if known else mine
+            counts = use[list(PARTS)].astype("int64")
+            if known:  # async communication no compute hid: exposed, as `per_step` labels it then
+                counts = counts.assign(
+                    **{step_split.EXPOSED: counts[step_split.EXPOSED] + counts["background"], "background": 0}
+                )
+            rows.append(step_split.rank_row(int(rank), counts.to_dict("records"), known))  # type: ignore[call-overload]
+        return pd.DataFrame(rows, columns=step_split.COLUMNS)
+
+    def kept(self) -> int:
+        return int(sum(f.memory_usage(deep=True).sum() for f in [*self._parts, *self._sampled]))
+
+    def carried(self) -> int:
+        """Bytes of the records held for the steps not split yet (about a window's)."""
+        frames = [f for f in (self._comms, self._layers) if f is not None]
+        return int(sum(f.memory_usage(deep=True).sum() for f in frames))
+
+    def _take(self, comms: pd.DataFrame, layers: pd.DataFrame) -> None:
+        self._comms = _joined(self._comms, comms, _COMM)
+        self._layers = _joined(self._layers, layers, _LAYER)
+
+    def _split(self) -> None:
+        """Split the pending steps on the records taken so far."""
+        st = self._pending
+        if st is None or st.empty or self._comms is None or self._layers is None:
+            return
+        comms, layers = ByRank(self._comms), ByRank(self._layers)
+        for rank, mine in st.groupby("rank", sort=False):
+            per = step_split.per_step(mine, comms[rank], layers[rank], False)
+            counts = pd.DataFrame([{k: p.get(k, 0) for k in PARTS} for p in per], columns=list(PARTS))
+            self._parts.append(
+                pd.concat([mine[["rank", "step"]].reset_index(drop=True), counts], axis=1).astype(
+                    {k: "int64" for k in PARTS}
+                )
+            )
+        self._pending = None
+
+    def _split_keys(self) -> pd.MultiIndex:
+        if not self._parts:
+            return pd.MultiIndex.from_arrays([[], []], names=["rank", "step"])
+        return pd.MultiIndex.from_frame(pd.concat([p[["rank", "step"]] for p in self._parts]))
+
+    def _drop_done(self) -> None:
+        """Keep only the records that end after the earliest pending step of their rank begins (a
+        rank with no pending step keeps its records: its next steps may lie under them)."""
+        st = self._pending
+        if st is None or st.empty:
+            return
+        first = st.groupby("rank")["start"].min()
+        for name in ("_comms", "_layers"):
+            df = getattr(self, name)
+            if df is not None and len(df):
+                end = pd.to_numeric(df["ts"]) + pd.to_numeric(df["dur"])
+                begin = df["rank"].map(first)
+                setattr(self, name, df[(begin.isna() | (end > begin)).to_numpy()].reset_index(drop=True))
+
+
+def _joined(held: pd.DataFrame | None, more: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """`held` and `more`'s `columns` (those it has), as one frame."""
+    more = more[[c for c in columns if c in more.columns]]
+    if held is None or not len(held):
+        return more.reset_index(drop=True)
+    if not len(more):
+        return held
+    return pd.concat([held, more], ignore_index=True)
+
+
+def _overlapping(df: pd.DataFrame, every: pd.DataFrame, split: pd.MultiIndex) -> int:
+    """How many of `df`'s records lie in a step of `every` that was split already (`split`)."""
+    if df.empty or every.empty or not len(split):
+        return 0
+    done = every[pd.MultiIndex.from_frame(every[["rank", "step"]]).isin(split)]
+    ts = pd.to_numeric(df["ts"]).to_numpy(dtype=float)
+    end = ts + pd.to_numeric(df["dur"]).to_numpy(dtype=float)
+    count = 0
+    for rank, spans in done.groupby("rank"):
+        mine = (df["rank"] == rank).to_numpy()
+        starts, ends = spans["start"].to_numpy(dtype=float), spans["end"].to_numpy(dtype=float)
+        hit = (ts[mine, None] < ends[None, :]) & (end[mine, None] > starts[None, :])
+        count += int(hit.any(axis=1).sum())
+    return count

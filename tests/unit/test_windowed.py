@@ -1,0 +1,183 @@
+"""`metrics.windowed`: the figures of a trace read a window of steps at a time equal `Metrics`' of
+the whole trace, on every diag sample and fixture, windows of 1, 2, 3, 7 steps and one larger than
+the job, and a tiled trace. The windows are made as the lock-step reader's contract says: window k
+is the trace's records of steps lo..lo+W-1 (`Window.frames`), records of no step column in every
+window, and one `outside` trace of the step-carrying records no window holds."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+from diag.metrics import windowed
+from diag.metrics.stage import Metrics
+from diag.trace.model import Trace
+from diag.trace.reader import load_trace
+from diag.trace.window import Window
+from tests.conftest import sample_folders
+
+DIAG_DIRS = [d for d in sample_folders() if any(f.endswith(".jsonl") for f in os.listdir(d))]
+SIZES_ON = ("zero3", "megatron_tp2", "straggler")  # every size on these (size 3 on all)
+
+
+def split(trace: Trace, size: int) -> tuple[list[Trace], Trace]:
+    """(the windows of `size` steps, the outside trace) of a whole trace."""
+    stepped = [pd.to_numeric(df["step"], errors="coerce") for df in trace.frames.values() if "step" in df]
+    known = pd.concat(stepped) if stepped else pd.Series(dtype=float)
+    known = known[known >= 0]
+    lo, hi = (int(known.min()), int(known.max()) + 1) if len(known) else (0, 0)
+    windows = [
+        Trace(headers=trace.headers, frames=Window(None, a, a + size).frames(trace.frames))
+        for a in range(lo, hi, size)
+    ]
+    outside = {}
+    for kind, df in trace.frames.items():
+        if "step" in df:
+            step = pd.to_numeric(df["step"], errors="coerce")
+            outside[kind] = df[~((step >= lo) & (step < hi)).to_numpy()].reset_index(drop=True)
+    return windows, Trace(headers=trace.headers, frames=outside)
+
+
+def figures(trace: Trace, size: int) -> windowed.Figures:
+    windows, outside = split(trace, size)
+    acc = windowed.Windowed()
+    for w in windows:
+        acc.add(w)
+    return acc.done(outside)
+
+
+def assert_same(trace: Trace, got: windowed.Figures) -> None:
+    m = Metrics(trace)
+    for name in (
+        "steps",
+        "steady_steps",
+        "step_times",
+        "exposed",
+        "blocked",
+        "stragglers",
+        "breakdown",
+        "overlap",
+        "step_split",
+    ):
+        pd.testing.assert_frame_equal(getattr(got, name), getattr(m, name), obj=name)
+    assert got.median_step_s == m.median_step_s
+    # bus_bytes (and bytes, where unknown sizes make it float) are summed per window, then the
+    # windows' sums: float addition regrouped, equal to rounding
+    pd.testing.assert_frame_equal(got.collectives, m.collectives, rtol=1e-12, obj="collectives")
+    every = m.select()  # all calls, reduced: per (rank, step) their count and seconds
+    for how, want in (("size", every.counts), ("sum", every.sums)):
+        pd.testing.assert_series_equal(got.calls_per_step(how), want, check_names=False, obj=how)
+    pd.testing.assert_frame_equal(got.comm_per_step(), m.comm_per_step(), obj="comm_per_step")
+    pd.testing.assert_frame_equal(got.union_per_step(), m.union_per_step(), obj="union_per_step")
+    assert got.attributed == 0
+
+
+CASES = [(d, 3) for d in DIAG_DIRS] + [
+    (d, size) for d in DIAG_DIRS if os.path.basename(d) in SIZES_ON for size in (1, 2, 7, 10_000)
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "size"), CASES, ids=lambda v: os.path.basename(v) if isinstance(v, str) else str(v)
+)
+def test_windows_give_the_whole_traces_figures(path, size):
+    trace = load_trace(path)
+    assert_same(trace, figures(trace, size))
+
+
+def test_a_tiled_trace_gives_the_whole_traces_figures(tmp_path):
+    """bench.analyze's input (the real ZeRO-3 run tiled, 4 ranks x 12 steps) in windows of 5."""
+    from bench.analyze import make_diag_input
+
+    make_diag_input(str(tmp_path), 4, 12)
+    trace = load_trace(str(tmp_path / "traces"))
+    assert_same(trace, figures(trace, 5))
+
+
+def _with_comms(trace: Trace, c: pd.DataFrame) -> Trace:
+    frames = dict(trace.frames)
+    frames["comm"] = c.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
+    return Trace(headers=trace.headers, frames=frames)
+
+
+def late_member(path: str, steps: int = 3) -> Trace:
+    """A trace whose rank 1 made no call in its first `steps` steps (an attach that reached it
+    late): its groups have one member in the first windows, two in the whole trace."""
+    trace = load_trace(path)
+    c = trace.comms
+    step = pd.to_numeric(c["step"])
+    first = int(step[c["rank"] == 1].min())
+    return _with_comms(trace, c[~((c["rank"] == 1) & (step < first + steps)).to_numpy()])
+
+
+@pytest.mark.parametrize("size", [1, 3])
+@pytest.mark.parametrize("name", ["zero3", "straggler"])
+def test_a_group_that_gains_a_member_later_is_carried(name, size):
+    """The early steps' positions had one member: their transfer time is unknown (NaN) and their
+    arrivals are not counted in the whole trace, though each early window alone knows them."""
+    trace = late_member(os.path.join("sample_traces", name))
+    m = Metrics(trace)
+    assert m.exposed["exposed_s"].isna().any()  # (what the carry must reproduce)
+    assert_same(trace, figures(trace, size))
+
+
+def test_calls_before_the_first_step_are_left_out_as_whole():
+    """Calls of step -1 before every step (outside every window): the whole trace attributes them
+    by time (none lies in a step: dropped) and `stragglers` places them as a step of their own."""
+    trace = load_trace(os.path.join("sample_traces", "zero3"))
+    c = trace.comms
+    step = pd.to_numeric(c["step"])
+    early = c[(step == step.min()).to_numpy()].assign(step=-1, ts=lambda d: d["ts"] - 10**10)
+    trace = _with_comms(trace, pd.concat([c, early], ignore_index=True))
+    got = figures(trace, 2)
+    assert len(split(trace, 2)[1].comms) == len(early)
+    assert_same(trace, got)
+
+
+def straddling() -> Trace:
+    """zero3 with rank 0's last call of step 2 running on 10 ms into step 3 (a record of an
+    earlier window in a later step) and rank 1's first call of step 4 starting 50 ms into step 3
+    (a record of the next window in an earlier step); step 3 is the sampled one."""
+    trace = load_trace(os.path.join("sample_traces", "zero3"))
+    c, st = trace.comms.copy(), trace.steps.set_index(["rank", "step"])["ts"]
+    step = pd.to_numeric(c["step"])
+    last = c.index[(c["rank"] == 0) & (step == 2)][-1]
+    c.loc[last, "dur"] = st[(0, 3)] + 10_000_000 - c.loc[last, "ts"]
+    first = c.index[(c["rank"] == 1) & (step == 4)][0]
+    c.loc[first, "ts"] = st[(1, 3)] + 50_000_000
+    return _with_comms(trace, c)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_calls_lying_in_a_step_of_another_window_are_split_there(size):
+    trace = straddling()
+    plain = load_trace(os.path.join("sample_traces", "zero3"))
+    assert not Metrics(trace).step_split.equals(Metrics(plain).step_split)  # (they lie in step 3)
+    assert_same(trace, figures(trace, size))
+
+
+@pytest.mark.parametrize("name", ["zero3", "megatron_tp2"])
+def test_windows_read_each_on_its_own_give_the_same(name):
+    """Each window read by `load_trace(path, window=...)`, as the lock-step reader gives it: its
+    text columns categoricals of its own values, not the whole trace's."""
+    path = os.path.join("sample_traces", name)
+    trace = load_trace(path)
+    windows, outside = split(trace, 2)
+    acc = windowed.Windowed()
+    for lo in range(0, len(windows) * 2, 2):
+        acc.add(load_trace(path, window=Window(None, lo, lo + 2)))
+    assert_same(trace, acc.done(outside))
+
+
+def test_a_sampled_step_without_a_span_is_not_split_on():
+    """zero3 with rank 0's sampled step 3 of no duration: it is no step, so rank 0's row reads
+    all its steady steps (none is sampled), the ones after step 3 too."""
+    trace = load_trace(os.path.join("sample_traces", "zero3"))
+    st = trace.steps.copy()
+    st.loc[(st["rank"] == 0) & (st["step"] == 3), "dur"] = float("nan")
+    frames = {**trace.frames, "step": st}
+    trace = Trace(headers=trace.headers, frames=frames)
+    assert Metrics(trace).step_split.set_index("rank").loc[0, "basis"] == "all steps"
+    assert_same(trace, figures(trace, 1))
