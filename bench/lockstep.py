@@ -1,13 +1,17 @@
 """Peak memory and CPU of reading a diag trace whole (`load_trace`) vs a window of steps at a time
 (`trace.lockstep`), side by side on tiled traces (issue 14, docs/scale.md).
 
-    python -m bench.lockstep [--shapes 8x1000,8x4000] [--window 10] [--keep DIR]
+    python -m bench.lockstep [--shapes 8x1000,8x4000] [--window 10] [--keep DIR] [--figures]
 
 Each shape is `bench.analyze.make_diag_input`'s tiling of sample_traces/zero3 (RANKS x STEPS).
 Each reading runs in a process of its own (in-process reading: `DIAG_WORKERS=0`), which prints its
 own peak RSS (the kernel's high-water mark, VmHWM) and CPU seconds; the windowed reading drops each window
 after counting its rows. Both count every kind's rows (the windows' and `outside`'s stepped rows
 plus the step-less ones once): the two counts must be equal.
+
+`--figures`: each side also computes the figures `metrics.windowed` gives, `Metrics` on the
+trace read whole against `windowed.read` (the lock-step windows reduced as they come), and prints
+a digest of each figure: the two digests must be equal.
 """
 
 from __future__ import annotations
@@ -50,9 +54,11 @@ def worker(how: str, path: str, window: int) -> None:
     from diag.trace import reader
     from diag.trace.lockstep import LockStep
 
-    rows: Counter[str] = Counter()
+    rows: Counter[str] | dict[str, str] = Counter()
     windows = 0
-    if how == "whole":
+    if how.startswith("figures"):  # the two sides' figures, digested: equal or the bench fails
+        rows = _figures(how, path, window)
+    elif how == "whole":
         rows += _rows(reader.load_trace(path).frames, False)
     else:
         reading = LockStep(path, window)
@@ -75,6 +81,29 @@ def worker(how: str, path: str, window: int) -> None:
     )
 
 
+FIGURES = ("steps", "steady_steps", "step_times", "exposed", "blocked", "collectives", "stragglers")
+FIGURES += ("step_split",)
+
+
+def _figures(how: str, path: str, window: int) -> dict[str, str]:
+    """A digest of each figure: `Metrics` on the whole trace, or `windowed.read`'s."""
+    import hashlib
+
+    from diag.metrics import windowed
+    from diag.metrics.stage import Metrics
+    from diag.trace import reader
+
+    got = Metrics(reader.load_trace(path)) if how == "figures-whole" else windowed.read(path, window)
+    out = {}
+    for name in FIGURES:
+        df = getattr(got, name)
+        # collectives' float sums are regrouped by the windows (equal to rounding): digested rounded
+        text = df.round(6).to_csv(index=False) if name == "collectives" else df.to_csv(index=False)
+        out[name] = hashlib.sha1(text.encode()).hexdigest()[:12]
+    out["median_step_s"] = repr(got.median_step_s)
+    return out
+
+
 def measure(how: str, path: str, window: int) -> dict:
     env = {**os.environ, "DIAG_WORKERS": "0", "PYTHONPATH": ROOT}
     out = subprocess.run(
@@ -93,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="8x1000,8x4000", help="RANKSxSTEPS, comma-separated")
     ap.add_argument("--window", type=int, default=10, help="steps a window")
     ap.add_argument("--keep", help="make the traces here and keep them")
+    ap.add_argument("--figures", action="store_true", help="also the figures: Metrics vs windowed.read")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -107,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             folder = os.path.join(base, shape)
             size = make_diag_input(folder, ranks, steps)
             path = os.path.join(folder, "traces")
-            whole = measure("whole", path, args.window)
-            windows = measure("windows", path, args.window)
+            whole = measure("figures-whole" if args.figures else "whole", path, args.window)
+            windows = measure("figures-windows" if args.figures else "windows", path, args.window)
             if whole["rows"] != windows["rows"]:
                 print(f"rows differ: {whole['rows']} vs {windows['rows']}")
                 return 1

@@ -51,9 +51,11 @@ from diag.metrics import breakdown, comms, positions, steps
 from diag.metrics.split_windows import SplitWindows
 from diag.metrics.text import as_text
 from diag.trace.model import Trace
+from diag.trace.window import ALL, Window
 
 _STEP_KINDS = (schema.STEP, "log_step")  # per (rank, step) records: kept whole
 FOLD = 32  # windows' collective sums held before they are added up (a groupby each time)
+WINDOW = 10  # steps a window (`read`): the lock-step reader's fixed cost is per window (docs/scale.md)
 _TIMELINES = ("kernel", "cpu_op")  # Kineto's: `breakdown` and `overlap` read them whole
 
 
@@ -273,6 +275,48 @@ class Windowed:
         ]
         cols = breakdown.ARRIVAL_COLUMNS
         return breakdown.arrival_shares(pd.concat(kept)[cols] if kept else pd.DataFrame(columns=cols))
+
+
+def read(path: str, size: int = WINDOW, window: Window = ALL, ahead: int | None = None) -> Figures:
+    """The figures of the diag trace at `path`, its rank files read forward together `size` steps
+    at a time (`trace.lockstep`): what is held follows the window, not the job. A file whose records
+    come out of step order (`OutOfStep`: a record of a window already given) is read whole instead,
+    and its figures made the same way from its windows (`split`). `ahead`: the reader's look-ahead
+    in records a file (`lockstep.AHEAD`)."""
+    from diag.trace.lockstep import LockStep, OutOfStep
+    from diag.trace.reader import load_trace
+
+    acc, reading = Windowed(), LockStep(path, size, window, **({} if ahead is None else {"ahead": ahead}))
+    try:
+        for part in reading:
+            acc.add(part.trace)
+    except OutOfStep:
+        acc = Windowed()
+        windows, outside = split(load_trace(path, window=window), size)
+        for w in windows:
+            acc.add(w)
+        return acc.done(outside)
+    return acc.done(reading.outside)
+
+
+def split(trace: Trace, size: int) -> tuple[list[Trace], Trace]:
+    """(the windows of `size` steps, the outside trace) of a trace read whole, as the lock-step
+    reader gives them: window k is the records of steps lo..lo+W-1 (`Window.frames`; records of no
+    step column in every window), `outside` the step-carrying records no window holds."""
+    stepped = [pd.to_numeric(df["step"], errors="coerce") for df in trace.frames.values() if "step" in df]
+    known = pd.concat(stepped) if stepped else pd.Series(dtype=float)
+    known = known[known >= 0]
+    lo, hi = (int(known.min()), int(known.max()) + 1) if len(known) else (0, 0)
+    windows = [
+        Trace(headers=trace.headers, frames=Window(None, a, a + size).frames(trace.frames))
+        for a in range(lo, hi, size)
+    ]
+    outside = {}
+    for kind, df in trace.frames.items():
+        if "step" in df:
+            step = pd.to_numeric(df["step"], errors="coerce")
+            outside[kind] = df[~((step >= lo) & (step < hi)).to_numpy()].reset_index(drop=True)
+    return windows, Trace(headers=trace.headers, frames=outside)
 
 
 def _members(c: pd.DataFrame) -> dict[str, set]:

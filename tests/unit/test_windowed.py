@@ -13,6 +13,7 @@ import pytest
 
 from diag.metrics import windowed
 from diag.metrics.stage import Metrics
+from diag.trace.lockstep import LockStep, OutOfStep
 from diag.trace.model import Trace
 from diag.trace.reader import load_trace
 from diag.trace.window import Window
@@ -22,26 +23,8 @@ DIAG_DIRS = [d for d in sample_folders() if any(f.endswith(".jsonl") for f in os
 SIZES_ON = ("zero3", "megatron_tp2", "straggler")  # every size on these (size 3 on all)
 
 
-def split(trace: Trace, size: int) -> tuple[list[Trace], Trace]:
-    """(the windows of `size` steps, the outside trace) of a whole trace."""
-    stepped = [pd.to_numeric(df["step"], errors="coerce") for df in trace.frames.values() if "step" in df]
-    known = pd.concat(stepped) if stepped else pd.Series(dtype=float)
-    known = known[known >= 0]
-    lo, hi = (int(known.min()), int(known.max()) + 1) if len(known) else (0, 0)
-    windows = [
-        Trace(headers=trace.headers, frames=Window(None, a, a + size).frames(trace.frames))
-        for a in range(lo, hi, size)
-    ]
-    outside = {}
-    for kind, df in trace.frames.items():
-        if "step" in df:
-            step = pd.to_numeric(df["step"], errors="coerce")
-            outside[kind] = df[~((step >= lo) & (step < hi)).to_numpy()].reset_index(drop=True)
-    return windows, Trace(headers=trace.headers, frames=outside)
-
-
 def figures(trace: Trace, size: int) -> windowed.Figures:
-    windows, outside = split(trace, size)
+    windows, outside = windowed.split(trace, size)
     acc = windowed.Windowed()
     for w in windows:
         acc.add(w)
@@ -132,7 +115,7 @@ def test_calls_before_the_first_step_are_left_out_as_whole():
     early = c[(step == step.min()).to_numpy()].assign(step=-1, ts=lambda d: d["ts"] - 10**10)
     trace = _with_comms(trace, pd.concat([c, early], ignore_index=True))
     got = figures(trace, 2)
-    assert len(split(trace, 2)[1].comms) == len(early)
+    assert len(windowed.split(trace, 2)[1].comms) == len(early)
     assert_same(trace, got)
 
 
@@ -164,7 +147,7 @@ def test_windows_read_each_on_its_own_give_the_same(name):
     text columns categoricals of its own values, not the whole trace's."""
     path = os.path.join("sample_traces", name)
     trace = load_trace(path)
-    windows, outside = split(trace, 2)
+    windows, outside = windowed.split(trace, 2)
     acc = windowed.Windowed()
     for lo in range(0, len(windows) * 2, 2):
         acc.add(load_trace(path, window=Window(None, lo, lo + 2)))
@@ -181,3 +164,27 @@ def test_a_sampled_step_without_a_span_is_not_split_on():
     trace = Trace(headers=trace.headers, frames=frames)
     assert Metrics(trace).step_split.set_index("rank").loc[0, "basis"] == "all steps"
     assert_same(trace, figures(trace, 1))
+
+
+@pytest.mark.parametrize("folder", DIAG_DIRS, ids=os.path.basename)
+def test_read_gives_the_whole_traces_figures(folder):
+    """End to end: the rank files read forward together a window at a time (`trace.lockstep`),
+    each window reduced (`Windowed`): the figures of `Metrics` on the trace read whole."""
+    assert_same(load_trace(folder), windowed.read(folder, 3))
+
+
+def test_read_out_of_step_reads_whole(tmp_path):
+    """A record of a window already given (a layer record written after `ahead` later records):
+    the trace is read whole and split, with the same figures."""
+    src = os.path.join("sample_traces", "zero3")
+    for name in os.listdir(src):
+        with open(os.path.join(src, name)) as f:
+            lines = f.readlines()
+        if name == "rank-00000.jsonl":
+            late = next(i for i, line in enumerate(lines) if '"k": "layer"' in line or '"k":"layer"' in line)
+            lines.append(lines.pop(late))
+        (tmp_path / name).write_text("".join(lines))
+    with pytest.raises(OutOfStep):
+        for _ in LockStep(str(tmp_path), 3, ahead=8):
+            pass
+    assert_same(load_trace(str(tmp_path)), windowed.read(str(tmp_path), 3, ahead=8))
