@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from diag import schema
-from diag.metrics import tails
+from diag.metrics import lasts
 from diag.metrics.comms import comm_frame
 from diag.metrics.steps import NS
 
@@ -79,7 +79,7 @@ def watched_stopped(trace: Trace) -> dict[int, int]:
     return dict(out)
 
 
-_RECORD_KINDS = (schema.STEP, schema.COMM, schema.STATS, schema.ERROR, schema.MEMORY, schema.LAYER)
+_RECORD_KINDS = lasts.KINDS
 # the frames `last_record` last read (weakly: a live view must not keep a replaced trace's frames)
 # and its answer: the rules ask 5 times a run
 _LAST: list[Any] = [(), None]
@@ -97,15 +97,10 @@ def last_record(trace: Trace) -> pd.Series:
 
 
 def _last_record(trace: Trace) -> pd.Series:
-    parts = []
-    for kind in _RECORD_KINDS:
-        df = trace.frame(kind)
-        if not df.empty and "ts" in df:
-            parts.append(tails.max_by_rank(pd.to_numeric(df["ts"], errors="coerce"), df["rank"]))
-    if not parts:
-        return pd.Series(dtype="float64")
-    s = pd.concat(parts, axis=1).max(axis=1)
-    return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)]
+    """Over each kind's per-rank latest (`lasts.latest`: a max a window of steps can reduce and
+    the windowed pass merge; the records of no step read whole)."""
+    s = lasts.seen(lasts.latest(trace.frames))
+    return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)] if len(s) else s
 
 
 def gone(trace: Trace) -> set[int]:
@@ -164,17 +159,6 @@ def died(trace: Trace, rank: int, how: dict[str, Any]) -> bool:
     return bool(closed(trace) - {rank})
 
 
-def pending_collectives(c: pd.DataFrame, among: pd.Series | None = None) -> pd.DataFrame:
-    """Collectives issued and never completed (the agent writes their duration as null once it gave
-    up waiting, after 10 s or when it closed; `entered` adds those still waited in): where a rank
-    is stuck. `among`: a mask of the calls to look at, taken with the pending ones (selected
-    first, the selection was a copy of each selected call's every column)."""
-    if c.empty:
-        return c
-    pending = pd.to_numeric(c["dur"], errors="coerce").isna()
-    return c[pending if among is None else pending & among]
-
-
 def entered(trace: Trace, metrics: Metrics) -> pd.DataFrame:
     """The rules' collectives (`metrics.comms`) with those each rank entered and has not completed
     yet: the agent's `comm_open` records (a call held >= 1.5 s) whose `comm` record is not written
@@ -183,11 +167,7 @@ def entered(trace: Trace, metrics: Metrics) -> pd.DataFrame:
     o = trace.frame(schema.COMM_OPEN)
     if o.empty:
         return c
-    o = comm_frame(o.assign(dur=None), metrics.steps)
-    if not c.empty:
-        have = set(zip(c["rank"].astype(int), pd.to_numeric(c["ts"]).astype("int64")))
-        keys = zip(o["rank"].astype(int), pd.to_numeric(o["ts"]).astype("int64"))
-        o = o[[k not in have for k in keys]]
+    o = lasts.unmatched(c, comm_frame(o.assign(dur=None), metrics.steps))
     return pd.concat([c, o], ignore_index=True) if not o.empty else c
 
 
