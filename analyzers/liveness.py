@@ -14,7 +14,6 @@ Three measured signs, none of them silence alone:
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -79,26 +78,10 @@ def watched_stopped(trace: Trace) -> dict[int, int]:
     return dict(out)
 
 
-_RECORD_KINDS = lasts.KINDS
-# the frames `last_record` last read (weakly: a live view must not keep a replaced trace's frames)
-# and its answer: the rules ask 5 times a run
-_LAST: list[Any] = [(), None]
-
-
 def last_record(trace: Trace) -> pd.Series:
-    """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory."""
-    frames = [trace.frames.get(kind) for kind in _RECORD_KINDS]
-    seen = _LAST[0]
-    if len(seen) == len(frames) and all((r() if r else None) is f for r, f in zip(seen, frames)):
-        return _LAST[1].copy()
-    answer = _last_record(trace)
-    _LAST[:] = [tuple(weakref.ref(f) if f is not None else None for f in frames), answer]
-    return answer.copy()
-
-
-def _last_record(trace: Trace) -> pd.Series:
-    """Over each kind's per-rank latest (`lasts.latest`: a max a window of steps can reduce and
-    the windowed pass merge; the records of no step read whole)."""
+    """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory,
+    layers; over each kind's per-rank latest (`lasts.latest`: a max a window of steps can reduce
+    and the windowed pass merge; the records of no step read whole)."""
     s = lasts.seen(lasts.latest(trace.frames))
     return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)] if len(s) else s
 

@@ -14,8 +14,10 @@ or on an equal one where it keeps its last (a stable sort's last row).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,8 +31,24 @@ KINDS = (schema.STEP, schema.COMM, schema.STATS, schema.ERROR, schema.MEMORY, sc
 # the record kinds whose per-rank latest time says where a rank's process stopped (`liveness`)
 
 
+# the frames `latest` last read (weakly: a live view must not keep a replaced trace's frames) and
+# its answer: `liveness.last_record` is asked 5 times a run, `Metrics.lasts` once
+_LATEST: list[Any] = [(), {}]
+
+
 def latest(frames: Mapping[str, pd.DataFrame]) -> dict[str, pd.Series]:
-    """Per record kind of `KINDS` recorded: each rank's greatest `ts` (ns; missing ones skipped)."""
+    """Per record kind of `KINDS` recorded: each rank's greatest `ts` (ns; missing ones skipped).
+    Read-only (shared by its callers)."""
+    held = [frames.get(kind) for kind in KINDS]
+    seen = _LATEST[0]
+    if len(seen) == len(held) and all((r() if r else None) is f for r, f in zip(seen, held)):
+        return dict(_LATEST[1])
+    out = _latest(frames)
+    _LATEST[:] = [tuple(weakref.ref(f) if f is not None else None for f in held), out]
+    return dict(out)
+
+
+def _latest(frames: Mapping[str, pd.DataFrame]) -> dict[str, pd.Series]:
     out = {}
     for kind in KINDS:
         df = frames.get(kind)
