@@ -6,10 +6,12 @@ read only "last / count / max" figures: per rank its latest record of each kind;
 its calls, completed calls and last call; per rank its last call, its never-completed calls (a
 null duration: the agent gave up waiting, after 10 s, or closed) and its entered-not-completed ones
 (`comm_open` rows without their `comm` record: both carry the call's step, so they meet in one
-window); the latest call end. Each merges exactly
-across windows taken in step order (`merged`): maxima, sums, and lasts replaced by a later part
-only on a strictly greater time where the whole frame keeps its first of equal ones (`idxmax`),
-or on an equal one where it keeps its last (a stable sort's last row).
+window); the latest call end. Each merges exactly across windows taken in step order (`merged`):
+maxima, sums, and lasts replaced by a later part only on a strictly greater time where the whole
+frame keeps its first of equal ones (`idxmax`), or on an equal one where it keeps its last (a
+stable sort's last row). The ties are the whole
+frame's only where it holds each rank's rows in time order, ranks ascending (a trace's frames,
+`comm_frame`'s): the merged rows of several ranks are put in rank order, then window order.
 """
 
 from __future__ import annotations
