@@ -10,9 +10,8 @@ from diag.analyzers.base import rule
 
 from diag import schema
 from diag.findings import Finding, Fix
-from diag.metrics import tails
+from diag.metrics.lasts import Tails
 from diag.metrics.steps import NS
-from diag.metrics.text import as_text
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -28,13 +27,10 @@ STALL_CAP_S = 6.0  # ... at most this long when the waiting ranks are in a call 
 # steps made a SIGSTOPped rank's hang 14-20 s late
 
 
-def last_seen(trace: Trace) -> pd.Series:
-    """Each rank's last event timestamp (ns) over steps and comms (each rank's own rows:
-    `tails.max_by_rank`)."""
-    parts = [tails.max_by_rank(df["ts"], df["rank"]) for df in (trace.steps, trace.comms) if not df.empty]
-    if not parts:
-        return pd.Series(dtype="int64")
-    return pd.concat(parts, axis=1).max(axis=1).astype("int64")
+def last_seen(metrics: Metrics) -> pd.Series:
+    """Each rank's last event timestamp (ns) over steps and comms (`Metrics.lasts`: per kind each
+    rank's greatest)."""
+    return metrics.lasts.seen((schema.STEP, schema.COMM)).astype("int64")
 
 
 def _size(nbytes: Any) -> int | None:
@@ -42,14 +38,14 @@ def _size(nbytes: Any) -> int | None:
     return None if nbytes is None or nbytes != nbytes else int(nbytes)
 
 
-def last_collectives(c: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
-    """Per group: each member rank's count of collectives and its last one (op, bytes, step),
-    taken from each rank's own calls (`tails.last_per_group`: a groupby of every call by group and
-    rank was this rule's peak after `metrics.comms`)."""
+def last_collectives(lasts: Tails) -> dict[str, dict[int, dict[str, Any]]]:
+    """Per group: each member rank's count of collectives and its last one (op, bytes, step)
+    (`Tails.groups`: a groupby of every call by group and rank was this rule's peak after
+    `metrics.comms`)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    lasts = tails.last_per_group(as_text(c["group"]), c["rank"], c["ts"])
-    kind, nbytes, step = (c[col].iloc[lasts.row] for col in ("kind", "bytes", "step"))
-    for group, rank, n, op, size, at in zip(lasts.group, lasts.rank, lasts.count, kind, nbytes, step):
+    g = lasts.groups
+    cols = (g[col] for col in ("group", "rank", "count", "kind", "bytes", "step"))
+    for group, rank, n, op, size, at in zip(*cols):
         out.setdefault(group, {})[int(rank)] = {
             "count": int(n),
             "op": op,
@@ -65,11 +61,11 @@ def detached(trace: Trace) -> set[int]:
     return {r for r, h in trace.headers.items() if schema.META_UNFINISHED_AT_DETACH in h}
 
 
-def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int, dict[str, Any]]]:
+def _diverged(lasts: Tails, stopped_looking: set[int]) -> dict[str, dict[int, dict[str, Any]]]:
     """Groups whose members completed different numbers of collectives and ended in different ones;
     not a group whose every member was detached (each at its own moment: counts are not comparable)."""
     bad = {}
-    for group, ranks in last_collectives(c).items():
+    for group, ranks in last_collectives(lasts).items():
         if set(ranks) <= stopped_looking:
             continue
         counts = {v["count"] for v in ranks.values()}
@@ -79,16 +75,16 @@ def _diverged(c: pd.DataFrame, stopped_looking: set[int]) -> dict[str, dict[int,
     return bad
 
 
-def still_moving(trace: Trace, c: pd.DataFrame, median_step_s: float) -> bool:
+def still_moving(trace: Trace, lasts: Tails, median_step_s: float) -> bool:
     """A running job whose ranks still complete collectives: the newest one ended less than max(2 s,
     5 median steps) before the earliest of the ranks' last records. Its ranks' counts differ at any
     moment (each writes every 0.5 s; a throttled rank, stopped 40 ms of every 100 ms, issues each
     collective later than its peer, which waits in it): a ZeRO-2 job read so looked desynced, ranks
     [0, 1]. A real desync stops them: both wait in different collectives while heartbeats go on."""
     last = liveness.last_record(trace)
-    if c.empty or last.empty:
+    if not lasts.calls or last.empty:
         return False
-    quiet_s = (float(last.min()) - tails.latest_end(c["ts"], c["dur"])) / NS
+    quiet_s = (float(last.min()) - lasts.latest_end) / NS
     return quiet_s < max(STALL_S, STALL_STEPS * median_step_s)
 
 
@@ -112,22 +108,21 @@ def _where_stuck(trace: Trace, metrics: Metrics, waiting: list[int], frozen: lis
     its step's last collective, and a hang read as that step, one below the iteration the program
     was in); with each rank's count of completed collectives in that group (the frozen ranks'
     lower count: never arrived)."""
-    c = liveness.entered(trace, metrics)
-    if c.empty:
+    lasts = metrics.lasts  # each rank's last call and its pending ones (`liveness.entered`'s)
+    pend = lasts.entered(waiting)
+    mine = lasts.last[lasts.last["rank"].isin(waiting)]
+    if mine.empty and pend.empty:
         return {}
-    mine = c[c["rank"].isin(waiting)]
-    pend = liveness.pending_collectives(mine)
     last = (pend if not pend.empty else mine).sort_values("ts", kind="stable")  # ties: the frame's order
-    row = last.iloc[-1] if not mine.empty else None
-    if row is None:
-        return {}
+    row = last.iloc[-1]
     group, step = str(row["group"]), int(row["step"])
     if pend.empty:
         st = metrics.steps
         ended = st[st["rank"] == row["rank"]]["step"]
         step = max(step, int(ended.max()) + 1) if not ended.empty else step
-    done = c[(as_text(c["group"]) == group) & pd.to_numeric(c["dur"], errors="coerce").notna()]
-    counts = {int(r): int(n) for r, n in done.groupby("rank").size().items()}
+    g = lasts.groups
+    done = g[(g["group"] == group) & (g["done"] > 0)]
+    counts = {int(r): int(n) for r, n in zip(done["rank"], done["done"])}
     return {
         "group": group,
         "collective": str(row["kind"]),
@@ -229,7 +224,7 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     hung = _frozen(trace, metrics, {r: v for r, v in down.items() if r not in dead})
     if hung is not None:
         return [hung]
-    seen = last_seen(trace)
+    seen = last_seen(metrics)
     if len(seen) < 2:
         return []
     silent_ns = max(SILENT_S, SILENT_STEPS * metrics.median_step_s) * NS
@@ -251,10 +246,10 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
             if float(others_end.drop(r, errors="ignore").max()) - float(seen.get(r, 0))
             >= quiet_s(metrics) * NS
         ]
-    comms = metrics.comms
+    lasts = metrics.lasts
     settled = liveness.live(trace) or beating(trace)  # records end where processes stopped
-    moving = settled and still_moving(trace, comms, metrics.median_step_s)
-    diverged = _diverged(comms, detached(trace)) if not comms.empty and not moving else {}
+    moving = settled and still_moving(trace, lasts, metrics.median_step_s)
+    diverged = _diverged(lasts, detached(trace)) if lasts.calls and not moving else {}
     if not (stopped or behind or diverged):
         return []
     ranks = sorted(set(stopped) | set(behind) | {r for g in diverged.values() for r in g})

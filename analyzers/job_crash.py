@@ -285,10 +285,10 @@ def _dead_rank(
         down = {r: {"how": "gone", "silent_s": (float(last.max()) - float(last[r])) / NS} for r in dead}
     if not dead:
         return []
-    st, c = metrics.steps, metrics.comms
+    st, pending = metrics.steps, metrics.lasts.pending  # the calls never completed (few)
     step = {r: int(st[st["rank"] == r]["step"].max()) for r in dead if (st["rank"] == r).any()}
     peers = [int(r) for r in liveness.last_record(trace).index if int(r) not in dead]
-    left = liveness.pending_collectives(c, c["rank"].isin(peers)) if not c.empty else c
+    left = pending[pending["rank"].isin(peers)]
     ran_on = st[st["rank"].isin(peers)]["step"] if not st.empty else st
     peer_step = int(ran_on.max()) if len(ran_on) else None
     where = ""

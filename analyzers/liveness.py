@@ -14,13 +14,12 @@ Three measured signs, none of them silence alone:
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from diag import schema
-from diag.metrics import tails
+from diag.metrics import lasts
 from diag.metrics.comms import comm_frame
 from diag.metrics.steps import NS
 
@@ -79,33 +78,12 @@ def watched_stopped(trace: Trace) -> dict[int, int]:
     return dict(out)
 
 
-_RECORD_KINDS = (schema.STEP, schema.COMM, schema.STATS, schema.ERROR, schema.MEMORY, schema.LAYER)
-# the frames `last_record` last read (weakly: a live view must not keep a replaced trace's frames)
-# and its answer: the rules ask 5 times a run
-_LAST: list[Any] = [(), None]
-
-
 def last_record(trace: Trace) -> pd.Series:
-    """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory."""
-    frames = [trace.frames.get(kind) for kind in _RECORD_KINDS]
-    seen = _LAST[0]
-    if len(seen) == len(frames) and all((r() if r else None) is f for r, f in zip(seen, frames)):
-        return _LAST[1].copy()
-    answer = _last_record(trace)
-    _LAST[:] = [tuple(weakref.ref(f) if f is not None else None for f in frames), answer]
-    return answer.copy()
-
-
-def _last_record(trace: Trace) -> pd.Series:
-    parts = []
-    for kind in _RECORD_KINDS:
-        df = trace.frame(kind)
-        if not df.empty and "ts" in df:
-            parts.append(tails.max_by_rank(pd.to_numeric(df["ts"], errors="coerce"), df["rank"]))
-    if not parts:
-        return pd.Series(dtype="float64")
-    s = pd.concat(parts, axis=1).max(axis=1)
-    return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)]
+    """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory,
+    layers; over each kind's per-rank latest (`lasts.latest`: a max a window of steps can reduce
+    and the windowed pass merge; the records of no step read whole)."""
+    s = lasts.seen(lasts.latest(trace.frames))
+    return s[s.index.map(lambda r: isinstance(r, int | float) and r >= 0)] if len(s) else s
 
 
 def gone(trace: Trace) -> set[int]:
@@ -164,17 +142,6 @@ def died(trace: Trace, rank: int, how: dict[str, Any]) -> bool:
     return bool(closed(trace) - {rank})
 
 
-def pending_collectives(c: pd.DataFrame, among: pd.Series | None = None) -> pd.DataFrame:
-    """Collectives issued and never completed (the agent writes their duration as null once it gave
-    up waiting, after 10 s or when it closed; `entered` adds those still waited in): where a rank
-    is stuck. `among`: a mask of the calls to look at, taken with the pending ones (selected
-    first, the selection was a copy of each selected call's every column)."""
-    if c.empty:
-        return c
-    pending = pd.to_numeric(c["dur"], errors="coerce").isna()
-    return c[pending if among is None else pending & among]
-
-
 def entered(trace: Trace, metrics: Metrics) -> pd.DataFrame:
     """The rules' collectives (`metrics.comms`) with those each rank entered and has not completed
     yet: the agent's `comm_open` records (a call held >= 1.5 s) whose `comm` record is not written
@@ -183,11 +150,7 @@ def entered(trace: Trace, metrics: Metrics) -> pd.DataFrame:
     o = trace.frame(schema.COMM_OPEN)
     if o.empty:
         return c
-    o = comm_frame(o.assign(dur=None), metrics.steps)
-    if not c.empty:
-        have = set(zip(c["rank"].astype(int), pd.to_numeric(c["ts"]).astype("int64")))
-        keys = zip(o["rank"].astype(int), pd.to_numeric(o["ts"]).astype("int64"))
-        o = o[[k not in have for k in keys]]
+    o = lasts.unmatched(c, comm_frame(o.assign(dur=None), metrics.steps))
     return pd.concat([c, o], ignore_index=True) if not o.empty else c
 
 

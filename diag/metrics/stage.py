@@ -18,6 +18,7 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import breakdown, comms, positions, step_split, steps
+from diag.metrics.lasts import Tails
 from diag.metrics.selection import PerStep, Pick, Selected
 
 if TYPE_CHECKING:
@@ -157,6 +158,14 @@ class Metrics:
             if isinstance(ranks, list)
         }
         return frozenset(seen)
+
+    @cached_property
+    def lasts(self) -> Tails:
+        """Each rank's last records and calls, reduced (`lasts.Tails`): what the hang and crash
+        rules read, with the `comm_open` rows (calls entered, not completed) read as calls."""
+        o = self.trace.frame(schema.COMM_OPEN)
+        opened = comms.comm_frame(o.assign(dur=None), self.steps) if not o.empty else None
+        return Tails.of(self.comms, opened, self.trace.frames)
 
     @property
     def calls(self) -> int:

@@ -7,7 +7,7 @@ slice and its greatest value a `reduceat` over the slices' starts."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -23,6 +23,17 @@ def _starts(rank: pd.Series) -> np.ndarray | None:
         return None
     r = rank.to_numpy()
     return np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if len(r) else np.zeros(0, np.int64)
+
+
+def rank_rows(rank: pd.Series) -> Iterator[np.ndarray | slice]:
+    """Each rank's rows in turn (ascending rank): slices where the ranks are integers in ascending
+    order (a trace's frames: no code per row), else index arrays."""
+    starts = _starts(rank)
+    if starts is None:
+        yield from positions.by_rank(pd.factorize(rank, sort=True)[0])
+        return
+    for a, b in itertools.pairwise([*starts.tolist(), len(rank)]):
+        yield slice(a, b)
 
 
 def max_by_rank(values: pd.Series, rank: pd.Series) -> pd.Series:

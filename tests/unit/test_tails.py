@@ -15,6 +15,7 @@ from diag.analyzers import hang_desync
 from diag import schema
 from diag.importers import load_inputs
 from diag.metrics import tails
+from diag.metrics.lasts import Tails
 from diag.metrics.stage import Metrics
 from diag.metrics.text import as_text
 from tests.conftest import sample_folders
@@ -50,7 +51,7 @@ def test_each_ranks_last_records_are_the_groupbys(path):
     trace = load_inputs([path], slim=True)
     c = Metrics(trace).comms
     if not c.empty:
-        _same(hang_desync.last_collectives(c), _grouped(c))
+        _same(hang_desync.last_collectives(Tails.of(c)), _grouped(c))
     for kind in (schema.STEP, schema.COMM, schema.STATS, schema.MEMORY, schema.LAYER):
         df = trace.frame(kind)
         if df.empty or "ts" not in df:
@@ -70,6 +71,7 @@ def _calls(seed: int, n: int = 400) -> pd.DataFrame:
             "kind": pd.Categorical(np.array(["all_reduce", "broadcast"])[rng.integers(0, 2, n)]),
             "bytes": rng.choice([np.nan, 4.0, 1024.0], n),
             "step": rng.integers(0, 9, n),
+            "dur": rng.choice([np.nan, 5.0], n),
         },
         index=rng.permutation(n) + 100,
     )
@@ -78,11 +80,11 @@ def _calls(seed: int, n: int = 400) -> pd.DataFrame:
 @pytest.mark.parametrize("seed", range(6))
 def test_calls_in_no_rank_order_give_the_groupbys(seed):
     c = _calls(seed)
-    _same(hang_desync.last_collectives(c), _grouped(c))
+    _same(hang_desync.last_collectives(Tails.of(c)), _grouped(c))
     ordered = c.sort_values("rank", kind="stable")  # sorted ranks: slices
-    _same(hang_desync.last_collectives(ordered), _grouped(ordered))
+    _same(hang_desync.last_collectives(Tails.of(ordered)), _grouped(ordered))
     text = c.assign(group=c["group"].astype(object).where(c["group"].notna(), None))  # text, not categories
-    _same(hang_desync.last_collectives(text), _grouped(text))
+    _same(hang_desync.last_collectives(Tails.of(text)), _grouped(text))
     ts = c["ts"].astype(float).mask(c["step"] == 3)  # missing values skipped, a rank of none NaN
     for frame, values in ((c, ts), (ordered, ts.reindex(ordered.index))):
         want = values.groupby(frame["rank"]).max()
