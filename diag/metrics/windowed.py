@@ -48,13 +48,12 @@ import pandas as pd
 
 from diag import schema
 from diag.metrics import breakdown, comms, positions, steps
-from diag.metrics.split_windows import SplitWindows
+from diag.metrics.split_windows import FOLD, SplitWindows, fold
 from diag.metrics.text import as_text
 from diag.trace.model import Trace
 from diag.trace.window import ALL, Window
 
 _STEP_KINDS = (schema.STEP, "log_step")  # per (rank, step) records: kept whole
-FOLD = 32  # windows' collective sums held before they are added up (a groupby each time)
 WINDOW = 10  # steps a window (`read`): the lock-step reader's fixed cost is per window (docs/scale.md)
 _TIMELINES = ("kernel", "cpu_op")  # Kineto's: `breakdown` and `overlap` read them whole
 
@@ -103,8 +102,10 @@ class _Blocking:
         if parts is not None:
             self.any = True
             self.values.append(parts[0])
+            fold(self.values, pd.concat)
             if parts[1] is not None:
                 self.gone.append(parts[1].to_frame(index=False))
+                fold(self.gone, lambda p: pd.concat(p, ignore_index=True))
 
     def frame(self, steady: pd.DataFrame, extra: list[pd.DataFrame]) -> pd.DataFrame:
         if not self.any:
@@ -140,6 +141,7 @@ class Windowed:
         self._headers = trace.headers
         for kind, parts in self._step_parts.items():
             parts.append(trace.frame(kind))
+            fold(parts, _rejoin)
         spans = steps.step_frame(trace.steps)
         c = comms.comm_frame(trace.comms, spans)
         between = comms.between_ranks(trace.comms)
@@ -212,6 +214,8 @@ class Windowed:
         self._per_step["size"].append(calls.size())
         self._per_step["sum"].append(calls.sum())
         self._per_step["union"].append(steps.union_by_step(c[["rank", "step", "ts", "dur"]], at_once=True))
+        for parts in self._per_step.values():
+            fold(parts, pd.concat)
         at, window = None, None
         if len(c):
             window = _members(c)
@@ -241,6 +245,11 @@ class Windowed:
         for group, mine in rows.groupby("group", sort=False):
             pairs = mine[["rank", "step"]].reset_index(drop=True)
             self._known_transfer.append((str(group), len(members[str(group)]), pairs))
+        if len(self._known_transfer) >= FOLD * 4:  # a group's pairs of the same members as one
+            held: dict[tuple[str, int], list[pd.DataFrame]] = {}
+            for group, had, pairs in self._known_transfer:
+                held.setdefault((group, had), []).append(pairs)
+            self._known_transfer = [(g, had, pd.concat(p, ignore_index=True)) for (g, had), p in held.items()]
 
     def _count_arrivals(
         self, placed: pd.DataFrame, at: positions.Positions | None, members: dict[str, set] | None

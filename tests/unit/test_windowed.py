@@ -188,3 +188,16 @@ def test_read_out_of_step_reads_whole(tmp_path):
         for _ in LockStep(str(tmp_path), 3, ahead=8):
             pass
     assert_same(load_trace(str(tmp_path)), windowed.read(str(tmp_path), 3, ahead=8))
+
+
+@pytest.mark.parametrize("name", ["zero3", "straggler", "megatron_tp2"])
+def test_parts_folded_as_windows_come_give_the_same(name, monkeypatch):
+    """Windows of one step with every held part joined each 2 windows (FOLD, 32 in use: no sample
+    has that many windows): the folds keep the parts' order, so the figures are the same."""
+    from diag.metrics import split_windows
+
+    monkeypatch.setattr(split_windows, "FOLD", 2)
+    monkeypatch.setattr(windowed, "FOLD", 2)
+    trace = load_trace(os.path.join("sample_traces", name))
+    assert len(windowed.split(trace, 1)[0]) > 4
+    assert_same(trace, figures(trace, 1))
