@@ -50,6 +50,7 @@ from diag import schema
 from diag.metrics import breakdown, comms, positions, steps
 from diag.metrics.split_windows import FOLD, SplitWindows, fold
 from diag.metrics.text import as_text
+from diag.trace import perfile
 from diag.trace.model import Trace
 from diag.trace.window import ALL, Window
 
@@ -347,7 +348,11 @@ def _rejoin(parts: Iterable[pd.DataFrame]) -> pd.DataFrame:
     rows = [p for p in parts if len(p)]
     if len(rows) <= 1:
         return (rows or parts)[0].reset_index(drop=True) if parts else pd.DataFrame()
-    df = pd.concat(rows, ignore_index=True)
+    try:  # the dtypes one frame of every window's records has (a window of steps whose records
+        # all lack a duration holds None: NaN among the others' numbers, as the whole read's)
+        df = perfile.join([p.copy(deep=False) for p in rows])  # (`join` takes its parts' columns)
+    except perfile.Uneven:
+        df = pd.concat(rows, ignore_index=True)
     keys = [k for k in ("rank", "ts") if k in df.columns]
     return df.sort_values(keys, kind="stable").reset_index(drop=True) if keys else df
 

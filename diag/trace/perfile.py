@@ -89,7 +89,7 @@ class PerFile:
             kind, parts = self.parts.popitem()
             dfs = [_as_read(df, dtypes) for df, dtypes in parts]
             parts.clear()
-            joined = _join(dfs) if len(dfs) > 1 else dfs[0]
+            joined = join(dfs) if len(dfs) > 1 else dfs[0]
             dfs.clear()
             try:
                 out[kind] = finish(kind, joined)
@@ -107,7 +107,7 @@ class PerFile:
 
 def _own_columns(df: pd.DataFrame) -> pd.DataFrame:
     """`df` with each column in memory of its own (`from_records` puts the columns of one dtype in
-    one block), so that `_join` frees each column's parts as soon as it has joined them."""
+    one block), so that `join` frees each column's parts as soon as it has joined them."""
     return pd.DataFrame({col: df[col].copy() for col in df.columns}, copy=False)
 
 
@@ -127,7 +127,7 @@ def _share_lists(df: pd.DataFrame, col: str) -> None:
 
 def _as_read(df: pd.DataFrame, dtypes: dict[str, Any]) -> pd.DataFrame:
     """A file's frame with the dtypes its records were read with, but for the `CATEGORICAL` columns
-    the finished frame holds as categoricals anyway (`_join` unites their categories): a column of
+    the finished frame holds as categoricals anyway (`join` unites their categories): a column of
     free text back to its strings or objects (the same values, each distinct one still held once)."""
     for col in df.columns:
         was = df[col].dtype
@@ -173,8 +173,10 @@ def _bools(s: pd.Series) -> bool:
     return s.dtype == bool or all(v is None or type(v) is bool or v is np.nan for v in s)
 
 
-def _join(dfs: list[pd.DataFrame]) -> pd.DataFrame:
-    """The files' frames of one kind as one, with the dtypes one frame of all their records has."""
+def join(dfs: list[pd.DataFrame]) -> pd.DataFrame:
+    """The files' (or windows') frames of one kind as one, with the dtypes one frame of all their
+    records has: a column of no value (None) in one part takes the others' dtype (NaN among
+    numbers), categories united. Raises `Uneven` where the parts' dtypes do not agree."""
     for col in CATEGORICAL:
         categories = _categories(dfs, col)
         if categories is not None and len(categories):

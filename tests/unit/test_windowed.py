@@ -173,6 +173,14 @@ def test_read_gives_the_whole_traces_figures(folder):
     assert_same(load_trace(folder), windowed.read(folder, 3))
 
 
+@pytest.mark.parametrize("name", ["zero3", "megatron_tp2"])
+def test_read_one_step_at_a_time(name):
+    """Windows of one step: the first step's records all lack a duration (null: the agent started
+    within it), so that window's column holds only None; joined, it takes the others' dtype."""
+    path = os.path.join("sample_traces", name)
+    assert_same(load_trace(path), windowed.read(path, 1))
+
+
 def test_read_out_of_step_reads_whole(tmp_path):
     """A record of a window already given (a layer record written after `ahead` later records):
     the trace is read whole and split, with the same figures."""
