@@ -119,7 +119,7 @@ def test_a_group_renamed_at_a_files_end_reaches_its_chunks_already_read(tmp_path
 def test_alike_files_are_joined_column_by_column():
     """Files of the same columns and dtypes are joined one column at a time (each column's parts
     freed as it is joined): the frame `concat` gives, and nothing left in the parts."""
-    from diag.trace.perfile import _join
+    from diag.trace.perfile import join
 
     def part(n: int, start: int) -> pd.DataFrame:
         return pd.DataFrame(
@@ -134,7 +134,7 @@ def test_alike_files_are_joined_column_by_column():
 
     parts = [part(4, 0), part(2, 10), part(6, 20)]
     expected = pd.concat([p.copy() for p in parts], ignore_index=True)
-    pd.testing.assert_frame_equal(_join(parts), expected)
+    pd.testing.assert_frame_equal(join(parts), expected)
     assert all(p.columns.empty for p in parts)
 
 
