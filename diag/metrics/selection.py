@@ -2,7 +2,8 @@
 
 Why a reduction and not the selected rows: the windowed pass (docs/scale.md, last section) reads a
 job a window of steps at a time and cannot hold every call. A rule that picks calls (the tiny ones,
-a cross-node group's) names them with a mask over `Metrics.comms` and reads only this summary:
+a cross-node group's) names them with a `Pick` (a function of each call's own columns, so it
+applies to any window's calls: `Metrics.select`) and reads only this summary:
 per (rank, step) the calls' count and seconds, per op their count and bytes, per module their count,
 the sizes' counts (an exact median), the ranks and the longest call. Every part sums or unites
 across windows (`merge`): a step's calls all lie in its window, and the orders the rules print are
