@@ -223,6 +223,11 @@ def blocking_per_step(
     return join_blocking(steady_steps, *(parts or (None, None)))
 
 
+def blocking(c: pd.DataFrame) -> np.ndarray:
+    """The calls a rank waits on (not `async_op`: an async call's wait is its handle's, later)."""
+    return ~c["async_op"].fillna(False).astype(bool).to_numpy()
+
+
 def blocking_union(
     c: pd.DataFrame, waits: bool, xfer: pd.Series | None = None, at_once: bool = False
 ) -> tuple[pd.Series, pd.MultiIndex | None] | None:
@@ -236,7 +241,7 @@ def blocking_union(
         dur = c["dur"]
     else:
         dur = transfer_dur(c) if xfer is None else xfer  # waiting for a straggler is not an overlap problem
-    flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
+    flag = blocking(c)
     if not flag.any():
         return None
     known = flag & dur.notna().to_numpy()

@@ -209,8 +209,7 @@ class Windowed:
         sums = breakdown.collective_sums(between, at_once=True) if len(between) else None
         if sums is not None:  # folded every FOLD windows: rows per (rank, op, group), not per window
             self._sums.append(sums)
-            if len(self._sums) >= FOLD:
-                self._sums = [breakdown.merge_sums(self._sums)]  # type: ignore[list-item]
+            fold(self._sums, breakdown.merge_sums)
         calls = c[["rank", "step", "dur_s"]].groupby(["rank", "step"], observed=True)["dur_s"]
         self._per_step["size"].append(calls.size())
         self._per_step["sum"].append(calls.sum())
@@ -232,8 +231,7 @@ class Windowed:
     def _hold_known(self, c: pd.DataFrame, xfer: pd.Series, members: dict[str, set]) -> None:
         """Each group's (rank, step)s with a blocking call of known transfer time, with the
         window's members of the group: unknown after all if the group has more in the end."""
-        flag = ~c["async_op"].fillna(False).astype(bool).to_numpy()
-        known = flag & xfer.notna().to_numpy() & c["dur"].notna().to_numpy()
+        known = comms.blocking(c) & xfer.notna().to_numpy() & c["dur"].notna().to_numpy()
         if not known.any():
             return
         rows = pd.DataFrame(
