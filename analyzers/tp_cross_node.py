@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -12,7 +13,6 @@ from diag.findings import Cost, Finding, Fix
 from diag.metrics.steps import join_steps
 
 if TYPE_CHECKING:
-    from diag.metrics.selection import Pick
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
@@ -27,14 +27,16 @@ def tp_groups(trace: Trace, metrics: Metrics, tp: int) -> list[tuple[int, ...]]:
     return [tuple(range(i, i + tp)) for i in range(0, int(world), tp)]
 
 
-def _in(groups: list[tuple[int, ...]]) -> Pick:
-    """The calls of these groups (by their recorded members)."""
-    wanted = set(groups)
+@dataclass(frozen=True)
+class _In:
+    """The calls of these groups (by their recorded members): a pick equal by value, so the
+    windowed pass finds the reduction it computed for it (`diag.metrics.reduction`)."""
 
-    def pick(c: pd.DataFrame) -> pd.Series:
+    groups: frozenset[tuple[int, ...]]
+
+    def __call__(self, c: pd.DataFrame) -> pd.Series:
+        wanted = self.groups
         return c["group_ranks"].map(lambda g: isinstance(g, list) and tuple(int(r) for r in g) in wanted)
-
-    return pick
 
 
 @rule("tp_cross_node")
@@ -52,7 +54,8 @@ def tp_cross_node(trace: Trace, metrics: Metrics) -> list[Finding]:
     if not bad:
         return []
     per_node = min(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
-    per = join_steps(metrics.steady_steps, metrics.select(_in(bad)).sums, "comm_s") if metrics.calls else None
+    picked = metrics.select(_In(frozenset(bad))) if metrics.calls else None
+    per = join_steps(metrics.steady_steps, picked.sums, "comm_s") if picked is not None else None
     tp_s = float(per["comm_s"].median()) if per is not None and not per.empty else None
     step_s = float(per["dur_s"].median()) if per is not None and not per.empty else 0.0
     cost = Cost(tp_s, step_s) if tp_s is not None and step_s > 0 else None

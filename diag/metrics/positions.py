@@ -12,7 +12,9 @@ its calls once (`place`, `Metrics.placement`) and each reader reduces on those i
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import numpy as np
@@ -99,12 +101,12 @@ def place(c: pd.DataFrame, ts: pd.Series | None = None) -> Positions:
     are one step. Integer arrays of 4 bytes a call, the (group, step) slot its code where the
     codes are few (no hash of every call's pair)."""
     n = len(c)
-    group = coded(as_text(c["group"]))[0]
+    group, names = coded(as_text(c["group"]))
     rank = pd.factorize(c["rank"])[0].astype(np.int32)
     missing = (group < 0) | (rank < 0)
     group[missing] = -1
     rank[missing] = -1
-    need = members(group, rank)  # per group code
+    need = _known(members(group, rank), names)  # per group code
     step = pd.factorize(pd.to_numeric(c["step"]) if "step" in c else np.zeros(n))[0]
     step[step < 0] = int(step.max()) + 1 if n else 0  # no step: a step of its own
     step = step.astype(np.int32)
@@ -171,6 +173,30 @@ def numbers(values: pd.Series) -> np.ndarray:
     if num.dtype.kind in "iu" and not num.isna().any():
         return num.to_numpy(np.int64)
     return num.to_numpy(dtype=float, na_value=np.nan)
+
+
+_KNOWN: ContextVar[Mapping[str, int] | None] = ContextVar("known_members", default=None)
+
+
+@contextmanager
+def known_members(counts: Mapping[str, int]) -> Iterator[None]:
+    """Within: each group's members are `counts[group]` (the whole trace's) where the calls placed
+    show fewer. A window of steps in which a member made no call in a group would otherwise count
+    a position full that the whole trace counts short (`need`), and give a transfer time where the
+    whole trace gives none (`windowed_stage`: each window's reductions)."""
+    token = _KNOWN.set(counts)
+    try:
+        yield
+    finally:
+        _KNOWN.reset(token)
+
+
+def _known(need: np.ndarray, names: pd.Index) -> np.ndarray:
+    known = _KNOWN.get()
+    if known is None or not len(need):
+        return need
+    whole = np.array([known.get(str(g), 0) for g in names[: len(need)]], dtype=need.dtype)
+    return np.maximum(need, whole)
 
 
 def members(group: np.ndarray, rank: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ defined by counts and names, not by where a call sits in the frame.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -71,17 +71,10 @@ class Selected:
     @classmethod
     def merged(cls, parts: list[Selected]) -> Selected:
         """Parts of apart (rank, step)s (ranks of one window, windows of one trace) as one."""
-        if not parts:
-            return cls(
-                calls=0,
-                counts=_joined([], "int64"),
-                sums=_joined([], "float64"),
-                sizes=pd.Series(dtype="int64"),
-                kinds=pd.DataFrame({"count": pd.Series(dtype="int64"), "bytes": pd.Series(dtype="float64")}),
-                modules=pd.Series(dtype="int64"),
-                ranks=frozenset(),
-                max_dur_s=0.0,
-            )
+        if not parts:  # shaped as a rank's reduction of calls none of which is kept
+            none = pd.DataFrame({"rank": [], "step": [], "dur_s": [], "bytes": [], "kind": [], "module": []})
+            empty = cls._of_rank(none.astype({"kind": "str", "module": "str"}))
+            return replace(empty, counts=_joined([], "int64"), sums=_joined([], "float64"), max_dur_s=0.0)
         if len(parts) == 1:
             return parts[0]
         return cls(

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 
 from diag import schema
-from diag.metrics import breakdown, comms, positions, step_split, steps
+from diag.metrics import breakdown, comms, positions, reduction, step_split, steps
 from diag.metrics.lasts import Tails
 from diag.metrics.selection import PerStep, Pick, Selected
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
+
+T = TypeVar("T")
+_NONE: Any = object()
 
 
 @dataclass(eq=False)
@@ -32,6 +35,7 @@ class Metrics:
     trace: Trace
     _placement: positions.Positions | None = field(default=None, init=False, repr=False)
     _transfer: pd.Series | None = field(default=None, init=False, repr=False)
+    _reduced: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
 
     # ---- whole-trace figures (the report's metrics section) -----------------------------------
     @cached_property
@@ -145,32 +149,30 @@ class Metrics:
         """Like `exposed`, with the time spent waiting for late ranks (what a rank's step loses)."""
         return comms.blocking_per_step(self.comms, self.steady_steps, waits=True)
 
-    @cached_property
+    @property
     def groups(self) -> frozenset[tuple[tuple[int, ...], int]]:
         """Each process group the calls name: (its recorded members, its size), of every call the
         trace holds (lone ones too). A set: the windowed pass unites each window's."""
-        c = self.trace.comms
-        if c.empty or "group_ranks" not in c:
-            return frozenset()
-        seen = {
-            (tuple(int(r) for r in ranks), size)
-            for ranks, size in zip(c["group_ranks"], c["group_size"])
-            if isinstance(ranks, list)
-        }
-        return frozenset(seen)
+        return self.reduce(reduction.Groups())
 
-    @cached_property
+    @property
     def lasts(self) -> Tails:
         """Each rank's last records and calls, reduced (`lasts.Tails`): what the hang and crash
         rules read, with the `comm_open` rows (calls entered, not completed) read as calls."""
-        o = self.trace.frame(schema.COMM_OPEN)
-        opened = comms.comm_frame(o.assign(dur=None), self.steps) if not o.empty else None
-        return Tails.of(self.comms, opened, self.trace.frames)
+        return self.reduce(reduction.Lasts())
+
+    def reduce(self, r: reduction.Reduction[T]) -> T:
+        """`r`'s figure of this trace (`reduction`), computed once: what a rule reads of the calls or
+        layers, in the form the windowed pass computes a window at a time and merges."""
+        held = self._reduced.get(r, _NONE)
+        if held is _NONE:
+            held = self._reduced[r] = r.merged([r.of(self)])
+        return held
 
     @property
     def calls(self) -> int:
         """How many collectives `comms` holds (what a rule asks before it selects any)."""
-        return len(self.comms)
+        return self.reduce(reduction.Calls())
 
     def comm_per_step(self, pick: Pick | None = None) -> pd.DataFrame:
         """Seconds of (selected) communication per steady (rank, step), summed: rank, step, dur_s,
@@ -181,17 +183,14 @@ class Metrics:
         """The calls `pick` selects (all), reduced to what a rule reads of them (`Selected`: per
         (rank, step) counts and seconds, per op and module counts, the sizes' counts). `pick` reads
         each call's own columns only (a mask of `comms`' rows), so the windowed pass can apply it a
-        window of steps at a time and merge what it reduces (docs/scale.md)."""
-        c = self.comms
-        if pick is None or c.empty:
-            return Selected.of(c)
-        return Selected.of(c, pick(c).reindex(c.index, fill_value=False).to_numpy(dtype=bool))
+        window of steps at a time and merge what it reduces (docs/scale.md). Hashable by value."""
+        return self.reduce(reduction.Select(pick))
 
     def per_step(self, reduce: PerStep) -> pd.Series:
         """`reduce` of `comms`: a figure indexed by (rank, step) whose value for a (rank, step)
         depends on that step's calls alone (every rank's: a step's calls are placed within it), so
         the windowed pass can compute it a window of steps at a time and concatenate (docs/scale.md)."""
-        return reduce(self.comms)
+        return self.reduce(reduction.OfSteps(reduce))
 
     def union_per_step(self, mask: pd.Series | None = None) -> pd.DataFrame:
         """Like `comm_per_step`, but `comm_s` is the union of the ops' intervals, not their sum."""
