@@ -20,6 +20,7 @@ from diag.analyzers import framework
 
 from diag.findings import Finding, ranked
 from diag.metrics.stage import Metrics
+from diag.metrics.withheld import WholeOnly
 from diag.trace.heap import release_memory
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def run_all(
             continue
         try:
             findings.extend(fn(trace, metrics))
+        except WholeOnly as exc:  # (the windowed pass: a rule that reads every call, not reduced)
+            failures[name] = str(exc)
         except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
             failures[name] = f"{type(exc).__name__}: {exc}"
         metrics.end_rule()

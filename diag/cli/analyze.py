@@ -74,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "selected step counts as the warm-up",
     )
     parser.add_argument(
+        "--windowed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read a diag trace a window of steps at a time, never its calls whole (default: when "
+        "its files exceed half the memory available); rules not yet reduced for it are reported "
+        "not run",
+    )
+    parser.add_argument(
         "--model",
         metavar="K=V,...",
         help="model shape for the model-FLOPs view when the trace/log has none: "
@@ -146,17 +154,28 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
     from diag.trace.reader import Unreadable
 
     try:
-        with _progress(paths, args.quiet) as progress:
-            trace = load_inputs(paths, progress, args.window, slim=True)
+        stage = _windowed(paths, args)
+        if stage is None:
+            with _progress(paths, args.quiet) as progress:
+                trace = load_inputs(paths, progress, args.window, slim=True)
     except Unreadable as e:  # nothing readable: still one line per bad input
         for p in e.per_file():
             print(f"diag analyze: error: {p}", file=sys.stderr)
         return e.exit_code
-    metrics = Metrics(trace)  # the one analysis stage: the rules and the report read the same figures
-    findings, failures = run_all(trace, only, metrics)
-    doc = model.document(
-        trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=_model_option(args.model)
-    )
+    # the one analysis stage: the rules and the report read the same figures
+    metrics = Metrics(trace) if stage is None else stage
+    trace = metrics.trace
+
+    def analysis() -> tuple[list[Any], dict[str, str], dict[str, Any]]:
+        findings, failures = run_all(trace, only, metrics)
+        doc = model.document(
+            trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=_model_option(args.model)
+        )
+        return findings, failures, doc
+
+    findings, failures, doc = analysis() if stage is None else stage.settle(analysis)
+    if stage is not None:
+        _windowed_note(stage, failures, args)
     _render(doc, args, run_no)
     for p in doc["problems"]:
         print(f"diag analyze: error: {p['message']}", file=sys.stderr)
@@ -167,6 +186,34 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
             print(f"diag analyze: error: job failed: {crash.title}", file=sys.stderr)
             return 2 if trace.problems else 1
     return 2 if len(trace.problems) > len(failed) else 1 if failed else 0
+
+
+def _windowed(paths: list[str], args: argparse.Namespace) -> Any:
+    """The windowed pass's first pass (`windowed_stage.read`) where it applies: one diag trace
+    directory, asked for (`--windowed`) or larger than half the memory available; else None (read
+    whole, as a trace the pass cannot read exactly is: said on stderr when asked for)."""
+    if args.windowed is False or len(paths) != 1 or not os.path.isdir(paths[0]):
+        return None
+    from diag.metrics import windowed_stage
+
+    size = windowed_stage.input_bytes(paths[0])
+    if size is None or not (args.windowed or size > windowed_stage.available_bytes() / 2):
+        return None
+    try:
+        return windowed_stage.read(paths[0], args.window)
+    except windowed_stage.NotWindowed as e:
+        print(f"diag analyze: reading the trace whole, not a window at a time: {e}", file=sys.stderr)
+        return None
+
+
+def _windowed_note(stage: Any, failures: dict[str, str], args: argparse.Namespace) -> None:
+    """One line on stderr: how the trace was read, and the rules not run for it."""
+    skipped = sorted(k for k, v in failures.items() if v.startswith("not run under the windowed pass"))
+    print(
+        f"diag analyze: read {stage.path} {stage.size} steps at a time in {stage.passes} pass(es)"
+        + (f"; not run (they read every call or layer record): {', '.join(skipped)}" if skipped else ""),
+        file=sys.stderr,
+    )
 
 
 def _comm_patterns(patterns: list[str]) -> None:

@@ -40,17 +40,22 @@ _LATEST: list[Any] = [(), {}]
 
 def latest(frames: Mapping[str, pd.DataFrame]) -> dict[str, pd.Series]:
     """Per record kind of `KINDS` recorded: each rank's greatest `ts` (ns; missing ones skipped).
-    Read-only (shared by its callers)."""
+    Read-only (shared by its callers). The windowed pass's frames carry their windows' (`latest`:
+    they hold no call or layer record)."""
+    merged = getattr(frames, "latest", None)
+    if merged is not None:
+        return dict(merged)
     held = [frames.get(kind) for kind in KINDS]
     seen = _LATEST[0]
     if len(seen) == len(held) and all((r() if r else None) is f for r, f in zip(seen, held)):
         return dict(_LATEST[1])
-    out = _latest(frames)
+    out = latest_of(frames)
     _LATEST[:] = [tuple(weakref.ref(f) if f is not None else None for f in held), out]
     return dict(out)
 
 
-def _latest(frames: Mapping[str, pd.DataFrame]) -> dict[str, pd.Series]:
+def latest_of(frames: Mapping[str, pd.DataFrame]) -> dict[str, pd.Series]:
+    """`latest`, computed (not cached): one window's."""
     out = {}
     for kind in KINDS:
         df = frames.get(kind)
@@ -67,7 +72,7 @@ def seen(latest: Mapping[str, pd.Series], kinds: tuple[str, ...] = KINDS) -> pd.
     return pd.concat(held, axis=1).max(axis=1)
 
 
-def _latest_merged(parts: list[dict[str, pd.Series]]) -> dict[str, pd.Series]:
+def merge_latest(parts: list[dict[str, pd.Series]]) -> dict[str, pd.Series]:
     out = {}
     for kind in KINDS:
         held = [p[kind] for p in parts if kind in p]
@@ -176,7 +181,7 @@ class Tails:
         last = last.sort_values(["rank", "ts", "_part"], kind="stable").groupby("rank").tail(1)
         return cls(
             calls=sum(p.calls for p in parts),
-            latest=_latest_merged([p.latest for p in parts]),
+            latest=merge_latest([p.latest for p in parts]),
             groups=first.drop(columns="_part").astype({"count": "int64", "done": "int64"}),
             last=last.drop(columns="_part").reset_index(drop=True),
             pending=_in_rank_order([p.pending for p in parts]),

@@ -54,7 +54,8 @@ from diag.trace import perfile
 from diag.trace.model import Trace
 from diag.trace.window import ALL, Window
 
-_STEP_KINDS = (schema.STEP, "log_step")  # per (rank, step) records: kept whole
+_STEP_KINDS = (schema.STEP, "log_step", schema.MEMORY, schema.OVERFLOW)
+# per (rank, step) records (a memory sample a step, an overflow a step at most): kept whole
 WINDOW = 10  # steps a window (`read`): the lock-step reader's fixed cost is per window (docs/scale.md)
 _TIMELINES = ("kernel", "cpu_op")  # Kineto's: `breakdown` and `overlap` read them whole
 
@@ -76,6 +77,8 @@ class Figures:
     step_split: pd.DataFrame
     attributed: int  # calls outside every step given one by time (see the module's docstring)
     per_step: dict[str, pd.Series] = field(repr=False)
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)  # `_STEP_KINDS`', whole
+    members: dict[str, int] = field(default_factory=dict)  # group -> ranks with calls in it
 
     def calls_per_step(self, how: str = "size") -> pd.Series:
         """`Metrics.select()`'s `counts` (`size`) or `sums` (`sum`): per (rank, step), its calls'
@@ -185,6 +188,8 @@ class Windowed:
             overlap=breakdown.comm_overlap(empty),
             attributed=attributed + self._split.missed,
             per_step=per_step,
+            frames=raw,
+            members={g: len(r) for g, r in sorted(self._members.items())},
         )
 
     def kept(self) -> dict[str, int]:

@@ -79,9 +79,12 @@ def _overflows(trace: Trace) -> int:
     return skipped_steps(trace.overflow)
 
 
-def _stragglers(metrics: Metrics, findings: list[Finding]) -> pd.DataFrame:
-    """The last-arrival measure per rank, with the straggler rule's verdict beside it (one answer)."""
+def _stragglers(metrics: Metrics, findings: list[Finding], failures: dict[str, str]) -> pd.DataFrame:
+    """The last-arrival measure per rank, with the straggler rule's verdict beside it (one answer);
+    no verdict (None) where the windowed pass did not run the rule."""
     df = metrics.stragglers
+    if _not_run(failures.get("straggler", "")):
+        return df.assign(straggler=None)
     flagged = {r for f in findings if f.rule == "straggler" for r in f.ranks}
     return df.assign(straggler=[int(r) in flagged for r in df["rank"]])
 
@@ -129,9 +132,11 @@ def document(
     metrics = metrics if metrics is not None else Metrics(trace)
     steps = metrics.step_times
     log = trace.frame("log_step")
-    tp = mfu.section(trace, metrics, peak_tflops, model)
+    partial: list[str] = []  # sections the windowed pass made without the records it withholds
+    held = _Held(trace, partial)
+    tp = held("throughput", mfu.section, metrics, peak_tflops, model)
     tflops, util, which = _headline(tp, log)
-    return plain(
+    doc = plain(
         {
             "schema": SCHEMA,
             "version": VERSION,
@@ -154,8 +159,8 @@ def document(
                 "step_split": table(metrics.step_split),
                 "overlap": table(metrics.overlap),
                 "collectives": table(metrics.collectives),
-                "bandwidth_by_size": table(metrics.bandwidth_by_size),
-                "stragglers": table(_stragglers(metrics, findings)),
+                "bandwidth_by_size": table(held.figure("bandwidth_by_size", metrics)),
+                "stragglers": table(_stragglers(metrics, findings, failures)),
                 "step_times": table(steps),
                 "loss_scale": table(_loss_scale(trace)),
                 "steps_joined": table(
@@ -163,17 +168,58 @@ def document(
                 ),  # trace + log by iteration (importers/join.py)
             },
             "throughput": tp,
-            "layers": trace_doc.layers(
-                trace, tp["peak"]["tflops"] if tp["peak"] else None, metrics.steady_steps
+            "layers": held(
+                "layers", trace_doc.layers, tp["peak"]["tflops"] if tp["peak"] else None, metrics.steady_steps
             ),
-            "steps": trace_doc.steps(tp["per_step"], trace),
-            "step_timeline": trace_doc.step_timeline(trace),
+            "steps": held("steps", lambda t: trace_doc.steps(tp["per_step"], t), partial=tp),
+            "step_timeline": held("step_timeline", trace_doc.step_timeline),
             "memory": trace_doc.memory(trace),
             "overflows": trace_doc.overflows(trace),
             "findings": [f.to_dict() for f in findings],
             "rule_failures": dict(failures),
         }
     )
+    if hasattr(trace, "bare"):  # the windowed pass (`windowed_stage`): how it read the trace
+        not_run = sorted(k for k, v in failures.items() if _not_run(v))
+        doc["windowed"] = {"partial": partial, "not_run": not_run}
+    return doc
+
+
+def _not_run(failure: str) -> bool:
+    return failure.startswith("not run under the windowed pass")
+
+
+class _Held:
+    """A report section of the trace; under the windowed pass, one that reads the per-call or
+    per-layer records outside a reduction is made without them (as if none were recorded) and
+    named in the document's `windowed.partial`, so no reader takes it for the whole."""
+
+    def __init__(self, trace: Trace, partial: list[str]) -> None:
+        self.trace, self.partial = trace, partial
+        self.made: dict[str, Any] = {}
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any, partial: Any = None) -> Any:
+        """`fn(trace, *args)`; `partial`: a section this one is made of (partial: this one too)."""
+        from diag.metrics.withheld import WholeOnly
+
+        if partial is not None and any(self.made[n] is partial for n in self.partial if n in self.made):
+            self.partial.append(name)
+        try:
+            self.made[name] = out = fn(self.trace, *args)
+            return out
+        except WholeOnly:
+            self.partial.append(name)
+            self.made[name] = out = fn(self.trace.bare(), *args)  # type: ignore[attr-defined]
+            return out
+
+    def figure(self, name: str, metrics: Metrics) -> pd.DataFrame:
+        from diag.metrics.withheld import WholeOnly
+
+        try:
+            return getattr(metrics, name)
+        except WholeOnly:
+            self.partial.append(name)
+            return getattr(Metrics(self.trace.bare()), name)  # type: ignore[attr-defined]
 
 
 build = _with_rows(document)  # `document` with every table as its rows

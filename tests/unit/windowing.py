@@ -5,8 +5,8 @@ whole trace (the windowed pass's contract, `diag.metrics.reduction`).
 
 Windows of 1, 3 and more steps than the job (`windowed.split`: the windows the lock-step reader
 gives), each reduced with `window_metrics.of_window` (the whole trace's steps and members) and
-merged in step order (a job of over 40 steps: 7 for 1, for time). `same(whole, merged)` asserts equality (default: `==`, or pandas' equality
-for frames and series, exact).
+merged in step order (a job of over 40 steps: 7 for 1, for time). `same(whole, merged)` asserts
+equality (default: `==`, or pandas' exact equality for frames and series).
 """
 
 from __future__ import annotations

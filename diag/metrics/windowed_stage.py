@@ -1,0 +1,222 @@
+"""`diag analyze` of a diag trace read a window of steps at a time (issue 14, docs/scale.md): the
+analysis stage (`Metrics`) of a job whose calls and layer records do not fit in memory.
+
+    stage = windowed_stage.read(path, window, size=10)       # pass 1: the figures
+    findings, failures, doc = stage.settle(lambda: ...)      # the rules, the report; more passes
+
+Pass 1 (`windowed.Windowed`) reduces every window to `Metrics`' figures (steps, exposed, blocked,
+collectives, stragglers, step split), each group's members and each rank's latest records, and
+keeps whole the frames of a record or fewer a rank-step (steps, memory, overflows) and those of no
+step. The per-call and per-layer frames are never held: a rule reads them through reductions
+(`diag.metrics.reduction`). The rules and the report run once to learn which reductions they ask
+for (`reduce` answers each with its empty value meanwhile), one pass over the windows computes
+those, and they run again: until they ask for none they lack (a reduction whose pick depends on
+another's value takes one pass more). A reader of the withheld frames outside a reduction raises
+`WholeOnly`: that rule is reported not run, never run on a part of its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from diag import schema
+from diag.metrics import lasts, positions
+from diag.metrics.reduction import Reduction
+from diag.metrics.split_windows import FOLD
+from diag.metrics.stage import Metrics
+from diag.metrics.window_metrics import Whole, of_window
+from diag.metrics.windowed import WINDOW, Figures, Windowed
+from diag.metrics.withheld import WITHHELD, WholeOnly
+from diag.trace.model import Trace
+from diag.trace.window import ALL, Window
+
+T = TypeVar("T")
+PASSES = 4  # reduction passes at most after the first (two are enough for every rule today)
+_FIGURES = (
+    "steps",
+    "steady_steps",
+    "median_step_s",
+    "step_times",
+    "exposed",
+    "blocked",
+    "collectives",
+    "stragglers",
+    "step_split",
+    "breakdown",
+    "overlap",
+)
+
+
+class NotWindowed(Exception):
+    """A trace the windowed pass cannot read exactly (records out of step order, calls or layer
+    records of no step, a Kineto timeline): read whole instead."""
+
+
+class _Held(dict):
+    """A trace's frames without the withheld kinds: asking for one raises `WholeOnly` (a reader that
+    iterates the frames sees the others; `lasts.latest` is given the windows' `latest`)."""
+
+    def __init__(self, frames: dict[str, pd.DataFrame], latest: dict[str, pd.Series]) -> None:
+        super().__init__(frames)
+        self.latest = latest
+
+    def __getitem__(self, kind: str) -> pd.DataFrame:
+        if kind in WITHHELD:
+            raise WholeOnly(kind)
+        return super().__getitem__(kind)
+
+    def get(self, kind: str, default: Any = None) -> Any:
+        if kind in WITHHELD:
+            raise WholeOnly(kind)
+        return super().get(kind, default)
+
+    def __contains__(self, kind: object) -> bool:
+        if kind in WITHHELD:
+            raise WholeOnly(str(kind))
+        return super().__contains__(kind)
+
+
+@dataclass(eq=False, repr=False)
+class HeldTrace(Trace):
+    """The trace the rules and the report read under the windowed pass (`_Held` frames)."""
+
+    def frame(self, kind: str) -> pd.DataFrame:
+        if kind in WITHHELD:
+            raise WholeOnly(kind)
+        return super().frame(kind)
+
+    def bare(self) -> Trace:
+        """The held records as a trace of no call or layer record (a report section the pass does
+        not reduce yet is made on it, and named partial: `report.model`)."""
+        return Trace(self.headers, dict(self.frames), self.problems, self.sources)
+
+
+@dataclass(eq=False)
+class WindowedMetrics(Metrics):
+    """`Metrics` whose figures pass 1 computed and whose reductions the later passes do."""
+
+    path: str = ""
+    window: Window = ALL
+    size: int = WINDOW
+    figures: Figures | None = field(default=None, repr=False)
+    whole: Whole | None = field(default=None, repr=False)
+    passes: int = 1  # over the rank files, the figures' included
+    asked: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in _FIGURES:
+            self.__dict__[name] = getattr(self.figures, name)
+
+    @property  # type: ignore[override]
+    def comms(self) -> pd.DataFrame:
+        raise WholeOnly(schema.COMM)
+
+    @property
+    def bandwidth_by_size(self) -> pd.DataFrame:  # type: ignore[override]
+        """An exact median of every call's busbw per (op, size): not reduced (docs/scale.md)."""
+        raise WholeOnly(schema.COMM)
+
+    def reduce(self, r: Reduction[T]) -> T:
+        """The reduction's merged value once a pass computed it; before, its empty value (the rule's
+        result is not kept: `settle` runs it again)."""
+        if r in self._reduced:
+            return self._reduced[r]
+        self.asked.add(r)
+        return r.merged([])
+
+    def settle(self, run: Callable[[], T]) -> T:
+        """`run()` (the rules, the report) until it asks for no reduction not computed, a pass over
+        the windows for those it asked for between runs."""
+        for _ in range(PASSES + 1):
+            self.asked = set()
+            out = run()
+            if not self.asked:
+                return out
+            if self.passes > PASSES:
+                break
+            self._compute(list(self.asked))
+        raise NotWindowed(f"the rules asked for reductions after {self.passes} passes")
+
+    def _compute(self, asked: list[Reduction[Any]]) -> None:
+        from diag.trace.lockstep import LockStep, OutOfStep
+
+        parts: dict[Any, list[Any]] = {r: [] for r in asked}
+        whole = self.whole or Whole(self.steps)
+        try:
+            for part in LockStep(self.path, self.size, self.window):
+                m = of_window(part.trace, whole)
+                with positions.known_members(whole.members):
+                    for r in asked:
+                        held = parts[r]
+                        held.append(r.of(m))
+                        if getattr(r, "folds", False) and len(held) >= FOLD:
+                            held[:] = [r.merged(held)]  # (its merged value is a part: one a while)
+                        m.end_rule()
+        except OutOfStep as e:  # (pass 1 read them in step order: the files changed since)
+            raise NotWindowed(str(e)) from None
+        for r in asked:
+            self._reduced[r] = r.merged(parts.pop(r))
+        self.passes += 1
+
+
+def read(path: str, window: Window = ALL, size: int = WINDOW) -> WindowedMetrics:
+    """Pass 1 over the diag trace at `path`: the figures, the held frames, what the later passes
+    take from the whole trace. Raises `NotWindowed` for a trace to read whole."""
+    from diag.trace.lockstep import LockStep, OutOfStep
+
+    acc, reading, latest = Windowed(), LockStep(path, size, window), []
+    try:
+        for part in reading:
+            acc.add(part.trace)
+            latest.append(lasts.latest_of(part.trace.frames))
+            if len(latest) >= FOLD:
+                latest[:] = [lasts.merge_latest(latest)]
+    except (OutOfStep, ValueError) as e:  # (ValueError: a window holding a Kineto timeline)
+        raise NotWindowed(str(e)) from None
+    outside = reading.outside or Trace(sources=[path])
+    loose = [k for k in WITHHELD if not outside.frame(k).empty]
+    if loose:
+        raise NotWindowed(f"{', '.join(loose)} records outside every step")
+    figures = acc.done(outside)
+    latest.append(lasts.latest_of(outside.frames))
+    frames = {k: df for k, df in outside.frames.items() if "step" not in df and k not in WITHHELD}
+    frames.update({k: df for k, df in figures.frames.items() if len(df) or k in outside.frames})
+    trace = HeldTrace(
+        dict(outside.headers), _Held(frames, lasts.merge_latest(latest)), list(outside.problems), [path]
+    )
+    whole = Whole(figures.steps, figures.members)
+    return WindowedMetrics(trace, path=path, window=window, size=size, figures=figures, whole=whole)
+
+
+def input_bytes(path: str) -> int | None:
+    """The bytes of the diag rank files in directory `path` (None: it holds none)."""
+    import glob
+    import os
+
+    files = glob.glob(os.path.join(path, "rank-*.jsonl*"))
+    return sum(os.path.getsize(f) for f in files) if files else None
+
+
+def available_bytes() -> int:
+    """Memory this process may still use: the kernel's MemAvailable, under a cgroup's limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit) as f:
+                text = f.read().strip()
+            if text.isdigit():
+                avail = min(avail or int(text), int(text))
+        except OSError:
+            continue
+    return avail or 1 << 62

@@ -1,0 +1,102 @@
+"""`diag analyze --windowed`: a diag trace read a window of steps at a time, never its calls whole
+(issue 14, `diag.metrics.windowed_stage`), gives the whole read's report but for what it says it
+did not do: the rules not yet reduced (`windowed.not_run`, each in `rule_failures` with why) and the
+sections made without the call and layer records (`windowed.partial`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from diag.cli import main
+from diag.metrics import windowed_stage
+from diag.metrics.withheld import WholeOnly
+from tests.unit.windowing import diag_folders
+
+# one of each shape (the 29 folders: /tmp/s19/wcmp.py in the closing note of session 19)
+SHAPES = ["healthy", "zero3", "megatron_tp2", "hang_killed_early", "pp2_starved", "repro_tiny_collectives"]
+SHAPES += ["fp16_overflow", "straggler", "repro_memory_near_capacity"]
+FOLDERS = [d for d in diag_folders() if os.path.basename(d) in SHAPES]
+
+
+def _analyze(capsys, *args: str) -> tuple[int, dict, str]:
+    rc = main(["analyze", "--json", *args])
+    out, err = capsys.readouterr()
+    return rc, json.loads(out), err
+
+
+def _without_what_was_not_done(whole: dict, windowed: dict) -> None:
+    """Both documents less what `windowed["windowed"]` names (popped)."""
+    said = windowed.pop("windowed")
+    skip = set(said["not_run"])
+    for doc in (whole, windowed):
+        for rule in skip:
+            doc["rule_failures"].pop(rule, None)
+        doc["findings"] = [f for f in doc["findings"] if f["rule"] not in skip]
+        doc["summary"]["findings"] = len(doc["findings"])
+        for name in said["partial"]:
+            where = doc if name in doc else doc["metrics"]
+            where[name] = None
+        if "throughput" in said["partial"]:  # (the headline is the throughput section's)
+            for k in ("tflops_median", "mfu", "tflops_source"):
+                doc["summary"][k] = None
+        if "straggler" in skip:  # (its verdict column)
+            for row in doc["metrics"]["stragglers"]:
+                row.pop("straggler")
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=os.path.basename)
+def test_windowed_equals_whole_but_for_what_it_says(folder, capsys):
+    rc_whole, whole, _ = _analyze(capsys, "--no-windowed", folder)
+    rc, windowed, err = _analyze(capsys, "--windowed", folder)
+    assert rc == rc_whole
+    assert "windowed" in windowed and "windowed" not in whole
+    not_run = windowed["windowed"]["not_run"]
+    for rule in not_run:
+        assert windowed["rule_failures"][rule].startswith("not run under the windowed pass: it reads every")
+    assert "10 steps at a time in" in err
+    assert "tiny_collectives" not in not_run and "hang_desync" not in not_run  # (reduced: they run)
+    _without_what_was_not_done(whole, windowed)
+    assert windowed == whole
+
+
+def test_a_finding_of_a_reduced_rule_is_found_windowed(capsys):
+    """Not only empty reports agree: the tiny-collectives finding comes out of the later pass."""
+    folder = next(d for d in FOLDERS if d.endswith("repro_tiny_collectives"))
+    _, doc, err = _analyze(capsys, "--windowed", folder)
+    assert [f["rule"] for f in doc["findings"]].count("tiny_collectives") == 1
+    assert "in 2 pass(es)" in err
+
+
+def test_the_withheld_records_raise_where_read(capsys):
+    stage = windowed_stage.read(next(d for d in FOLDERS if d.endswith("healthy")))
+    for read in (
+        lambda: stage.trace.comms,
+        lambda: stage.trace.layers,
+        lambda: stage.trace.frames.get("comm"),
+        lambda: stage.trace.frames["layer"],
+        lambda: stage.comms,
+        lambda: stage.placement,
+        lambda: stage.bandwidth_by_size,
+    ):
+        with pytest.raises(WholeOnly):
+            read()
+    assert len(stage.trace.steps) and len(stage.trace.memory)  # held whole
+    assert "comm" not in dict(stage.trace.frames)
+
+
+def test_by_default_a_small_trace_is_read_whole_and_out_of_step_files_whole(capsys, tmp_path):
+    folder = next(d for d in FOLDERS if d.endswith("healthy"))
+    _, doc, err = _analyze(capsys, folder)
+    assert "windowed" not in doc and "steps at a time" not in err
+    # a writer's comm line of no step: the lock-step reader cannot place it (`OutOfStep`)
+    shutil.copytree(folder, tmp_path / "t")
+    with open(tmp_path / "t" / "rank-00001.jsonl", "a") as f:
+        f.write('{"k":"comm","op":"barrier","ts":9}\n')
+    with pytest.raises(windowed_stage.NotWindowed):
+        windowed_stage.read(str(tmp_path / "t"))
+    _, doc, err = _analyze(capsys, "--windowed", str(tmp_path / "t"))
+    assert "reading the trace whole, not a window at a time" in err and "windowed" not in doc
