@@ -288,11 +288,11 @@ def measure(tool: str, folder: str) -> dict[str, float]:
     }
 
 
-def measure_cli(folder: str, root: str = ROOT) -> dict[str, Any]:
+def measure_cli(folder: str, root: str = ROOT, *options: str) -> dict[str, Any]:
     """`diag analyze --json` as a user runs it (diag from the checkout `root`): wall time with
     process start, peak memory, and the report itself."""
     out, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "diag", "analyze", "--json", os.path.abspath(folder)], "diag", root
+        [sys.executable, "-m", "diag", "analyze", "--json", *options, os.path.abspath(folder)], "diag", root
     )
     return {
         "wall": wall,
@@ -304,7 +304,14 @@ def measure_cli(folder: str, root: str = ROOT) -> dict[str, Any]:
     }
 
 
-def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> None:
+def diag_trace(
+    folder: str,
+    shape: str,
+    baseline: str | None,
+    keep: bool,
+    windowed: bool = False,
+    steps: int | None = None,
+) -> None:
     """`--diag-trace RANKSxSTEPS`: one line per checkout (this one, and `baseline` when given) with
     input MiB, wall and CPU seconds, the peak RSS (the kernel's high-water mark of the largest
     process) and the sampled peak PSS and RSS sums of the process tree (with workers reading the
@@ -315,7 +322,13 @@ def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> Non
     sub = os.path.join(folder, f"diag-{ranks}x{steps}")
     traces = os.path.join(sub, "traces")
     size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
-    runs = [("this", measure_cli(traces))]
+    if windowed:  # read whole against a window of steps at a time, this checkout both
+        runs = [
+            ("windowed", measure_cli(traces, ROOT, "--windowed")),
+            ("whole", measure_cli(traces, ROOT, "--no-windowed")),
+        ]
+    else:
+        runs = [("this", measure_cli(traces))]
     if baseline:
         runs.append(("baseline", measure_cli(traces, os.path.abspath(baseline))))
     for name, r in runs:
@@ -326,7 +339,9 @@ def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> Non
             f"{r['peak_pss'] / 2**20:.0f}, RSS {r['peak_rss'] / 2**20:.0f})",
             flush=True,
         )
-    if baseline:
+    if windowed:
+        _windowed_ratio(runs[0][1], runs[1][1])
+    elif baseline:
         new, old = runs[0][1], runs[1][1]
         same = "same report" if new["report"] == old["report"] else "REPORTS DIFFER"
         print(
@@ -336,6 +351,22 @@ def diag_trace(folder: str, shape: str, baseline: str | None, keep: bool) -> Non
         )
     if not keep:
         shutil.rmtree(sub, ignore_errors=True)
+
+
+def _windowed_ratio(windowed: dict[str, Any], whole: dict[str, Any]) -> None:
+    """The windowed read's peak and CPU against the whole read's, and whether their reports agree
+    but for what the windowed one names (`bench.windowed_doc`)."""
+    from bench.windowed_doc import without_what_was_not_done
+
+    a, b = json.loads(whole["report"]), json.loads(windowed["report"])
+    said = without_what_was_not_done(a, b)
+    same = "same report but for" if a == b else "REPORTS DIFFER beyond"
+    print(
+        f"{'':44s}peak RSS whole/windowed {whole['high_water'] / windowed['high_water']:.2f}x, "
+        f"CPU windowed/whole {windowed['cpu'] / whole['cpu']:.2f}x, {same} not run: "
+        f"{', '.join(said['not_run']) or 'none'}; partial: {', '.join(said['partial']) or 'none'}",
+        flush=True,
+    )
 
 
 def sweep(folder: str, sizes_mib: list[float], ranks: int, steps: int, hta_max_mib: float) -> None:
@@ -393,6 +424,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CHECKOUT",
         help="--diag-trace: also run diag from this checkout (another commit), side by side",
     )
+    ap.add_argument(
+        "--windowed",
+        action="store_true",
+        help="--diag-trace: diag analyze --windowed against --no-windowed, side by side",
+    )
+    ap.add_argument("--window-steps", type=int, help="--windowed: diag analyze --window-steps N")
     ap.add_argument("--worker", nargs=2, metavar=("TOOL", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -408,7 +445,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.diag_trace:
         for shape in args.diag_trace.split(","):
-            diag_trace(folder, shape, args.baseline, keep=bool(args.keep))
+            diag_trace(
+                folder,
+                shape,
+                args.baseline,
+                keep=bool(args.keep),
+                windowed=args.windowed,
+                steps=args.window_steps,
+            )
         return 0
     if (args.sweep and args.hta_max_mib > 0) or not (args.tiny or args.diag_trace or args.sweep):
         import importlib.util

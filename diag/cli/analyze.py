@@ -82,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "not run",
     )
     parser.add_argument(
+        "--window-steps",
+        type=int,
+        metavar="N",
+        help="--windowed: steps a window (default: about 2,048 rank-steps a window, 1 at most 2,048 ranks)",
+    )
+    parser.add_argument(
         "--model",
         metavar="K=V,...",
         help="model shape for the model-FLOPs view when the trace/log has none: "
@@ -199,8 +205,10 @@ def _windowed(paths: list[str], args: argparse.Namespace) -> Any:
     size = windowed_stage.input_bytes(paths[0])
     if size is None or not (args.windowed or size > windowed_stage.available_bytes() / 2):
         return None
+    if args.window_steps is not None and args.window_steps < 1:
+        raise DiagError(f"--window-steps must be a positive number of steps, got {args.window_steps}")
     try:
-        return windowed_stage.read(paths[0], args.window)
+        return windowed_stage.read(paths[0], args.window, args.window_steps)
     except windowed_stage.NotWindowed as e:
         print(f"diag analyze: reading the trace whole, not a window at a time: {e}", file=sys.stderr)
         return None

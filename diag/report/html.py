@@ -7,6 +7,7 @@ from typing import Any
 
 from diag.report.figures import figures
 from diag.report.human import fix_blocks, prose
+from diag.report.notes import rule_lines
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}
@@ -51,9 +52,7 @@ def render(doc: dict[str, Any]) -> str:
     parts += [_finding(f) for f in doc["findings"]] or ["<p>No findings.</p>"]
     parts.append('<h2>Plots</h2><div class="plots">' + "".join(figures(doc).values()) + "</div>")
     parts += [_table(*t) for t in tables(doc)]
-    problems = [p["message"] for p in doc["problems"]] + [
-        f"rule {k} failed: {v}" for k, v in doc["rule_failures"].items()
-    ]
+    problems = [p["message"] for p in doc["problems"]] + rule_lines(doc)
     if problems:
         parts.append("<h2>Problems</h2><ul>" + "".join(f"<li>{escape(p)}</li>" for p in problems) + "</ul>")
     parts.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.report.human import fix_blocks, prose
+from diag.report.notes import rule_lines
 from diag.report.tables import finding_lines, summary_line, tables, throughput_lines
 
 
@@ -33,10 +34,11 @@ def render(doc: dict[str, Any]) -> str:
         out += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
         out.append("")
-    if doc["problems"] or doc["rule_failures"]:
+    notes = rule_lines(doc, lambda k: f"`{k}`", _cell)
+    if doc["problems"] or notes:
         out += ["## Problems", ""]
         out += [f"- {_cell(p['message'])}" for p in doc["problems"]]
-        out += [f"- rule `{k}` failed: {_cell(v)}" for k, v in doc["rule_failures"].items()]
+        out += [f"- {line}" for line in notes]
         out.append("")
     out.append(
         f"_schema {doc['schema']} v{doc['version']}, diag {doc['diag_version']}; inputs: "

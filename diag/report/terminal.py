@@ -83,5 +83,7 @@ def plain_table(
 
 
 def rule_failures(doc: dict[str, Any], console: Console) -> None:
-    for name, err in doc["rule_failures"].items():
-        console.print(f"[red]rule {escape(name)} failed:[/red] {escape(str(err))}", highlight=False)
+    from diag.report.notes import rule_lines
+
+    for line in rule_lines(doc):
+        console.print(f"[red]{escape(line)}[/red]", highlight=False)

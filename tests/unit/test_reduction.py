@@ -7,9 +7,9 @@ import os
 
 import pandas as pd
 import pytest
+from diag.analyzers.pipeline_bubble import _p2p_union, _sends_at_largest
+from diag.analyzers.tiny_collectives import _tiny
 
-from analyzers.pipeline_bubble import _p2p_union, _sends_at_largest
-from analyzers.tiny_collectives import _tiny
 from diag.metrics import reduction
 from diag.metrics.positions import known_members, place
 from diag.metrics.stage import Metrics

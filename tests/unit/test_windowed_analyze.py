@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 
+from bench.windowed_doc import without_what_was_not_done
 from diag.cli import main
 from diag.metrics import windowed_stage
 from diag.metrics.withheld import WholeOnly
@@ -28,45 +29,25 @@ def _analyze(capsys, *args: str) -> tuple[int, dict, str]:
     return rc, json.loads(out), err
 
 
-def _without_what_was_not_done(whole: dict, windowed: dict) -> None:
-    """Both documents less what `windowed["windowed"]` names (popped)."""
-    said = windowed.pop("windowed")
-    skip = set(said["not_run"])
-    for doc in (whole, windowed):
-        for rule in skip:
-            doc["rule_failures"].pop(rule, None)
-        doc["findings"] = [f for f in doc["findings"] if f["rule"] not in skip]
-        doc["summary"]["findings"] = len(doc["findings"])
-        for name in said["partial"]:
-            where = doc if name in doc else doc["metrics"]
-            where[name] = None
-        if "throughput" in said["partial"]:  # (the headline is the throughput section's)
-            for k in ("tflops_median", "mfu", "tflops_source"):
-                doc["summary"][k] = None
-        if "straggler" in skip:  # (its verdict column)
-            for row in doc["metrics"]["stragglers"]:
-                row.pop("straggler")
-
-
 @pytest.mark.parametrize("folder", FOLDERS, ids=os.path.basename)
 def test_windowed_equals_whole_but_for_what_it_says(folder, capsys):
     rc_whole, whole, _ = _analyze(capsys, "--no-windowed", folder)
-    rc, windowed, err = _analyze(capsys, "--windowed", folder)
+    rc, windowed, err = _analyze(capsys, "--windowed", "--window-steps", "3", folder)
     assert rc == rc_whole
     assert "windowed" in windowed and "windowed" not in whole
     not_run = windowed["windowed"]["not_run"]
     for rule in not_run:
         assert windowed["rule_failures"][rule].startswith("not run under the windowed pass: it reads every")
-    assert "10 steps at a time in" in err
+    assert "3 steps at a time in" in err
     assert "tiny_collectives" not in not_run and "hang_desync" not in not_run  # (reduced: they run)
-    _without_what_was_not_done(whole, windowed)
+    without_what_was_not_done(whole, windowed)
     assert windowed == whole
 
 
 def test_a_finding_of_a_reduced_rule_is_found_windowed(capsys):
     """Not only empty reports agree: the tiny-collectives finding comes out of the later pass."""
     folder = next(d for d in FOLDERS if d.endswith("repro_tiny_collectives"))
-    _, doc, err = _analyze(capsys, "--windowed", folder)
+    _, doc, err = _analyze(capsys, "--windowed", "--window-steps", "2", folder)
     assert [f["rule"] for f in doc["findings"]].count("tiny_collectives") == 1
     assert "in 2 pass(es)" in err
 
