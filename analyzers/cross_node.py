@@ -4,6 +4,7 @@ time of a ZeRO-3 job over a slow link is those gathers, and the slow-link findin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ import pandas as pd
 from diag.analyzers import config, evidence
 
 from diag.metrics.comms import bus_bandwidth, transfer_dur
+from diag.metrics.steps import join_steps, union_by_step
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -28,6 +30,7 @@ SLOW_FRACTION_CPU = 0.02
 # and waiting, whatever the link (its "bus bandwidth" was 0.0001 GB/s on the plain veth)
 BW_BYTES = 256 << 10
 ZERO3_OPS = ("all_gather", "reduce_scatter")
+MODULES = 10  # the modules a finding names, first by name
 
 
 def on_gpu(trace: Trace) -> bool:
@@ -42,14 +45,98 @@ def nominal_link_gbs(trace: Trace) -> float:
     return LINK_GBS_GPU if on_gpu(trace) else LINK_GBS_CPU
 
 
+@dataclass(frozen=True)
+class Crossed:
+    """ZeRO-3 all-gathers / reduce-scatters on groups spanning hosts, reduced: their union per
+    (rank, step) (`union`: seconds, unjoined); of those with a duration and a size (`ops`), the bus
+    bytes moved (GB: busbw x seconds) and seconds summed, the bytes per step, the ranks and the
+    first modules by name; of the large ones (`BW_BYTES`, a known transfer time: `large`), the bus
+    bytes and transfer seconds summed. Sums of a window's calls, added over the windows: floats
+    added in another order than one trace's sum may differ in the last bits."""
+
+    union: pd.Series
+    ops: int
+    moved: float
+    dur_s: float
+    bytes: pd.Series  # step -> bytes (every rank's)
+    ranks: frozenset[int]
+    modules: tuple[str, ...]  # the first MODULES by name
+    large: int
+    large_moved: float
+    large_xfer: float
+
+    @classmethod
+    def none(cls) -> Crossed:
+        """Of no call (a window without any)."""
+        nothing = pd.Series(dtype=float)
+        return cls(nothing, 0, 0.0, 0.0, nothing, frozenset(), (), 0, 0.0, 0.0)
+
+    @classmethod
+    def merged(cls, parts: list[Crossed]) -> Crossed:
+        """Parts of consecutive windows (their (rank, step)s apart) as one."""
+        if len(parts) == 1:
+            return parts[0]
+        unions = [p.union for p in parts if len(p.union)]
+        sizes = [p.bytes for p in parts if len(p.bytes)]
+        return cls(
+            union=pd.concat(unions).sort_index(kind="stable") if unions else parts[0].union,
+            ops=sum(p.ops for p in parts),
+            moved=math.fsum(p.moved for p in parts),
+            dur_s=math.fsum(p.dur_s for p in parts),
+            bytes=pd.concat(sizes).groupby(level=0).sum() if sizes else parts[0].bytes,
+            ranks=frozenset().union(*(p.ranks for p in parts)),
+            modules=tuple(sorted(set().union(*(p.modules for p in parts)))[:MODULES]),
+            large=sum(p.large for p in parts),
+            large_moved=math.fsum(p.large_moved for p in parts),
+            large_xfer=math.fsum(p.large_xfer for p in parts),
+        )
+
+
+@dataclass(frozen=True)
+class CrossCalls:
+    """`Crossed` of a trace's calls, the hosts by rank from its headers (`diag.metrics.reduction`:
+    computed once for both rules, a window of steps at a time in the windowed pass)."""
+
+    hosts: tuple[tuple[int, str], ...]
+
+    def of(self, metrics: Metrics) -> Crossed:
+        c = metrics.comms
+        if c.empty:
+            return Crossed.none()
+        host_of = dict(self.hosts)
+        cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
+        union = union_by_step(c, keep=cross.to_numpy(dtype=bool))
+        size = pd.to_numeric(c["bytes"], errors="coerce")
+        rows = c[cross & (c["dur_s"] > 0) & size.notna()]
+        moved = pd.Series(bus_bandwidth(rows), index=rows.index) * rows["dur_s"]  # of these calls only
+        xfer = transfer_dur(c[cross]).reindex(rows.index) / 1e9
+        large = ((size.reindex(rows.index) >= BW_BYTES) & (xfer > 0)).to_numpy()
+        modules = {str(m) for m in rows["module"].dropna()} if "module" in rows else set()
+        return Crossed(
+            union=union,
+            ops=len(rows),
+            moved=float(moved.sum()),
+            dur_s=float(rows["dur_s"].sum()),
+            bytes=size.reindex(rows.index).groupby(rows["step"].to_numpy()).sum(),
+            ranks=frozenset(int(r) for r in rows["rank"].unique()),
+            modules=tuple(sorted(modules)[:MODULES]),
+            large=int(large.sum()),
+            large_moved=float(moved[large].sum()),
+            large_xfer=float(xfer[large].sum()),
+        )
+
+    def merged(self, parts: list[Crossed]) -> Crossed:
+        return Crossed.merged(parts)
+
+
 @dataclass
 class CrossNode:
-    """ZeRO-3 all-gathers / reduce-scatters on groups spanning hosts: their records (`rows`, with a
-    duration and a size), their union per rank and step (`per`), the median step and cross-node time
-    per step, the bus bandwidth of the large ones (`BW_BYTES`) over their transfer time (the shortest
-    duration over the group: a rank's wait for a late peer is not the link's) and the nominal link's."""
+    """ZeRO-3 all-gathers / reduce-scatters on groups spanning hosts: their calls reduced (`calls`),
+    their union per rank and step (`per`), the median step and cross-node time per step, the bus
+    bandwidth of the large ones (`BW_BYTES`) over their transfer time (the shortest duration over
+    the group: a rank's wait for a late peer is not the link's) and the nominal link's."""
 
-    rows: pd.DataFrame
+    calls: Crossed
     per: pd.DataFrame
     step_s: float
     cross_s: float
@@ -69,25 +156,18 @@ def zero3_cross_node(trace: Trace, metrics: Metrics) -> CrossNode | None:
     """The measurement, or None where it is not measured (not ZeRO-3, one host, no sizes)."""
     if config.zero_stage(trace) != 3:
         return None
-    c = metrics.comms
     host_of = trace.hosts()
-    if c.empty or len(set(host_of.values())) < 2:
+    if not metrics.calls or len(set(host_of.values())) < 2:
         return None
-    cross = c["kind"].isin(ZERO3_OPS) & c["group_ranks"].map(lambda g: evidence.spans_hosts(g, host_of))
-    per = metrics.union_per_step(cross)
-    size = pd.to_numeric(c["bytes"], errors="coerce")
-    rows = c[cross & (c["dur_s"] > 0) & size.notna()]
-    rows = rows.assign(busbw=bus_bandwidth(rows))  # of these calls only (`comm_frame` keeps none)
-    xfer = transfer_dur(c[cross]).reindex(rows.index) / 1e9
-    large = rows[(size.reindex(rows.index) >= BW_BYTES) & (xfer > 0)]
-    if large.empty or per.empty:  # no size recorded, or none large: the bandwidth is not measured
+    calls = metrics.reduce(CrossCalls(tuple(sorted(host_of.items()))))
+    per = join_steps(metrics.steady_steps, calls.union, "comm_s")
+    if not calls.large or per.empty:  # no size recorded, or none large: the bandwidth is not measured
         return None
-    busbw = float((large["busbw"] * large["dur_s"]).sum() / xfer.reindex(large.index).sum())
     return CrossNode(
-        rows,
+        calls,
         per,
         float(per["dur_s"].median()),
         float(per["comm_s"].median()),
-        busbw,
+        float(calls.large_moved / calls.large_xfer),
         nominal_link_gbs(trace),
     )

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 from diag.analyzers import config, evidence, framework
 from diag.analyzers.base import rule
 from diag.analyzers.cross_node import on_gpu, zero3_cross_node
 
 from diag.findings import Cost, Finding, Fix
-from diag.metrics import comms
 from diag.metrics.comms import tensor_parallel
+from diag.metrics.exposure import Exposed
 from diag.metrics.steps import NS
 from diag.ranks import rank_name
 from diag.vocab import P2P
@@ -135,16 +137,47 @@ def _split(trace: Trace, metrics: Metrics) -> tuple[pd.DataFrame, pd.DataFrame |
     """(per steady (rank, step): blocking transfer seconds of the collectives an overlap setting
     can hide; the same of tensor-parallel groups' collectives, None without any). With pp > 1 the
     pipeline's send/recv are left out: their waits are its bubble (pipeline_bubble's premise)."""
-    c = metrics.comms
-    if c.empty:
+    if not metrics.calls:
         return metrics.exposed, None
-    tp = tensor_parallel(c["group"]).to_numpy(dtype=bool)
-    other = ~tp
-    if int(trace.layout().get("pp") or 1) > 1:
-        other &= ~c["kind"].isin(P2P).to_numpy(dtype=bool)
-    steady = metrics.steady_steps
-    rest = metrics.exposed if other.all() else comms.blocking_per_step(c[other], steady, waits=False)
-    return rest, comms.blocking_per_step(c[tp], steady, waits=False) if tp.any() else None
+    pp = int(trace.layout().get("pp") or 1) > 1
+    roles = metrics.reduce(_Roles())
+    hideable = all(not tp and not (pp and p2p) for tp, p2p in roles)  # every call: `exposed` is theirs
+    rest = metrics.exposed if hideable else Exposed(_Hideable(pp)).per_step(metrics)
+    return rest, Exposed(_in_tp_group).per_step(metrics) if any(tp for tp, _ in roles) else None
+
+
+@dataclass(frozen=True)
+class _Roles:
+    """The (tensor-parallel, send/recv) pairs the calls hold (`diag.metrics.reduction`): whether
+    some are measured apart, and whether those an overlap setting hides are all of them."""
+
+    def of(self, metrics: Metrics) -> frozenset[tuple[bool, bool]]:
+        c = metrics.comms
+        if c.empty:
+            return frozenset()
+        tp = tensor_parallel(c["group"]).to_numpy(dtype=bool)
+        p2p = c["kind"].isin(P2P).to_numpy(dtype=bool)
+        return frozenset((bool(code & 2), bool(code & 1)) for code in np.unique(2 * tp + p2p))
+
+    def merged(self, parts: list[frozenset[tuple[bool, bool]]]) -> frozenset[tuple[bool, bool]]:
+        return frozenset().union(*parts)
+
+
+def _in_tp_group(c: pd.DataFrame) -> pd.Series:
+    """Tensor-parallel groups' calls (`comms.tensor_parallel`)."""
+    return tensor_parallel(c["group"])
+
+
+@dataclass(frozen=True)
+class _Hideable:
+    """The calls an overlap setting can hide: not tensor-parallel, nor (`pp`) the pipeline's
+    send/recv."""
+
+    pp: bool
+
+    def __call__(self, c: pd.DataFrame) -> pd.Series:
+        keep = ~tensor_parallel(c["group"])
+        return keep & ~c["kind"].isin(P2P) if self.pp else keep
 
 
 @rule("exposed_comm")

@@ -90,15 +90,14 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
     cn = zero3_cross_node(trace, metrics)
     if cn is None or not cn.slow:
         return []
-    rows, per, step_s, cross_s, busbw, link = cn.rows, cn.per, cn.step_s, cn.cross_s, cn.busbw, cn.link
+    calls, per, step_s, cross_s, busbw, link = cn.calls, cn.per, cn.step_s, cn.cross_s, cn.busbw, cn.link
     host_of = trace.hosts()
-    moved = float((rows["busbw"] * rows["dur_s"]).sum())  # bus bytes (GB) moved
-    aggregate = moved / float(rows["dur_s"].sum())
+    aggregate = calls.moved / calls.dur_s  # bus bytes (GB) moved over the calls' seconds
     nsteps = max(per["step"].nunique(), 1)
-    nranks = max(rows["rank"].nunique(), 1)
+    nranks = max(len(calls.ranks), 1)
     # the bytes of the compared (steady) steps, not the warm-up step's too
-    steady = rows[rows["step"].isin(per["step"])]
-    ideal_s = float(steady["bytes"].astype(float).sum()) / (link * 1e9) / nsteps / nranks
+    steady = calls.bytes[calls.bytes.index.isin(per["step"])]
+    ideal_s = float(steady.astype(float).sum()) / (link * 1e9) / nsteps / nranks
     per_node = max(sum(1 for h in host_of.values() if h == v) for v in set(host_of.values()))
     cost = Cost(cross_s, step_s)
     # the what-if: each step had the same bytes moved at the nominal link, summed over the steps (at
@@ -124,15 +123,15 @@ def zero3_slow_link(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "cross_node_comm_s": cross_s,
                 "step_s": step_s,
                 "step_share": cross_s / step_s,
-                "ops": len(rows),
-                "bytes_per_step_per_rank": float(rows["bytes"].sum()) / nsteps / nranks,
+                "ops": calls.ops,
+                "bytes_per_step_per_rank": float(calls.bytes.sum()) / nsteps / nranks,
                 "hosts": sorted(set(host_of.values())),
                 "ideal_step_comm_s": ideal_s,
                 "what_if_lost_s": float(lost.sum()),
                 "what_if_steps": len(lost),
             },
-            ranks=sorted(int(r) for r in rows["rank"].unique()),
-            layers=sorted({str(m) for m in rows["module"].dropna()})[:10],
+            ranks=sorted(calls.ranks),
+            layers=list(calls.modules),
             steps=sorted(int(s) for s in per["step"].unique())[:20],
             recoverable_s=max(cross_s - ideal_s, 0.0),
             fixes=_fixes(trace, per_node),
