@@ -163,9 +163,7 @@ def document(
                 ),  # trace + log by iteration (importers/join.py)
             },
             "throughput": tp,
-            "layers": trace_doc.layers(
-                trace, tp["peak"]["tflops"] if tp["peak"] else None, metrics.steady_steps
-            ),
+            "layers": trace_doc.layers(trace, tp["peak"]["tflops"] if tp["peak"] else None, metrics=metrics),
             "steps": trace_doc.steps(tp["per_step"], trace),
             "step_timeline": trace_doc.step_timeline(trace),
             "memory": trace_doc.memory(trace),
