@@ -83,6 +83,13 @@ def steady_rows(layers: pd.DataFrame, steady: pd.DataFrame) -> tuple[np.ndarray,
     return warm, keep
 
 
+def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
+    """Layer records of modules without children (`layer_sums.leaf_names`: the root, named by its
+    class, is the module with the most FLOPs)."""
+    names = layers["module"].astype(str)
+    return layers[names.isin(layer_sums.leaf_names(layers["flops"].groupby(names).sum()))]
+
+
 def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -> pd.DataFrame:
     """The `top` leaf modules, each from the lowest rank that ran it, by time per sampled step
     (`layer_sums.table`; `warmup`: a column `steady_samples` adds). Each module's own lowest rank,
