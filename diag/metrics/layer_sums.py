@@ -40,7 +40,7 @@ def of_records(layers: pd.DataFrame, warm: np.ndarray) -> Sums:
         return EMPTY
     key, modules = pd.factorize(layers["module"], use_na_sentinel=False)
     rcode, ranks = pd.factorize(layers["rank"], sort=True)
-    key = key.astype(np.int64)  # (in place below: each temporary a record's 8 bytes)
+    key = key.astype(np.int64, copy=False)  # (in place below: each temporary a record's 8 bytes)
     key *= len(ranks)
     key += rcode
     key *= 2
@@ -48,8 +48,10 @@ def of_records(layers: pd.DataFrame, warm: np.ndarray) -> Sums:
     del rcode
     flops = pd.to_numeric(layers["flops"], errors="coerce").groupby(key, sort=False).sum()
     pairs, steps = pd.factorize(layers["step"])
-    pairs = pairs.astype(np.int64)
-    pairs = pd.unique(pairs[pairs >= 0] + key[pairs >= 0] * len(steps))  # distinct (key, step)
+    pairs = pairs.astype(np.int64, copy=False)
+    known = pairs >= 0
+    pairs += key * len(steps)
+    pairs = pd.unique(pairs if known.all() else pairs[known])  # distinct (key, step)
     per = pd.DataFrame({"steps": pd.Series(pairs // max(len(steps), 1)).value_counts(), "flops": flops})
     mem = layers["mem_delta"] if "mem_delta" in layers else pd.Series(np.nan, index=layers.index)
     fwd = ((layers["phase"] == "fwd") & mem.notna()).to_numpy()  # the forward's (of a few records on CPU)
@@ -57,7 +59,9 @@ def of_records(layers: pd.DataFrame, warm: np.ndarray) -> Sums:
     per = per.assign(mem=g.sum(), mem_n=g.count()).fillna({"steps": 0, "mem": 0.0, "mem_n": 0})
     per = per.astype({"steps": "int64", "mem": "float64", "mem_n": "int64"})
     pcode, phases = pd.factorize(layers["phase"], use_na_sentinel=False)
-    dur = layers["dur"].groupby(key * len(phases) + pcode, sort=False).sum()
+    pcode = pcode.astype(np.int64, copy=False)
+    pcode += key * len(phases)
+    dur = layers["dur"].groupby(pcode, sort=False).sum()
     by_phase = _keyed(dur.index.to_numpy() // len(phases), modules, ranks).assign(
         phase=np.array([str(p) for p in phases], dtype=object)[dur.index.to_numpy() % len(phases)],
         dur=dur.to_numpy(),
