@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from diag import schema
-from diag.metrics import positions
+from diag.metrics import layer_sums, positions
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
-
-COLUMNS = ["module", "steps", "fwd_ms", "bwd_ms", "flops", "tflops", "mfu", "mem_delta", "warmup"]
 
 
 def renumber(name: str, numbers: dict[str, int]) -> str:
@@ -84,39 +84,37 @@ def steady_rows(layers: pd.DataFrame, steady: pd.DataFrame) -> tuple[np.ndarray,
 
 
 def leaf_layers(layers: pd.DataFrame) -> pd.DataFrame:
-    """Layer records of modules without children (parents' records are inclusive of them). The root
-    is named by its class, not as a prefix of its children: it is the one with the most FLOPs."""
-    names = set(layers["module"].astype(str))
-    leaves = {n for n in names if not any(o.startswith(n + ".") for o in names)}
-    if len(leaves) > 1:
-        leaves.discard(str(layers.groupby("module", observed=True)["flops"].sum().idxmax()))
-    return layers[layers["module"].astype(str).isin(leaves)]
+    """Layer records of modules without children (`layer_sums.leaf_names`: the root, named by its
+    class, is the module with the most FLOPs)."""
+    names = layers["module"].astype(str)
+    return layers[names.isin(layer_sums.leaf_names(layers["flops"].groupby(names).sum()))]
 
 
 def top_layers(layers: pd.DataFrame, peak_tflops: float | None, top: int = 10) -> pd.DataFrame:
-    """The `top` leaf modules, each from the lowest rank that ran it, by time per sampled step:
-    forward and backward ms, FLOPs, FLOP/s over its own time, MFU, and the mean allocated-memory
-    change of its forward (CUDA only; None on CPU), and whether its records are all of warm-up
-    steps (`warmup`, a column `steady_samples` adds). Each module's own lowest rank, not the job's:
-    under pipeline parallelism a stage's layers run on its ranks only (Megatron-DeepSpeed PP=2: the
-    table showed stage 0 alone, without the logits and layer 1, 68% of the FLOPs)."""
+    """The `top` leaf modules, each from the lowest rank that ran it, by time per sampled step
+    (`layer_sums.table`; `warmup`: a column `steady_samples` adds). Each module's own lowest rank,
+    not the job's: under pipeline parallelism a stage's layers run on its ranks only
+    (Megatron-DeepSpeed PP=2: the table showed stage 0 alone, without the logits and layer 1, 68%
+    of the FLOPs)."""
+    warm = layers["warmup"].to_numpy(dtype=bool) if "warmup" in layers else np.zeros(len(layers), dtype=bool)
+    return layer_sums.table(layer_sums.lowest(layer_sums.of_records(layers, warm)), peak_tflops, top)
+
+
+def steady_sums(layers: pd.DataFrame, steady: pd.DataFrame) -> layer_sums.Sums:
+    """`layer_sums.Sums` of `layers`, the records of steps not in `steady` (`Metrics.steady_steps`)
+    marked warm-up."""
     if layers.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    lay = layers[layers["rank"] == layers.groupby("module", observed=True)["rank"].transform("min")]
-    leaf = leaf_layers(lay)
-    leaf = leaf.assign(module=leaf["module"].astype(str), phase=leaf["phase"].astype(str))
-    steps = leaf.groupby("module")["step"].nunique().clip(lower=1)
-    dur = leaf.pivot_table(index="module", columns="phase", values="dur", aggfunc="sum").fillna(0)
-    dur = dur.div(steps.reindex(dur.index), axis=0)
-    out = pd.DataFrame({"fwd_ms": dur.get("fwd", 0) / 1e6, "bwd_ms": dur.get("bwd", 0) / 1e6})
-    out["flops"] = pd.to_numeric(leaf["flops"], errors="coerce").groupby(leaf["module"]).sum() / steps
-    secs = (out["fwd_ms"] + out["bwd_ms"]) / 1e3
-    out["tflops"] = (out["flops"] / secs.where(secs > 0) / 1e12).where(out["flops"] > 0)
-    out["mfu"] = out["tflops"] / peak_tflops if peak_tflops else None
-    fwd = leaf[leaf["phase"] == "fwd"]
-    out["mem_delta"] = pd.to_numeric(fwd["mem_delta"], errors="coerce").groupby(fwd["module"]).mean()
-    out["steps"] = steps.reindex(out.index)
-    out["warmup"] = leaf["warmup"].groupby(leaf["module"]).all() if "warmup" in leaf else False
-    out = out.assign(_t=out["fwd_ms"] + out["bwd_ms"])
-    out = out.sort_values("_t", ascending=False, kind="stable").head(top)  # ties: by name (groupby's order)
-    return out.drop(columns="_t").rename_axis("module").reset_index()[COLUMNS]
+        return layer_sums.EMPTY
+    return layer_sums.of_records(layers, steady_rows(layers, steady)[0])
+
+
+@dataclass(frozen=True)
+class LayerSums:
+    """The trace's layer records named model-wide (`model_wide_layers`), summed (`steady_sums` on
+    the whole trace's steady steps, a window's too: `window_metrics.of_window`)."""
+
+    def of(self, metrics: Metrics) -> layer_sums.Sums:
+        return steady_sums(model_wide_layers(metrics.trace), metrics.steady_steps)
+
+    def merged(self, parts: list[layer_sums.Sums]) -> layer_sums.Sums:
+        return layer_sums.merged(parts)

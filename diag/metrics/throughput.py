@@ -22,12 +22,18 @@ GPU: model FLOPs / (iteration time x world size), the figure Megatron prints.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from diag.metrics import positions
 from diag.metrics.agg import named
 from diag.metrics.steps import NS, steady
+
+if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
 
 STEP_COLUMNS = [
     "rank",
@@ -84,6 +90,23 @@ def _rank_flops(layers: pd.DataFrame) -> pd.DataFrame:
     return out.rename("flops").reset_index()
 
 
+@dataclass(frozen=True)
+class StepFlops:
+    """`step_flops` of the trace's layer records: a (rank, step)'s records lie in one window of
+    steps, so the windows' rows concatenate (in (rank, step) order, as the whole trace's)."""
+
+    def of(self, metrics: Metrics) -> pd.DataFrame:
+        return step_flops(metrics.trace.layers)
+
+    def merged(self, parts: list[pd.DataFrame]) -> pd.DataFrame:
+        rows = [p for p in parts if len(p)]
+        if len(rows) <= 1:
+            return rows[0] if rows else step_flops(pd.DataFrame())
+        return pd.concat(rows, ignore_index=True).sort_values(
+            ["rank", "step"], kind="stable", ignore_index=True
+        )
+
+
 def per_step(
     steps: pd.DataFrame,
     layers: pd.DataFrame,
@@ -91,14 +114,25 @@ def per_step(
     seq_length: int | None,
     dp: int | None = None,
 ) -> pd.DataFrame:
-    """One row per (rank, step) with a duration (`steps` is `Metrics.steps`): `samples`/`tokens` the
-    job's per step, `samples_per_s`/`tokens_per_s` the rank's replica's (NaN without `dp`)."""
+    """`per_step_of` the FLOPs counted in `layers` (layer records, `step_flops`)."""
+    return per_step_of(steps, step_flops(layers), peak_tflops, seq_length, dp)
+
+
+def per_step_of(
+    steps: pd.DataFrame,
+    counted: pd.DataFrame,
+    peak_tflops: float | None,
+    seq_length: int | None,
+    dp: int | None = None,
+) -> pd.DataFrame:
+    """One row per (rank, step) with a duration (`steps` is `Metrics.steps`; `counted` the FLOPs
+    per sampled (rank, step), `step_flops`): `samples`/`tokens` the job's per step,
+    `samples_per_s`/`tokens_per_s` the rank's replica's (NaN without `dp`)."""
     if steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     st = steps[["rank", "step", "dur"]].copy()
     st["samples"] = pd.to_numeric(steps["samples"], errors="coerce") if "samples" in steps else np.nan
     st["tokens"] = pd.to_numeric(steps["tokens"], errors="coerce") if "tokens" in steps else np.nan
-    counted = step_flops(layers)
     if counted.empty:  # no step counted (no per-layer records): nothing to hold, the merges skipped
         st["sampled"], st["flops"] = False, np.nan
     else:

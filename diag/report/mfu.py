@@ -91,7 +91,8 @@ def section(
     shape = {**(layout.get("model") or {}), **(model or {})}
     seq = shape.get("seq_length")
     dp = throughput.data_parallel(layout)
-    rows = throughput.per_step(metrics.steps, trace.layers, value, int(seq) if seq else None, dp)
+    counted = metrics.reduce(throughput.StepFlops())  # FLOPs per sampled (rank, step)
+    rows = throughput.per_step_of(metrics.steps, counted, value, int(seq) if seq else None, dp)
     ranks = throughput.per_rank(rows)
     quiet = throughput.job_steps(rows)  # read by the job's rates and step time alike
     known = ranks.dropna(subset=["tflops"])

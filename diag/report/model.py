@@ -169,7 +169,8 @@ def document(
             },
             "throughput": tp,
             "layers": held(
-                "layers", trace_doc.layers, tp["peak"]["tflops"] if tp["peak"] else None, metrics.steady_steps
+                "layers",
+                lambda t: trace_doc.layers(t, tp["peak"]["tflops"] if tp["peak"] else None, metrics=metrics),
             ),
             "steps": held("steps", lambda t: trace_doc.steps(tp["per_step"], t), partial=tp),
             "step_timeline": held("step_timeline", trace_doc.step_timeline),

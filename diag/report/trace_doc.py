@@ -7,32 +7,33 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from diag.metrics import layer_sums
 from diag.metrics import steps as step_frames
-from diag.metrics.layer_stats import model_wide_layers, steady_rows, steady_samples, top_layers
+from diag.metrics.layer_stats import LayerSums, model_wide_layers, steady_sums
 from diag.report.records import Records
 
 if TYPE_CHECKING:
+    from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
 
 def layers(
-    trace: Trace, peak_tflops: float | None, steady: pd.DataFrame | None = None
+    trace: Trace,
+    peak_tflops: float | None,
+    steady: pd.DataFrame | None = None,
+    metrics: Metrics | None = None,
 ) -> list[dict[str, Any]]:
     """The top layers over the steady samples (`steady`: the steady steps, `Metrics.steady_steps`;
-    the warm-up's samples only where a rank has no other). Only each module's lowest rank's records
-    are read (`top_layers`' own choice) and taken: a copy of every steady record took +105 MiB at
-    64 ranks x 1,000 steps (1,026,048 records)."""
-    if steady is None:
-        steady = step_frames.steady(step_frames.step_frame(trace.steps))
-    lay = model_wide_layers(trace)
-    if lay.empty:
-        picked = steady_samples(lay, steady)
+    the warm-up's samples only where a rank has no other), each module's from its lowest rank, of
+    the layer records summed per (module, rank, warm-up) (`layer_sums`): `metrics`' (the report's:
+    its `LayerSums`, which the windowed pass sums a window of steps at a time), else `trace`'s."""
+    if metrics is not None:
+        sums = metrics.reduce(LayerSums())
     else:
-        warm, keep = steady_rows(lay, steady)
-        lowest = lay["rank"].where(keep).groupby(lay["module"], observed=True).transform("min")
-        keep &= (lay["rank"] == lowest).to_numpy()
-        picked = lay.assign(warmup=warm)[keep]
-    return top_layers(picked, peak_tflops).astype(object).to_dict("records")
+        if steady is None:
+            steady = step_frames.steady(step_frames.step_frame(trace.steps))
+        sums = steady_sums(model_wide_layers(trace), steady)
+    return layer_sums.table(layer_sums.chosen(sums), peak_tflops).astype(object).to_dict("records")
 
 
 def steps(per_step: Records, trace: Trace) -> list[dict[str, Any]]:
