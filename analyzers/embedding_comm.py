@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,7 +13,7 @@ from diag.analyzers.base import rule
 
 from diag import schema
 from diag.findings import Cost, Finding, Fix
-from diag.metrics import positions
+from diag.metrics import positions, steps
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -32,24 +33,44 @@ def is_embedding(module: object) -> bool:
     return isinstance(module, str) and bool(EMBEDDING.search(module))
 
 
-def embedding_mask(c: pd.DataFrame) -> pd.Series:
-    """Collectives that move embedding / output-layer data: issued while such a module runs, or (ZeRO-3
-    buckets gradients, so the reduce-scatter carrying a module's gradient is issued during the next
-    module's backward) a gradient reduction of exactly the size of one of that rank's embedding
-    gathers: partitioned parameters make that size specific to the module."""
-    by_module = _by_module(c["module"])
-    gather = by_module & (c["kind"] == "all_gather").to_numpy()
-    grad = c["kind"].isin(("reduce_scatter", "all_reduce")).to_numpy()
-    sized = np.zeros(len(c), dtype=bool)
-    nbytes = c["bytes"]
-    # a rank at a time, its gathers' sizes looked up whole-column (a Python test per call took
-    # 0.5 s of CPU for 843,360 calls); an unknown size (NaN) matches none, as before
-    for rows in positions.by_rank(pd.factorize(c["rank"])[0]):
-        mine = nbytes.iloc[rows]
-        sizes = mine[gather[rows]]
-        if len(sizes):
-            sized[rows] = grad[rows] & mine.isin(sizes[sizes.notna()]).to_numpy()
-    return pd.Series(by_module | sized, index=c.index)
+Tracked = tuple[tuple[int, frozenset[int]], ...]  # `attributed_steps`, hashable: (rank, its steps)
+
+
+def gather_sizes(c: pd.DataFrame) -> frozenset[tuple[int, float]]:
+    """(rank, bytes) of each embedding all-gather of `c` (issued while such a module runs; an
+    unknown size matches none): a small set, each rank's few embedding sizes."""
+    gather = _by_module(c["module"]) & (c["kind"] == "all_gather").to_numpy()
+    g = pd.DataFrame({"rank": c["rank"].to_numpy()[gather], "bytes": c["bytes"].to_numpy()[gather]}).dropna()
+    return frozenset((int(r), float(b)) for r, b in g.drop_duplicates().itertuples(index=False))
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """The collectives that move embedding / output-layer data, on the attributed steps (`tracked`):
+    issued while such a module runs, or (ZeRO-3 buckets gradients, so the reduce-scatter carrying a
+    module's gradient is issued during the next module's backward) a gradient reduction of exactly
+    the size of one of that rank's embedding gathers anywhere in the trace (`gathers`, from
+    `gather_sizes`: a window of steps alone may not hold the gather): partitioned parameters make
+    that size specific to the module. A pick equal by value (`diag.metrics.reduction`)."""
+
+    tracked: Tracked
+    gathers: frozenset[tuple[int, float]]
+
+    def __call__(self, c: pd.DataFrame) -> pd.Series:
+        by_module = _by_module(c["module"])
+        grad = c["kind"].isin(("reduce_scatter", "all_reduce")).to_numpy()
+        sized = np.zeros(len(c), dtype=bool)
+        sizes: dict[int, list[float]] = {}
+        for r, b in self.gathers:
+            sizes.setdefault(r, []).append(b)
+        rank, ranks = pd.factorize(c["rank"])
+        # a rank at a time, its gathers' sizes looked up whole-column (a Python test per call took
+        # 0.5 s of CPU for 843,360 calls); an unknown size (NaN) matches none, as before
+        for rows in positions.by_rank(rank):
+            mine = sizes.get(int(ranks[rank[rows][0]]))
+            if mine:
+                sized[rows] = grad[rows] & c["bytes"].iloc[rows].isin(mine).to_numpy()
+        return pd.Series(by_module | sized, index=c.index) & _on_attributed(c, dict(self.tracked))
 
 
 def _by_module(module: pd.Series) -> np.ndarray:
@@ -83,6 +104,134 @@ def _on_attributed(df: pd.DataFrame, steps: dict[int, set[int]]) -> pd.Series:
     return pd.Series(
         [r not in steps or s in steps[r] for r, s in zip(df["rank"], df["step"])], index=df.index, dtype=bool
     )
+
+
+def _tracked(trace: Trace) -> Tracked:
+    return tuple(sorted((r, frozenset(s)) for r, s in attributed_steps(trace).items()))
+
+
+def _attributed(c: pd.DataFrame, tracked: Tracked) -> pd.DataFrame:
+    """`c`'s calls on attributed steps (untracked steps' collectives carry no module: not evidence)."""
+    if c.empty or "module" not in c:
+        return c.iloc[:0]
+    return c[_on_attributed(c, dict(tracked))]
+
+
+@dataclass(frozen=True)
+class Moved:
+    """Bytes communicated on the attributed steps: all, by embedding collectives, and each rank's
+    embedding-gather sizes (`Embedding.gathers`)."""
+
+    total: float
+    embedding: float
+    gathers: frozenset[tuple[int, float]]
+
+
+@dataclass
+class _MovedPart:
+    """A window's `Moved`: its gradient reductions' bytes kept per (rank, size) (not issued under
+    an embedding module) until every window's gathers are known."""
+
+    total: float = 0.0
+    named: float = 0.0
+    grads: dict[tuple[int, float], float] = field(default_factory=dict)
+    gathers: frozenset[tuple[int, float]] = frozenset()
+
+
+@dataclass(frozen=True)
+class MovedBytes:
+    """`Moved` of the calls: what the rule checks before the per-step union, its cost."""
+
+    tracked: Tracked
+
+    def of(self, metrics: Metrics) -> _MovedPart:
+        c = _attributed(metrics.comms, self.tracked)
+        if c.empty:
+            return _MovedPart()
+        nbytes = c["bytes"].fillna(0)
+        named = _by_module(c["module"])
+        grad = (
+            ~named
+            & c["kind"].isin(("reduce_scatter", "all_reduce")).to_numpy()
+            & c["bytes"].notna().to_numpy()
+        )
+        g = pd.DataFrame({"rank": c["rank"].to_numpy()[grad], "bytes": c["bytes"].to_numpy()[grad]})
+        sums = g.groupby(["rank", "bytes"])["bytes"].sum()
+        return _MovedPart(
+            float(nbytes.sum()),
+            float(nbytes[named].sum()),
+            {(int(r), float(b)): float(v) for (r, b), v in sums.items()},
+            gather_sizes(c),
+        )
+
+    def merged(self, parts: list[_MovedPart]) -> Moved:
+        grads: dict[tuple[int, float], float] = {}
+        for p in parts:
+            for key, v in p.grads.items():
+                grads[key] = grads.get(key, 0.0) + v
+        gathers = frozenset().union(*(p.gathers for p in parts))
+        sized = sum(v for key, v in grads.items() if key in gathers)
+        return Moved(sum(p.total for p in parts), sum(p.named for p in parts) + sized, gathers)
+
+
+@dataclass(frozen=True)
+class EmbeddingUnion:
+    """(rank, step) -> seconds covered by its embedding collectives (the union of their intervals)."""
+
+    pick: Embedding
+
+    def __call__(self, c: pd.DataFrame) -> pd.Series:
+        if c.empty or "module" not in c:
+            return pd.Series(dtype=float)
+        # (the selected calls' 4 columns copied once, as `Metrics.union_per_step`: selecting within
+        # each rank's rows (`keep=`) copied every call's and took +25% of the rule's time)
+        return steps.union_by_step(c[["rank", "step", "ts", "dur"]][self.pick(c).to_numpy()])
+
+
+@dataclass
+class Detail:
+    """The embedding collectives' modules (seconds, embedding-named modules), ops (calls of a known
+    size, bytes) and ranks."""
+
+    modules: dict[str, float] = field(default_factory=dict)
+    ops: dict[str, tuple[int, float]] = field(default_factory=dict)
+    ranks: frozenset[int] = frozenset()
+
+    def ranked(self) -> list[str]:
+        """The modules, most seconds first, ties by name (windows' sums may differ in the last bits)."""
+        return sorted(self.modules, key=lambda m: (-self.modules[m], m))
+
+
+@dataclass(frozen=True)
+class Details:
+    """`Detail` of the calls `pick` selects."""
+
+    pick: Embedding
+
+    def of(self, metrics: Metrics) -> Detail:
+        c = metrics.comms
+        if c.empty or "module" not in c:
+            return Detail()
+        rows = c[self.pick(c)]
+        named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
+        modules = named.groupby(named["module"].astype(str))["dur_s"].sum()
+        ops = rows.groupby("kind", observed=True)["bytes"].agg(["count", "sum"])
+        return Detail(
+            {str(m): float(v) for m, v in modules.items()},
+            {str(k): (int(v["count"]), v["sum"]) for k, v in ops.iterrows()},
+            frozenset(int(r) for r in rows["rank"].unique()),
+        )
+
+    def merged(self, parts: list[Detail]) -> Detail:
+        out = Detail()
+        for p in parts:
+            for m, v in p.modules.items():
+                out.modules[m] = out.modules.get(m, 0.0) + v
+            for k, (n, b) in p.ops.items():
+                was = out.ops.get(k, (0, 0))
+                out.ops[k] = (was[0] + n, was[1] + b)
+            out.ranks |= p.ranks
+        return out
 
 
 def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:
@@ -149,39 +298,30 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     (`attributed_steps`; every step of older or imported traces). Under ZeRO-3 prefetch
     (stage3_prefetch_bucket_size > 0) gathers are issued ahead by an earlier module and cannot be
     attributed: the rule then stays silent. Severity: the embedding communication's share of the step."""
-    c = metrics.comms
-    if c.empty or "module" not in c:
+    tracked = _tracked(trace)
+    moved = metrics.reduce(MovedBytes(tracked))
+    if moved.total <= 0:
         return []
-    tracked = attributed_steps(trace)
-    c = c[_on_attributed(c, tracked)]  # untracked steps' collectives carry no module: not evidence
-    if c.empty:
-        return []
-    emb = embedding_mask(c)
-    total_bytes = float(c["bytes"].fillna(0).sum())
-    if total_bytes <= 0:
-        return []
-    comm_share = float(c.loc[emb, "bytes"].fillna(0).sum()) / total_bytes
+    comm_share = moved.embedding / moved.total
     if comm_share < COMM_SHARE:  # checked before the per-step union, this rule's cost
         return []
-    per = metrics.union_per_step(emb)
-    per = per[_on_attributed(per, tracked)]
+    pick = Embedding(tracked, moved.gathers)
+    per = steps.join_steps(metrics.steady_steps, metrics.per_step(EmbeddingUnion(pick)), "comm_s")
+    per = per[_on_attributed(per, dict(tracked))]
     if per.empty:
         return []
     emb_s, step_s = float(per["comm_s"].median()), float(per["dur_s"].median())
     if step_s <= 0 or emb_s / step_s < STEP_SHARE:
         return []
-    rows = c[emb]
-    named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
-    modules = named.groupby(named["module"].astype(str))["dur_s"].sum()
-    modules = modules.sort_values(ascending=False, kind="stable")
-    ops = rows.groupby("kind")["bytes"].agg(["count", "sum"])
+    detail = metrics.reduce(Details(pick))
+    modules = detail.ranked()
     cost = Cost(emb_s, step_s)
     return [
         Finding(
             severity=cost.severity,
             title=f"embedding/output-layer collectives take {cost.share:.0%} of each step",
             detail=(
-                f"communication issued by {', '.join(modules.index[:3])} ({comm_share:.0%} of all bytes "
+                f"communication issued by {', '.join(modules[:3])} ({comm_share:.0%} of all bytes "
                 f"communicated) {cost.text}."
             ),
             evidence={
@@ -190,10 +330,10 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
                 "step_s": step_s,
                 "step_share": emb_s / step_s,
                 "comm_share": comm_share,
-                "ops": {k: {"count": int(v["count"]), "bytes": int(v["sum"])} for k, v in ops.iterrows()},
+                "ops": {k: {"count": n, "bytes": int(b)} for k, (n, b) in sorted(detail.ops.items())},
             },
-            ranks=sorted(int(r) for r in rows["rank"].unique()),
-            layers=list(modules.index[:5]),
+            ranks=sorted(detail.ranks),
+            layers=modules[:5],
             steps=sorted(int(s) for s in per["step"].unique())[:20],
             recoverable_s=emb_s,
             fixes=_fixes(trace, framework.job_of(metrics)),
