@@ -225,19 +225,23 @@ def _sig(row: Any) -> tuple[str, int | None]:
     return (str(row["kind"]), size)
 
 
+def _majority(at: pd.DataFrame) -> Sig | None:
+    """The call a strict majority of the position's ranks made (None: equal camps)."""
+    camps: dict[Sig, int] = {}
+    for _, row in at.iterrows():
+        camps[_sig(row)] = camps.get(_sig(row), 0) + 1
+    big = max(camps.values())
+    return next(s for s, n in camps.items() if n == big) if list(camps.values()).count(big) == 1 else None
+
+
 def _culprits(at: pd.DataFrame, seen: set[Sig]) -> tuple[list[int], Sig]:
     """The ranks whose call differs and the call the others made: a strict majority's; between equal
     camps, the call the group made at this position in earlier steps (`seen`: the ranks that left
     it)."""
     sigs = {int(r): _sig(row) for r, row in at.set_index("rank").iterrows()}
-    camps: dict[Sig, list[int]] = {}
-    for r, s in sigs.items():
-        camps.setdefault(s, []).append(r)
-    big = max(camps.values(), key=len)
-    if sum(len(v) == len(big) for v in camps.values()) == 1:
-        usual = next(s for s, v in camps.items() if v is big)
-    else:
-        known = [s for s in camps if s in seen]
+    usual = _majority(at)
+    if usual is None:
+        known = [s for s in dict.fromkeys(sigs.values()) if s in seen]
         if len(known) != 1:
             return sorted(sigs), ("", None)  # no way to tell which side left the usual call
         usual = known[0]
@@ -262,8 +266,11 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     firsts = metrics.reduce(FirstSteps())
     if len(firsts) < 2:
         return []  # (one rank's calls: no two members to differ)
-    found = metrics.reduce(Mismatches(firsts, _session_starts(trace)))
-    return [_finding(f.group, f.step, f.k, f.at, f.seen) for f in found]
+    cut = _session_starts(trace)
+    found = metrics.reduce(Mismatches(firsts, cut))
+    tied = frozenset((f.group, f.step, f.k) for f in found if _majority(f.at) is None)
+    seen = metrics.reduce(Earlier(firsts, cut, tied)) if tied else {}
+    return [_finding(f.group, f.step, f.k, f.at, seen.get(f.group, set())) for f in found]
 
 
 def _entered(metrics: Metrics) -> pd.DataFrame | None:
@@ -295,32 +302,29 @@ class FirstSteps:
 
 
 class Mismatch(NamedTuple):
-    """A group's first differing position: its calls (`at`, in issue order) and the (op, size)s the
-    group's calls at that index made in earlier steps (`_culprits`)."""
+    """A group's first differing position and its calls (`at`, in issue order)."""
 
     group: str
     step: int
     k: int
     at: pd.DataFrame
-    seen: set[Sig]
 
 
 @dataclass
 class _Part:
-    """A window's: per group the ranks of its compared calls, its first differing position among
-    those ranks (`Mismatch`, `seen` of this window's earlier steps), and per (group, k) the (op,
-    size)s called there (for a later window's `_culprits`)."""
+    """A window's: per group the ranks of its compared calls and its first differing position
+    among those ranks."""
 
     members: dict[str, frozenset[int]]
     found: dict[str, Mismatch]
-    sigs: dict[tuple[str, int], set[Sig]]
 
 
 @dataclass(frozen=True)
 class Mismatches:
     """Per group (by name), its first differing position (`_first_differing`) of the whole trace.
     A window's first is the whole trace's where that window holds calls of each of the group's
-    members (a position counts once every member made its call) and no earlier window's does."""
+    members (a position counts once every member made its call: a window short of one has none)
+    and no earlier window's does."""
 
     firsts: frozenset[tuple[int, int]]
     cut: Cut
@@ -328,35 +332,60 @@ class Mismatches:
     def of(self, metrics: Metrics) -> _Part:
         c = _entered(metrics)
         if c is None:
-            return _Part({}, {}, {})
+            return _Part({}, {})
         calls = _compared(metrics.trace, metrics, c, dict(self.firsts), self.cut)
         found = {}
         for group, step, k in _first_differing(calls):
             near = calls.near(group, step, k)
             at = near[near["step"] == step].sort_values("ts", kind="stable")  # in issue order
-            before = {_sig(row) for _, row in near[near["step"] < step].iterrows()}
-            found[group] = Mismatch(group, step, k, at, before)
-        return _Part(_member_ranks(calls), found, _sigs_at(calls))
+            found[group] = Mismatch(group, step, k, at)
+        return _Part(_member_ranks(calls), found)
 
     def merged(self, parts: list[_Part]) -> list[Mismatch]:
         members: dict[str, frozenset[int]] = {}
         for p in parts:
             for g, ranks in p.members.items():
                 members[g] = members.get(g, frozenset()) | ranks
-        out = []
-        for g in sorted(members):
-            at = next((i for i, p in enumerate(parts) if g in p.found and p.members[g] == members[g]), None)
-            if at is not None:
-                f = parts[at].found[g]
-                seen = set(f.seen).union(*(p.sigs.get((g, f.k), ()) for p in parts[:at]))
-                out.append(f._replace(seen=seen))
+        mine = (
+            next((p.found[g] for p in parts if g in p.found and p.members[g] == members[g]), None)
+            for g in sorted(members)
+        )
+        return [f for f in mine if f is not None]
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """Per group of `at` ((group, step, k): a position of equal camps), the (op, size)s its compared
+    calls at index k made in earlier steps (`_culprits`): asked only for such a finding."""
+
+    firsts: frozenset[tuple[int, int]]
+    cut: Cut
+    at: frozenset[tuple[str, int, int]]
+
+    def of(self, metrics: Metrics) -> dict[str, set[Sig]]:
+        c = _entered(metrics)
+        if c is None:
+            return {}
+        calls = _compared(metrics.trace, metrics, c, dict(self.firsts), self.cut)
+        out = {}
+        for group, step, k in self.at:
+            if group in calls.names:
+                near = calls.near(group, step - 1, k)
+                out[group] = {_sig(row) for _, row in near.iterrows()}
+        return out
+
+    def merged(self, parts: list[dict[str, set[Sig]]]) -> dict[str, set[Sig]]:
+        out: dict[str, set[Sig]] = {}
+        for p in parts:
+            for g, sigs in p.items():
+                out[g] = out.get(g, set()) | sigs
         return out
 
 
 def _distinct(key: np.ndarray, cells: int) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct values of `key`, ints in [0, cells), sorted; a position of each in `key`):
-    a table of the cells where it is small (no sort of the calls), else `np.unique`."""
-    if cells > 2**24:
+    a table of the cells where it is no larger than `key` (no sort of the calls), else `np.unique`."""
+    if cells > len(key) + 2**20:
         return np.unique(key, return_index=True)
     one = np.full(cells, -1, np.int64)
     one[key] = np.arange(len(key))
@@ -375,27 +404,6 @@ def _member_ranks(calls: _Calls) -> dict[str, frozenset[int]]:
         str(calls.names[g]): frozenset(int(r) for r in calls.ranks[rows])
         for g, rows in zip(groups, np.split(pairs % width, starts[1:]), strict=True)
     }
-
-
-def _sigs_at(calls: _Calls) -> dict[tuple[str, int], set[Sig]]:
-    """Per (group name, k), the (op, size)s of the compared calls at that index (`_sig`)."""
-    if not len(calls.group):
-        return {}
-    width, depth = int(calls.sig.max()) + 2, int(calls.k.max()) + 1
-    key = (calls.group.astype(np.int64) * depth + calls.k) * width + (calls.sig + 1)
-    taken, one = _distinct(key, (len(calls.names) + 1) * depth * width)
-    kind, nbytes = calls.c["kind"].array, calls.c["bytes"].array
-    out: dict[tuple[str, int], set[Sig]] = {}
-
-    def add(g: int, k: int, i: int) -> None:
-        row = calls.rows[i]
-        out.setdefault((str(calls.names[g]), k), set()).add(_sig({"kind": kind[row], "bytes": nbytes[row]}))
-
-    for at, i in zip((taken // width).tolist(), one.tolist(), strict=True):
-        add(at // depth, at % depth, i)
-    for i in np.flatnonzero(calls.sig < 0).tolist():  # (calls of no op: one key whatever their size)
-        add(int(calls.group[i]), int(calls.k[i]), i)
-    return out
 
 
 def _first_differing(calls: _Calls) -> list[tuple[str, int, int]]:

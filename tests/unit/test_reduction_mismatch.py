@@ -74,7 +74,7 @@ def test_a_gradient_sized_as_a_later_windows_gather_counts_in_the_first(tmp_path
 
 
 def _found(a: list[cm.Mismatch], b: list[cm.Mismatch]) -> None:
-    assert [(f.group, f.step, f.k, f.seen) for f in a] == [(f.group, f.step, f.k, f.seen) for f in b]
+    assert [(f.group, f.step, f.k) for f in a] == [(f.group, f.step, f.k) for f in b]
     for x, y in zip(a, b, strict=True):
         pd.testing.assert_frame_equal(
             x.at.reset_index(drop=True), y.at.reset_index(drop=True), check_exact=True
@@ -107,7 +107,10 @@ def test_a_mismatch_past_the_first_window_and_its_culprit_from_earlier_windows(t
     group made at that index in steps 1-4 (earlier windows when a window holds fewer steps)."""
     trace = _steps({1: [(5, "broadcast", 4)]}).write(str(tmp_path / "a"))
     (m,) = _mismatches(trace)
-    assert (m.group, m.step, m.k) == ("world:0", 5, 1) and ("all_reduce", 4) in m.seen
+    assert (m.group, m.step, m.k) == ("world:0", 5, 1) and cm._majority(m.at) is None
+    firsts, cut = Metrics(trace).reduce(cm.FirstSteps()), cm._session_starts(trace)
+    seen = assert_windowed(trace, cm.Earlier(firsts, cut, frozenset({("world:0", 5, 1)})))
+    assert seen == {"world:0": {("all_reduce", 4)}}  # (steps 1-4; step 0, each rank's first, left out)
     (f,) = fired(trace, "collective_mismatch")
     assert f.ranks == [1] and f.evidence["expected"] == {"op": "all_reduce", "bytes": 4}
 
