@@ -315,7 +315,7 @@ class _Part:
     """A window's: per group the ranks of its compared calls and its first differing position
     among those ranks."""
 
-    members: dict[str, frozenset[int]]
+    members: dict[str, np.ndarray]
     found: dict[str, Mismatch]
 
 
@@ -342,12 +342,12 @@ class Mismatches:
         return _Part(_member_ranks(calls), found)
 
     def merged(self, parts: list[_Part]) -> list[Mismatch]:
-        members: dict[str, frozenset[int]] = {}
+        members: dict[str, np.ndarray] = {}
         for p in parts:
             for g, ranks in p.members.items():
-                members[g] = members.get(g, frozenset()) | ranks
-        mine = (
-            next((p.found[g] for p in parts if g in p.found and p.members[g] == members[g]), None)
+                members[g] = np.union1d(members[g], ranks) if g in members else ranks
+        mine = (  # (a window's ranks of a group are among the whole's: as many, the same)
+            next((p.found[g] for p in parts if g in p.found and len(p.members[g]) == len(members[g])), None)
             for g in sorted(members)
         )
         return [f for f in mine if f is not None]
@@ -393,15 +393,16 @@ def _distinct(key: np.ndarray, cells: int) -> tuple[np.ndarray, np.ndarray]:
     return taken, one[taken]
 
 
-def _member_ranks(calls: _Calls) -> dict[str, frozenset[int]]:
-    """Per group name, the ranks of its compared calls (`positions.members`' ranks)."""
+def _member_ranks(calls: _Calls) -> dict[str, np.ndarray]:
+    """Per group name, the ranks of its compared calls, sorted (`positions.members`' ranks): an
+    array, 8 bytes a member, as every window's part holds them until merged."""
     if not len(calls.group):
         return {}
     width = int(calls.rank.max()) + 1
     pairs = _distinct(calls.group.astype(np.int64) * width + calls.rank, (len(calls.names) + 1) * width)[0]
     groups, starts = np.unique(pairs // width, return_index=True)
     return {
-        str(calls.names[g]): frozenset(int(r) for r in calls.ranks[rows])
+        str(calls.names[g]): np.unique(calls.ranks[rows].astype(np.int64))
         for g, rows in zip(groups, np.split(pairs % width, starts[1:]), strict=True)
     }
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 ATTRIBUTED_STEP = schema.META_ATTRIBUTED_STEP
+GRADIENT_OPS = ("reduce_scatter", "all_reduce")  # a gradient reduction: embedding data when sized as a gather
 STEP_SHARE = 0.20  # embedding collectives take at least this share of the step ...
 COMM_SHARE = 0.40  # ... and at least this share of all communication
 EMBEDDING = re.compile(
@@ -57,9 +58,13 @@ class Embedding:
     gathers: frozenset[tuple[int, float]]
 
     def __call__(self, c: pd.DataFrame) -> pd.Series:
-        by_module = _by_module(c["module"])
-        grad = c["kind"].isin(("reduce_scatter", "all_reduce")).to_numpy()
-        sized = np.zeros(len(c), dtype=bool)
+        chosen = _by_module(c["module"]) | self.sized(c)
+        return pd.Series(chosen, index=c.index) & _on_attributed(c, dict(self.tracked))
+
+    def sized(self, c: pd.DataFrame) -> np.ndarray:
+        """The gradient reductions of `c` of one of their rank's embedding-gather sizes."""
+        grad = c["kind"].isin(GRADIENT_OPS).to_numpy()
+        out = np.zeros(len(c), dtype=bool)
         sizes: dict[int, list[float]] = {}
         for r, b in self.gathers:
             sizes.setdefault(r, []).append(b)
@@ -69,8 +74,8 @@ class Embedding:
         for rows in positions.by_rank(rank):
             mine = sizes.get(int(ranks[rank[rows][0]]))
             if mine:
-                sized[rows] = grad[rows] & c["bytes"].iloc[rows].isin(mine).to_numpy()
-        return pd.Series(by_module | sized, index=c.index) & _on_attributed(c, dict(self.tracked))
+                out[rows] = grad[rows] & c["bytes"].iloc[rows].isin(mine).to_numpy()
+        return out
 
 
 def _by_module(module: pd.Series) -> np.ndarray:
@@ -119,22 +124,13 @@ def _attributed(c: pd.DataFrame, tracked: Tracked) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Moved:
-    """Bytes communicated on the attributed steps: all, by embedding collectives, and each rank's
-    embedding-gather sizes (`Embedding.gathers`)."""
-
-    total: float
-    embedding: float
-    gathers: frozenset[tuple[int, float]]
-
-
-@dataclass
-class _MovedPart:
-    """A window's `Moved`: its gradient reductions' bytes kept per (rank, size) (not issued under
-    an embedding module) until every window's gathers are known."""
+    """Bytes communicated on the attributed steps: all, by calls issued under an embedding module
+    (`named`), by the other gradient reductions (`grads`: embedding data where sized as one of
+    their rank's embedding gathers, `SizedBytes`), and those gathers' sizes (`Embedding.gathers`)."""
 
     total: float = 0.0
     named: float = 0.0
-    grads: dict[tuple[int, float], float] = field(default_factory=dict)
+    grads: float = 0.0
     gathers: frozenset[tuple[int, float]] = frozenset()
 
 
@@ -144,34 +140,43 @@ class MovedBytes:
 
     tracked: Tracked
 
-    def of(self, metrics: Metrics) -> _MovedPart:
+    def of(self, metrics: Metrics) -> Moved:
         c = _attributed(metrics.comms, self.tracked)
         if c.empty:
-            return _MovedPart()
+            return Moved()
         nbytes = c["bytes"].fillna(0)
         named = _by_module(c["module"])
-        grad = (
-            ~named
-            & c["kind"].isin(("reduce_scatter", "all_reduce")).to_numpy()
-            & c["bytes"].notna().to_numpy()
-        )
-        g = pd.DataFrame({"rank": c["rank"].to_numpy()[grad], "bytes": c["bytes"].to_numpy()[grad]})
-        sums = g.groupby(["rank", "bytes"])["bytes"].sum()
-        return _MovedPart(
-            float(nbytes.sum()),
-            float(nbytes[named].sum()),
-            {(int(r), float(b)): float(v) for (r, b), v in sums.items()},
-            gather_sizes(c),
+        grad = ~named & c["kind"].isin(GRADIENT_OPS).to_numpy()
+        return Moved(
+            float(nbytes.sum()), float(nbytes[named].sum()), float(nbytes[grad].sum()), gather_sizes(c)
         )
 
-    def merged(self, parts: list[_MovedPart]) -> Moved:
-        grads: dict[tuple[int, float], float] = {}
-        for p in parts:
-            for key, v in p.grads.items():
-                grads[key] = grads.get(key, 0.0) + v
-        gathers = frozenset().union(*(p.gathers for p in parts))
-        sized = sum(v for key, v in grads.items() if key in gathers)
-        return Moved(sum(p.total for p in parts), sum(p.named for p in parts) + sized, gathers)
+    def merged(self, parts: list[Moved]) -> Moved:
+        return Moved(
+            sum(p.total for p in parts),
+            sum(p.named for p in parts),
+            sum(p.grads for p in parts),
+            frozenset().union(*(p.gathers for p in parts)),
+        )
+
+
+@dataclass(frozen=True)
+class SizedBytes:
+    """Bytes of the gradient reductions not issued under an embedding module that `pick` counts
+    (sized as their rank's embedding gather): the embedding bytes beyond `Moved.named`. Its own
+    reduction: the gathers of every window are known only once `MovedBytes` is merged."""
+
+    pick: Embedding
+
+    def of(self, metrics: Metrics) -> float:
+        c = _attributed(metrics.comms, self.pick.tracked)
+        if c.empty:
+            return 0.0
+        sized = self.pick.sized(c) & ~_by_module(c["module"])
+        return float(c["bytes"].fillna(0)[sized].sum())
+
+    def merged(self, parts: list[float]) -> float:
+        return sum(parts)
 
 
 @dataclass(frozen=True)
@@ -300,12 +305,12 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     attributed: the rule then stays silent. Severity: the embedding communication's share of the step."""
     tracked = _tracked(trace)
     moved = metrics.reduce(MovedBytes(tracked))
-    if moved.total <= 0:
-        return []
-    comm_share = moved.embedding / moved.total
+    if moved.total <= 0 or (moved.named + moved.grads) / moved.total < COMM_SHARE:
+        return []  # (at most the share the embedding bytes can reach)
+    pick = Embedding(tracked, moved.gathers)
+    comm_share = (moved.named + metrics.reduce(SizedBytes(pick))) / moved.total
     if comm_share < COMM_SHARE:  # checked before the per-step union, this rule's cost
         return []
-    pick = Embedding(tracked, moved.gathers)
     per = steps.join_steps(metrics.steady_steps, metrics.per_step(EmbeddingUnion(pick)), "comm_s")
     per = per[_on_attributed(per, dict(tracked))]
     if per.empty:

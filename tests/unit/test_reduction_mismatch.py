@@ -41,10 +41,11 @@ def test_the_reductions_merge_to_the_whole(folder):
     tracked = ec._tracked(trace)
     moved = assert_windowed(trace, ec.MovedBytes(tracked))
     pick = ec.Embedding(tracked, moved.gathers)
+    sized = assert_windowed(trace, ec.SizedBytes(pick))
     assert_windowed(trace, reduction.OfSteps(ec.EmbeddingUnion(pick)), _series)
     detail = assert_windowed(trace, ec.Details(pick), _details)
     if os.path.basename(folder).startswith("embedding_"):  # (the folders it fires on: not all zero)
-        assert moved.embedding > 0 and detail.modules and detail.ranks
+        assert moved.named + sized > 0 and detail.modules and detail.ranks
 
 
 def test_a_gradient_sized_as_a_later_windows_gather_counts_in_the_first(tmp_path):
@@ -64,8 +65,9 @@ def test_a_gradient_sized_as_a_later_windows_gather_counts_in_the_first(tmp_path
     tracked = ec._tracked(trace)
     moved = assert_windowed(trace, ec.MovedBytes(tracked))
     assert moved.gathers == {(0, float(3 << 22)), (1, float(3 << 22))}
-    assert moved.embedding == 2 * 9 * (3 << 22) and moved.total == moved.embedding + 16 * (1 << 20)
+    assert moved.named == 2 * (3 << 22) and moved.total == moved.named + moved.grads  # (all-reduces: grads)
     pick = ec.Embedding(tracked, moved.gathers)
+    assert assert_windowed(trace, ec.SizedBytes(pick)) == 16 * (3 << 22) == moved.grads - 16 * (1 << 20)
     per = assert_windowed(trace, reduction.OfSteps(ec.EmbeddingUnion(pick)), _series)
     assert per.loc[(0, slice(1, 6))].tolist() == pytest.approx([0.030] * 6)  # the reduce-scatters
     assert assert_windowed(trace, ec.Details(pick), _details).ops["reduce_scatter"] == (16, 16 * (3 << 22))
