@@ -15,7 +15,11 @@ Point-to-point ops are left out (their peers differ by rank), and all-to-all siz
 are normal), and calls whose process group the trace did not record (`vocab.UNNAMED_GROUP`: a
 profiler trace of a torch that wrote no `Process Group Name`, or gloo's annotations): calls of
 different communicators interleave freely, and HTA's public 128-rank sample of two ranks read as
-"collective mismatch in group default: rank 0 all_to_all, rank 1 all_reduce" (CRITICAL)."""
+"collective mismatch in group default: rank 0 all_to_all, rank 1 all_reduce" (CRITICAL).
+
+The calls are read as reductions (`diag.metrics.reduction`: a window of steps at a time, merged):
+each rank's first step (`FirstSteps`), then per group its first differing position (`Mismatches`),
+then, for a position of equal camps, the calls made at its index in earlier steps (`Earlier`)."""
 
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
     from diag.trace.model import Trace
 
 Cut = tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # rank -> [start, end) ns of its cut steps
-Sig = tuple[str, "int | None"]  # a call's (op, size), `_sig`
+Sig = tuple[str, int | None]  # a call's (op, size), `_sig`
 HOLD_S = 10.0  # the agent's longest hold of a record whose duration is pending (agent.pending.MAX_HOLD_S)
 ANY_SIZE = ("all_to_all",)  # ops whose per-rank sizes differ in a healthy job
 
@@ -228,8 +232,8 @@ def _sig(row: Any) -> tuple[str, int | None]:
 def _majority(at: pd.DataFrame) -> Sig | None:
     """The call a strict majority of the position's ranks made (None: equal camps)."""
     camps: dict[Sig, int] = {}
-    for _, row in at.iterrows():
-        camps[_sig(row)] = camps.get(_sig(row), 0) + 1
+    for sig in (_sig(row) for _, row in at.iterrows()):
+        camps[sig] = camps.get(sig, 0) + 1
     big = max(camps.values())
     return next(s for s, n in camps.items() if n == big) if list(camps.values()).count(big) == 1 else None
 
@@ -382,24 +386,20 @@ class Earlier:
         return out
 
 
-def _distinct(key: np.ndarray, cells: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct values of `key`, ints in [0, cells), sorted; a position of each in `key`):
-    a table of the cells where it is no larger than `key` (no sort of the calls), else `np.unique`."""
-    if cells > len(key) + 2**20:
-        return np.unique(key, return_index=True)
-    one = np.full(cells, -1, np.int64)
-    one[key] = np.arange(len(key))
-    taken = np.flatnonzero(one >= 0)
-    return taken, one[taken]
-
-
 def _member_ranks(calls: _Calls) -> dict[str, np.ndarray]:
     """Per group name, the ranks of its compared calls, sorted (`positions.members`' ranks): an
     array, 8 bytes a member, as every window's part holds them until merged."""
     if not len(calls.group):
         return {}
     width = int(calls.rank.max()) + 1
-    pairs = _distinct(calls.group.astype(np.int64) * width + calls.rank, (len(calls.names) + 1) * width)[0]
+    pairs = calls.group.astype(np.int64) * width + calls.rank
+    cells = (len(calls.names) + 1) * width
+    if cells <= len(pairs) + 2**20:  # a table of the (group, rank) cells: no sort of the calls
+        seen = np.zeros(cells, dtype=bool)
+        seen[pairs] = True
+        pairs = np.flatnonzero(seen)
+    else:
+        pairs = np.unique(pairs)
     groups, starts = np.unique(pairs // width, return_index=True)
     return {
         str(calls.names[g]): np.unique(calls.ranks[rows].astype(np.int64))
