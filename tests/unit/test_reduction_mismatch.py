@@ -146,3 +146,34 @@ def test_a_late_first_step_and_a_reattach_cut_are_left_out_in_every_window(tmp_p
     steps.loc[(steps["step"] == 4) & (steps["rank"] == 1), "dur"] = None
     assert cm._session_starts(trace) and _mismatches(trace) == []
     assert fired(trace, "collective_mismatch") == []
+
+
+def test_the_attributed_steps_are_the_whole_traces_in_every_window(tmp_path):
+    """An agent attributing every 4th step (`attributed_steps`, from the whole trace's meta
+    records): each window's calls are counted on those steps only, as the whole trace's."""
+    job = Job(header={"zero_stage": 0, "dtype": "fp32", "attribute_every": 4})
+    job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
+    job.each_step(
+        lambda r, s: job.comm(
+            r,
+            s,
+            op="all_gather_into_tensor",
+            at_ms=5,
+            dur_ms=30,
+            nbytes=64 << 20,
+            module="wte" if s % 4 == 0 else None,
+        )
+    )
+    for r in range(job.ranks):
+        for s in (0, 4):
+            job.add(r, "meta", ts=job.start(r, s), key="attributed_step", value=s)
+    trace = job.write(str(tmp_path))
+    tracked = ec._tracked(trace)
+    assert tracked == ((0, frozenset({0, 4})), (1, frozenset({0, 4})))
+    moved = assert_windowed(trace, ec.MovedBytes(tracked))
+    assert moved.total == 2 * 2 * (64 + 3 * 4) * (1 << 20)  # steps 0 and 4 of 2 ranks
+    pick = ec.Embedding(tracked, moved.gathers)
+    assert assert_windowed(trace, ec.SizedBytes(pick)) == 0
+    per = assert_windowed(trace, reduction.OfSteps(ec.EmbeddingUnion(pick)), _series)
+    assert sorted(per.index.get_level_values("step").unique()) == [0, 4]
+    assert assert_windowed(trace, ec.Details(pick), _details).ops == {"all_gather": (4, 4 * (64 << 20))}
