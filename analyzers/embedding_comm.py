@@ -179,25 +179,12 @@ class SizedBytes:
         return sum(parts)
 
 
-@dataclass(frozen=True)
-class EmbeddingUnion:
-    """(rank, step) -> seconds covered by its embedding collectives (the union of their intervals)."""
-
-    pick: Embedding
-
-    def __call__(self, c: pd.DataFrame) -> pd.Series:
-        if c.empty or "module" not in c:
-            return pd.Series(dtype=float)
-        # (the selected calls' 4 columns copied once, as `Metrics.union_per_step`: selecting within
-        # each rank's rows (`keep=`) copied every call's and took +25% of the rule's time)
-        return steps.union_by_step(c[["rank", "step", "ts", "dur"]][self.pick(c).to_numpy()])
-
-
 @dataclass
 class Detail:
-    """The embedding collectives' modules (seconds, embedding-named modules), ops (calls of a known
-    size, bytes) and ranks."""
+    """The embedding collectives' seconds per (rank, step) (the union of their intervals), modules
+    (seconds, embedding-named modules), ops (calls of a known size, bytes) and ranks."""
 
+    union: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
     modules: dict[str, float] = field(default_factory=dict)
     ops: dict[str, tuple[int, float]] = field(default_factory=dict)
     ranks: frozenset[int] = frozenset()
@@ -209,7 +196,9 @@ class Detail:
 
 @dataclass(frozen=True)
 class Details:
-    """`Detail` of the calls `pick` selects."""
+    """`Detail` of the calls `pick` selects: one reduction, so the windowed pass reads the windows
+    once for the union and what the finding names (the union is this rule's cost; the rest, a
+    few groupbys of the same calls)."""
 
     pick: Embedding
 
@@ -217,18 +206,23 @@ class Details:
         c = metrics.comms
         if c.empty or "module" not in c:
             return Detail()
-        rows = c[self.pick(c)]
+        rows = c[["rank", "step", "ts", "dur", "dur_s", "kind", "bytes", "module"]][self.pick(c).to_numpy()]
+        # (the selected calls' 4 columns, as `Metrics.union_per_step`: selecting within each rank's
+        # rows (`union_by_step(keep=)`) copied every call's and took +25% of the rule's time)
+        union = steps.union_by_step(rows[["rank", "step", "ts", "dur"]])
         named = rows[rows["module"].astype(object).map(is_embedding).astype(bool)]
         modules = named.groupby(named["module"].astype(str))["dur_s"].sum()
         ops = rows.groupby("kind", observed=True)["bytes"].agg(["count", "sum"])
         return Detail(
+            union,
             {str(m): float(v) for m, v in modules.items()},
             {str(k): (int(v["count"]), v["sum"]) for k, v in ops.iterrows()},
             frozenset(int(r) for r in rows["rank"].unique()),
         )
 
     def merged(self, parts: list[Detail]) -> Detail:
-        out = Detail()
+        unions = [p.union for p in parts if len(p.union)]  # (windows' (rank, step)s are apart)
+        out = Detail(pd.concat(unions).sort_index(kind="stable") if len(unions) > 1 else parts[0].union)
         for p in parts:
             for m, v in p.modules.items():
                 out.modules[m] = out.modules.get(m, 0.0) + v
@@ -311,14 +305,14 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
     comm_share = (moved.named + metrics.reduce(SizedBytes(pick))) / moved.total
     if comm_share < COMM_SHARE:  # checked before the per-step union, this rule's cost
         return []
-    per = steps.join_steps(metrics.steady_steps, metrics.per_step(EmbeddingUnion(pick)), "comm_s")
+    detail = metrics.reduce(Details(pick))
+    per = steps.join_steps(metrics.steady_steps, detail.union, "comm_s")
     per = per[_on_attributed(per, dict(tracked))]
     if per.empty:
         return []
     emb_s, step_s = float(per["comm_s"].median()), float(per["dur_s"].median())
     if step_s <= 0 or emb_s / step_s < STEP_SHARE:
         return []
-    detail = metrics.reduce(Details(pick))
     modules = detail.ranked()
     cost = Cost(emb_s, step_s)
     return [

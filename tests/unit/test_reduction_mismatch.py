@@ -13,7 +13,6 @@ import pytest
 from diag.analyzers import collective_mismatch as cm
 from diag.analyzers import embedding_comm as ec
 
-from diag.metrics import reduction
 from diag.metrics.stage import Metrics
 from diag.trace.reader import load_trace
 from tests.unit.synth_trace import Job, fired
@@ -30,6 +29,7 @@ def _series(a: pd.Series, b: pd.Series) -> None:
 
 def _details(a: ec.Detail, b: ec.Detail) -> None:
     """Equal, the modules' seconds to 1e-12 (sums of floats added in another order)."""
+    _series(a.union, b.union)
     assert a.ops == b.ops and a.ranks == b.ranks and a.modules.keys() == b.modules.keys()
     assert all(math.isclose(a.modules[m], b.modules[m], rel_tol=1e-12) for m in a.modules)
 
@@ -42,7 +42,6 @@ def test_the_reductions_merge_to_the_whole(folder):
     moved = assert_windowed(trace, ec.MovedBytes(tracked))
     pick = ec.Embedding(tracked, moved.gathers)
     sized = assert_windowed(trace, ec.SizedBytes(pick))
-    assert_windowed(trace, reduction.OfSteps(ec.EmbeddingUnion(pick)), _series)
     detail = assert_windowed(trace, ec.Details(pick), _details)
     if os.path.basename(folder).startswith("embedding_"):  # (the folders it fires on: not all zero)
         assert moved.named + sized > 0 and detail.modules and detail.ranks
@@ -68,9 +67,9 @@ def test_a_gradient_sized_as_a_later_windows_gather_counts_in_the_first(tmp_path
     assert moved.named == 2 * (3 << 22) and moved.total == moved.named + moved.grads  # (all-reduces: grads)
     pick = ec.Embedding(tracked, moved.gathers)
     assert assert_windowed(trace, ec.SizedBytes(pick)) == 16 * (3 << 22) == moved.grads - 16 * (1 << 20)
-    per = assert_windowed(trace, reduction.OfSteps(ec.EmbeddingUnion(pick)), _series)
-    assert per.loc[(0, slice(1, 6))].tolist() == pytest.approx([0.030] * 6)  # the reduce-scatters
-    assert assert_windowed(trace, ec.Details(pick), _details).ops["reduce_scatter"] == (16, 16 * (3 << 22))
+    detail = assert_windowed(trace, ec.Details(pick), _details)
+    assert detail.union.loc[(0, slice(1, 6))].tolist() == pytest.approx([0.030] * 6)  # the reduce-scatters
+    assert detail.ops["reduce_scatter"] == (16, 16 * (3 << 22))
     (f,) = fired(trace, "embedding_comm")
     assert f.layers == ["wte"]
 
@@ -174,6 +173,6 @@ def test_the_attributed_steps_are_the_whole_traces_in_every_window(tmp_path):
     assert moved.total == 2 * 2 * (64 + 3 * 4) * (1 << 20)  # steps 0 and 4 of 2 ranks
     pick = ec.Embedding(tracked, moved.gathers)
     assert assert_windowed(trace, ec.SizedBytes(pick)) == 0
-    per = assert_windowed(trace, reduction.OfSteps(ec.EmbeddingUnion(pick)), _series)
-    assert sorted(per.index.get_level_values("step").unique()) == [0, 4]
-    assert assert_windowed(trace, ec.Details(pick), _details).ops == {"all_gather": (4, 4 * (64 << 20))}
+    detail = assert_windowed(trace, ec.Details(pick), _details)
+    assert sorted(detail.union.index.get_level_values("step").unique()) == [0, 4]
+    assert detail.ops == {"all_gather": (4, 4 * (64 << 20))}
