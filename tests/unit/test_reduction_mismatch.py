@@ -16,6 +16,7 @@ from diag.analyzers import embedding_comm as ec
 from diag.metrics.stage import Metrics
 from diag.trace.reader import load_trace
 from tests.unit.synth_trace import Job, fired
+from tests.unit.test_rules_comm import attributing_every_4th
 from tests.unit.windowing import assert_windowed, diag_folders
 
 SHAPES = {"zero3", "megatron_tp2", "embedding_heavy", "embedding_moved", "straggler", "hang_killed_early"}
@@ -150,22 +151,7 @@ def test_a_late_first_step_and_a_reattach_cut_are_left_out_in_every_window(tmp_p
 def test_the_attributed_steps_are_the_whole_traces_in_every_window(tmp_path):
     """An agent attributing every 4th step (`attributed_steps`, from the whole trace's meta
     records): each window's calls are counted on those steps only, as the whole trace's."""
-    job = Job(header={"zero_stage": 0, "dtype": "fp32", "attribute_every": 4})
-    job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
-    job.each_step(
-        lambda r, s: job.comm(
-            r,
-            s,
-            op="all_gather_into_tensor",
-            at_ms=5,
-            dur_ms=30,
-            nbytes=64 << 20,
-            module="wte" if s % 4 == 0 else None,
-        )
-    )
-    for r in range(job.ranks):
-        for s in (0, 4):
-            job.add(r, "meta", ts=job.start(r, s), key="attributed_step", value=s)
+    job = attributing_every_4th()
     trace = job.write(str(tmp_path))
     tracked = ec._tracked(trace)
     assert tracked == ((0, frozenset({0, 4})), (1, frozenset({0, 4})))
