@@ -15,10 +15,15 @@ Point-to-point ops are left out (their peers differ by rank), and all-to-all siz
 are normal), and calls whose process group the trace did not record (`vocab.UNNAMED_GROUP`: a
 profiler trace of a torch that wrote no `Process Group Name`, or gloo's annotations): calls of
 different communicators interleave freely, and HTA's public 128-rank sample of two ranks read as
-"collective mismatch in group default: rank 0 all_to_all, rank 1 all_reduce" (CRITICAL)."""
+"collective mismatch in group default: rank 0 all_to_all, rank 1 all_reduce" (CRITICAL).
+
+The calls are read as reductions (`diag.metrics.reduction`: a window of steps at a time, merged):
+each rank's first step (`FirstSteps`), then per group its first differing position (`Mismatches`),
+then, for a position of equal camps, the calls made at its index in earlier steps (`Earlier`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
+Cut = tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # rank -> [start, end) ns of its cut steps
+Sig = tuple[str, int | None]  # a call's (op, size), `_sig`
 HOLD_S = 10.0  # the agent's longest hold of a record whose duration is pending (agent.pending.MAX_HOLD_S)
 ANY_SIZE = ("all_to_all",)  # ops whose per-rank sizes differ in a healthy job
 
@@ -67,6 +74,7 @@ class _Calls(NamedTuple):
     step: np.ndarray
     k: np.ndarray
     sig: np.ndarray
+    ranks: np.ndarray  # the rank of each rank code
 
     def near(self, group: str, step: int, k: int) -> pd.DataFrame:
         """The calls of `group` at index `k` up to `step` (its earlier steps: `_culprits`), as a
@@ -86,22 +94,34 @@ class _Calls(NamedTuple):
         )
 
 
-def _compared(trace: Trace, metrics: Metrics, c: pd.DataFrame) -> _Calls:
+def _compared(
+    trace: Trace,
+    metrics: Metrics,
+    c: pd.DataFrame,
+    first: dict[int, int] | None = None,
+    cut: Cut | None = None,
+) -> _Calls:
     """The calls compared: final ones (`_final`), not p2p, with a step and a time, after each
-    rank's first recorded step (a trace may begin mid-step: attach, whatever its number), in a
-    group; each as its compact key, no copy of the frame's rows (a copy of 7 columns and the sort
-    of their keys were this rule's peak: +509 MiB for a 64-rank x 1,000-step trace)."""
+    rank's first recorded step (a trace may begin mid-step: attach, whatever its number; `first`:
+    the whole trace's, else of `c`), in a group; each as its compact key, no copy of the frame's
+    rows (a copy of 7 columns and the sort of their keys were this rule's peak: +509 MiB for a
+    64-rank x 1,000-step trace). `cut`: the steps sessions began inside (`_session_starts`)."""
     p2p = c["kind"].isin(P2P).to_numpy()
-    cut = _session_starts(trace)
+    cut = _session_starts(trace) if cut is None else cut
     # each call's k as this rule's stage placed it, if it did (`Metrics.placed`: placing them all
     # here would be a larger peak than counting k one rank at a time), where leaving calls out
     # moves no other call of its rank, group and step: only a whole one (a group, a step), or the
     # last ones in time (the not yet final; no start: sorted last)
     held = metrics.placed
     placed = held.k if held is not None and c is metrics.comms and not cut and _apart(c, p2p) else None
+    return _keyed(c, _kept(trace, c, p2p), cut, placed, first)
+
+
+def _kept(trace: Trace, c: pd.DataFrame, p2p: np.ndarray) -> np.ndarray:
+    """Which calls may be compared, each rank's first step not yet left out."""
     keep = ~p2p & c["step"].notna().to_numpy() & c["ts"].notna().to_numpy()
     keep &= (as_text(c["group"]) != UNNAMED_GROUP).to_numpy()  # which communicator: not recorded
-    return _keyed(c, _final(trace, c, keep), cut, placed)
+    return _final(trace, c, keep)
 
 
 def _apart(c: pd.DataFrame, p2p: np.ndarray) -> bool:
@@ -112,55 +132,64 @@ def _apart(c: pd.DataFrame, p2p: np.ndarray) -> bool:
     return not np.intersect1d(group[p2p], group[~p2p]).size
 
 
-def _session_starts(trace: Trace) -> dict[Any, tuple[np.ndarray, np.ndarray]]:
-    """Per rank: its step records' starts, sorted, and which of them began an agent's session
+def _session_starts(trace: Trace) -> Cut:
+    """Per rank: the [start, next start) spans of its steps that an agent's session began inside
     (a first boundary's record has no duration; its start is the agent's install). Each rank's
     agent starts at its own point of that step, so its k-th calls there do not pair up: a
     re-attach to a healthy Megatron-DeepSpeed job read "collective mismatch in group tp:6 at step
     127" (CRITICAL) at the first step of the second attach, in 2 runs of 2. Calls are placed by
     time, not by their step number: that step's calls can carry the number before the one its
-    boundary's record has (306 where the record said 307)."""
+    boundary's record has (306 where the record said 307). Of the whole trace's step records
+    (a window's calls can lie in a step whose record another window holds)."""
     st = trace.steps
     if st.empty or not {"ts", "dur"} <= set(st.columns) or not st["dur"].isna().any():
-        return {}
-    out = {}
-    for rank, mine in st[["rank", "ts", "dur"]].groupby("rank", sort=False):
+        return ()
+    out = []
+    for rank, mine in st[["rank", "ts", "dur"]].groupby("rank", sort=True):
         mine = mine.sort_values("ts", kind="stable")
-        out[rank] = (pd.to_numeric(mine["ts"]).to_numpy(np.int64), mine["dur"].isna().to_numpy())
-    return out
+        starts, began = pd.to_numeric(mine["ts"]).to_numpy(np.int64), mine["dur"].isna().to_numpy()
+        ends = np.append(starts[1:], np.iinfo(np.int64).max)
+        spans = tuple((int(a), int(b)) for a, b in zip(starts[began], ends[began], strict=True))
+        if spans:
+            out.append((int(rank), spans))
+    return tuple(out)
 
 
-def _in_cut_steps(
-    c: pd.DataFrame, rows: np.ndarray, cut: dict[Any, tuple[np.ndarray, np.ndarray]]
-) -> np.ndarray:
+def _in_cut_steps(c: pd.DataFrame, rows: np.ndarray, cut: Cut) -> np.ndarray:
     """Which of `rows` fall in a step an agent's session began inside (`_session_starts`)."""
     out = np.zeros(len(rows), dtype=bool)
     if not cut:
         return out
     ranks = c["rank"].to_numpy()[rows]
     ts = positions.numbers(c["ts"])[rows]
-    for rank, (starts, began) in cut.items():
+    for rank, spans in cut:
         mine = np.flatnonzero(ranks == rank)
-        at = np.searchsorted(starts, ts[mine], side="right") - 1
-        out[mine] = (at >= 0) & began[np.maximum(at, 0)]
+        lo, hi = (np.array(v, dtype=np.int64) for v in zip(*spans, strict=True))
+        at = np.searchsorted(lo, ts[mine], side="right") - 1
+        out[mine] = (at >= 0) & (ts[mine] < hi[np.maximum(at, 0)])
     return out
 
 
 def _keyed(
     c: pd.DataFrame,
     keep: np.ndarray,
-    cut: dict[Any, tuple[np.ndarray, np.ndarray]],
+    cut: Cut,
     placed: np.ndarray | None = None,
+    firsts: dict[int, int] | None = None,
 ) -> _Calls:
-    """The `keep` rows of `c` after each rank's first step and outside the steps its sessions
-    began inside (`cut`), in a group, each as its key: int32 arrays but the step (a 64-rank x
-    1,000-step trace's 3.4 M calls: 95 MiB). `placed`: each row's k, where the rows left out
-    change none (`_compared`), else counted here."""
+    """The `keep` rows of `c` after each rank's first step (`firsts`, else the least of its
+    rows') and outside the steps its sessions began inside (`cut`), in a group, each as its key:
+    int32 arrays but the step (a 64-rank x 1,000-step trace's 3.4 M calls: 95 MiB). `placed`:
+    each row's k, where the rows left out change none (`_compared`), else counted here."""
     rows = np.flatnonzero(keep).astype(np.int32 if len(c) < 2**31 else np.int64)
     step = pd.to_numeric(c["step"]).to_numpy()[rows].astype(np.int64)
-    rank = pd.factorize(c["rank"].to_numpy()[rows])[0].astype(np.int32)
-    first = np.full(int(rank.max()) + 1 if len(rank) else 0, np.iinfo(np.int64).max)
-    np.minimum.at(first, rank[rank >= 0], step[rank >= 0])
+    codes, ranks = pd.factorize(c["rank"].to_numpy()[rows])
+    rank = codes.astype(np.int32)
+    if firsts is None:
+        first = np.full(int(rank.max()) + 1 if len(rank) else 0, np.iinfo(np.int64).max)
+        np.minimum.at(first, rank[rank >= 0], step[rank >= 0])
+    else:
+        first = np.array([firsts.get(int(r), np.iinfo(np.int64).max) for r in ranks], dtype=np.int64)
     group, names = positions.coded(as_text(c["group"]), rows)  # missing: -1
     later = (rank >= 0) & (group >= 0) & (step > first[np.maximum(rank, 0)]) & ~_in_cut_steps(c, rows, cut)
     rows, step, rank, group = rows[later], step[later], rank[later], group[later]
@@ -169,7 +198,7 @@ def _keyed(
         k = placed[rows]
     else:
         k = positions.index_per_rank(rank, positions.numbers(c["ts"])[rows], (group, step))
-    return _Calls(c, rows, group, names, rank, step, k, _signatures(c, rows))
+    return _Calls(c, rows, group, names, rank, step, k, _signatures(c, rows), np.asarray(ranks))
 
 
 def _signatures(c: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -200,21 +229,23 @@ def _sig(row: Any) -> tuple[str, int | None]:
     return (str(row["kind"]), size)
 
 
-def _culprits(at: pd.DataFrame, c: pd.DataFrame) -> tuple[list[int], tuple[str, int | None]]:
+def _majority(at: pd.DataFrame) -> Sig | None:
+    """The call a strict majority of the position's ranks made (None: equal camps)."""
+    camps: dict[Sig, int] = {}
+    for sig in (_sig(row) for _, row in at.iterrows()):
+        camps[sig] = camps.get(sig, 0) + 1
+    big = max(camps.values())
+    return next(s for s, n in camps.items() if n == big) if list(camps.values()).count(big) == 1 else None
+
+
+def _culprits(at: pd.DataFrame, seen: set[Sig]) -> tuple[list[int], Sig]:
     """The ranks whose call differs and the call the others made: a strict majority's; between equal
-    camps, the call the group made at this position in earlier steps (the ranks that left it)."""
+    camps, the call the group made at this position in earlier steps (`seen`: the ranks that left
+    it)."""
     sigs = {int(r): _sig(row) for r, row in at.set_index("rank").iterrows()}
-    camps: dict[tuple[str, int | None], list[int]] = {}
-    for r, s in sigs.items():
-        camps.setdefault(s, []).append(r)
-    big = max(camps.values(), key=len)
-    if sum(len(v) == len(big) for v in camps.values()) == 1:
-        usual = next(s for s, v in camps.items() if v is big)
-    else:
-        step, k, group = int(at["step"].iloc[0]), int(at["k"].iloc[0]), at["group"].iloc[0]
-        before = c[(c["group"] == group) & (c["k"] == k) & (c["step"] < step)]
-        seen = {_sig(row) for _, row in before.iterrows()}
-        known = [s for s in camps if s in seen]
+    usual = _majority(at)
+    if usual is None:
+        known = [s for s in dict.fromkeys(sigs.values()) if s in seen]
         if len(known) != 1:
             return sorted(sigs), ("", None)  # no way to tell which side left the usual call
         usual = known[0]
@@ -236,16 +267,144 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     data-dependent shape). Live, a record is compared once final: 10 s older than its rank's latest
     record (the agent's hold), or up to a call never completed (given up on, or still waited in after
     1.5 s)."""
-    c = liveness.entered(trace, metrics)
-    if c.empty or "group" not in c or "step" not in c or c["rank"].nunique() < 2:
+    firsts = metrics.reduce(FirstSteps())
+    if len(firsts) < 2:
         return []  # (one rank's calls: no two members to differ)
-    calls = _compared(trace, metrics, c)
-    out = []
-    for group, step, k in _first_differing(calls):
-        near = calls.near(group, step, k)
-        at = near[near["step"] == step].sort_values("ts", kind="stable")  # in issue order
-        out.append(_finding(group, step, k, at, near))
-    return out
+    cut = _session_starts(trace)
+    found = metrics.reduce(Mismatches(firsts, cut))
+    tied = frozenset((f.group, f.step, f.k) for f in found if _majority(f.at) is None)
+    seen = metrics.reduce(Earlier(firsts, cut, tied)) if tied else {}
+    return [_finding(f.group, f.step, f.k, f.at, seen.get(f.group, set())) for f in found]
+
+
+def _entered(metrics: Metrics) -> pd.DataFrame | None:
+    """The calls this rule reads (`liveness.entered`), None where they name no group or step."""
+    c = liveness.entered(metrics.trace, metrics)
+    return None if c.empty or "group" not in c or "step" not in c else c
+
+
+@dataclass(frozen=True)
+class FirstSteps:
+    """Each rank's first step of the calls compared (`_kept`), left out: (rank, step) pairs, the
+    least over the windows."""
+
+    def of(self, metrics: Metrics) -> dict[int, int]:
+        c = _entered(metrics)
+        if c is None:
+            return {}
+        keep = _kept(metrics.trace, c, c["kind"].isin(P2P).to_numpy())
+        step = pd.Series(pd.to_numeric(c["step"]).to_numpy()[keep].astype(np.int64))
+        least = step.groupby(c["rank"].to_numpy()[keep]).min()
+        return {int(r): int(s) for r, s in least.items()}
+
+    def merged(self, parts: list[dict[int, int]]) -> frozenset[tuple[int, int]]:
+        out: dict[int, int] = {}
+        for part in parts:
+            for r, s in part.items():
+                out[r] = min(s, out.get(r, s))
+        return frozenset(out.items())
+
+
+class Mismatch(NamedTuple):
+    """A group's first differing position and its calls (`at`, in issue order)."""
+
+    group: str
+    step: int
+    k: int
+    at: pd.DataFrame
+
+
+@dataclass
+class _Part:
+    """A window's: per group the ranks of its compared calls and its first differing position
+    among those ranks."""
+
+    members: dict[str, np.ndarray]
+    found: dict[str, Mismatch]
+
+
+@dataclass(frozen=True)
+class Mismatches:
+    """Per group (by name), its first differing position (`_first_differing`) of the whole trace.
+    A window's first is the whole trace's where that window holds calls of each of the group's
+    members (a position counts once every member made its call: a window short of one has none)
+    and no earlier window's does."""
+
+    firsts: frozenset[tuple[int, int]]
+    cut: Cut
+
+    def of(self, metrics: Metrics) -> _Part:
+        c = _entered(metrics)
+        if c is None:
+            return _Part({}, {})
+        calls = _compared(metrics.trace, metrics, c, dict(self.firsts), self.cut)
+        found = {}
+        for group, step, k in _first_differing(calls):
+            near = calls.near(group, step, k)
+            at = near[near["step"] == step].sort_values("ts", kind="stable")  # in issue order
+            found[group] = Mismatch(group, step, k, at)
+        return _Part(_member_ranks(calls), found)
+
+    def merged(self, parts: list[_Part]) -> list[Mismatch]:
+        members: dict[str, np.ndarray] = {}
+        for p in parts:
+            for g, ranks in p.members.items():
+                members[g] = np.union1d(members[g], ranks) if g in members else ranks
+        mine = (  # (a window's ranks of a group are among the whole's: as many, the same)
+            next((p.found[g] for p in parts if g in p.found and len(p.members[g]) == len(members[g])), None)
+            for g in sorted(members)
+        )
+        return [f for f in mine if f is not None]
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """Per group of `at` ((group, step, k): a position of equal camps), the (op, size)s its compared
+    calls at index k made in earlier steps (`_culprits`): asked only for such a finding."""
+
+    firsts: frozenset[tuple[int, int]]
+    cut: Cut
+    at: frozenset[tuple[str, int, int]]
+
+    def of(self, metrics: Metrics) -> dict[str, set[Sig]]:
+        c = _entered(metrics)
+        if c is None:
+            return {}
+        calls = _compared(metrics.trace, metrics, c, dict(self.firsts), self.cut)
+        out = {}
+        for group, step, k in self.at:
+            if group in calls.names:
+                near = calls.near(group, step - 1, k)
+                out[group] = {_sig(row) for _, row in near.iterrows()}
+        return out
+
+    def merged(self, parts: list[dict[str, set[Sig]]]) -> dict[str, set[Sig]]:
+        out: dict[str, set[Sig]] = {}
+        for p in parts:
+            for g, sigs in p.items():
+                out[g] = out.get(g, set()) | sigs
+        return out
+
+
+def _member_ranks(calls: _Calls) -> dict[str, np.ndarray]:
+    """Per group name, the ranks of its compared calls, sorted (`positions.members`' ranks): an
+    array, 8 bytes a member, as every window's part holds them until merged."""
+    if not len(calls.group):
+        return {}
+    width = int(calls.rank.max()) + 1
+    pairs = calls.group.astype(np.int64) * width + calls.rank
+    cells = (len(calls.names) + 1) * width
+    if cells <= len(pairs) + 2**20:  # a table of the (group, rank) cells: no sort of the calls
+        seen = np.zeros(cells, dtype=bool)
+        seen[pairs] = True
+        pairs = np.flatnonzero(seen)
+    else:
+        pairs = np.unique(pairs)
+    groups, starts = np.unique(pairs // width, return_index=True)
+    return {
+        str(calls.names[g]): np.unique(calls.ranks[rows].astype(np.int64))
+        for g, rows in zip(groups, np.split(pairs % width, starts[1:]), strict=True)
+    }
 
 
 def _first_differing(calls: _Calls) -> list[tuple[str, int, int]]:
@@ -308,8 +467,8 @@ def _first_differing(calls: _Calls) -> list[tuple[str, int, int]]:
     return out
 
 
-def _finding(group: str, step: int, k: int, at: pd.DataFrame, g: pd.DataFrame) -> Finding:
-    ranks, usual = _culprits(at, g)
+def _finding(group: str, step: int, k: int, at: pd.DataFrame, seen: set[Sig]) -> Finding:
+    ranks, usual = _culprits(at, seen)
     calls = {
         int(r): {"op": op, "bytes": n}
         for r, (op, n) in ((r, _sig(row)) for r, row in at.set_index("rank").iterrows())

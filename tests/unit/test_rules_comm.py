@@ -35,9 +35,9 @@ def test_embedding_comm_fires_on_embedding_gathers(tmp_path):
     assert f.fixes[0].ds_config is None and "sparse=True" in f.fixes[0].summary
 
 
-def test_embedding_comm_counts_only_attributed_steps(tmp_path):
-    """An agent attributing every 4th step: the same gathers carry module=None on the other steps;
-    shares come from steps 4 only (0 is the warm-up step; over all steps the median would be 0)."""
+def attributing_every_4th() -> Job:
+    """An agent attributing every 4th step (8 steps): the same embedding gathers carry module=None
+    on the other steps; an `attributed_step` meta record for steps 0 and 4."""
     job = Job(header={"zero_stage": 0, "dtype": "fp32", "attribute_every": 4})
     job.each_step(lambda r, s: [job.comm(r, s, at_ms=20 + 20 * i, nbytes=4 << 20) for i in range(3)])
     job.each_step(
@@ -54,6 +54,12 @@ def test_embedding_comm_counts_only_attributed_steps(tmp_path):
     for r in range(job.ranks):
         for s in (0, 4):
             job.add(r, "meta", ts=job.start(r, s), key="attributed_step", value=s)
+    return job
+
+
+def test_embedding_comm_counts_only_attributed_steps(tmp_path):
+    """Shares come from steps 4 only (0 is the warm-up step; over all steps the median would be 0)."""
+    job = attributing_every_4th()
     (f,) = fired(job.write(str(tmp_path)), "embedding_comm")
     assert f.steps == [4] and f.evidence["step_share"] == pytest.approx(0.30, abs=0.01)
     assert f.evidence["comm_share"] == pytest.approx(64 / (64 + 3 * 4), abs=0.01)
