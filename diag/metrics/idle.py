@@ -70,44 +70,81 @@ def with_lead(st: pd.DataFrame, first: pd.Series) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class IdleParts:
-    """`Idle`'s figure: whether the trace holds per-layer records, each (rank, step)'s first forward
-    (ts) and the pieces of the rank's collectives inside each step's idle windows (`_PIECES`:
-    `lo`, `hi` in ns; a window's pieces of steps it does not hold end at those steps' end, not at
-    their first forward, which it does not know)."""
+    """`Idle`'s figure: whether the trace holds per-layer records; each (rank, step)'s first
+    forward (ts); per (rank, step) the seconds of its gap and lead-in spent in the calls of its own
+    window of steps (`seconds`: rank, step, gap, lead); as intervals (ns), the pieces of those
+    calls in the idle windows at a window's edges, each rank's first step's lead-in and last step's
+    gap (`pieces`: rank, step, which (0 gap, 1 lead-in), lo, hi), and each rank's calls outside
+    its window's time, from its first step's start to the next window's first start (`spills`:
+    rank, lo, hi). Per (rank, step) and per window: not per call."""
 
     layers: bool
     first: pd.Series
+    seconds: pd.DataFrame
     pieces: pd.DataFrame
+    spills: pd.DataFrame
 
     def busy(self, st: pd.DataFrame) -> np.ndarray:
-        """Seconds of each row of `st` (`windows` with `lead_hi`) spent in collectives: the union
-        of the pieces in its gap, plus in its lead-in (up to `lead_hi`)."""
-        out = np.zeros(len(st))
-        if self.pieces.empty:
-            return out
-        row = {key: i for i, key in enumerate(zip(st["rank"].tolist(), st["step"].tolist()))}
-        cap = st["lead_hi"].to_numpy(dtype=float)
-        for (rank, step, which), p in self.pieces.groupby(["rank", "step", "which"], sort=True):
-            i = row.get((rank, step))
-            if i is None:
-                continue
-            lo, hi = p["lo"].to_numpy(), p["hi"].to_numpy()
-            if which:
-                hi = np.minimum(hi, cap[i])
-            keep = hi > lo
-            if keep.any():
-                order = np.argsort(lo[keep], kind="stable")
-                s, e = _union(lo[keep][order], hi[keep][order])
-                out[i] += float((e - s).sum()) / NS
-        return out
+        """Seconds of each row of `st` (`windows` with `lead_hi`) spent in collectives: its gap's
+        plus its lead-in's (up to `lead_hi`). Another window's calls spilled into an edge's idle
+        window are united with that window's pieces there; spilled past the edge step (a call
+        spanning a whole step of the other window: none seen), added to its seconds."""
+        gap, lead = np.zeros(len(st)), np.zeros(len(st))
+        if len(self.seconds):
+            base = st[["rank", "step"]].merge(self.seconds, on=["rank", "step"], how="left")
+            gap, lead = base["gap"].fillna(0.0).to_numpy(), base["lead"].fillna(0.0).to_numpy()
+        extra = np.zeros((2, len(st)))
+        pieces = pd.concat([self.pieces, _spilled(self.spills, st)], ignore_index=True)
+        if len(pieces):
+            row = {key: i for i, key in enumerate(zip(st["rank"].tolist(), st["step"].tolist()))}
+            cap = st["lead_hi"].to_numpy(dtype=float)
+            for (rank, step, which), p in pieces.groupby(["rank", "step", "which"], sort=True):
+                i = row.get((rank, step))
+                if i is not None:
+                    hi = p["hi"].to_numpy(dtype=float)
+                    extra[which, i] = _measure(
+                        p["lo"].to_numpy(dtype=float), np.minimum(hi, cap[i]) if which else hi
+                    )
+        return 0.0 + gap + extra[0] + lead + extra[1]
+
+
+def _measure(lo: np.ndarray, hi: np.ndarray) -> float:
+    """Seconds covered by the union of the intervals [lo, hi] (ns)."""
+    keep = hi > lo
+    if not keep.any():
+        return 0.0
+    order = np.argsort(lo[keep], kind="stable")
+    s, e = _union(lo[keep][order], hi[keep][order])
+    return float((e - s).sum()) / NS
+
+
+def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
+    """The pieces of the `spills` in the idle windows of `st`'s rows (`_PIECES`)."""
+    out: list[tuple] = []
+    if spills.empty:
+        return pd.DataFrame(columns=_PIECES)
+    mine = st.groupby("rank").indices
+    for rank, sp in spills.groupby("rank"):
+        rows = mine.get(rank)
+        if rows is None:
+            continue
+        sub, steps = st.iloc[rows], st["step"].to_numpy()[rows]
+        for which, (lo_col, hi_col) in enumerate((("lo", "hi"), ("start", "lead_hi"))):
+            x, y = sub[lo_col].to_numpy(dtype=float), sub[hi_col].to_numpy(dtype=float)
+            for a, b in zip(sp["lo"].to_numpy(dtype=float), sp["hi"].to_numpy(dtype=float)):
+                lo, hi = np.maximum(x, a), np.minimum(y, b)
+                out.extend((rank, steps[i], which, lo[i], hi[i]) for i in np.flatnonzero(hi > lo))
+    return pd.DataFrame(out, columns=_PIECES)
 
 
 @dataclass(frozen=True)
 class Idle:
-    """What `gaps` reads of the layers and calls (`IdleParts`). A window knows each of its steps'
-    first forward (min: exact) and cuts its calls' union to the idle windows of every step of the
-    whole trace (`Metrics.steps`); where a call of one window lies in another's idle window (a
-    gap at the windows' boundary), `IdleParts.busy` unites the pieces of both."""
+    """What `gaps` reads of the layers and calls (`IdleParts`): a window knows its steps' first
+    forwards (min: exact) and the idle windows of every step of the whole trace (`Metrics.steps`).
+    Each rank's time is cut where a window's first step starts: a window measures its steps' idle
+    windows on its calls there, keeps the pieces at its edges (a gap at the windows' boundary is
+    met by the calls of both) and the calls that lie in another window's time; `IdleParts.busy`
+    unites them."""
 
     def of(self, metrics: Metrics) -> IdleParts:
         lay = metrics.trace.layers
@@ -116,40 +153,50 @@ class Idle:
         else:
             fwd = lay[lay["phase"].astype(str) == "fwd"]
             first = fwd.groupby(["rank", "step"], observed=True)["ts"].min()
-        st = metrics.steps
-        if st.empty or metrics.comms.empty or "ts" not in metrics.comms:
-            return IdleParts(not lay.empty, first, pd.DataFrame(columns=_PIECES))
+        st, c = metrics.steps, metrics.comms
+        if st.empty or c.empty or "ts" not in c:
+            return IdleParts(not lay.empty, first, *_split(c.iloc[:0], st.iloc[:0], None))
         st = with_lead(windows(st), first) if not lay.empty else windows(st).assign(lead_hi=st["start"])
-        held = _held(metrics.trace)
-        foreign = ~st["step"].between(*held) if held else pd.Series(True, index=st.index)
-        st["lead_hi"] = st["lead_hi"].where(~foreign, st["end"])  # the rest of its lead-in: unknown here
-        return IdleParts(not lay.empty, first, _pieces(metrics.comms, st))
+        return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics.trace)))
 
     def merged(self, parts: list[IdleParts]) -> IdleParts:
         if len(parts) == 1:
             return parts[0]
         firsts = [p.first for p in parts if len(p.first)]
-        pieces = [p.pieces for p in parts if len(p.pieces)]
         return IdleParts(
             any(p.layers for p in parts),
             pd.concat(firsts) if firsts else parts[0].first,
-            pd.concat(pieces, ignore_index=True) if pieces else parts[0].pieces,
+            *(_rows([getattr(p, name) for p in parts]) for name in ("seconds", "pieces", "spills")),
         )
 
 
+def _rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Windows' rows of one table, in step order."""
+    rows = [f for f in frames if len(f)]
+    return pd.concat(rows, ignore_index=True) if len(rows) > 1 else (rows or frames)[0]
+
+
 def _held(trace: Trace) -> tuple[float, float] | None:
-    """The steps whose layers and calls `trace` holds (a window: all of them), as (first, last)."""
-    known = [pd.to_numeric(df["step"], errors="coerce") for df in (trace.layers, trace.comms) if len(df)]
-    steps = pd.concat(known) if known else pd.Series(dtype=float)
+    """The steps `trace` holds (a window: its range) as (first, last), from its step marks: a row
+    of `Metrics.steps` is a mark, held with that step's layers (their first forward) and calls."""
+    steps = (
+        pd.to_numeric(trace.steps["step"], errors="coerce") if len(trace.steps) else pd.Series(dtype=float)
+    )
     steps = steps[steps >= 0]
     return (float(steps.min()), float(steps.max())) if len(steps) else None
 
 
-def _pieces(c: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
-    """The pieces of each rank's collectives (their union) inside its rows' idle windows ([lo, hi]
-    after the step, [start, lead_hi] before its first forward): the windows' time that is
-    communication, not an input pipeline (the premise)."""
-    out: list[tuple] = []
+def _split(
+    c: pd.DataFrame, st: pd.DataFrame, held: tuple[float, float] | None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(seconds, pieces, spills) of `IdleParts` from the calls `c` of the steps `held` (`st`: the
+    whole trace's steps with their idle windows: [lo, hi] after the step, [start, lead_hi] before
+    its first forward). That time is communication, not an input pipeline (the premise)."""
+    seconds: list[tuple] = []
+    pieces: list[tuple] = []
+    spills: list[tuple] = []
+    own = st["step"].between(*held).to_numpy() if held else np.zeros(len(st), dtype=bool)
+    start, step = st["start"].to_numpy(dtype=float), st["step"].to_numpy()
     by_rank = ByRank(c)
     for rank, rows in st.groupby("rank").indices.items():
         mine = by_rank[rank]
@@ -159,19 +206,74 @@ def _pieces(c: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
         b = a + mine["dur_s"].to_numpy(dtype=float) * NS
         order = np.argsort(a)
         starts, ends = _union(a[order], b[order])
-        sub, steps = st.iloc[rows], st["step"].to_numpy()[rows]
+        held_rows = rows[own[rows]]
+        t0 = t1 = np.inf  # the window's time for this rank: from its first step's start to the next one's
+        if len(held_rows):
+            f, last = held_rows[0], held_rows[-1]
+            t0 = start[f] if f != rows[0] else -np.inf
+            t1 = start[last + 1] if last != rows[-1] else np.inf
+        before, after = starts < t0, ends > t1
+        out = list(zip(starts[before], np.minimum(ends[before], t0)))
+        out += list(zip(np.maximum(starts[after], t1), ends[after]))
+        spills.extend((rank, s, e) for s, e in _meeting(out, st.iloc[rows]))
+        starts, ends = np.maximum(starts, t0), np.minimum(ends, t1)
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        if not len(held_rows) or not len(starts):
+            continue
+        sub = st.iloc[held_rows]
+        got = np.zeros((2, len(held_rows)))
         for which, (lo_col, hi_col) in enumerate((("lo", "hi"), ("start", "lead_hi"))):
+            edge = len(held_rows) - 1 if which == 0 else 0  # the last step's gap, the first's lead-in
             x, y = sub[lo_col].to_numpy(dtype=float), sub[hi_col].to_numpy(dtype=float)
             j0, j1 = np.searchsorted(ends, x, "right"), np.searchsorted(starts, y, "left")
             for i in np.flatnonzero((y > x) & (j1 > j0)):
                 lo = np.maximum(starts[j0[i] : j1[i]], x[i])
                 hi = np.minimum(ends[j0[i] : j1[i]], y[i])
-                out.extend((rank, steps[i], which, s, e) for s, e in zip(lo, hi))
-    return pd.DataFrame(out, columns=_PIECES)
+                if i == edge:
+                    pieces.extend((rank, step[held_rows[i]], which, s, e) for s, e in zip(lo, hi))
+                else:
+                    got[which, i] = float((hi - lo).sum()) / NS
+        hit = np.flatnonzero(got.any(axis=0))
+        seconds.extend((rank, step[held_rows[i]], got[0, i], got[1, i]) for i in hit)
+    return (
+        pd.DataFrame(seconds, columns=["rank", "step", "gap", "lead"]),
+        pd.DataFrame(pieces, columns=_PIECES),
+        pd.DataFrame(spills, columns=["rank", "lo", "hi"]),
+    )
+
+
+def _meeting(intervals: list[tuple], st: pd.DataFrame) -> list[tuple]:
+    """The `intervals` that meet the time of some row of `st` (one rank's steps: from its start to
+    its end or its gap's end), where its idle windows lie: a window's calls before every step
+    (its warm-up step's: no duration, no row) meet none."""
+    if not intervals:
+        return intervals
+    lo = st["start"].to_numpy(dtype=float)
+    hi = np.maximum(st["end"].to_numpy(dtype=float), st["hi"].to_numpy(dtype=float))
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])  # the rows' time, as runs sorted by start
+    out = []
+    for s, e in intervals:
+        j = np.searchsorted(lo, e, "left")  # rows starting before the interval ends
+        if j and hi[j - 1] > s:
+            out.append((s, e))
+    return out
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted intervals merged into disjoint ones."""
+    """Sorted intervals merged into disjoint ones (touching ones too): a new one begins where a
+    start lies past every end before it."""
+    if np.isnan(starts).any() or np.isnan(ends).any():
+        return _union_loop(starts, ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > np.maximum.accumulate(ends)[:-1]
+    at = np.flatnonzero(new)
+    return starts[at], np.maximum.reduceat(ends, at)
+
+
+def _union_loop(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_union` one interval at a time (NaN compares false: as it always did)."""
     s_out, e_out = [starts[0]], [ends[0]]
     for x, y in zip(starts[1:], ends[1:]):
         if x <= e_out[-1]:

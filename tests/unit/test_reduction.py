@@ -7,9 +7,9 @@ import os
 
 import pandas as pd
 import pytest
+from diag.analyzers.pipeline_bubble import _p2p_union, _sends_at_largest
+from diag.analyzers.tiny_collectives import _tiny
 
-from analyzers.pipeline_bubble import _p2p_union, _sends_at_largest
-from analyzers.tiny_collectives import _tiny
 from diag.metrics import reduction
 from diag.metrics.positions import known_members, place
 from diag.metrics.stage import Metrics
@@ -19,7 +19,14 @@ from tests.unit.windowing import assert_windowed, diag_folders
 
 # one of each shape (ZeRO-3, TP, PP, tiny calls, a hang, a long job, a straggler): the 29 folders
 # took 2 minutes; tests/integration/test_windowed_analyze.py runs every folder end to end
-SHAPES = {"zero3", "megatron_tp2", "repro_tiny_collectives", "embedding_heavy", "straggler", "hang_killed_early"}
+SHAPES = {
+    "zero3",
+    "megatron_tp2",
+    "repro_tiny_collectives",
+    "embedding_heavy",
+    "straggler",
+    "hang_killed_early",
+}
 SHAPES |= {"pp2_starved", "repro_mds_pipeline_bubble", "healthy_blip", "join"}
 FOLDERS = [d for d in diag_folders() if os.path.basename(d) in SHAPES]
 

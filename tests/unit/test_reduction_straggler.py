@@ -5,15 +5,17 @@ reading the merged ones, find what they find on the whole trace."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pytest
+from diag.analyzers.idle_between_steps import idle_between_steps
+from diag.analyzers.straggler import ArrivalCalls, ArrivalWaits, CommRanks, TailWait, straggler
 
-from analyzers.idle_between_steps import idle_between_steps
-from analyzers.straggler import ArrivalCalls, ArrivalWaits, CommRanks, TailWait, straggler
 from diag.metrics import idle, window_metrics
 from diag.metrics.stage import Metrics
+from diag.trace.model import Trace
 from diag.trace.reader import load_trace
 from tests.unit.test_reduction import _series
 from tests.unit.windowing import assert_windowed, diag_folders, windows
@@ -29,11 +31,25 @@ REDUCTIONS = (TailWait(), ArrivalWaits(), CommRanks(), ArrivalCalls(), idle.Idle
 @pytest.mark.parametrize("folder", FOLDERS, ids=os.path.basename)
 def test_reductions_merge_to_the_whole(folder):
     trace = load_trace(folder)
-    assert_windowed(trace, TailWait(), _series)
-    assert_windowed(trace, ArrivalWaits(), _series)
-    assert_windowed(trace, CommRanks())
-    assert_windowed(trace, ArrivalCalls(), _same_calls)
-    assert_windowed(trace, idle.Idle(), _same_idle(Metrics(trace).steps))
+    same = (_series, _series, _equal, _same_calls, _same_idle(Metrics(trace).steps))
+    assert_windowed(trace, _Each(REDUCTIONS), lambda a, b: [f(x, y) for f, x, y in zip(same, a, b)])
+
+
+@dataclass(frozen=True)
+class _Each:
+    """The reductions `rs` side by side: one split of the trace into windows for all (test time)."""
+
+    rs: tuple
+
+    def of(self, metrics: Metrics) -> tuple:
+        return tuple(r.of(metrics) for r in self.rs)
+
+    def merged(self, parts: list[tuple]) -> tuple:
+        return tuple(r.merged([p[i] for p in parts]) for i, r in enumerate(self.rs))
+
+
+def _equal(a, b) -> None:
+    assert a == b
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=os.path.basename)
@@ -51,21 +67,45 @@ def test_the_rules_find_the_same_on_merged_windows(folder):
     assert straggler(trace, merged) + idle_between_steps(trace, merged) == want
 
 
+def test_calls_of_the_next_step_in_a_gap_count_there_in_windows():
+    """repro_idle_is_collectives' calls lie in the gaps after their steps; tagged with the next
+    step instead, each is in the next window of one step, before its time (a spill): the gaps'
+    collective seconds are the same, whole and merged."""
+    trace = load_trace(next(d for d in diag_folders() if d.endswith("repro_idle_is_collectives")))
+    c = trace.frames["comm"]
+    moved = Trace(headers=trace.headers, frames={**trace.frames, "comm": c.assign(step=c["step"] + 1)})
+    want = idle.gaps(Metrics(trace))["comm_gap_s"]
+    assert want.sum() > 0
+    pd.testing.assert_series_equal(idle.gaps(Metrics(moved))["comm_gap_s"], want, check_exact=True)
+    assert_windowed(moved, idle.Idle(), _same_idle(Metrics(moved).steps))
+    ones = window_metrics.merged(idle.Idle(), windows(moved, 1), window_metrics.Whole.of(Metrics(moved)))
+    assert len(ones.spills)  # (the premise: calls read from the window after their gap)
+
+
 def test_a_gap_at_a_windows_end_is_the_union_of_both_windows_calls():
-    """Calls of step 1 and of step 2 overlapping in the gap between them, in two windows: the busy
-    time is their union (2 ms), not the sum of each window's (3 ms)."""
+    """Step 1's last call and step 2's first overlap in the gap between them, in two windows: the
+    busy time is their union (2.5 ms), not the sum of each window's (3.5 ms)."""
     ms = 1_000_000
+    none = pd.DataFrame(columns=["rank", "step", "gap", "lead"])
     parts = [
-        idle.IdleParts(False, pd.Series(dtype=float), _pieces([(0, 1, 0, 10 * ms, 12 * ms)])),
-        idle.IdleParts(False, pd.Series(dtype=float), _pieces([(0, 1, 0, 11 * ms, 12 * ms)])),
+        idle.IdleParts(
+            False, pd.Series(dtype=float), none, _pieces([(0, 1, 0, 10 * ms, 12 * ms)]), _spills([])
+        ),
+        idle.IdleParts(False, pd.Series(dtype=float), none, _pieces([]), _spills([(0, 11 * ms, 13 * ms)])),
     ]
-    st = pd.DataFrame({"rank": [0], "step": [1], "lead_hi": [0.0]})
-    assert idle.Idle().merged(parts).busy(st).tolist() == [0.002]
+    st = pd.DataFrame(
+        {"rank": [0], "step": [1], "start": [0.0], "lead_hi": [0.0], "lo": [9e6], "hi": [12.5e6]}
+    )
+    assert idle.Idle().merged(parts).busy(st).tolist() == [0.0025]
 
 
 def _pieces(rows: list[tuple]) -> pd.DataFrame:
     columns = ["rank", "step", "which", "lo", "hi"]
     return pd.DataFrame(rows, columns=columns).astype({"lo": float, "hi": float})
+
+
+def _spills(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["rank", "lo", "hi"]).astype({"lo": float, "hi": float})
 
 
 def _same_calls(a: pd.DataFrame, b: pd.DataFrame) -> None:
