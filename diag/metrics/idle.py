@@ -20,7 +20,6 @@ from diag.metrics.steps import NS, steady
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
-    from diag.trace.model import Trace
 
 _PIECES = ["rank", "step", "which", "lo", "hi"]  # which: 0 the gap after the step, 1 its lead-in
 
@@ -157,7 +156,7 @@ class Idle:
         if st.empty or c.empty or "ts" not in c:
             return IdleParts(not lay.empty, first, *_split(c.iloc[:0], st.iloc[:0], None))
         st = with_lead(windows(st), first) if not lay.empty else windows(st).assign(lead_hi=st["start"])
-        return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics.trace)))
+        return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics)))
 
     def merged(self, parts: list[IdleParts]) -> IdleParts:
         if len(parts) == 1:
@@ -176,14 +175,23 @@ def _rows(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if len(rows) > 1 else (rows or frames)[0]
 
 
-def _held(trace: Trace) -> tuple[float, float] | None:
-    """The steps `trace` holds (a window: its range) as (first, last), from its step marks: a row
-    of `Metrics.steps` is a mark, held with that step's layers (their first forward) and calls."""
-    steps = (
-        pd.to_numeric(trace.steps["step"], errors="coerce") if len(trace.steps) else pd.Series(dtype=float)
-    )
-    steps = steps[steps >= 0]
-    return (float(steps.min()), float(steps.max())) if len(steps) else None
+def _held(metrics: Metrics) -> tuple[float, float] | None:
+    """The steps whose calls and layers `metrics` holds (a window: within its range) as (first,
+    last): a step of theirs has all its calls and layers (its first forward) here. From those
+    frames, not the step marks, which a window may hold whole."""
+    lo, hi = np.inf, -np.inf
+    for df in (metrics.trace.layers, metrics.comms):
+        if len(df) and "step" in df:
+            step = (
+                df["step"]
+                if pd.api.types.is_numeric_dtype(df["step"])
+                else pd.to_numeric(df["step"], errors="coerce")
+            )
+            if not step.min() >= 0:  # (steps of none: -1 or NaN)
+                step = step[step >= 0]
+            if len(step):
+                lo, hi = min(lo, float(step.min())), max(hi, float(step.max()))
+    return (lo, hi) if lo <= hi else None
 
 
 def _split(

@@ -80,6 +80,18 @@ def test_calls_of_the_next_step_in_a_gap_count_there_in_windows():
     assert_windowed(moved, idle.Idle(), _same_idle(Metrics(moved).steps))
     ones = window_metrics.merged(idle.Idle(), windows(moved, 1), window_metrics.Whole.of(Metrics(moved)))
     assert len(ones.spills)  # (the premise: calls read from the window after their gap)
+    # each call and its copy tagged with the next step (1 ns later) in every gap: both windows' calls
+    # there, united; as well where each window holds every step mark (the pass holds them whole)
+    both = Trace(
+        headers=trace.headers,
+        frames={**trace.frames, "comm": pd.concat([c, c.assign(step=c["step"] + 1, ts=c["ts"] + 1)])},
+    )
+    context, same = window_metrics.Whole.of(Metrics(both)), _same_idle(Metrics(both).steps)
+    assert_windowed(both, idle.Idle(), same)
+    marks = [
+        Trace(headers=w.headers, frames={**w.frames, "step": both.frames["step"]}) for w in windows(both, 1)
+    ]
+    same(Metrics(both).reduce(idle.Idle()), window_metrics.merged(idle.Idle(), marks, context))
 
 
 def test_a_gap_at_a_windows_end_is_the_union_of_both_windows_calls():
