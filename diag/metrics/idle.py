@@ -3,8 +3,9 @@ sampled steps (per-layer records), the lead-in to the first forward, less the ti
 collectives there. Read by idle_between_steps (an input stall) and straggler (which defers to it).
 
 What it reads of the calls and layers is a `Reduction` (`Idle`, issue 14): a window of steps at a
-time, its part carrying the pieces of the rank's collectives inside the idle windows, so that a
-gap at a window's end, which the calls of both windows may cover, is their union, not a sum."""
+time, its part the seconds per (rank, step) and, at its edges, the intervals of the rank's
+collectives, so that a gap at a window's end, which the calls of both windows may cover, is their
+union, not a sum."""
 
 from __future__ import annotations
 
