@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,11 +13,12 @@ from diag.analyzers.base import rule
 from diag.analyzers.memory_growth import memory_growth
 
 from diag.findings import Cost, Finding, Fix
-from diag.metrics import positions
-from diag.metrics.comms import arrival_per_step, transfer_dur
+from diag.metrics import positions, reduction
+from diag.metrics.comms import arrival_per_step, arrival_waits, transfer_dur
 from diag.metrics.idle import gaps
 from diag.metrics.onset import Onset, onsets, robust_sigma
 from diag.metrics.sched import runq_per_step
+from diag.metrics.selection import PerStep
 from diag.metrics.steps import NS
 from diag.metrics.text import as_text
 from diag.metrics.throttle import WINDOW_S, throttled_spans
@@ -132,6 +134,57 @@ def _tail_wait(c: pd.DataFrame, flag: np.ndarray, xfer: pd.Series) -> pd.Series:
     return tail.set_index(["rank", "step"])["wait"]
 
 
+@dataclass(frozen=True)
+class TailWait(reduction.OfSteps):
+    """`OfSteps(async_tail_wait)` (a Reduction, `diag.metrics.reduction`: each (rank, step)'s
+    from that step's calls, windows' parts concatenate) on the transfer times the rule placed
+    already (`Metrics.transfer`), not placed anew."""
+
+    reduce: PerStep = async_tail_wait
+
+    def of(self, metrics: Metrics) -> pd.Series:
+        return async_tail_wait(metrics.comms, metrics.transfer)
+
+
+@dataclass(frozen=True)
+class ArrivalWaits(reduction.OfSteps):
+    """`OfSteps(comms.arrival_waits)` on the calls the rule placed already (`Metrics.placement`)."""
+
+    reduce: PerStep = arrival_waits
+
+    def of(self, metrics: Metrics) -> pd.Series:
+        return arrival_waits(metrics.comms, metrics.placement)
+
+
+@dataclass(frozen=True)
+class CommRanks:
+    """The ranks of the trace's collectives (every call's, lone ones too): a set the windows unite."""
+
+    def of(self, metrics: Metrics) -> frozenset:
+        c = metrics.trace.comms
+        return frozenset(c["rank"].dropna().unique().tolist()) if not c.empty and "rank" in c else frozenset()
+
+    def merged(self, parts: list[frozenset]) -> frozenset:
+        return frozenset().union(*parts)
+
+
+@dataclass(frozen=True)
+class ArrivalCalls:
+    """What `_by_arrival` reads of the calls: their rank, group, step, ts and dur, concatenated in
+    step order. Per call, not per step: `arrivals` pairs the k-th call of a (rank, group) over the
+    whole trace, which no per-window figure gives. Asked for only with at most one step mark and
+    fewer than `MIN_STEPS` steps (a profiled step: one window of the windowed pass)."""
+
+    def of(self, metrics: Metrics) -> pd.DataFrame:
+        return metrics.comms[["rank", "group", "step", "ts", "dur"]]  # a filter copies these only
+
+    def merged(self, parts: list[pd.DataFrame]) -> pd.DataFrame:
+        if len(parts) == 1:
+            return parts[0]
+        rows = [p for p in parts if len(p)]
+        return pd.concat(rows, ignore_index=True) if len(rows) > 1 else (rows or parts)[0]
+
+
 _PER_STEP: weakref.WeakKeyDictionary[Metrics, pd.DataFrame] = weakref.WeakKeyDictionary()
 
 
@@ -146,7 +199,7 @@ def compute_per_step(metrics: Metrics) -> pd.DataFrame:
 
 
 def _compute_per_step(metrics: Metrics) -> pd.DataFrame:
-    df, tail = metrics.blocked, async_tail_wait(metrics.comms, metrics.transfer)
+    df, tail = metrics.blocked, metrics.reduce(TailWait())
     if df.empty and not tail.empty:  # no blocking collective at all (plain DDP)
         df = metrics.steady_steps[["rank", "step", "dur_s"]].assign(exposed_s=0.0)
     if df.empty:
@@ -293,7 +346,7 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
     one rank (a TP=2 job's rank 0 kept its peer waiting 256 ms in steps 0-1, then the planted 80 ms
     straggler on rank 1 took over), and arrival counts are not the wait (rank 0 arrived last at 69% of
     step 2's all-reduces, its peer waited 7 ms; rank 1 at 31%, 86 ms)."""
-    c = metrics.comms[["rank", "group", "step", "ts", "dur"]]  # what `arrivals` reads: a filter copies these
+    c = metrics.reduce(ArrivalCalls())
     first = c.groupby("rank")["step"].transform("min") if not c.empty else None
     if first is not None and c["step"].nunique() > 1:  # a warm-up step before the one recorded
         c = c[c["step"] > first]
@@ -305,7 +358,7 @@ def _by_arrival(trace: Trace, metrics: Metrics) -> list[Finding]:
     row = late.iloc[0]
     slow, steps = int(row["rank"]), metrics.steps
     nsteps = max(int(steps["step"].nunique()), 1) if not steps.empty else 1
-    step_s = float(steps["dur_s"].median()) if not steps.empty else _span_s(metrics.comms)
+    step_s = float(steps["dur_s"].median()) if not steps.empty else _span_s(metrics.reduce(ArrivalCalls()))
     waited = float(row["others_wait_s"]) / nsteps
     if step_s <= 0 or waited < MIN_STEP_SHARE * step_s:
         return []
@@ -464,7 +517,9 @@ def _throttled(trace: Trace, metrics: Metrics) -> list[Finding]:
     duty = _duty(trace)
     if not duty:
         return []
-    df, st = arrival_per_step(metrics.comms, metrics.steady_steps, metrics.placement), metrics.steps
+    if not metrics.calls:
+        return []
+    df, st = arrival_per_step(metrics.steady_steps, metrics.reduce(ArrivalWaits())), metrics.steps
     if df.empty or st.empty:
         return []
     found = []
@@ -597,16 +652,16 @@ def straggler(trace: Trace, metrics: Metrics) -> list[Finding]:
     where a 5 s window met the same thresholds. Without a watcher, nothing: the trace alone cannot
     tell it from a rank a loaded host slowed (healthy controls: the peer waited for rank 0 at 79-100%
     of steps, 29-80% of the wall time)."""
-    if _ranks_seen(trace) < 2:  # every premise compares a rank with its peers
+    if _ranks_seen(trace, metrics) < 2:  # every premise compares a rank with its peers
         return []
     return _throttled(trace, metrics) or _by_work(trace, metrics)
 
 
-def _ranks_seen(trace: Trace) -> int:
+def _ranks_seen(trace: Trace, metrics: Metrics) -> int:
     """How many ranks recorded steps, collectives or kernels: what every premise compares. Checked
     first: on one rank's trace the per-step tables it would build are most of a small run's time."""
-    seen: set[object] = set()
-    for df in (trace.steps, trace.comms, trace.frame("kernel")):
+    seen: set[object] = set(metrics.reduce(CommRanks()))
+    for df in (trace.steps, trace.frame("kernel")):
         if not df.empty and "rank" in df:
             seen.update(df["rank"].dropna().unique())
     return len(seen)

@@ -171,15 +171,14 @@ def arrival_wait(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.S
     return (last - ts).clip(lower=0).clip(upper=pd.to_numeric(c["dur"]).fillna(0)).astype(float)
 
 
-def arrival_per_step(
-    c: pd.DataFrame, st: pd.DataFrame, at: positions.Positions | None = None
-) -> pd.DataFrame:
-    """Per steady (rank, step) of `st`: `wait_s`, its wait for the last to arrive (`arrival_wait`) at its
-    blocking collectives and at the step's last async one, and `compute_s`, the rest of the step.
-    What a stopped rank's peers waited for it, without its own stops read as its waiting: an op it
-    saw complete only once resumed lasts, on its side, until then. `at`: as `arrival_wait`'s."""
-    if c.empty or st.empty:
-        return pd.DataFrame(columns=["rank", "step", "dur_s", "wait_s", "compute_s"])
+def arrival_waits(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.Series:
+    """Per (rank, step) of `c`: its wait for the last to arrive (`arrival_wait`, seconds) at its
+    blocking collectives and at the step's last async one; each (rank, step)'s from its own calls
+    (a window of steps gives its steps'). What a stopped rank's peers waited for it, without its
+    own stops read as its waiting: an op it saw complete only once resumed lasts, on its side,
+    until then. `at`: as `arrival_wait`'s. Joined to the steps by `arrival_per_step`."""
+    if c.empty:
+        return pd.Series(dtype=float)
     flag = (
         c["async_op"].astype("boolean").fillna(False).astype(bool)
         if "async_op" in c
@@ -203,9 +202,15 @@ def arrival_per_step(
         tail.append(last.set_index(["rank", "step"])["wait"])
     sync, tail = [p for p in sync if len(p)], [p for p in tail if len(p)]
     if sync and tail:
-        waits = pd.concat(sync).add(pd.concat(tail), fill_value=0.0)
-    else:
-        waits = pd.concat(sync or tail) if sync or tail else pd.Series(dtype=float)
+        return pd.concat(sync).add(pd.concat(tail), fill_value=0.0)
+    return pd.concat(sync or tail) if sync or tail else pd.Series(dtype=float)
+
+
+def arrival_per_step(st: pd.DataFrame, waits: pd.Series) -> pd.DataFrame:
+    """Per steady (rank, step) of `st`: `wait_s` (`arrival_waits`, 0.0 for a step without) and
+    `compute_s`, the rest of the step."""
+    if st.empty:
+        return pd.DataFrame(columns=["rank", "step", "dur_s", "wait_s", "compute_s"])
     df = join_steps(st, waits, "wait_s")
     return df.assign(compute_s=(df["dur_s"] - df["wait_s"]).clip(lower=0))
 
