@@ -32,7 +32,7 @@ from diag.analyzers import liveness
 from diag.analyzers.base import rule
 
 from diag.findings import Finding, Fix
-from diag.metrics import positions
+from diag.metrics import positions, reduction
 from diag.metrics.steps import NS
 from diag.metrics.text import as_text
 from diag.vocab import P2P, UNNAMED_GROUP
@@ -508,3 +508,7 @@ def _finding(group: str, step: int, k: int, at: pd.DataFrame, seen: set[Sig]) ->
             )
         ],
     )
+
+
+# what the rule asks first: computed in the windowed pass's first pass (`reduction.early`)
+reduction.early(lambda _trace: FirstSteps())

@@ -13,7 +13,7 @@ from diag.analyzers.base import rule
 
 from diag import schema
 from diag.findings import Cost, Finding, Fix
-from diag.metrics import positions, steps
+from diag.metrics import positions, reduction, steps
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -338,3 +338,7 @@ def embedding_comm(trace: Trace, metrics: Metrics) -> list[Finding]:
             fixes=_fixes(trace, framework.job_of(metrics)),
         )
     ]
+
+
+# what the rule asks first: computed in the windowed pass's first pass (`reduction.early`)
+reduction.early(lambda trace: MovedBytes(_tracked(trace)))

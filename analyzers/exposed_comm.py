@@ -12,6 +12,7 @@ from diag.analyzers.base import rule
 from diag.analyzers.cross_node import on_gpu, zero3_cross_node
 
 from diag.findings import Cost, Finding, Fix
+from diag.metrics import reduction
 from diag.metrics.comms import tensor_parallel
 from diag.metrics.exposure import Exposed
 from diag.metrics.steps import NS
@@ -314,3 +315,7 @@ def _tp_why(job: framework.Job, tp: object, fixes: list[Fix], whole: bool) -> st
         else ""
     )
     return f"the job has no setting that overlaps them{how}; {narrower}"
+
+
+# what the rule asks first: computed in the windowed pass's first pass (`reduction.early`)
+reduction.early(lambda _trace: _Roles())

@@ -797,3 +797,7 @@ def _by_onset(trace: Trace, metrics: Metrics, df: pd.DataFrame) -> list[Finding]
 def _since(o: Onset) -> str:
     """ "since step N" while it lasts, else the steps it lasted."""
     return f"since step {o.first}" if o.ongoing else f"at steps {o.first}-{o.steps[-1]}"
+
+
+# what the rule asks first: computed in the windowed pass's first pass (`reduction.early`)
+reduction.early(lambda _trace: CommRanks())

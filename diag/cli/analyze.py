@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window-steps",
         type=int,
         metavar="N",
-        help="--windowed: steps a window (default: about 2,048 rank-steps a window, 1 at most 2,048 ranks)",
+        help="--windowed: steps a window (default: about 256 rank-steps a window, 1 from 256 ranks on)",
     )
     parser.add_argument(
         "--model",
@@ -169,17 +169,16 @@ def _analyze(paths: list[str], args: argparse.Namespace, only: list[str] | None,
             print(f"diag analyze: error: {p}", file=sys.stderr)
         return e.exit_code
     # the one analysis stage: the rules and the report read the same figures
-    metrics = Metrics(trace) if stage is None else stage
-    trace = metrics.trace
+    trace = trace if stage is None else stage.trace
 
-    def analysis() -> tuple[list[Any], dict[str, str], dict[str, Any]]:
+    def analysis(metrics: Metrics) -> tuple[list[Any], dict[str, str], dict[str, Any]]:
         findings, failures = run_all(trace, only, metrics)
         doc = model.document(
             trace, findings, failures, metrics, peak_tflops=args.peak_tflops, model=_model_option(args.model)
         )
         return findings, failures, doc
 
-    findings, failures, doc = analysis() if stage is None else stage.settle(analysis)
+    findings, failures, doc = analysis(Metrics(trace)) if stage is None else stage.settle(analysis)
     if stage is not None:
         _windowed_note(stage, failures, args)
     _render(doc, args, run_no)
@@ -205,6 +204,9 @@ def _windowed(paths: list[str], args: argparse.Namespace) -> Any:
     size = windowed_stage.input_bytes(paths[0])
     if size is None or not (args.windowed or size > windowed_stage.available_bytes() / 2):
         return None
+    from diag.analyzers import registered_rules
+
+    registered_rules()  # (their early reductions: `reduction.early`, computed in the first pass)
     if args.window_steps is not None and args.window_steps < 1:
         raise DiagError(f"--window-steps must be a positive number of steps, got {args.window_steps}")
     try:

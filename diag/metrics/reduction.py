@@ -20,9 +20,9 @@ pass over the windows, and runs the rules again (`windowed_stage`). Test: `tests
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pandas as pd
 
@@ -31,8 +31,27 @@ from diag.metrics.selection import PerStep, Pick, Selected
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
+    from diag.trace.model import Trace
 
 T = TypeVar("T")
+Early = Callable[["Trace"], "Reduction[Any] | None"]
+_EARLY: list[Early] = []
+
+
+def early(make: Early) -> Early:
+    """Register a reduction the windowed pass computes in its first pass, with the figures: one whose
+    `of` reads only the window's own records (no whole-trace steps or members), that a rule asks
+    for before it knows what else to ask (how many calls, which roles the groups play). Without
+    it the rule's next question waits for a pass of its own. `make(trace)` builds it from a
+    window's trace (its records of no step are the whole trace's); None: not wanted."""
+    _EARLY.append(make)
+    return make
+
+
+def early_for(trace: Trace) -> list[Reduction[Any]]:
+    """The early reductions (`early`) for a trace whose records of no step are `trace`'s."""
+    made = (make(trace) for make in _EARLY)
+    return list(dict.fromkeys(r for r in made if r is not None))
 
 
 class Reduction(Hashable, Protocol[T]):
@@ -122,3 +141,7 @@ class Groups:
 
     def merged(self, parts: list[frozenset]) -> frozenset:
         return frozenset().union(*parts)
+
+
+early(lambda _trace: Calls())
+early(lambda _trace: Groups())

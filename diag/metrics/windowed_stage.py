@@ -17,6 +17,7 @@ another's value takes one pass more). A reader of the withheld frames outside a 
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from diag import schema
-from diag.metrics import lasts, positions
+from diag.metrics import lasts, positions, reduction
 from diag.metrics.reduction import Reduction
 from diag.metrics.split_windows import FOLD
 from diag.metrics.stage import Metrics
@@ -37,7 +38,7 @@ from diag.trace.model import Trace
 from diag.trace.window import ALL, Window
 
 T = TypeVar("T")
-RANK_STEPS = 2048  # a window's rank-steps (`steps_for`)
+RANK_STEPS = 256  # a window's rank-steps (`steps_for`): ~150 KB each held while it is read
 PASSES = 4  # reduction passes at most after the first (two are enough for every rule today)
 _FIGURES = (
     "steps",
@@ -131,17 +132,21 @@ class WindowedMetrics(Metrics):
         self.asked.add(r)
         return r.merged([])
 
-    def settle(self, run: Callable[[], T]) -> T:
-        """`run()` (the rules, the report) until it asks for no reduction not computed, a pass over
-        the windows for those it asked for between runs."""
+    def settle(self, run: Callable[[Metrics], T]) -> T:
+        """`run(metrics)` (the rules, the report) until it asks for no reduction not computed, a pass
+        over the windows for those it asked for between runs. Each run is given a copy of this
+        stage of its own identity (its figures and the reductions computed so far): what a rule
+        keeps per `Metrics` (`straggler`'s per-step table, weakly keyed) was made of a run's empty
+        answers and must not outlive it."""
         for _ in range(PASSES + 1):
-            self.asked = set()
-            out = run()
-            if not self.asked:
+            m = copy.copy(self)
+            m.asked = set()
+            out = run(m)
+            if not m.asked:
                 return out
             if self.passes > PASSES:
                 break
-            self._compute(list(self.asked))
+            self._compute(list(m.asked))
         raise NotWindowed(f"the rules asked for reductions after {self.passes} passes")
 
     def _compute(self, asked: list[Reduction[Any]]) -> None:
@@ -174,12 +179,14 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
 
     size = size or steps_for(len(glob.glob(os.path.join(path, "rank-*.jsonl*"))))
     acc, reading, latest = Windowed(), LockStep(path, size, window), []
+    early: dict[Any, list[Any]] = {}
     try:
         for part in reading:
             acc.add(part.trace)
             latest.append(lasts.latest_of(part.trace.frames))
             if len(latest) >= FOLD:
                 latest[:] = [lasts.merge_latest(latest)]
+            _early(part.trace, early)
     except (OutOfStep, ValueError) as e:  # (ValueError: a window holding a Kineto timeline)
         raise NotWindowed(str(e)) from None
     outside = reading.outside or Trace(sources=[path])
@@ -194,7 +201,21 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
         dict(outside.headers), _Held(frames, lasts.merge_latest(latest)), list(outside.problems), [path]
     )
     whole = Whole(figures.steps, figures.members)
-    return WindowedMetrics(trace, path=path, window=window, size=size, figures=figures, whole=whole)
+    stage = WindowedMetrics(trace, path=path, window=window, size=size, figures=figures, whole=whole)
+    stage._reduced.update({r: r.merged(parts) for r, parts in early.items()})
+    return stage
+
+
+def _early(window: Trace, held: dict[Any, list[Any]]) -> None:
+    """The early reductions' parts of one window (`reduction.early`: they read its records alone)."""
+    if not held:
+        held.update({r: [] for r in reduction.early_for(window)})
+    m = Metrics(window)
+    for r, parts in held.items():
+        parts.append(r.of(m))
+        if getattr(r, "folds", False) and len(parts) >= FOLD:
+            parts[:] = [r.merged(parts)]
+    m.end_rule()
 
 
 def steps_for(ranks: int) -> int:
