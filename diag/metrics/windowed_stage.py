@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from diag import schema
-from diag.metrics import lasts, positions, reduction
+from diag.metrics import lasts, positions, reduction, size_medians
 from diag.metrics.reduction import Reduction
 from diag.metrics.split_windows import FOLD
 from diag.metrics.stage import Metrics
@@ -121,8 +121,8 @@ class WindowedMetrics(Metrics):
 
     @property
     def bandwidth_by_size(self) -> pd.DataFrame:  # type: ignore[override]
-        """An exact median of every call's busbw per (op, size): not reduced (docs/scale.md)."""
-        raise WholeOnly(schema.COMM)
+        """The median busbw per (op, size) from two reductions (`size_medians`)."""
+        return size_medians.of_windows(self)
 
     def reduce(self, r: Reduction[T]) -> T:
         """The reduction's merged value once a pass computed it; before, its empty value (the rule's
