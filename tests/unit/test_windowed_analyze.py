@@ -38,11 +38,10 @@ def test_windowed_equals_whole_but_for_what_it_says(folder, capsys):
     rc, windowed, err = _analyze(capsys, "--windowed", "--window-steps", "3", folder)
     assert rc == rc_whole
     assert "windowed" in windowed and "windowed" not in whole
-    not_run = windowed["windowed"]["not_run"]
-    for rule in not_run:
-        assert windowed["rule_failures"][rule].startswith("not run under the windowed pass: it reads every")
-    assert "3 steps at a time in" in err
-    assert "tiny_collectives" not in not_run and "hang_desync" not in not_run  # (reduced: they run)
+    # every rule and section reads the calls and layers through reductions: nothing left out
+    assert windowed["windowed"] == {"not_run": [], "partial": []}
+    # the figures and the early reductions, then the others (a rule's follow-up: one more)
+    assert re.search(r"3 steps at a time in [23] pass\(es\)", err)
     without_what_was_not_done(whole, windowed)
     assert windowed == whole
 
@@ -52,7 +51,7 @@ def test_a_finding_of_a_reduced_rule_is_found_windowed(capsys):
     folder = next(d for d in FOLDERS if d.endswith("repro_tiny_collectives"))
     _, doc, err = _analyze(capsys, "--windowed", "--window-steps", "2", folder)
     assert [f["rule"] for f in doc["findings"]].count("tiny_collectives") == 1
-    assert re.search(r"in [2-5] pass\(es\)", err)  # (the figures', then the reductions')
+    assert "in 2 pass(es)" in err  # the figures and the early reductions, then the others
 
 
 def test_the_withheld_records_raise_where_read(capsys):
@@ -64,7 +63,6 @@ def test_the_withheld_records_raise_where_read(capsys):
         lambda: stage.trace.frames["layer"],
         lambda: stage.comms,
         lambda: stage.placement,
-        lambda: stage.bandwidth_by_size,
     ):
         with pytest.raises(WholeOnly):
             read()
@@ -84,3 +82,30 @@ def test_by_default_a_small_trace_is_read_whole_and_out_of_step_files_whole(caps
         windowed_stage.read(str(tmp_path / "t"))
     _, doc, err = _analyze(capsys, "--windowed", str(tmp_path / "t"))
     assert "reading the trace whole, not a window at a time" in err and "windowed" not in doc
+
+
+def test_a_reader_of_every_call_is_reported_not_run_never_run_on_part(capsys, monkeypatch, tmp_path):
+    """A rule or report section that reads the calls outside a reduction: the rule is reported not
+    run (why, in every renderer), the section made without them and named partial."""
+    from diag.analyzers import base
+
+    from diag.report import trace_doc
+
+    def reads_calls(trace, metrics):
+        assert len(trace.comms) >= 0
+        return []
+
+    base.registered_rules()
+    monkeypatch.setitem(base._RULES, "reads_calls", (reads_calls, "test"))
+    monkeypatch.setattr(trace_doc, "step_timeline", lambda trace: trace.layers.head(0))
+    folder = next(d for d in FOLDERS if d.endswith("healthy"))
+    md = tmp_path / "r.md"
+    _, doc, err = _analyze(capsys, "--windowed", "--markdown", str(md), folder)
+    assert doc["windowed"] == {"not_run": ["reads_calls"], "partial": ["step_timeline"]}
+    assert doc["rule_failures"]["reads_calls"].startswith(
+        "not run under the windowed pass: it reads every call"
+    )
+    assert "not run (they read every call or layer record): reads_calls" in err
+    text = md.read_text()
+    assert "rule `reads_calls`: not run under the windowed pass" in text and "failed" not in text
+    assert "as if none were recorded: step_timeline" in text
