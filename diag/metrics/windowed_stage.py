@@ -21,7 +21,8 @@ import copy
 import glob
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -40,19 +41,8 @@ from diag.trace.window import ALL, Window
 T = TypeVar("T")
 RANK_STEPS = 256  # a window's rank-steps (`steps_for`): ~150 KB each held while it is read
 PASSES = 4  # reduction passes at most after the first (two are enough for every rule today)
-_FIGURES = (
-    "steps",
-    "steady_steps",
-    "median_step_s",
-    "step_times",
-    "exposed",
-    "blocked",
-    "collectives",
-    "stragglers",
-    "step_split",
-    "breakdown",
-    "overlap",
-)
+# `Metrics`' figures pass 1 gives (its cached properties `Figures` names)
+_FIGURES = tuple(f.name for f in fields(Figures) if isinstance(vars(Metrics).get(f.name), cached_property))
 
 
 class NotWindowed(Exception):
