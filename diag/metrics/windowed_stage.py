@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import glob
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -216,9 +217,17 @@ def steps_for(ranks: int) -> int:
 
 
 def input_bytes(path: str) -> int | None:
-    """The bytes of the diag rank files in directory `path` (None: it holds none)."""
+    """The bytes of the diag rank files in directory `path` that are regular files (None: it holds
+    no rank file; a dangling link, a FIFO or a device is the reader's to report, not opened here)."""
     files = glob.glob(os.path.join(path, "rank-*.jsonl*"))
-    return sum(os.path.getsize(f) for f in files) if files else None
+    total = 0
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total if files else None
 
 
 def available_bytes() -> int:

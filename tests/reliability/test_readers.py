@@ -69,9 +69,15 @@ def hostile_dir(tmp_path) -> str:
     return str(d)
 
 
-def test_fifo_and_device_rank_files_are_refused_not_read(hostile_dir) -> None:
-    res = diag_cli("analyze", "--json", hostile_dir)
+@pytest.mark.parametrize("how", [[], ["--windowed"]], ids=["whole", "windowed"])
+def test_fifo_and_device_rank_files_are_refused_not_read(hostile_dir, how) -> None:
+    """Read whole or a window at a time (`--windowed`: each file sized first, `input_bytes`)."""
+    res = diag_cli("analyze", "--json", *how, hostile_dir)
     assert res.returncode == 2, res.stderr[-3000:]
+    if how:  # (its one line on how the trace was read, then the same errors)
+        read, *rest = res.stderr.splitlines(keepends=True)
+        assert "steps at a time" in read
+        res.stderr = "".join(rest)
     lines = errors(res)
     assert len(lines) == 3
     assert "rank-00001.jsonl: a FIFO, not a regular file: refused" in lines[0]
