@@ -147,14 +147,8 @@ class WindowedMetrics(Metrics):
         whole = self.whole or Whole(self.steps)
         try:
             for part in LockStep(self.path, self.size, self.window):
-                m = of_window(part.trace, whole)
                 with positions.known_members(whole.members):
-                    for r in asked:
-                        held = parts[r]
-                        held.append(r.of(m))
-                        if getattr(r, "folds", False) and len(held) >= FOLD:
-                            held[:] = [r.merged(held)]  # (its merged value is a part: one a while)
-                        m.end_rule()
+                    _reduce(of_window(part.trace, whole), parts)
         except OutOfStep as e:  # (pass 1 read them in step order: the files changed since)
             raise NotWindowed(str(e)) from None
         for r in asked:
@@ -168,7 +162,7 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
     `NotWindowed` for a trace to read whole."""
     from diag.trace.lockstep import LockStep, OutOfStep
 
-    size = size or steps_for(len(glob.glob(os.path.join(path, "rank-*.jsonl*"))))
+    size = size or steps_for(len(_rank_files(path)))
     acc, reading, latest = Windowed(), LockStep(path, size, window), []
     early: dict[Any, list[Any]] = {}
     try:
@@ -201,12 +195,17 @@ def _early(window: Trace, held: dict[Any, list[Any]]) -> None:
     """The early reductions' parts of one window (`reduction.early`: they read its records alone)."""
     if not held:
         held.update({r: [] for r in reduction.early_for(window)})
-    m = Metrics(window)
+    _reduce(Metrics(window), held)
+
+
+def _reduce(m: Metrics, held: dict[Any, list[Any]]) -> None:
+    """Each reduction's part of one window's `m`, added to its parts; those whose merged value is a
+    part (`folds`) joined once FOLD windows' are held."""
     for r, parts in held.items():
         parts.append(r.of(m))
         if getattr(r, "folds", False) and len(parts) >= FOLD:
             parts[:] = [r.merged(parts)]
-    m.end_rule()
+        m.end_rule()  # (a rule's placement, held for its reduction only)
 
 
 def steps_for(ranks: int) -> int:
@@ -216,10 +215,14 @@ def steps_for(ranks: int) -> int:
     return max(1, RANK_STEPS // max(ranks, 1))
 
 
+def _rank_files(path: str) -> list[str]:
+    return glob.glob(os.path.join(path, "rank-*.jsonl*"))
+
+
 def input_bytes(path: str) -> int | None:
     """The bytes of the diag rank files in directory `path` that are regular files (None: it holds
     no rank file; a dangling link, a FIFO or a device is the reader's to report, not opened here)."""
-    files = glob.glob(os.path.join(path, "rank-*.jsonl*"))
+    files = _rank_files(path)
     total = 0
     for f in files:
         try:
