@@ -295,7 +295,7 @@ def read(path: str, size: int = WINDOW, window: Window = ALL, ahead: int | None 
     at a time (`trace.lockstep`): what is held follows the window, not the job. A file whose records
     come out of step order (`OutOfStep`: a record of a window already given) is read whole instead,
     and its figures made the same way from its windows (`split`). `ahead`: the reader's look-ahead
-    in records a file (`lockstep.AHEAD`)."""
+    in records a file (None: `lockstep.ahead_for` the files)."""
     from diag.trace.lockstep import LockStep, OutOfStep
     from diag.trace.reader import load_trace
 

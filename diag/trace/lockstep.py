@@ -15,6 +15,10 @@ Each file is read forward twice (`stepfile`: its step-less records first, then i
 window at a time), never held whole: each file holds its window's records and at most `ahead`
 records of later steps (a layer record written a few steps late still finds its window). A record
 of a window already yielded raises `OutOfStep`, for the caller to read the trace whole instead.
+`ahead` is by default the job's share of `AHEAD_TOTAL`: held as dicts (~1 KB a record), 1,024 a
+file was about 1 GB at 1,024 ranks, a trace's whole input at 16 steps (`bench.analyze
+--diag-trace 1024x16 --windowed`); the share keeps at least `AHEAD_MIN` (about a step of the ZeRO-3
+sample's records: the writer holds a record back a flush or two, `agent.pending`).
 """
 
 from __future__ import annotations
@@ -30,9 +34,16 @@ from diag.trace.reader import Unreadable, build_frames, is_int, named_outside, t
 from diag.trace.stepfile import OutOfStep, Record, StepFile
 from diag.trace.window import ALL, Window
 
-__all__ = ["AHEAD", "LockStep", "OutOfStep", "Part"]
+__all__ = ["AHEAD", "AHEAD_MIN", "AHEAD_TOTAL", "LockStep", "OutOfStep", "Part", "ahead_for"]
 
 AHEAD = 1_024  # records of later steps a file may hold: ~14 steps of the ZeRO-3 sample's 71 a step
+AHEAD_TOTAL = 65_536  # ... and all files together, unless each would then hold under AHEAD_MIN
+AHEAD_MIN = 96
+
+
+def ahead_for(files: int) -> int:
+    """Records of later steps each of `files` files may hold by default."""
+    return min(AHEAD, max(AHEAD_MIN, AHEAD_TOTAL // max(files, 1)))
 
 
 class Part(NamedTuple):
@@ -85,10 +96,11 @@ class _Reading:
 
 
 class LockStep:
-    """`for part in LockStep(path, 10): ...` then `.outside` and `.problems` (see the module)."""
+    """`for part in LockStep(path, 10): ...` then `.outside` and `.problems` (see the module);
+    `ahead` None: `ahead_for` the files read."""
 
     def __init__(
-        self, path: str, size: int, window: Window = ALL, *, strict: bool = False, ahead: int = AHEAD
+        self, path: str, size: int, window: Window = ALL, *, strict: bool = False, ahead: int | None = None
     ) -> None:
         if size < 1:
             raise DiagError(f"a window of {size} steps: it must hold at least one")
@@ -105,11 +117,12 @@ class LockStep:
         readings = self._scan()
         if readings is None:
             return
-        lo = self.window.lo if self.window.lo is not None else self._first(readings)
+        most = self.ahead if self.ahead is not None else ahead_for(len(readings))
+        lo = self.window.lo if self.window.lo is not None else self._first(readings, most)
         while lo is not None:
             hi = lo + self.size if self.window.hi is None else min(lo + self.size, self.window.hi)
             for r in readings:
-                r.fill(lo, hi, self.window, self.ahead)
+                r.fill(lo, hi, self.window, most)
             taken = [r.take(lo, hi) for r in readings]
             self._check()
             if any(taken):
@@ -152,10 +165,10 @@ class LockStep:
             raise Unreadable(self.problems or [LoadProblem(self.path, "no readable trace")])
         return readings
 
-    def _first(self, readings: list[_Reading]) -> int | None:
+    def _first(self, readings: list[_Reading], most: int) -> int | None:
         """The lowest step the files' first `ahead` stepped records hold (None: no step at all)."""
         for r in readings:
-            r.fill(None, float("-inf"), self.window, self.ahead)
+            r.fill(None, float("-inf"), self.window, most)
         return min((step for r in readings for step in r.steps()), default=None)
 
     def _check(self) -> None:

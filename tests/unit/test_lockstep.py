@@ -18,7 +18,7 @@ import pytest
 
 from diag.errors import DiagError
 from diag.trace import reader
-from diag.trace.lockstep import AHEAD, LockStep, OutOfStep, Part
+from diag.trace.lockstep import AHEAD, AHEAD_MIN, AHEAD_TOTAL, LockStep, OutOfStep, Part, ahead_for
 from diag.trace.window import ALL, Window
 from tests.conftest import ROOT
 from tests.unit.test_rankfiles import DIAG_DIRS, _damaged
@@ -218,6 +218,15 @@ def test_records_written_late_find_their_window(tiled, tmp_path):
     with pytest.raises(OutOfStep):
         list(LockStep(path, 4, ahead=between))  # the window given before it comes
     _check(path, 2, ahead=between + 1, compare=2)
+
+
+def test_the_look_ahead_is_shared_by_the_files():
+    """A file's look-ahead is its share of `AHEAD_TOTAL` (1,024 records each at 1,024 ranks held a
+    1,024 x 16 trace's whole input as dicts), never under `AHEAD_MIN` nor over `AHEAD`."""
+    assert ahead_for(8) == AHEAD and ahead_for(1) == AHEAD
+    assert ahead_for(256) == AHEAD_TOTAL // 256 > AHEAD_MIN
+    assert ahead_for(1_024) == ahead_for(100_000) == AHEAD_MIN
+    assert all(ahead_for(n) * n <= max(AHEAD_TOTAL, AHEAD_MIN * n) for n in (1, 64, 65, 512, 4_096))
 
 
 def test_a_group_renamed_at_the_files_end_is_renamed_in_the_first_window(tmp_path):
