@@ -75,8 +75,8 @@ class SplitWindows:
         later ones are): from then on its row reads only sampled steps."""
         if not len(steps):
             return steps
-        for rank, first in steps.groupby("rank")["step"].min().items():
-            self._first.setdefault(rank, first)  # windows come in step order
+        first = steps.groupby("rank")["step"].min()  # windows come in step order: a rank's first
+        self._first.update(first[~first.index.isin(list(self._first))].to_dict())
         sampled = layers[["rank", "step"]].drop_duplicates() if len(layers) else None
         if sampled is None:
             return steps[~steps["rank"].isin(self._known).to_numpy()]

@@ -89,7 +89,8 @@ def split_steps(steps: pd.DataFrame, comms: pd.DataFrame, layers: pd.DataFrame) 
     end = start + steps["dur"].astype("int64").to_numpy()
     claimed = np.zeros((len(steps), len(_LABELS)), np.int64)
     frames = [
-        (df, ranks.get_indexer(df["rank"]) if len(df) else np.empty(0, np.intp)) for df in (comms, layers)
+        (df, ranks.get_indexer(df["rank"]).astype(np.int32) if len(df) else np.empty(0, np.int32))
+        for df in (comms, layers)
     ]
     for lo, hi in _rank_chunks([of for _, of in frames], len(ranks)):
         rows = np.flatnonzero((codes >= lo) & (codes < hi))
