@@ -5,7 +5,7 @@ time, not by the step a record names, so a call that runs past its step's end, o
 of the next step that begins before it, counts there. Each window's steps are split when the next
 window has come (its records that begin before they end are then in), with the records of earlier
 windows that end after the first of them begins (the carry); per (rank, step) only the parts of
-`step_split.per_step` are kept, and each rank's row is made from its steady ones at the end. Exact
+`step_split.split_steps` are kept, and each rank's row is made from its steady ones at the end. Exact
 where no record of window k + 2 lies in a step of window k (a record overlaps the steps next to
 its own); the records of no step (`outside`) that lie in a step split before they came are
 counted in `missed`.
@@ -19,7 +19,6 @@ from typing import Any
 import pandas as pd
 
 from diag.metrics import step_split
-from diag.metrics.activity import ByRank
 
 FOLD = 32  # windows' parts held one by one before they are joined (a concat or a groupby each time)
 
@@ -33,7 +32,7 @@ def fold(parts: list[Any], join: Callable[[list[Any]], Any]) -> None:
         parts[:] = [join([p for p in parts if len(p)] or parts[:1])]
 
 
-PARTS = ("total", step_split.TP, step_split.EXPOSED, "compute", "background")
+PARTS = step_split.PARTS
 _COMM = ("rank", "ts", "dur", "async_op", "group")
 _LAYER = ("rank", "ts", "dur")
 
@@ -76,8 +75,8 @@ class SplitWindows:
         later ones are): from then on its row reads only sampled steps."""
         if not len(steps):
             return steps
-        for rank, first in steps.groupby("rank")["step"].min().items():
-            self._first.setdefault(rank, first)  # windows come in step order
+        first = steps.groupby("rank")["step"].min()  # windows come in step order: a rank's first
+        self._first.update(first[~first.index.isin(list(self._first))].to_dict())
         sampled = layers[["rank", "step"]].drop_duplicates() if len(layers) else None
         if sampled is None:
             return steps[~steps["rank"].isin(self._known).to_numpy()]
@@ -103,16 +102,8 @@ class SplitWindows:
         parts["sampled"] = pd.MultiIndex.from_frame(parts[["rank", "step"]]).isin(
             pd.MultiIndex.from_frame(sampled)
         )
-        rows = []
-        for rank, mine in parts.groupby("rank", sort=True):
-            known = bool(mine["sampled"].any())
-            use = mine[mine["sampled"]] if known else mine
-            counts = use[list(PARTS)].astype("int64")
-            if known:  # async communication no compute hid: exposed, as `per_step` labels it then
-                counts = counts.assign(
-                    **{step_split.EXPOSED: counts[step_split.EXPOSED] + counts["background"], "background": 0}
-                )
-            rows.append(step_split.rank_row(int(rank), counts.to_dict("records"), known))  # type: ignore[call-overload]
+        use, known = step_split.sampled_use(parts["rank"], parts["sampled"].to_numpy())
+        rows = step_split.split_rows(parts[use], known[use])
         return pd.DataFrame(rows, columns=step_split.COLUMNS)
 
     def kept(self) -> int:
@@ -132,15 +123,7 @@ class SplitWindows:
         st = self._pending
         if st is None or st.empty or self._comms is None or self._layers is None:
             return
-        comms, layers = ByRank(self._comms), ByRank(self._layers)
-        for rank, mine in st.groupby("rank", sort=False):
-            per = step_split.per_step(mine, comms[rank], layers[rank], False)
-            counts = pd.DataFrame([{k: p.get(k, 0) for k in PARTS} for p in per], columns=list(PARTS))
-            self._parts.append(
-                pd.concat([mine[["rank", "step"]].reset_index(drop=True), counts], axis=1).astype(
-                    {k: "int64" for k in PARTS}
-                )
-            )
+        self._parts.append(step_split.split_steps(st, self._comms, self._layers))
         fold(self._parts, lambda parts: pd.concat(parts, ignore_index=True))
         self._pending = None
 

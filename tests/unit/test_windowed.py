@@ -201,11 +201,15 @@ def test_read_out_of_step_reads_whole(tmp_path):
 @pytest.mark.parametrize("name", ["zero3", "straggler", "megatron_tp2"])
 def test_parts_folded_as_windows_come_give_the_same(name, monkeypatch):
     """Windows of one step with every held part joined each 2 windows (FOLD, 32 in use: no sample
-    has that many windows): the folds keep the parts' order, so the figures are the same."""
-    from diag.metrics import split_windows
+    has that many windows): the folds keep the parts' order, so the figures are the same. Each
+    rank's steps split on their own (a chunk a rank: no sample fills one), the same split."""
+    from diag.metrics import split_windows, step_split
 
+    trace = load_trace(os.path.join("sample_traces", name))
+    whole = Metrics(trace).step_split
+    monkeypatch.setattr(step_split, "CHUNK_ROWS", 1)
+    pd.testing.assert_frame_equal(Metrics(trace).step_split, whole)
     monkeypatch.setattr(split_windows, "FOLD", 2)
     monkeypatch.setattr(windowed, "FOLD", 2)
-    trace = load_trace(os.path.join("sample_traces", name))
     assert len(windowed.split(trace, 1)[0]) > 4
     assert_same(trace, figures(trace, 1))
