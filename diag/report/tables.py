@@ -7,13 +7,12 @@ from typing import Any
 
 from diag.ranks import rank_count, rank_label, rank_list
 from diag.report.human import evidence_line, prose
+from diag.report.many_ranks import Table, condensed
 from diag.report.trace_tables import per, trace_tables
 from diag.units import binary_bytes as _bytes
 from diag.units import flop_count, flop_rate, percent, rate, significant
 from diag.units import ms as _ms
 from diag.vocab import UNNAMED_GROUP
-
-Table = tuple[str, list[str], list[list[str]]]
 
 
 def _num(v: Any, fmt: str = ".2f") -> str:
@@ -108,6 +107,7 @@ def throughput_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def tables(doc: dict[str, Any]) -> list[Table]:
+    """Every table the human renderers show; a per-rank one of a big job by its notable ranks."""
     m = doc["metrics"]
     out: list[Table] = [*throughput_table(doc), *trace_tables(doc)]
     if m["breakdown"]:
@@ -190,7 +190,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
                 ],
             )
         )
-    return out
+    return [condensed(t) for t in out]
 
 
 def finding_lines(f: dict[str, Any]) -> list[str]:
