@@ -62,6 +62,35 @@ def by_rank(rank: np.ndarray) -> Iterator[np.ndarray | slice]:
             yield order[a:b]
 
 
+CHUNK_ROWS = 200_000  # rows of a chunk of ranks, about (`rank_chunks`)
+
+
+def rank_chunks(rank: np.ndarray, rows: int | None = None) -> Iterator[np.ndarray | slice]:
+    """The rows of whole ranks in turn, ranks taken in order until a chunk holds `rows` rows or
+    more (rows of code -1 left out): a reduction vectorized over a chunk's ranks costs per record,
+    not per rank and window (a window of one step holds a few rows a rank), while its temporaries
+    stay a chunk's. Slices where `by_rank` gives slices (a trace's frames), else index arrays."""
+    rows = rows or CHUNK_ROWS
+    held: list[np.ndarray | slice] = []
+    size = 0
+    for part in by_rank(rank):
+        held.append(part)
+        size += part.stop - part.start if isinstance(part, slice) else len(part)
+        if size >= rows:
+            yield _joined(held)
+            held, size = [], 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(parts: list[np.ndarray | slice]) -> np.ndarray | slice:
+    """Consecutive ranks' rows as one: their slices follow each other, their arrays are joined."""
+    first, last = parts[0], parts[-1]
+    if isinstance(first, slice) and isinstance(last, slice):
+        return slice(first.start, last.stop)
+    return np.concatenate(parts) if len(parts) > 1 else first
+
+
 def index_per_rank(rank: np.ndarray, ts: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """Each row's index among its rank's rows of equal `keys`, in `ts` order (ties in row order:
     the order the rank wrote them), one rank at a time; -1 for a row of rank code -1."""

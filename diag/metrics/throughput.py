@@ -63,19 +63,20 @@ RANK_COLUMNS = [
 def step_flops(layers: pd.DataFrame) -> pd.DataFrame:
     """FLOPs per (rank, step): the sum over the step's outermost layer records (a record inside an
     earlier one's interval is part of it: records are inclusive). Null when one of them is null
-    (a module whose FLOPs were never counted under its input signature). One rank's records at a
-    time (a rank's rows of the trace's frame): the copy and sort of every record took +108 MiB at
-    64 ranks x 1,000 steps (1,026,048 records)."""
+    (a module whose FLOPs were never counted under its input signature). A chunk of ranks' records
+    at a time (`positions.rank_chunks`: whole ranks' rows of the trace's frame): the copy and sort
+    of every record took +108 MiB at 64 ranks x 1,000 steps (1,026,048 records), and one rank at a
+    time cost a sort per rank and window of steps however few its records."""
     cols = ["rank", "step", "flops"]
     if layers.empty or not {"ts", "dur", "flops"} <= set(layers.columns):
         return pd.DataFrame(columns=cols)
-    ranks = positions.by_rank(pd.factorize(layers["rank"], sort=True)[0])
-    parts = [part for rows in ranks if len(part := _rank_flops(layers.iloc[rows]))]
+    chunks = positions.rank_chunks(pd.factorize(layers["rank"], sort=True)[0])
+    parts = [part for rows in chunks if len(part := _chunk_flops(layers.iloc[rows]))]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
-def _rank_flops(layers: pd.DataFrame) -> pd.DataFrame:
-    """`step_flops` of one rank's records (empty where none has a time)."""
+def _chunk_flops(layers: pd.DataFrame) -> pd.DataFrame:
+    """`step_flops` of whole ranks' records, in (rank, step) order (empty where none has a time)."""
     d = layers[["rank", "step", "ts", "dur", "flops"]].dropna(subset=["ts", "dur"])
     if d.empty:
         return d

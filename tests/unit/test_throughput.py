@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 
+import pandas as pd
 import pytest
 
 from diag.cli import main
 from diag.importers.logs import import_log
-from diag.metrics import model_flops, peaks, throughput
+from diag.metrics import model_flops, peaks, positions, throughput
 from diag.metrics.stage import Metrics
 from diag.report import model as report_model
 from tests.unit.synth_trace import MS, Job
@@ -172,12 +173,15 @@ def test_step_flops_sum_outermost_records_once(tmp_path):
     assert got[0] == 34 and got[2] == 40 and got.isna()[3]
 
 
-def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
+def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path, monkeypatch):
     job = Job(ranks=2, steps=8, step_ms=100.0)
     for r in range(2):
         for s in (0, 4):
             _model_step(job, r, s)
     tr = job.write(str(tmp_path), step_ms={0: 100.0, 1: 200.0})
+    counted = throughput.step_flops(tr.layers)
+    monkeypatch.setattr(positions, "CHUNK_ROWS", 1)  # a chunk a rank: the same as both at once
+    pd.testing.assert_frame_equal(throughput.step_flops(tr.layers), counted, check_exact=True)
     rows = throughput.per_step(Metrics(tr).steps, tr.layers, peak_tflops=1e-9, seq_length=64, dp=2)
     assert rows["flops"].eq(30).all() and list(rows[rows["rank"] == 0]["sampled"]) == [
         True,
