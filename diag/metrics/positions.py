@@ -12,7 +12,7 @@ its calls once (`place`, `Metrics.placement`) and each reader reduces on those i
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import NamedTuple
@@ -70,10 +70,16 @@ def rank_chunks(rank: np.ndarray, rows: int | None = None) -> Iterator[np.ndarra
     more (rows of code -1 left out): a reduction vectorized over a chunk's ranks costs per record,
     not per rank and window (a window of one step holds a few rows a rank), while its temporaries
     stay a chunk's. Slices where `by_rank` gives slices (a trace's frames), else index arrays."""
+    return chunked(by_rank(rank), rows)
+
+
+def chunked(ranks: Iterable[np.ndarray | slice], rows: int | None = None) -> Iterator[np.ndarray | slice]:
+    """`ranks` (each rank's rows in turn, as `by_rank` gives them) joined into chunks of `rows`
+    rows or more (`CHUNK_ROWS`), the last one less."""
     rows = rows or CHUNK_ROWS
     held: list[np.ndarray | slice] = []
     size = 0
-    for part in by_rank(rank):
+    for part in ranks:
         held.append(part)
         size += part.stop - part.start if isinstance(part, slice) else len(part)
         if size >= rows:

@@ -72,34 +72,42 @@ class Lasts(NamedTuple):
 
 def last_per_group(group: pd.Series, rank: pd.Series, ts: pd.Series) -> Lasts:
     """Each rank's count of rows and last row in each group (`group` a categorical of sorted
-    categories, as `text.as_text` gives, or text), one rank at a time: what a groupby of every row
-    by (group, rank) gave (its order; rows of a missing group left out)."""
+    categories, as `text.as_text` gives, or text), a chunk of whole ranks at a time
+    (`positions.chunked`: a groupby per rank cost 256 of them a window of one step): what a
+    groupby of every row by (group, rank) gave (its order; rows of a missing group left out)."""
     if isinstance(group.dtype, pd.CategoricalDtype):
         gcode, names = group.cat.codes.to_numpy(), np.asarray(group.cat.categories, dtype=object)
     else:
         gcode, names = pd.factorize(group, sort=True)
         names = np.asarray(names, dtype=object)
     starts = _starts(rank)
+    each: Iterable[np.ndarray | slice]
     if starts is None:
         rcode, ranks = pd.factorize(rank, sort=True)
-        each: Iterable[tuple[int, np.ndarray | slice]] = (
-            (rcode[rows][0], rows) for rows in positions.by_rank(rcode)
-        )
-    else:  # a slice a rank: no code per row (no factorize of every call's rank)
-        bounds = [*starts.tolist(), len(rank)]
+        each = positions.by_rank(rcode)
+    else:  # a slice a rank: no code per row (no factorize of every call's rank), a chunk's only
         ranks = rank.to_numpy()[starts]
-        each = enumerate(slice(a, b) for a, b in itertools.pairwise(bounds))
+        each = itertools.starmap(slice, itertools.pairwise([*starts.tolist(), len(rank)]))
     t = ts.to_numpy()
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    for code, rows in each:
+    for rows in positions.chunked(each):
         g = gcode[rows]
         keep = g >= 0
         if not keep.any():
             continue
         at = (np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows)[keep]
-        by = pd.Series(t[rows][keep], index=at).groupby(g[keep], sort=True)
+        code = np.searchsorted(starts, at, side="right") - 1 if starts is not None else rcode[at]
+        by = pd.Series(t[rows][keep], index=at).groupby([g[keep], code], sort=True)
         count, last = by.size(), by.idxmax()
-        parts.append((count.index.to_numpy(), np.full(len(count), code), count.to_numpy(), last.to_numpy()))
+        key = count.index
+        parts.append(
+            (
+                key.get_level_values(0).to_numpy(),
+                key.get_level_values(1).to_numpy(),
+                count.to_numpy(),
+                last.to_numpy(),
+            )
+        )
     if not parts:
         empty = np.zeros(0, np.int64)
         return Lasts(names[:0], np.asarray(ranks)[:0], empty, empty)
