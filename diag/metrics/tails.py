@@ -36,6 +36,23 @@ def rank_rows(rank: pd.Series) -> Iterator[np.ndarray | slice]:
         yield slice(a, b)
 
 
+def last_rows(rank: pd.Series, ts: pd.Series) -> np.ndarray:
+    """Each rank's last row (greatest `ts`, the later row of equal ones; a missing `ts` counts as
+    the greatest, as `argmax`'s), in rank order: a sort of a chunk of whole ranks' rows at a time
+    (`positions.chunked`), not an `argmax` per rank (256 of them a window of one step)."""
+    t, r = ts.to_numpy(), rank.to_numpy()
+    out = []
+    for rows in positions.chunked(rank_rows(rank)):
+        at = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        mine = r[at]  # each rank's rows one run, ranks in order
+        ends = np.append(np.flatnonzero(mine[1:] != mine[:-1]), len(at) - 1)
+        run = np.zeros(len(at), np.int64)
+        run[ends[:-1] + 1] = 1
+        order = np.lexsort((at, t[at], np.cumsum(run)))  # by run, then time, then row
+        out.append(at[order[ends]])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
 def max_by_rank(values: pd.Series, rank: pd.Series) -> pd.Series:
     """`values.groupby(rank).max()` (missing values skipped): over each rank's slice where the
     ranks are integers in ascending order (a trace's frames), else that groupby."""

@@ -92,3 +92,6 @@ def test_calls_in_no_rank_order_give_the_groupbys(seed, monkeypatch):
         pd.testing.assert_series_equal(tails.max_by_rank(values, frame["rank"]), want)
         got = tails.max_by_rank(frame["ts"], frame["rank"])
         pd.testing.assert_series_equal(got, frame["ts"].groupby(frame["rank"]).max())
+        rows = pd.DataFrame({"rank": frame["rank"].to_numpy(), "ts": frame["ts"].to_numpy()})
+        last = rows.rename_axis("at").sort_values(["rank", "ts", "at"]).groupby("rank").tail(1)
+        np.testing.assert_array_equal(tails.last_rows(frame["rank"], frame["ts"]), last.index)
