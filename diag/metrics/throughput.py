@@ -165,26 +165,29 @@ def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: medians over its steady steps that were not sampled (all steady ones if none)."""
+    """Per rank: medians over its steady steps (`steady`, a rank at a time) that were not sampled
+    (all steady ones if none). One groupby of every rank's rows, not a `steady` and six medians a
+    rank: 10 ms a rank, 2.5 s of a 256-rank job's report."""
     if rows.empty:
         return pd.DataFrame(columns=RANK_COLUMNS)
-    out = []
-    for rank, df in rows.groupby("rank"):
-        df = steady(df.assign(dur_s=df["dur_ns"] / NS))
-        quiet = df[~df["sampled"]] if (~df["sampled"]).any() else df
-        out.append(
-            {
-                "rank": rank,
-                "steps": len(quiet),
-                "flops_per_step": quiet["flops"].median(),
-                "step_ms": quiet["dur_ns"].median() / 1e6,
-                "tflops": quiet["tflops"].median(),
-                "mfu": quiet["mfu"].median(),
-                "samples_per_s": quiet["samples_per_s"].median(),
-                "tokens_per_s": quiet["tokens_per_s"].median(),
-            }
-        )
-    return pd.DataFrame(out, columns=RANK_COLUMNS)
+    pos = rows[["rank", "step"]].reset_index(drop=True)
+    by = pos.groupby("rank")["step"]
+    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
+    first = pos["step"].where(nth == 1).groupby(pos["rank"]).transform("max")  # the warm-up's end
+    kept = rows[((by.transform("size") <= 2) | (pos["step"] >= first)).to_numpy()]
+    unsampled = ~kept["sampled"]
+    quiet = kept[(unsampled | ~unsampled.groupby(kept["rank"]).transform("any")).to_numpy()]
+    g = quiet.groupby("rank")
+    out = pd.DataFrame(
+        {
+            "steps": g.size(),
+            "flops_per_step": g["flops"].median(),
+            "step_ms": g["dur_ns"].median() / 1e6,
+            **{col: g[col].median() for col in ("tflops", "mfu", "samples_per_s", "tokens_per_s")},
+        }
+    ).reindex(by.size().index)
+    out["steps"] = out["steps"].fillna(0).astype("int64")  # a rank none of whose steps is steady
+    return out.rename_axis("rank").reset_index()[RANK_COLUMNS]
 
 
 def data_parallel(layout: dict[str, object]) -> int | None:

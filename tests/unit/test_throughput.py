@@ -197,8 +197,11 @@ def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path, monkeyp
     assert r0["tflops"] == pytest.approx(30 / 0.1 / 1e12) and r0["mfu"] == pytest.approx(0.3)
     # the step's 8 samples are the job's (global batch): a rank's replica does 8 / dp of them
     assert r0["samples_per_s"] == pytest.approx(40) and r0["tokens_per_s"] == pytest.approx(40 * 64)
-    ranks = throughput.per_rank(rows).set_index("rank")
+    short = rows[(rows["rank"] == 1) & (rows["step"] < 2)].assign(rank=2)  # too few to skip one
+    unsampled = rows[rows["rank"] == 0].assign(rank=3, sampled=False)
+    ranks = throughput.per_rank(pd.concat([rows, short, unsampled])).set_index("rank")
     assert ranks.loc[0, "steps"] == 6  # steady (no warm-up step 0) and not sampled: 1, 2, 3, 5, 6, 7
+    assert list(ranks.loc[[2, 3], "steps"]) == [1, 7]  # each rank's own warm-up skipped (if 3 steps)
     assert ranks.loc[1, "step_ms"] == pytest.approx(200)
     assert throughput.job_step_s(rows) == pytest.approx(0.2)  # the slowest rank sets the pace
 
