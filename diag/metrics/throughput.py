@@ -157,9 +157,8 @@ def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
     st["sampled"] = st["flops"].notna()
     every = pd.concat([st[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
     every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
-    every["held"] = pd.to_numeric(
-        every.groupby("rank")["flops"].transform(lambda s: s.ffill().bfill()), errors="coerce"
-    )
+    ahead = every.groupby("rank")["flops"].ffill()  # (a rank's, then back: no function a rank)
+    every["held"] = pd.to_numeric(ahead.groupby(every["rank"]).bfill(), errors="coerce")
     st = st.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
     return st.rename(columns={"held": "flops"})
 
