@@ -139,11 +139,7 @@ class Tails:
         )
         key = pd.MultiIndex.from_arrays([groups["group"], groups["rank"]])
         groups["done"] = groups["count"] - held.reindex(key, fill_value=0).to_numpy()
-        t = c["ts"].to_numpy()
-        at = []
-        for rows in tails.rank_rows(c["rank"]):
-            idx = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
-            at.append(idx[len(idx) - 1 - int(np.argmax(t[idx][::-1]))])  # greatest ts, later of equal
+        at = tails.last_rows(c["rank"], c["ts"])
         if opened is not None and not opened.empty:
             opened = unmatched(c, opened)
         o = _rows(opened, np.arange(len(opened))) if opened is not None and len(opened) else pending.iloc[:0]
@@ -151,7 +147,7 @@ class Tails:
             calls=len(c),
             latest=rec,
             groups=groups[["group", "rank", "count", "done", "ts", "kind", "bytes", "step"]],
-            last=_rows(c, np.asarray(at, dtype=np.int64)),
+            last=_rows(c, at),
             pending=pending,
             opened=o,
             latest_end=tails.latest_end(c["ts"], c["dur"]),

@@ -12,7 +12,7 @@ its calls once (`place`, `Metrics.placement`) and each reader reduces on those i
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import NamedTuple
@@ -60,6 +60,41 @@ def by_rank(rank: np.ndarray) -> Iterator[np.ndarray | slice]:
     for a, b in itertools.pairwise(bounds):
         if a < b and rank[order[a]] >= 0:
             yield order[a:b]
+
+
+CHUNK_ROWS = 200_000  # rows of a chunk of ranks, about (`rank_chunks`)
+
+
+def rank_chunks(rank: np.ndarray, rows: int | None = None) -> Iterator[np.ndarray | slice]:
+    """The rows of whole ranks in turn, ranks taken in order until a chunk holds `rows` rows or
+    more (rows of code -1 left out): a reduction vectorized over a chunk's ranks costs per record,
+    not per rank and window (a window of one step holds a few rows a rank), while its temporaries
+    stay a chunk's. Slices where `by_rank` gives slices (a trace's frames), else index arrays."""
+    return chunked(by_rank(rank), rows)
+
+
+def chunked(ranks: Iterable[np.ndarray | slice], rows: int | None = None) -> Iterator[np.ndarray | slice]:
+    """`ranks` (each rank's rows in turn, as `by_rank` gives them) joined into chunks of `rows`
+    rows or more (`CHUNK_ROWS`), the last one less."""
+    rows = rows or CHUNK_ROWS
+    held: list[np.ndarray | slice] = []
+    size = 0
+    for part in ranks:
+        held.append(part)
+        size += part.stop - part.start if isinstance(part, slice) else len(part)
+        if size >= rows:
+            yield _joined(held)
+            held, size = [], 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(parts: list[np.ndarray | slice]) -> np.ndarray | slice:
+    """Consecutive ranks' rows as one: their slices follow each other, their arrays are joined."""
+    first, last = parts[0], parts[-1]
+    if isinstance(first, slice) and isinstance(last, slice):
+        return slice(first.start, last.stop)
+    return np.concatenate(parts) if len(parts) > 1 else first
 
 
 def index_per_rank(rank: np.ndarray, ts: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:

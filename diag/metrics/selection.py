@@ -41,28 +41,33 @@ class Selected:
 
     @classmethod
     def of(cls, c: pd.DataFrame, keep: np.ndarray | None = None) -> Selected:
-        """Reduce the calls of `Metrics.comms` that `keep` selects (all), one rank at a time: the
-        selected calls' columns are never copied whole (all ranks' at once were +8-11 MiB of the
-        run's peak at 16 ranks x 1,000 steps; `calls_per_step`'s, +156 MiB at 64 x 1,000)."""
+        """Reduce the calls of `Metrics.comms` that `keep` selects (all), a chunk of ranks at a time
+        (`positions.rank_chunks`): the selected calls' columns are never copied whole (all ranks'
+        at once were +8-11 MiB of the run's peak at 16 ranks x 1,000 steps; `calls_per_step`'s,
+        +156 MiB at 64 x 1,000), and a window of one step is one chunk, not a reduction a rank."""
         parts = []
-        for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]) if len(c) else []:
+        for rows in positions.rank_chunks(pd.factorize(c["rank"], sort=True)[0]) if len(c) else []:
             part = c.iloc[rows] if keep is None else c.iloc[rows][keep[rows]]
             if len(part):
-                parts.append(cls._of_rank(part))
+                parts.append(cls._of_ranks(part))
         return cls.merged(parts)
 
     @classmethod
-    def _of_rank(cls, c: pd.DataFrame) -> Selected:
+    def _of_ranks(cls, c: pd.DataFrame) -> Selected:
         per = c[[*KEY, "dur_s"]].groupby(KEY, observed=True)["dur_s"]
         size = pd.to_numeric(c["bytes"], errors="coerce") if "bytes" in c else pd.Series(np.nan, c.index)
-        moved = pd.DataFrame({"kind": c["kind"].astype(str), "bytes": size.fillna(0).astype("float64")})
+        moved = pd.DataFrame(
+            {"rank": c["rank"], "kind": c["kind"].astype(str), "bytes": size.fillna(0).astype("float64")}
+        )
         module = c["module"].dropna().astype(str) if "module" in c else pd.Series(dtype=str)
+        # bytes summed a rank at a time, then over the ranks: the order the sums took a rank each
+        each = moved.groupby(["rank", "kind"], observed=True)["bytes"].agg(["count", "sum"])
         return cls(
             calls=len(c),
             counts=per.size(),
             sums=per.sum(),
             sizes=size.dropna().value_counts(),
-            kinds=moved.groupby("kind")["bytes"].agg(["count", "sum"]).rename(columns={"sum": "bytes"}),
+            kinds=each.groupby(level="kind").sum().rename(columns={"sum": "bytes"}),
             modules=module.value_counts(),
             ranks=frozenset(int(r) for r in c["rank"].unique()),
             max_dur_s=float(c["dur_s"].max()),
@@ -73,7 +78,7 @@ class Selected:
         """Parts of apart (rank, step)s (ranks of one window, windows of one trace) as one."""
         if not parts:  # shaped as a rank's reduction of calls none of which is kept
             none = pd.DataFrame({"rank": [], "step": [], "dur_s": [], "bytes": [], "kind": [], "module": []})
-            empty = cls._of_rank(none.astype({"kind": "str", "module": "str"}))
+            empty = cls._of_ranks(none.astype({"kind": "str", "module": "str"}))
             return replace(empty, counts=_joined([], "int64"), sums=_joined([], "float64"), max_dur_s=0.0)
         if len(parts) == 1:
             return parts[0]

@@ -36,6 +36,23 @@ def rank_rows(rank: pd.Series) -> Iterator[np.ndarray | slice]:
         yield slice(a, b)
 
 
+def last_rows(rank: pd.Series, ts: pd.Series) -> np.ndarray:
+    """Each rank's last row (greatest `ts`, the later row of equal ones; a missing `ts` counts as
+    the greatest, as `argmax`'s), in rank order: a sort of a chunk of whole ranks' rows at a time
+    (`positions.chunked`), not an `argmax` per rank (256 of them a window of one step)."""
+    t, r = ts.to_numpy(), rank.to_numpy()
+    out = []
+    for rows in positions.chunked(rank_rows(rank)):
+        at = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+        mine = r[at]  # each rank's rows one run, ranks in order
+        ends = np.append(np.flatnonzero(mine[1:] != mine[:-1]), len(at) - 1)
+        run = np.zeros(len(at), np.int64)
+        run[ends[:-1] + 1] = 1
+        order = np.lexsort((at, t[at], np.cumsum(run)))  # by run, then time, then row
+        out.append(at[order[ends]])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
 def max_by_rank(values: pd.Series, rank: pd.Series) -> pd.Series:
     """`values.groupby(rank).max()` (missing values skipped): over each rank's slice where the
     ranks are integers in ascending order (a trace's frames), else that groupby."""
@@ -72,34 +89,42 @@ class Lasts(NamedTuple):
 
 def last_per_group(group: pd.Series, rank: pd.Series, ts: pd.Series) -> Lasts:
     """Each rank's count of rows and last row in each group (`group` a categorical of sorted
-    categories, as `text.as_text` gives, or text), one rank at a time: what a groupby of every row
-    by (group, rank) gave (its order; rows of a missing group left out)."""
+    categories, as `text.as_text` gives, or text), a chunk of whole ranks at a time
+    (`positions.chunked`: a groupby per rank cost 256 of them a window of one step): what a
+    groupby of every row by (group, rank) gave (its order; rows of a missing group left out)."""
     if isinstance(group.dtype, pd.CategoricalDtype):
         gcode, names = group.cat.codes.to_numpy(), np.asarray(group.cat.categories, dtype=object)
     else:
         gcode, names = pd.factorize(group, sort=True)
         names = np.asarray(names, dtype=object)
     starts = _starts(rank)
+    each: Iterable[np.ndarray | slice]
     if starts is None:
         rcode, ranks = pd.factorize(rank, sort=True)
-        each: Iterable[tuple[int, np.ndarray | slice]] = (
-            (rcode[rows][0], rows) for rows in positions.by_rank(rcode)
-        )
-    else:  # a slice a rank: no code per row (no factorize of every call's rank)
-        bounds = [*starts.tolist(), len(rank)]
+        each = positions.by_rank(rcode)
+    else:  # a slice a rank: no code per row (no factorize of every call's rank), a chunk's only
         ranks = rank.to_numpy()[starts]
-        each = enumerate(slice(a, b) for a, b in itertools.pairwise(bounds))
+        each = itertools.starmap(slice, itertools.pairwise([*starts.tolist(), len(rank)]))
     t = ts.to_numpy()
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    for code, rows in each:
+    for rows in positions.chunked(each):
         g = gcode[rows]
         keep = g >= 0
         if not keep.any():
             continue
         at = (np.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows)[keep]
-        by = pd.Series(t[rows][keep], index=at).groupby(g[keep], sort=True)
+        code = np.searchsorted(starts, at, side="right") - 1 if starts is not None else rcode[at]
+        by = pd.Series(t[rows][keep], index=at).groupby([g[keep], code], sort=True)
         count, last = by.size(), by.idxmax()
-        parts.append((count.index.to_numpy(), np.full(len(count), code), count.to_numpy(), last.to_numpy()))
+        key = count.index
+        parts.append(
+            (
+                key.get_level_values(0).to_numpy(),
+                key.get_level_values(1).to_numpy(),
+                count.to_numpy(),
+                last.to_numpy(),
+            )
+        )
     if not parts:
         empty = np.zeros(0, np.int64)
         return Lasts(names[:0], np.asarray(ranks)[:0], empty, empty)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diag.metrics import positions
 from diag.metrics.selection import Selected
 from diag.metrics.stage import Metrics
 from diag.trace.reader import load_trace
@@ -84,7 +85,7 @@ def test_median_bytes_is_series_median(sizes):
     assert (np.isnan(got) and np.isnan(want)) or got == want
 
 
-def test_orders_are_counts_then_names():
+def test_orders_are_counts_then_names(monkeypatch):
     c = pd.DataFrame(
         {
             "rank": [1, 0, 0, 1, 0],
@@ -100,6 +101,8 @@ def test_orders_are_counts_then_names():
     assert sel.top_modules(5) == ["a", "b"]
     assert sel.median_bytes() == 8.0 and sel.max_dur_s == 0.5 and sel.ranks == {0, 1}
     assert sel.counts.to_dict() == {(0, 0): 1, (0, 1): 1, (0, 2): 1, (1, 0): 1, (1, 1): 1}
+    monkeypatch.setattr(positions, "CHUNK_ROWS", 1)  # a chunk a rank: the same as both at once
+    _same(Selected.of(c), sel)
     empty = Selected.of(c.iloc[:0])
     assert empty.calls == 0 and np.isnan(empty.median_bytes()) and empty.ops() == {}
     assert sel.merge(empty).ops() == sel.ops()

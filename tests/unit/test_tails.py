@@ -14,7 +14,7 @@ from diag.analyzers import hang_desync
 
 from diag import schema
 from diag.importers import load_inputs
-from diag.metrics import tails
+from diag.metrics import positions, tails
 from diag.metrics.lasts import Tails
 from diag.metrics.stage import Metrics
 from diag.metrics.text import as_text
@@ -78,7 +78,8 @@ def _calls(seed: int, n: int = 400) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_calls_in_no_rank_order_give_the_groupbys(seed):
+def test_calls_in_no_rank_order_give_the_groupbys(seed, monkeypatch):
+    monkeypatch.setattr(positions, "CHUNK_ROWS", 50 * (seed + 1))  # chunks of 1 to 4 ranks' rows
     c = _calls(seed)
     _same(hang_desync.last_collectives(Tails.of(c)), _grouped(c))
     ordered = c.sort_values("rank", kind="stable")  # sorted ranks: slices
@@ -91,3 +92,6 @@ def test_calls_in_no_rank_order_give_the_groupbys(seed):
         pd.testing.assert_series_equal(tails.max_by_rank(values, frame["rank"]), want)
         got = tails.max_by_rank(frame["ts"], frame["rank"])
         pd.testing.assert_series_equal(got, frame["ts"].groupby(frame["rank"]).max())
+        rows = pd.DataFrame({"rank": frame["rank"].to_numpy(), "ts": frame["ts"].to_numpy()})
+        last = rows.rename_axis("at").sort_values(["rank", "ts", "at"]).groupby("rank").tail(1)
+        np.testing.assert_array_equal(tails.last_rows(frame["rank"], frame["ts"]), last.index)

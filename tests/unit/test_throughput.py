@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 
+import pandas as pd
 import pytest
 
 from diag.cli import main
 from diag.importers.logs import import_log
-from diag.metrics import model_flops, peaks, throughput
+from diag.metrics import model_flops, peaks, positions, throughput
 from diag.metrics.stage import Metrics
 from diag.report import model as report_model
 from tests.unit.synth_trace import MS, Job
@@ -172,12 +173,15 @@ def test_step_flops_sum_outermost_records_once(tmp_path):
     assert got[0] == 34 and got[2] == 40 and got.isna()[3]
 
 
-def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
+def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path, monkeypatch):
     job = Job(ranks=2, steps=8, step_ms=100.0)
     for r in range(2):
         for s in (0, 4):
             _model_step(job, r, s)
     tr = job.write(str(tmp_path), step_ms={0: 100.0, 1: 200.0})
+    counted = throughput.step_flops(tr.layers)
+    monkeypatch.setattr(positions, "CHUNK_ROWS", 1)  # a chunk a rank: the same as both at once
+    pd.testing.assert_frame_equal(throughput.step_flops(tr.layers), counted, check_exact=True)
     rows = throughput.per_step(Metrics(tr).steps, tr.layers, peak_tflops=1e-9, seq_length=64, dp=2)
     assert rows["flops"].eq(30).all() and list(rows[rows["rank"] == 0]["sampled"]) == [
         True,
@@ -193,8 +197,11 @@ def test_per_step_holds_flops_and_per_rank_skips_sampled_steps(tmp_path):
     assert r0["tflops"] == pytest.approx(30 / 0.1 / 1e12) and r0["mfu"] == pytest.approx(0.3)
     # the step's 8 samples are the job's (global batch): a rank's replica does 8 / dp of them
     assert r0["samples_per_s"] == pytest.approx(40) and r0["tokens_per_s"] == pytest.approx(40 * 64)
-    ranks = throughput.per_rank(rows).set_index("rank")
+    short = rows[(rows["rank"] == 1) & (rows["step"] < 2)].assign(rank=2)  # too few to skip one
+    unsampled = rows[rows["rank"] == 0].assign(rank=3, sampled=False)
+    ranks = throughput.per_rank(pd.concat([rows, short, unsampled])).set_index("rank")
     assert ranks.loc[0, "steps"] == 6  # steady (no warm-up step 0) and not sampled: 1, 2, 3, 5, 6, 7
+    assert list(ranks.loc[[2, 3], "steps"]) == [1, 7]  # each rank's own warm-up skipped (if 3 steps)
     assert ranks.loc[1, "step_ms"] == pytest.approx(200)
     assert throughput.job_step_s(rows) == pytest.approx(0.2)  # the slowest rank sets the pace
 
