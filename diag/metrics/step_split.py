@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from diag.metrics import intervals
+from diag.metrics import intervals, positions
 from diag.metrics.comms import tensor_parallel
 
 Spans = tuple[np.ndarray, np.ndarray]  # a union of intervals: sorted disjoint (starts, ends)
@@ -57,10 +57,9 @@ TP = "tensor-parallel"
 
 PARTS = ("total", TP, EXPOSED, "compute", "background")  # per (rank, step): `split_steps`' columns
 _LABELS = PARTS[1:]  # `claim`'s order: blocking TP, other blocking, compute, then async calls
-CHUNK_ROWS = 200_000  # records (calls, module records) of the ranks split at once, about
-# (a rank at a time, the pandas work took 5-15 ms a rank: a window of one step of 256 ranks cost
-# 256 of them; a chunk's ranks are split together on arrays, and the whole trace's calls are
-# never copied at once)
+# The ranks are split `positions.CHUNK_ROWS` records (calls, module records) at a time: a rank at
+# a time, the pandas work took 5-15 ms a rank (a window of one step of 256 ranks cost 256 of them);
+# a chunk's ranks are split together on arrays, and the whole trace's calls are never copied at once.
 
 
 def claim(parts: Iterable[tuple[str, Spans]]) -> dict[str, int]:
@@ -110,7 +109,7 @@ def _rank_chunks(codes: list[np.ndarray], ranks: int) -> Iterator[tuple[int, int
     rows = np.zeros(ranks, np.int64)
     for of in codes:
         rows += np.bincount(of[of >= 0], minlength=ranks)
-    chunk = (np.cumsum(rows) - rows) // CHUNK_ROWS
+    chunk = (np.cumsum(rows) - rows) // positions.CHUNK_ROWS
     bounds = [0, *(np.flatnonzero(np.diff(chunk)) + 1).tolist(), ranks]
     yield from itertools.pairwise(bounds) if ranks else ()
 

@@ -203,11 +203,11 @@ def test_parts_folded_as_windows_come_give_the_same(name, monkeypatch):
     """Windows of one step with every held part joined each 2 windows (FOLD, 32 in use: no sample
     has that many windows): the folds keep the parts' order, so the figures are the same. Each
     rank's steps split on their own (a chunk a rank: no sample fills one), the same split."""
-    from diag.metrics import split_windows, step_split
+    from diag.metrics import positions, split_windows
 
     trace = load_trace(os.path.join("sample_traces", name))
     whole = Metrics(trace).step_split
-    monkeypatch.setattr(step_split, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(positions, "CHUNK_ROWS", 1)
     pd.testing.assert_frame_equal(Metrics(trace).step_split, whole)
     monkeypatch.setattr(split_windows, "FOLD", 2)
     monkeypatch.setattr(windowed, "FOLD", 2)
