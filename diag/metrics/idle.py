@@ -94,27 +94,20 @@ class IdleParts:
             gap, lead = base["gap"].fillna(0.0).to_numpy(), base["lead"].fillna(0.0).to_numpy()
         extra = np.zeros((2, len(st)))
         pieces = pd.concat([self.pieces, _spilled(self.spills, st)], ignore_index=True)
-        if len(pieces):
+        if len(pieces) and len(st):
             row = {key: i for i, key in enumerate(zip(st["rank"].tolist(), st["step"].tolist()))}
-            cap = st["lead_hi"].to_numpy(dtype=float)
-            for (rank, step, which), p in pieces.groupby(["rank", "step", "which"], sort=True):
-                i = row.get((rank, step))
-                if i is not None:
-                    hi = p["hi"].to_numpy(dtype=float)
-                    extra[which, i] = _measure(
-                        p["lo"].to_numpy(dtype=float), np.minimum(hi, cap[i]) if which else hi
-                    )
+            keys = zip(pieces["rank"].tolist(), pieces["step"].tolist())
+            at = np.array([row.get(key, -1) for key in keys], dtype=np.int64)
+            which = pieces["which"].to_numpy(dtype=np.int64)
+            lo, hi = pieces["lo"].to_numpy(dtype=float), pieces["hi"].to_numpy(dtype=float)
+            hi = np.where(
+                which == 1, np.minimum(hi, st["lead_hi"].to_numpy(dtype=float)[np.maximum(at, 0)]), hi
+            )
+            keep = (at >= 0) & (hi > lo)
+            if keep.any():  # each (rank, step, which)'s pieces united: one sort of them all
+                us, ue, uk = _unions(which[keep] * len(st) + at[keep], lo[keep], hi[keep])
+                extra = (_sums(uk, ue - us, 2 * len(st)) / NS).reshape(2, len(st))
         return 0.0 + gap + extra[0] + lead + extra[1]
-
-
-def _measure(lo: np.ndarray, hi: np.ndarray) -> float:
-    """Seconds covered by the union of the intervals [lo, hi] (ns)."""
-    keep = hi > lo
-    if not keep.any():
-        return 0.0
-    order = np.argsort(lo[keep], kind="stable")
-    s, e = _union(lo[keep][order], hi[keep][order])
-    return float((e - s).sum()) / NS
 
 
 def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
