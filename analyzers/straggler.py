@@ -14,7 +14,7 @@ from diag.analyzers.memory_growth import memory_growth
 
 from diag.findings import Cost, Finding, Fix
 from diag.metrics import positions, reduction
-from diag.metrics.comms import arrival_per_step, arrival_waits, transfer_dur
+from diag.metrics.comms import arrival_per_step, arrival_waits, last_per_step, transfer_dur
 from diag.metrics.idle import gaps
 from diag.metrics.onset import Onset, onsets, robust_sigma
 from diag.metrics.sched import runq_per_step
@@ -108,17 +108,19 @@ def async_tail_wait(c: pd.DataFrame, xfer: pd.Series | None = None) -> pd.Series
     if not flag.any():
         return pd.Series(dtype=float)
     xfer = transfer_dur(c) if xfer is None else xfer
-    # one rank at a time: a frame, sort and groupby of every async call took +79 MiB for 843,360
+    codes = pd.factorize(c["rank"], sort=True)[0]
+    # ranks in chunks of bounded rows (`positions.rank_chunks`), vectorized within
     parts = [
-        _tail_wait(c.iloc[rows], flag[rows], xfer.iloc[rows])
-        for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0])
+        _tail_wait(c.iloc[rows], flag[rows], xfer.iloc[rows], codes[rows])
+        for rows in positions.rank_chunks(codes)
     ]
     parts = [p for p in parts if len(p)]
     return pd.concat(parts) if parts else pd.Series(dtype=float)
 
 
-def _tail_wait(c: pd.DataFrame, flag: np.ndarray, xfer: pd.Series) -> pd.Series:
-    """`async_tail_wait` of one rank's calls (`xfer`: their transfer times)."""
+def _tail_wait(c: pd.DataFrame, flag: np.ndarray, xfer: pd.Series, codes: np.ndarray) -> pd.Series:
+    """`async_tail_wait` of a chunk of ranks' calls (`xfer`: their transfer times, `codes`: their
+    ranks' codes)."""
     dur = pd.to_numeric(c["dur"], errors="coerce")
     pick = flag & dur.notna().to_numpy()
     done = dur[pick]
@@ -130,8 +132,7 @@ def _tail_wait(c: pd.DataFrame, flag: np.ndarray, xfer: pd.Series) -> pd.Series:
             "wait": (done - xfer[pick]).clip(lower=0) / NS,
         }
     )
-    tail = a.sort_values("end", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
-    return tail.set_index(["rank", "step"])["wait"]
+    return last_per_step(a, "end", codes[pick]).set_index(["rank", "step"])["wait"]
 
 
 @dataclass(frozen=True)

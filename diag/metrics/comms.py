@@ -185,9 +185,11 @@ def arrival_waits(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.
         else pd.Series(False, index=c.index)
     )
     wait, ts, flags = arrival_wait(c, at) / NS, pd.to_numeric(c["ts"]), flag.to_numpy()
-    # one rank at a time: a frame, sort and groupbys of every call took +121 MiB for 843,360 calls
+    codes = pd.factorize(c["rank"], sort=True)[0]
+    # ranks in chunks (`positions.rank_chunks`): a frame, sort and groupbys of every call took
+    # +121 MiB for 843,360 calls
     sync, tail = [], []
-    for rows in positions.by_rank(pd.factorize(c["rank"], sort=True)[0]):
+    for rows in positions.rank_chunks(codes):
         a = pd.DataFrame(
             {
                 "rank": c["rank"].iloc[rows],
@@ -198,12 +200,19 @@ def arrival_waits(c: pd.DataFrame, at: positions.Positions | None = None) -> pd.
         )
         mine = flags[rows]
         sync.append(a[~mine].groupby(["rank", "step"], observed=True)["wait"].sum())
-        last = a[mine].sort_values("ts", kind="stable").groupby(["rank", "step"], observed=True).tail(1)
-        tail.append(last.set_index(["rank", "step"])["wait"])
+        tail.append(last_per_step(a[mine], "ts", codes[rows][mine]).set_index(["rank", "step"])["wait"])
     sync, tail = [p for p in sync if len(p)], [p for p in tail if len(p)]
     if sync and tail:
         return pd.concat(sync).add(pd.concat(tail), fill_value=0.0)
     return pd.concat(sync or tail) if sync or tail else pd.Series(dtype=float)
+
+
+def last_per_step(a: pd.DataFrame, key: str, codes: np.ndarray) -> pd.DataFrame:
+    """Each (rank, step)'s last row of `a` by `key` (ties: the last in row order), in rank order
+    (`codes`: the rows' rank codes, sorted as the ranks), then by `key`: as a stable sort by `key`
+    of each rank's rows in turn gave, one sort for a chunk of ranks."""
+    order = np.lexsort((a[key].to_numpy(), codes))
+    return a.iloc[order].groupby(["rank", "step"], observed=True).tail(1)
 
 
 def arrival_per_step(st: pd.DataFrame, waits: pd.Series) -> pd.DataFrame:

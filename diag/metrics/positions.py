@@ -62,15 +62,32 @@ def by_rank(rank: np.ndarray) -> Iterator[np.ndarray | slice]:
             yield order[a:b]
 
 
-CHUNK_ROWS = 200_000  # rows of a chunk of ranks, about (`rank_chunks`)
+# rows a chunk of ranks holds, about (`rank_chunks`): a frame, sort and groupby of every async
+# call at once took +79 MiB for 843,360 calls; of this many, ~19 MiB
+CHUNK_ROWS = 200_000
 
 
 def rank_chunks(rank: np.ndarray, rows: int | None = None) -> Iterator[np.ndarray | slice]:
-    """The rows of whole ranks in turn, ranks taken in order until a chunk holds `rows` rows or
-    more (rows of code -1 left out): a reduction vectorized over a chunk's ranks costs per record,
-    not per rank and window (a window of one step holds a few rows a rank), while its temporaries
-    stay a chunk's. Slices where `by_rank` gives slices (a trace's frames), else index arrays."""
-    return chunked(by_rank(rank), rows)
+    """`by_rank`'s rows (rows of code -1 left out), ranks grouped in order until a chunk holds
+    about `rows` rows (`CHUNK_ROWS`; a rank's rows never split; a window's ranks in one chunk, a
+    whole trace's in a few): each chunk's rows by rank, then in row order; slices where the codes
+    come grouped (a trace's frames), else index arrays. A pass per rank cost ~10 ms of pandas a
+    rank a window (issue 14); a chunk's work is vectorized over its ranks, its temporaries bounded."""
+    rows = rows or CHUNK_ROWS
+    n = len(rank)
+    if not n:
+        return
+    grouped = bool((rank[1:] >= rank[:-1]).all())
+    order = None if grouped else np.argsort(rank, kind="stable")
+    ranks = rank if order is None else rank[order]
+    first = int(np.searchsorted(ranks, 0))  # rows of code -1 sort first: left out
+    if first == n:
+        return
+    starts = np.concatenate(([first], np.flatnonzero(ranks[first + 1 :] != ranks[first:-1]) + first + 1))
+    bucket = (starts - first) // rows
+    bounds = [*starts[np.concatenate(([True], bucket[1:] != bucket[:-1]))].tolist(), n]
+    for a, b in itertools.pairwise(bounds):
+        yield slice(a, b) if order is None else order[a:b]
 
 
 def chunked(ranks: Iterable[np.ndarray | slice], rows: int | None = None) -> Iterator[np.ndarray | slice]:

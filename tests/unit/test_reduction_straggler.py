@@ -4,6 +4,7 @@ reading the merged ones, find what they find on the whole trace."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ import pytest
 from diag.analyzers.idle_between_steps import idle_between_steps
 from diag.analyzers.straggler import ArrivalCalls, ArrivalWaits, CommRanks, TailWait, straggler
 
-from diag.metrics import idle, window_metrics
+from diag.metrics import idle, positions, window_metrics
 from diag.metrics.stage import Metrics
 from diag.trace.model import Trace
 from diag.trace.reader import load_trace
@@ -142,3 +143,17 @@ def _same_idle(steps: pd.DataFrame):
         np.testing.assert_array_equal(a.busy(st), b.busy(st))
 
     return same
+
+
+@pytest.mark.parametrize("name", ["healthy_blip", "repro_idle_is_collectives"])
+def test_ranks_in_chunks_give_what_one_chunk_gives(name, monkeypatch):
+    """`positions.rank_chunks`: a rank a chunk (a long trace's calls run in several) gives what
+    every rank in one chunk gives (a window's, a short trace's)."""
+    trace = load_trace(next(d for d in FOLDERS if d.endswith(name)))
+    want = [r.of(Metrics(trace)) for r in (TailWait(), ArrivalWaits(), idle.Idle())]
+    monkeypatch.setattr(positions, "rank_chunks", functools.partial(positions.rank_chunks, rows=1))
+    got = [r.of(Metrics(trace)) for r in (TailWait(), ArrivalWaits(), idle.Idle())]
+    for a, b in zip(want[:2], got[:2]):
+        pd.testing.assert_series_equal(a, b, check_exact=True)
+    for part in ("seconds", "pieces", "spills"):
+        pd.testing.assert_frame_equal(getattr(want[2], part), getattr(got[2], part), check_exact=True)
