@@ -18,8 +18,8 @@ aligns calls across ranks does so within one (group, step) (`positions.place`):
   later window has a call of unknown transfer time there, as in the whole trace (NaN).
 - `calls_per_step`, `comm_per_step`, `union_per_step` (no mask): per (rank, step) counts, sums
   and the union of its calls.
-- `collectives`: per (rank, op, group) sums added across windows; `bus_bytes` and float `bytes`
-  sums regrouped (their order of summation differs: equal within rounding).
+- `collectives`: per (rank, op, group, bus factor) sums added across windows: whole bytes and
+  nanoseconds, exact in any order; the bus bytes are made from them at the end (`breakdown`).
 - `stragglers`: per (group, rank) counts of positions seen and arrived last at, added across
   windows where the group's members were the same (a window of fewer members counts positions
   the whole trace does not: those are dropped when a member appears).
