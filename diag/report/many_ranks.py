@@ -4,7 +4,9 @@ At 256 ranks the terminal report ran to 3,148 lines (a row a rank in five tables
 op in the collectives'); at 1,024 it would be ~12,000, which nobody reads. The terminal, Markdown
 and HTML renderers show a table of more than `RANKS_SHOWN` ranks by the ranks worth a look: the
 first and the last, and in each column of numbers the rank of its lowest and of its highest row
-(in the units the cell prints: 900 KB/s below 1.2 MB/s), and the title says so. `--json` keeps
+(in the units the cell prints: 900 KB/s below 1.2 MB/s), and the title says so. A table of several
+kinds of row a rank (the collectives' ops) gives each kind's extremes: all_gather's slowest rank is
+not hidden by all_reduce's, which are slower still. `--json` keeps
 every row: the decision on the report's per-(rank, step) rows at cluster scale (docs/scale.md).
 """
 
@@ -33,19 +35,34 @@ def condensed(table: Table, limit: int = RANKS_SHOWN) -> Table:
     ranks = list(dict.fromkeys(row[0] for row in rows))
     if not header or header[0] != "rank" or len(ranks) <= limit:
         return table
-    keep = {ranks[0], ranks[-1]}
-    for col in range(1, len(header)):
-        values = _column(rows, col)
-        if values is not None:
-            shown = [(v, i) for i, v in enumerate(values) if v is not None]
+    numbers = {col: _column(rows, col) for col in range(1, len(header))}
+    words = [col for col in numbers if _kind_column(rows, col)]  # op, straggler yes/no: a row's kind
+    kinds: dict[tuple[str, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        kinds.setdefault(tuple(row[col] for col in words), []).append(i)
+    ends = {ranks[0], ranks[-1]}
+    keep: set[tuple[str, tuple[str, ...]]] = set()  # (rank, kind): the ends' rows are all kept
+    for of in kinds.values():  # each kind's extremes (the collectives': each op's)
+        for values in numbers.values():
+            shown = [(values[i], i) for i in of if values is not None and values[i] is not None]
             if shown:
-                keep |= {rows[min(shown)[1]][0], rows[max(shown, key=lambda x: (x[0], -x[1]))[1]][0]}
-    kept = [row for row in rows if row[0] in keep]
-    note = (
-        f" [{len(keep)} of {len(ranks):,} ranks: the first, the last, and each column's lowest and "
-        "highest; every rank in --json]"
+                for i in (min(shown)[1], max(shown, key=lambda x: (x[0], -x[1]))[1]):
+                    keep.add((rows[i][0], tuple(rows[i][col] for col in words)))
+    kept = [row for row in rows if (row[0], tuple(row[col] for col in words)) in keep or row[0] in ends]
+    each = (
+        f"each {header[words[0]]}'s lowest and highest in each column"
+        if words
+        else "each column's lowest and highest"
     )
+    count = len({row[0] for row in kept})
+    note = f" [{count} of {len(ranks):,} ranks: the first, the last, and {each}; every rank in --json]"
     return title + note, header, kept
+
+
+def _kind_column(rows: list[list[str]], col: int) -> bool:
+    """A column of words, two or more (an op's name, yes / no): no cell a number diag prints."""
+    cells = {row[col].strip() for row in rows if col < len(row)} - {"-"}
+    return len(cells) > 1 and not any(_CELL.match(cell) for cell in cells)
 
 
 def _column(rows: list[list[str]], col: int) -> list[float | None] | None:

@@ -178,7 +178,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         out.append(
             (
                 "Stragglers",
-                ["rank", "last to arrive (share of collectives)", "median step ms", "straggler"],
+                ["rank", "last to arrive (share of collectives)", "median step ms (every step)", "straggler"],
                 [
                     [
                         rank_label(r["rank"]),

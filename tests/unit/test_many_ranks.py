@@ -36,6 +36,18 @@ def test_columns_of_units_that_do_not_compare_choose_nothing():
     title, header, rows = _table(40)
     for i, row in enumerate(rows):
         row[5] = "3 tokens/s" if i == 25 else "9 samples/s"  # two units of their own
-        row[2] = "fast" if i == 33 else row[2]  # a word: not a column of numbers
+        row[2] = "fast" if i == 33 else row[2]  # a word among numbers: neither numbers nor kinds
     _, _, kept = condensed((title, header, rows))
     assert [r[0] for r in kept] == ["0", "2", "7", "20", "39"]
+
+
+def test_each_kind_of_row_gives_its_own_extremes():
+    """The collectives' table holds a row a rank and op: all_gather's slowest rank is shown though
+    every all_reduce is slower (a real 20-rank DDP job's all_gather fastest rank was hidden)."""
+    title, header, rows = _table(40)
+    gathers = [[r[0], "all_gather", "3", "1.00" if r[0] != "11" else "2.00", "9 KB/s", "-"] for r in rows]
+    title, _, kept = condensed((title, header, [row for pair in zip(rows, gathers) for row in pair]))
+    shown = {(r[0], r[1]) for r in kept}
+    assert ("11", "all_gather") in shown and ("11", "all_reduce") not in shown
+    assert ("0", "all_gather") in shown and ("39", "all_reduce") in shown  # the ends: every op
+    assert "each op's lowest and highest" in title and "7 of 40 ranks" in title
