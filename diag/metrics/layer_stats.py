@@ -118,3 +118,5 @@ class LayerSums:
 
     def merged(self, parts: list[layer_sums.Sums]) -> layer_sums.Sums:
         return layer_sums.merged(parts)
+
+    folds = True  # (its merged value is a part: sums per module and rank, not per window)

@@ -123,6 +123,8 @@ class Lasts:
     def merged(self, parts: list[Tails]) -> Tails:
         return Tails.merged(parts)
 
+    folds = True  # (its merged value is a part: a rank's lasts stay a rank's, not a window's)
+
 
 @dataclass(frozen=True)
 class Groups:
