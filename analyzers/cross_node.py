@@ -8,10 +8,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from diag.analyzers import config, evidence
 
-from diag.metrics.comms import bus_bandwidth, transfer_dur
+from diag.metrics import bandwidth
+from diag.metrics.comms import transfer_dur
 from diag.metrics.steps import join_steps, union_by_step
 
 if TYPE_CHECKING:
@@ -51,25 +53,44 @@ class Crossed:
     (rank, step) (`union`: seconds, unjoined); of those with a duration and a size (`ops`), the bus
     bytes moved (GB: busbw x seconds) and seconds summed, the bytes per step, the ranks and the
     first modules by name; of the large ones (`BW_BYTES`, a known transfer time: `large`), the bus
-    bytes and transfer seconds summed. Sums of a window's calls, added over the windows: floats
-    added in another order than one trace's sum may differ in the last bits."""
+    bytes and transfer seconds summed. Kept as whole numbers (bytes per bus factor, nanoseconds),
+    whose sums are exact in any order, and scaled once when read: a window's sums added over the
+    windows equal the whole trace's (each call's bytes x factor summed differed in the last bits)."""
 
     union: pd.Series
     ops: int
-    moved: float
-    dur_s: float
+    bus: tuple[tuple[float, float], ...]  # (bus factor, bytes summed), by factor
+    dur_ns: float
     bytes: pd.Series  # step -> bytes (every rank's)
     ranks: frozenset[int]
     modules: tuple[str, ...]  # the first MODULES by name
     large: int
-    large_moved: float
-    large_xfer: float
+    large_bus: tuple[tuple[float, float], ...]
+    large_xfer_ns: float
+
+    @property
+    def moved(self) -> float:
+        """Bus bytes (GB) of the calls."""
+        return _gb(self.bus)
+
+    @property
+    def dur_s(self) -> float:
+        return self.dur_ns / 1e9
+
+    @property
+    def large_moved(self) -> float:
+        return _gb(self.large_bus)
+
+    @property
+    def large_xfer(self) -> float:
+        """Transfer seconds of the large calls."""
+        return self.large_xfer_ns / 1e9
 
     @classmethod
     def none(cls) -> Crossed:
         """Of no call (a window without any)."""
         nothing = pd.Series(dtype=float)
-        return cls(nothing, 0, 0.0, 0.0, nothing, frozenset(), (), 0, 0.0, 0.0)
+        return cls(nothing, 0, (), 0.0, nothing, frozenset(), (), 0, (), 0.0)
 
     @classmethod
     def merged(cls, parts: list[Crossed]) -> Crossed:
@@ -81,15 +102,34 @@ class Crossed:
         return cls(
             union=pd.concat(unions).sort_index(kind="stable") if unions else parts[0].union,
             ops=sum(p.ops for p in parts),
-            moved=math.fsum(p.moved for p in parts),
-            dur_s=math.fsum(p.dur_s for p in parts),
+            bus=_added([p.bus for p in parts]),
+            dur_ns=sum(p.dur_ns for p in parts),
             bytes=pd.concat(sizes).groupby(level=0).sum() if sizes else parts[0].bytes,
             ranks=frozenset().union(*(p.ranks for p in parts)),
             modules=tuple(sorted(set().union(*(p.modules for p in parts)))[:MODULES]),
             large=sum(p.large for p in parts),
-            large_moved=math.fsum(p.large_moved for p in parts),
-            large_xfer=math.fsum(p.large_xfer for p in parts),
+            large_bus=_added([p.large_bus for p in parts]),
+            large_xfer_ns=sum(p.large_xfer_ns for p in parts),
         )
+
+
+def _by_factor(factor: np.ndarray, nbytes: np.ndarray) -> tuple[tuple[float, float], ...]:
+    """Bytes summed per bus factor, by factor."""
+    sums = pd.Series(nbytes).groupby(factor).sum()
+    return tuple((float(f), float(b)) for f, b in sums.items())
+
+
+def _added(parts: list[tuple[tuple[float, float], ...]]) -> tuple[tuple[float, float], ...]:
+    sums: dict[float, float] = {}
+    for part in parts:
+        for f, b in part:
+            sums[f] = sums.get(f, 0.0) + b
+    return tuple(sorted(sums.items()))
+
+
+def _gb(bus: tuple[tuple[float, float], ...]) -> float:
+    """Bus bytes in GB: each factor's bytes times it, rounded once."""
+    return math.fsum(f * b for f, b in bus) / 1e9
 
 
 @dataclass(frozen=True)
@@ -108,21 +148,22 @@ class CrossCalls:
         union = union_by_step(c, keep=cross.to_numpy(dtype=bool))
         size = pd.to_numeric(c["bytes"], errors="coerce")
         rows = c[cross & (c["dur_s"] > 0) & size.notna()]
-        moved = pd.Series(bus_bandwidth(rows), index=rows.index) * rows["dur_s"]  # of these calls only
-        xfer = transfer_dur(c[cross]).reindex(rows.index) / 1e9
-        large = ((size.reindex(rows.index) >= BW_BYTES) & (xfer > 0)).to_numpy()
+        sized = size.reindex(rows.index).to_numpy(float)
+        factor = bandwidth.bus_factors(rows["kind"], rows["group_size"])  # of these calls only
+        xfer = transfer_dur(c[cross]).reindex(rows.index).to_numpy(float)  # ns
+        large = (sized >= BW_BYTES) & (xfer > 0)
         modules = {str(m) for m in rows["module"].dropna()} if "module" in rows else set()
         return Crossed(
             union=union,
             ops=len(rows),
-            moved=float(moved.sum()),
-            dur_s=float(rows["dur_s"].sum()),
+            bus=_by_factor(factor, sized),
+            dur_ns=float(pd.to_numeric(rows["dur"], errors="coerce").sum()),
             bytes=size.reindex(rows.index).groupby(rows["step"].to_numpy()).sum(),
             ranks=frozenset(int(r) for r in rows["rank"].unique()),
             modules=tuple(sorted(modules)[:MODULES]),
             large=int(large.sum()),
-            large_moved=float(moved[large].sum()),
-            large_xfer=float(xfer[large].sum()),
+            large_bus=_by_factor(factor[large], sized[large]),
+            large_xfer_ns=float(xfer[large].sum()),
         )
 
     def merged(self, parts: list[Crossed]) -> Crossed:
