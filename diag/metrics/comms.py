@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag.metrics import bandwidth, positions
+from diag.metrics import positions
 from diag.metrics.steps import NS, join_steps, union_by_step
 from diag.metrics.text import map_categories
 from diag.schema import lone
@@ -57,7 +57,8 @@ def between_ranks(c: pd.DataFrame) -> pd.DataFrame:
 
 
 def comm_frame(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """The comm frame with a canonical `kind` column, seconds (`dur_s`; busbw: `bus_bandwidth`) and
+    """The comm frame with a canonical `kind` column, seconds (`dur_s`; busbw: `bandwidth.busbw` of
+    the kind, for traces whose writer knew only canonical spellings) and
     every collective in a step (imported traces carry none: see `attribute_steps`; `steps` is
     `steps.step_frame`), of the calls that reach another rank (`between_ranks`). Empty-safe."""
     df = between_ranks(comms).copy(deep=False)  # copy-on-write: the columns set below leave `comms` as it is
@@ -69,17 +70,9 @@ def comm_frame(comms: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         kind = ops.map({op: canonical_op(op) for op in ops.unique()})
     df["kind"] = kind
     df["dur_s"] = pd.to_numeric(df["dur"], errors="coerce").fillna(0) / NS
-    if "busbw" in df:  # the writer's, from its spelling of the op: read `bus_bandwidth` instead
+    if "busbw" in df:  # the writer's, from its spelling of the op: the kind's is read instead
         del df["busbw"]
     return attribute_steps(df, steps)
-
-
-def bus_bandwidth(c: pd.DataFrame) -> np.ndarray:
-    """busbw (GB/s) of `comm_frame` rows from the canonical name (`kind`), for traces whose writer
-    knew only canonical spellings; of the rows a reader takes (the large cross-node calls), not kept
-    for every call: 8 bytes a call kept, and its temporaries were most of `comm_frame`'s peak."""
-    dur = pd.to_numeric(c["dur"], errors="coerce").fillna(0)
-    return bandwidth.busbw(c["kind"], c["bytes"], dur, c["group_size"])
 
 
 def stepped(df: pd.DataFrame) -> bool:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diag import schema
-from diag.metrics import bandwidth, comms, intervals, steps
+from diag.metrics import bandwidth, intervals, steps
 from diag.metrics.stage import Metrics
 from diag.vocab import P2P, canonical_op
 from tests.unit.synth_trace import MS, T0, Job
@@ -101,23 +101,10 @@ def test_comms_canonical_kind_busbw_computed_once(tmp_path):
     m = Metrics(trace)
     c = m.comms
     assert set(c["kind"]) == {"all_gather"}
-    assert comms.bus_bandwidth(c) == pytest.approx(0.75)  # 1 GB/s algbw x (n-1)/n
+    busbw = bandwidth.busbw(c["kind"], c["bytes"], pd.to_numeric(c["dur"]), c["group_size"])
+    assert busbw == pytest.approx(0.75)  # 1 GB/s algbw x (n-1)/n, from the canonical kind
     assert "busbw" not in c  # the writer's, from its spelling of the op, is not read by mistake
     assert m.comms is c and "kind" not in trace.comms  # one table per trace; the trace's frame as read
-
-
-def test_busbw_of_the_rows_taken_is_the_busbw_of_every_call_there():
-    """`bus_bandwidth` on the rows a reader takes (cross_node's large calls) gives what computing it
-    for every call in `comm_frame` and selecting gave (it is no longer kept per call)."""
-    import os
-
-    from diag.importers import load_inputs
-    from tests.conftest import ROOT
-
-    c = Metrics(load_inputs([os.path.join(ROOT, "sample_traces", "zero3")], slim=True)).comms
-    every = bandwidth.busbw(c["kind"], c["bytes"], pd.to_numeric(c["dur"]).fillna(0), c["group_size"])
-    taken = np.random.default_rng(0).random(len(c)) < 0.1
-    assert taken.any() and np.array_equal(comms.bus_bandwidth(c[taken]), every[taken], equal_nan=True)
 
 
 def test_by_rank_gives_plain_numbers():
