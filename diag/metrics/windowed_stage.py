@@ -36,6 +36,7 @@ from diag.metrics.stage import Metrics
 from diag.metrics.window_metrics import Whole, of_window
 from diag.metrics.windowed import WINDOW, Figures, Windowed
 from diag.metrics.withheld import WITHHELD, WholeOnly
+from diag.trace.heap import release_memory
 from diag.trace.model import Trace
 from diag.trace.window import ALL, Window
 
@@ -135,9 +136,12 @@ class WindowedMetrics(Metrics):
             out = run(m)
             if not m.asked:
                 return out
+            asked = list(m.asked)
+            del out, m  # the learning run's document and caches: not held through the next pass
+            release_memory()
             if self.passes > PASSES:
                 break
-            self._compute(list(m.asked))
+            self._compute(asked)
         raise NotWindowed(f"the rules asked for reductions after {self.passes} passes")
 
     def _compute(self, asked: list[Reduction[Any]]) -> None:
