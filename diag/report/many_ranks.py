@@ -37,9 +37,13 @@ def condensed(table: Table, limit: int = RANKS_SHOWN) -> Table:
         return table
     numbers = {col: _column(rows, col) for col in range(1, len(header))}
     words = [col for col in numbers if _kind_column(rows, col)]  # op, straggler yes/no: a row's kind
+
+    def kind(row: list[str]) -> tuple[str, ...]:
+        return tuple(row[col] for col in words)
+
     kinds: dict[tuple[str, ...], list[int]] = {}
     for i, row in enumerate(rows):
-        kinds.setdefault(tuple(row[col] for col in words), []).append(i)
+        kinds.setdefault(kind(row), []).append(i)
     ends = {ranks[0], ranks[-1]}
     keep: set[tuple[str, tuple[str, ...]]] = set()  # (rank, kind): the ends' rows are all kept
     for of in kinds.values():  # each kind's extremes (the collectives': each op's)
@@ -47,8 +51,8 @@ def condensed(table: Table, limit: int = RANKS_SHOWN) -> Table:
             shown = [(values[i], i) for i in of if values is not None and values[i] is not None]
             if shown:
                 for i in (min(shown)[1], max(shown, key=lambda x: (x[0], -x[1]))[1]):
-                    keep.add((rows[i][0], tuple(rows[i][col] for col in words)))
-    kept = [row for row in rows if (row[0], tuple(row[col] for col in words)) in keep or row[0] in ends]
+                    keep.add((rows[i][0], kind(rows[i])))
+    kept = [row for row in rows if (row[0], kind(row)) in keep or row[0] in ends]
     each = (
         f"each {header[words[0]]}'s lowest and highest in each column"
         if words
