@@ -37,7 +37,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     STEP: ("step", "ts", "dur", "samples", "tokens", "applied"),
     # one module's forward or backward on a sampled step; flops counted from real shapes
     LAYER: ("step", "module", "phase", "ts", "dur", "flops", "mem_delta"),
-    # one collective or p2p op; group is the process group's name, module the one running at issue
+    # one collective or p2p op; group is the process group's name, module the one running at issue;
+    # group_ranks omitted after a group of more than 8 ranks' first call of a step (`comm_line`;
+    # readers fill it from that call: `trace.group_members`)
     COMM: (
         "step",
         "op",

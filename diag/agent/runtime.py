@@ -38,7 +38,7 @@ from diag.agent.ring import Ring
 from diag.agent.sched import SchedReader
 from diag.agent.undo import Undo
 from diag.agent.wakeup import Wakeup
-from diag.trace.comm_line import DUR_AT, comm_line, comm_text
+from diag.trace.comm_line import DUR_AT, comm_line, comm_text, new_file
 from diag.trace.comm_line import FIELDS as COMM_FIELDS
 from diag.trace.flat_line import flat_text
 from diag.trace.writer import TraceFileWriter, dumps, rank_file_name
@@ -288,6 +288,7 @@ class Agent:
         _uncaught.install(self)  # an exception that ends the job is in its trace (undone at stop)
         rank, _ = rank_and_world()
         self._file = TraceFileWriter(self.trace_dir, rank_file_name(rank, os.getpid()))
+        new_file()  # its first call of each group carries the group's ranks
         header = build_header(
             self._wall0,
             self._perf0,

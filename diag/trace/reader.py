@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from diag import schema
 from diag.errors import DiagError
-from diag.trace import safeio, values
+from diag.trace import group_members, safeio, values
 from diag.trace.model import CATEGORICAL, LoadProblem, Trace
 from diag.trace.window import ALL, Window, diag_file_rank
 
@@ -98,6 +98,7 @@ def read_file(
     events: list[dict[str, Any]] = []
     read = 0  # records read, kept or not
     lost: list[dict[str, Any]] = []  # reported whatever their step
+    fill = group_members.Fill()
     max_line = safeio.max_line_bytes()
     try:
         with safeio.open_regular(path) as f:
@@ -127,6 +128,7 @@ def read_file(
                     header = header or obj
                 else:
                     read += 1
+                    fill(obj)
                     if obj["k"] == schema.LOST:
                         lost.append(obj)
                     if window.wants_step(obj.get("step")):

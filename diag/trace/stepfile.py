@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from diag import schema
-from diag.trace import safeio
+from diag.trace import group_members, safeio
 from diag.trace.model import LoadProblem
 from diag.trace.reader import Problems, group_renames, parse_line, rename_groups, sound_header
 
@@ -115,10 +115,12 @@ class StepFile:
         rank and group names `place` gave; `problems` is set at the end."""
         if self._error is not None:
             return
+        fill = group_members.Fill()
         try:
             for i, rec in self._lines(first=False):
                 if not has_step(rec) or rec["k"] == schema.META:
                     raise OutOfStep(f"{self.path}:{i}: a record of no step among the stepped lines")
+                fill(rec)
                 self._count(i, rec)
                 rec["rank"] = self.rank
                 if self.renames:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.trace import safeio
+from diag.trace import group_members, safeio
 from diag.trace.reader import TRACE_GLOB, parse_line
 
 MAX_READ = 8 << 20  # bytes per file per poll: a huge backlog is read over several polls
@@ -42,6 +42,7 @@ class FileTail:
         self.skipped = 0
         self.discarding = False  # inside a line longer than the limit, until its newline
         self.problem: str | None = None
+        self.fill = group_members.Fill()  # a call's group ranks its line omits
 
     def read(self) -> Chunk | None:
         if self.problem is not None:
@@ -77,6 +78,7 @@ class FileTail:
                 if self.header is None:
                     self.header = chunk.header = obj
             else:
+                self.fill(obj)
                 chunk.events.append(obj)
         self.skipped += chunk.skipped
         return chunk if chunk.header or chunk.events or chunk.skipped else None

@@ -109,3 +109,39 @@ def test_a_reader_of_every_call_is_reported_not_run_never_run_on_part(capsys, mo
     text = md.read_text()
     assert "rule `reads_calls`: not run under the windowed pass" in text and "failed" not in text
     assert "as if none were recorded: step_timeline" in text
+
+
+@pytest.mark.parametrize("name", ["zero3", "megatron_tp2"])
+def test_calls_that_omit_their_groups_ranks_read_as_written_whole(name, tmp_path, capsys, monkeypatch):
+    """The agent writes a large group's ranks on its first call of a step only (`comm_line`).
+    The folder's calls rewritten so (every group taken as large): the whole read, the windowed
+    pass (a window a step) and the live tail fill them, and the report is the folder's own."""
+    from diag import schema
+    from diag.trace import comm_line
+    from diag.tui.tail import DirTail
+
+    folder = next(d for d in diag_folders() if os.path.basename(d) == name)
+    monkeypatch.setattr(comm_line, "ALWAYS", 0)
+    monkeypatch.setattr(comm_line, "_PLANS", {})
+    omitted = 0
+    for path in sorted(os.listdir(folder)):
+        comm_line.new_file()
+        with open(os.path.join(folder, path)) as f, open(tmp_path / path, "w") as out:
+            for line in f:
+                if line.startswith('{"k":"comm",'):
+                    rec = json.loads(line)
+                    call = [rec[k] for k in schema._KEYS[schema.COMM]]  # (its kind first)
+                    call[7] = tuple(call[7])
+                    new = comm_line.comm_text(tuple(call), rec["dur"], 0)
+                    assert new is not None and {**json.loads(new), "group_ranks": rec["group_ranks"]} == rec
+                    omitted += '"group_ranks"' not in new
+                    line = new + "\n"
+                out.write(line)
+    assert omitted > 100
+    for how in (["--no-windowed"], ["--windowed", "--window-steps", "1"]):
+        _, want, _ = _analyze(capsys, *how, folder)
+        _, got, _ = _analyze(capsys, *how, str(tmp_path))
+        assert json.loads(json.dumps(got).replace(str(tmp_path), folder)) == want
+    tail = DirTail(str(tmp_path))
+    calls = [e for c in tail.poll() for e in c.events if e["k"] == schema.COMM]
+    assert calls and all(isinstance(e["group_ranks"], list) for e in calls)
