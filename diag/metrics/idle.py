@@ -73,27 +73,27 @@ class IdleParts:
     forward (ts); per (rank, step) the seconds of its gap and lead-in spent in the calls of its own
     window of steps (`seconds`: rank, step, gap, lead); as intervals (ns), the pieces of those
     calls in the idle windows at a window's edges, each rank's first step's lead-in and last step's
-    gap, and of its calls outside its window's time (from its first step's start to the next
-    window's first start) in another window's steps' idle windows, a lead-in's up to its step's
-    end (`pieces`: rank, step, which (0 gap, 1 lead-in), lo, hi). Per (rank, step) and per window:
-    not per call."""
+    gap (`pieces`: rank, step, which (0 gap, 1 lead-in), lo, hi), and each rank's calls outside
+    its window's time, from its first step's start to the next window's first start (`spills`:
+    rank, lo, hi). Per (rank, step) and per window: not per call."""
 
     layers: bool
     first: pd.Series
     seconds: pd.DataFrame
     pieces: pd.DataFrame
+    spills: pd.DataFrame
 
     def busy(self, st: pd.DataFrame) -> np.ndarray:
         """Seconds of each row of `st` (`windows` with `lead_hi`) spent in collectives: its gap's
-        plus its lead-in's (up to `lead_hi`): its own window's seconds, and the pieces of each
-        window's calls there united (a gap at a windows' boundary, a call of another window in an
-        edge step's idle window)."""
+        plus its lead-in's (up to `lead_hi`). Another window's calls spilled into an edge's idle
+        window are united with that window's pieces there; spilled past the edge step (a call
+        spanning a whole step of the other window: none seen), added to its seconds."""
         gap, lead = np.zeros(len(st)), np.zeros(len(st))
         if len(self.seconds):
             base = st[["rank", "step"]].merge(self.seconds, on=["rank", "step"], how="left")
             gap, lead = base["gap"].fillna(0.0).to_numpy(), base["lead"].fillna(0.0).to_numpy()
         extra = np.zeros((2, len(st)))
-        pieces = self.pieces
+        pieces = pd.concat([self.pieces, _spilled(self.spills, st)], ignore_index=True)
         if len(pieces) and len(st):
             row = {key: i for i, key in enumerate(zip(st["rank"].tolist(), st["step"].tolist()))}
             keys = zip(pieces["rank"].tolist(), pieces["step"].tolist())
@@ -111,9 +111,7 @@ class IdleParts:
 
 
 def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
-    """The pieces of the `spills` in the idle windows of `st`'s rows (`_PIECES`): a lead-in's up to
-    the step's end, where the whole trace's lead-in ends no later (`with_lead`: its first forward
-    before its end, or none); `busy` cuts it at `lead_hi`, the same piece the whole trace gives."""
+    """The pieces of the `spills` in the idle windows of `st`'s rows (`_PIECES`)."""
     out: list[tuple] = []
     if spills.empty:
         return pd.DataFrame(columns=_PIECES)
@@ -137,10 +135,8 @@ class Idle:
     forwards (min: exact) and the idle windows of every step of the whole trace (`Metrics.steps`).
     Each rank's time is cut where a window's first step starts: a window measures its steps' idle
     windows on its calls there, keeps the pieces at its edges (a gap at the windows' boundary is
-    met by the calls of both) and the pieces of the calls that lie in another window's time (that
-    window's steps and their gaps are the whole trace's: known here; their lead-ins end by their
-    steps' ends); `IdleParts.busy` unites them. Pieces, not those calls: most lie in another
-    step's work, not its idle windows (the tiled trace: 32,512 a window in one of 6)."""
+    met by the calls of both) and the calls that lie in another window's time; `IdleParts.busy`
+    unites them."""
 
     def of(self, metrics: Metrics) -> IdleParts:
         lay = metrics.trace.layers
@@ -151,12 +147,9 @@ class Idle:
             first = fwd.groupby(["rank", "step"], observed=True)["ts"].min()
         st, c = metrics.steps, metrics.comms
         if st.empty or c.empty or "ts" not in c:
-            return IdleParts(not lay.empty, first, *_split(c.iloc[:0], st.iloc[:0], None)[:2])
+            return IdleParts(not lay.empty, first, *_split(c.iloc[:0], st.iloc[:0], None))
         st = with_lead(windows(st), first) if not lay.empty else windows(st).assign(lead_hi=st["start"])
-        seconds, pieces, spills = _split(c, st, _held(metrics))
-        return IdleParts(
-            not lay.empty, first, seconds, _rows([pieces, _spilled(spills, st.assign(lead_hi=st["end"]))])
-        )
+        return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics)))
 
     def merged(self, parts: list[IdleParts]) -> IdleParts:
         if len(parts) == 1:
@@ -165,7 +158,7 @@ class Idle:
         return IdleParts(
             any(p.layers for p in parts),
             pd.concat(firsts) if firsts else parts[0].first,
-            *(_rows([getattr(p, name) for p in parts]) for name in ("seconds", "pieces")),
+            *(_rows([getattr(p, name) for p in parts]) for name in ("seconds", "pieces", "spills")),
         )
 
 
@@ -208,8 +201,7 @@ class _Steps(NamedTuple):
 def _split(
     c: pd.DataFrame, st: pd.DataFrame, held: tuple[float, float] | None
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """`IdleParts`' seconds and pieces, and the spills (rank, lo, hi: calls outside the window's time,
-    `Idle.of` makes them pieces) from the calls `c` of the steps `held` (`st`: the
+    """(seconds, pieces, spills) of `IdleParts` from the calls `c` of the steps `held` (`st`: the
     whole trace's steps with their idle windows: [lo, hi] after the step, [start, lead_hi] before
     its first forward). That time is communication, not an input pipeline (the premise). Ranks in
     chunks of bounded calls (`positions.rank_chunks`), vectorized over a chunk's ranks: a pass per

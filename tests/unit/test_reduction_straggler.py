@@ -79,10 +79,8 @@ def test_calls_of_the_next_step_in_a_gap_count_there_in_windows():
     assert want.sum() > 0
     pd.testing.assert_series_equal(idle.gaps(Metrics(moved))["comm_gap_s"], want, check_exact=True)
     assert_windowed(moved, idle.Idle(), _same_idle(Metrics(moved).steps))
-    ones = windows(moved, 1)
-    parts = window_metrics.parts(idle.Idle(), ones, window_metrics.Whole.of(Metrics(moved)))
-    # (the premise: calls read from the window after their gap, a piece of an earlier step's there)
-    assert any((p.pieces["step"] < w.frames["comm"]["step"].min()).any() for p, w in zip(parts, ones))
+    ones = window_metrics.merged(idle.Idle(), windows(moved, 1), window_metrics.Whole.of(Metrics(moved)))
+    assert len(ones.spills)  # (the premise: calls read from the window after their gap)
     # each call and its copy tagged with the next step (1 ns later) in every gap: both windows' calls
     # there, united; as well where each window holds every step mark (the pass holds them whole)
     both = Trace(
@@ -103,8 +101,10 @@ def test_a_gap_at_a_windows_end_is_the_union_of_both_windows_calls():
     ms = 1_000_000
     none = pd.DataFrame(columns=["rank", "step", "gap", "lead"])
     parts = [
-        idle.IdleParts(False, pd.Series(dtype=float), none, _pieces([(0, 1, 0, 10 * ms, 12 * ms)])),
-        idle.IdleParts(False, pd.Series(dtype=float), none, _pieces([(0, 1, 0, 11 * ms, 12.5 * ms)])),
+        idle.IdleParts(
+            False, pd.Series(dtype=float), none, _pieces([(0, 1, 0, 10 * ms, 12 * ms)]), _spills([])
+        ),
+        idle.IdleParts(False, pd.Series(dtype=float), none, _pieces([]), _spills([(0, 11 * ms, 13 * ms)])),
     ]
     st = pd.DataFrame(
         {"rank": [0], "step": [1], "start": [0.0], "lead_hi": [0.0], "lo": [9e6], "hi": [12.5e6]}
@@ -115,6 +115,10 @@ def test_a_gap_at_a_windows_end_is_the_union_of_both_windows_calls():
 def _pieces(rows: list[tuple]) -> pd.DataFrame:
     columns = ["rank", "step", "which", "lo", "hi"]
     return pd.DataFrame(rows, columns=columns).astype({"lo": float, "hi": float})
+
+
+def _spills(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["rank", "lo", "hi"]).astype({"lo": float, "hi": float})
 
 
 def _same_calls(a: pd.DataFrame, b: pd.DataFrame) -> None:
@@ -151,5 +155,5 @@ def test_ranks_in_chunks_give_what_one_chunk_gives(name, monkeypatch):
     got = [r.of(Metrics(trace)) for r in (TailWait(), ArrivalWaits(), idle.Idle())]
     for a, b in zip(want[:2], got[:2]):
         pd.testing.assert_series_equal(a, b, check_exact=True)
-    for part in ("seconds", "pieces"):
+    for part in ("seconds", "pieces", "spills"):
         pd.testing.assert_frame_equal(getattr(want[2], part), getattr(got[2], part), check_exact=True)
