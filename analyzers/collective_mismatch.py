@@ -356,20 +356,15 @@ class Mismatches:
         for p in parts:
             for g, ranks in p.members.items():
                 members[g] = np.union1d(members[g], ranks) if g in members else ranks
-        mine = (  # (a window's ranks of a group are among the whole's: as many, the same)
-            (
-                g,
-                next(
-                    (p.found[g] for p in parts if g in p.found and len(p.members[g]) == len(members[g])), None
-                ),
-            )
-            for g in sorted(members)
-        )
-        return _Part(members, {g: f for g, f in mine if f is not None})
+        found = {}
+        for g in sorted(members):  # (a window's ranks of a group are among the whole's: as many, the same)
+            whole = len(members[g])
+            f = next((p.found[g] for p in parts if g in p.found and len(p.members[g]) == whole), None)
+            if f is not None:
+                found[g] = f
+        return _Part(members, found)
 
-    folds = (
-        True  # (its merged value is a part: a position found before a group's last member came is dropped)
-    )
+    folds = True  # (its merged value is a part: a position found short of its group's members dropped)
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,10 @@ class SizeMiddle:
 
     def merged(self, parts: list[pd.DataFrame]) -> pd.DataFrame:
         rows = [p for p in parts if len(p)]
-        if len(rows) <= 1:
-            return (
-                rows[0] if rows else _counted(pd.DataFrame({"op": [], "bytes": [], "busbw": [], "bin": []}))
-            )
+        if not rows:
+            return _counted(pd.DataFrame({"op": [], "bytes": [], "busbw": [], "bin": []}))
+        if len(rows) == 1:
+            return rows[0]
         both = pd.concat(rows, ignore_index=True)
         return both.groupby([*_KEY, "busbw"], sort=True)["n"].sum().reset_index()
 
