@@ -271,7 +271,7 @@ def collective_mismatch(trace: Trace, metrics: Metrics) -> list[Finding]:
     if len(firsts) < 2:
         return []  # (one rank's calls: no two members to differ)
     cut = _session_starts(trace)
-    found = metrics.reduce(Mismatches(firsts, cut))
+    found = metrics.reduce(Mismatches(firsts, cut)).mismatches()
     tied = frozenset((f.group, f.step, f.k) for f in found if _majority(f.at) is None)
     seen = metrics.reduce(Earlier(firsts, cut, tied)) if tied else {}
     return [_finding(f.group, f.step, f.k, f.at, seen.get(f.group, set())) for f in found]
@@ -288,21 +288,23 @@ class FirstSteps:
     """Each rank's first step of the calls compared (`_kept`), left out: (rank, step) pairs, the
     least over the windows."""
 
-    def of(self, metrics: Metrics) -> dict[int, int]:
+    def of(self, metrics: Metrics) -> frozenset[tuple[int, int]]:
         c = _entered(metrics)
         if c is None:
-            return {}
+            return frozenset()
         keep = _kept(metrics.trace, c, c["kind"].isin(P2P).to_numpy())
         step = pd.Series(pd.to_numeric(c["step"]).to_numpy()[keep].astype(np.int64))
         least = step.groupby(c["rank"].to_numpy()[keep]).min()
-        return {int(r): int(s) for r, s in least.items()}
+        return frozenset((int(r), int(s)) for r, s in least.items())
 
-    def merged(self, parts: list[dict[int, int]]) -> frozenset[tuple[int, int]]:
+    def merged(self, parts: list[frozenset[tuple[int, int]]]) -> frozenset[tuple[int, int]]:
         out: dict[int, int] = {}
         for part in parts:
-            for r, s in part.items():
+            for r, s in part:
                 out[r] = min(s, out.get(r, s))
         return frozenset(out.items())
+
+    folds = True  # (its merged value is a part: each rank's least step)
 
 
 class Mismatch(NamedTuple):
@@ -316,11 +318,15 @@ class Mismatch(NamedTuple):
 
 @dataclass
 class _Part:
-    """A window's: per group the ranks of its compared calls and its first differing position
-    among those ranks."""
+    """A window's, or consecutive windows': per group the ranks of its compared calls and its first
+    differing position among those ranks (of the first window that holds all of them)."""
 
     members: dict[str, np.ndarray]
     found: dict[str, Mismatch]
+
+    def mismatches(self) -> list[Mismatch]:
+        """The first differing positions, by group."""
+        return [self.found[g] for g in sorted(self.found)]
 
 
 @dataclass(frozen=True)
@@ -345,16 +351,20 @@ class Mismatches:
             found[group] = Mismatch(group, step, k, at)
         return _Part(_member_ranks(calls), found)
 
-    def merged(self, parts: list[_Part]) -> list[Mismatch]:
+    def merged(self, parts: list[_Part]) -> _Part:
         members: dict[str, np.ndarray] = {}
         for p in parts:
             for g, ranks in p.members.items():
                 members[g] = np.union1d(members[g], ranks) if g in members else ranks
-        mine = (  # (a window's ranks of a group are among the whole's: as many, the same)
-            next((p.found[g] for p in parts if g in p.found and len(p.members[g]) == len(members[g])), None)
-            for g in sorted(members)
-        )
-        return [f for f in mine if f is not None]
+        found = {}
+        for g in sorted(members):  # (a window's ranks of a group are among the whole's: as many, the same)
+            whole = len(members[g])
+            f = next((p.found[g] for p in parts if g in p.found and len(p.members[g]) == whole), None)
+            if f is not None:
+                found[g] = f
+        return _Part(members, found)
+
+    folds = True  # (its merged value is a part: a position found short of its group's members dropped)
 
 
 @dataclass(frozen=True)
@@ -384,6 +394,8 @@ class Earlier:
             for g, sigs in p.items():
                 out[g] = out.get(g, set()) | sigs
         return out
+
+    folds = True  # (its merged value is a part: sets)
 
 
 def _member_ranks(calls: _Calls) -> dict[str, np.ndarray]:

@@ -169,6 +169,8 @@ class CrossCalls:
     def merged(self, parts: list[Crossed]) -> Crossed:
         return Crossed.merged(parts)
 
+    folds = True  # (its merged value is a part: sums per factor in the windows' order, sets)
+
 
 @dataclass
 class CrossNode:

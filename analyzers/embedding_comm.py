@@ -159,6 +159,8 @@ class MovedBytes:
             frozenset().union(*(p.gathers for p in parts)),
         )
 
+    folds = True  # (its merged value is a part: sums in the windows' order, a set)
+
 
 @dataclass(frozen=True)
 class SizedBytes:
@@ -177,6 +179,8 @@ class SizedBytes:
 
     def merged(self, parts: list[float]) -> float:
         return sum(parts)
+
+    folds = True  # (its merged value is a part: a sum in the windows' order)
 
 
 @dataclass
@@ -222,7 +226,11 @@ class Details:
 
     def merged(self, parts: list[Detail]) -> Detail:
         unions = [p.union for p in parts if len(p.union)]  # (windows' (rank, step)s are apart)
-        out = Detail(pd.concat(unions).sort_index(kind="stable") if len(unions) > 1 else parts[0].union)
+        out = Detail(
+            pd.concat(unions).sort_index(kind="stable")
+            if len(unions) > 1
+            else (unions or [parts[0].union])[0]
+        )
         for p in parts:
             for m, v in p.modules.items():
                 out.modules[m] = out.modules.get(m, 0.0) + v
@@ -231,6 +239,8 @@ class Details:
                 out.ops[k] = (was[0] + n, was[1] + b)
             out.ranks |= p.ranks
         return out
+
+    folds = True  # (its merged value is a part: sums per module and op in the windows' order, a set)
 
 
 def _fixes(trace: Trace, job: framework.Job) -> list[Fix]:

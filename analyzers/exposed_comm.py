@@ -163,6 +163,8 @@ class _Roles:
     def merged(self, parts: list[frozenset[tuple[bool, bool]]]) -> frozenset[tuple[bool, bool]]:
         return frozenset().union(*parts)
 
+    folds = True  # (its merged value is a part: a set)
+
 
 def _in_tp_group(c: pd.DataFrame) -> pd.Series:
     """Tensor-parallel groups' calls (`comms.tensor_parallel`)."""

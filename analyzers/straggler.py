@@ -168,6 +168,8 @@ class CommRanks:
     def merged(self, parts: list[frozenset]) -> frozenset:
         return frozenset().union(*parts)
 
+    folds = True  # (its merged value is a part: a set)
+
 
 @dataclass(frozen=True)
 class ArrivalCalls:

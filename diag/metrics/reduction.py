@@ -77,6 +77,8 @@ class Select:
     def merged(self, parts: list[Selected]) -> Selected:
         return parts[0] if len(parts) == 1 else Selected.merged(parts)
 
+    folds = True  # (its merged value is a part: counts and bytes added, ranks united, per window none)
+
 
 @dataclass(frozen=True)
 class OfSteps:
@@ -106,6 +108,8 @@ class Calls:
 
     def merged(self, parts: list[int]) -> int:
         return sum(parts)
+
+    folds = True  # (its merged value is a part: a count)
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,8 @@ class Groups:
 
     def merged(self, parts: list[frozenset]) -> frozenset:
         return frozenset().union(*parts)
+
+    folds = True  # (its merged value is a part: a set)
 
 
 early(lambda _trace: Calls())

@@ -5,8 +5,8 @@ Why two reductions: busbw follows each call's duration, so its values do not rep
 counts do not reduce. The first (`SizeBins`, early: it reads each call's own columns) counts each
 (op, size)'s values in bins of their float64 bits (a bin: 1/256 of an octave), which says in which
 bin the middle values lie; the second (`SizeMiddle`) keeps only the values of those bins, a few per
-(op, size), and the median is read among them: the same order statistics, the same arithmetic as
-`breakdown.by_size`, so the same floats.
+(op, size), each distinct value once with its count, and the median is read among them: the same
+order statistics, the same arithmetic as `breakdown.by_size`, so the same floats.
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ class SizeBins:
 
 @dataclass(frozen=True)
 class SizeMiddle:
-    """The busbw values of the bins `wanted` names ((op, size, bin) triples), per triple sorted."""
+    """The busbw values of the bins `wanted` names ((op, size, bin) triples), each distinct one once
+    with its calls (`n`), sorted. Counts, not a row a call: a job's calls repeat their durations
+    (the tiled trace's, its steps' calls alike), and counts add across windows."""
 
     wanted: frozenset[tuple[str, float, int]]
 
@@ -87,13 +89,24 @@ class SizeMiddle:
         c["bin"] = _bins(c["busbw"].to_numpy())
         keys = pd.MultiIndex.from_frame(c[_KEY])
         want = pd.MultiIndex.from_tuples(sorted(self.wanted), names=_KEY) if self.wanted else keys[:0]
-        return c[keys.isin(want)].reset_index(drop=True)
+        return _counted(c[keys.isin(want)])
 
     def merged(self, parts: list[pd.DataFrame]) -> pd.DataFrame:
         rows = [p for p in parts if len(p)]
         if not rows:
-            return pd.DataFrame({"op": [], "bytes": [], "busbw": [], "bin": []})
-        return pd.concat(rows, ignore_index=True).sort_values([*_KEY, "busbw"], kind="stable")
+            return _counted(pd.DataFrame({"op": [], "bytes": [], "busbw": [], "bin": []}))
+        if len(rows) == 1:
+            return rows[0]
+        both = pd.concat(rows, ignore_index=True)
+        return both.groupby([*_KEY, "busbw"], sort=True)["n"].sum().reset_index()
+
+    folds = True  # (its merged value is a part: calls counted per value, added)
+
+
+def _counted(c: pd.DataFrame) -> pd.DataFrame:
+    """The calls `c` (op, bytes, busbw, bin) as their distinct (op, bytes, bin, busbw)s, sorted, and
+    how many calls each (`n`)."""
+    return c.groupby([*_KEY, "busbw"], sort=True).size().rename("n").reset_index()
 
 
 def wanted(bins: pd.DataFrame) -> frozenset[tuple[str, float, int]]:
@@ -122,7 +135,9 @@ def frame(bins: pd.DataFrame, middle: pd.DataFrame) -> pd.DataFrame:
     window's were: the whole trace's column then held no missing size)."""
     if bins.empty:
         return pd.DataFrame(columns=BY_SIZE_COLUMNS)
-    values = {k: g["busbw"].to_numpy() for k, g in middle.groupby(_KEY, sort=False)} if len(middle) else {}
+    values = {
+        k: (g["busbw"].to_numpy(), np.cumsum(g["n"].to_numpy())) for k, g in middle.groupby(_KEY, sort=False)
+    }
     rows = []
     for (op, size), mine in bins.groupby(["op", "bytes"], sort=True):
         calls = int(mine["n"].sum())
@@ -131,7 +146,7 @@ def frame(bins: pd.DataFrame, middle: pd.DataFrame) -> pd.DataFrame:
         if len(known):
             at, within, _ = _middle_bins(known["bin"].to_numpy(), known["n"].to_numpy())
             held = [values.get((op, size, b)) for b in at]  # (none in a learning run: `settle`)
-            got = [float(np.sort(v)[i]) if v is not None else np.nan for v, i in zip(held, within)]
+            got = [_nth(*v, i) if v is not None else np.nan for v, i in zip(held, within)]
             median = got[0] if len(got) == 1 else float((np.float64(got[1]) + np.float64(got[0])) / 2)
         rows.append((str(op), size, median, calls))
     out = pd.DataFrame(rows, columns=BY_SIZE_COLUMNS)
@@ -140,6 +155,11 @@ def frame(bins: pd.DataFrame, middle: pd.DataFrame) -> pd.DataFrame:
     if bool(bins["integral"].all()):
         out["bytes"] = out["bytes"].astype(np.int64)
     return out
+
+
+def _nth(values: np.ndarray, ends: np.ndarray, i: int) -> float:
+    """The `i`-th (from 0) of the sorted distinct `values` counted to `ends` (cumulative counts)."""
+    return float(values[np.searchsorted(ends, i, side="right")])
 
 
 def of_windows(metrics: Metrics) -> pd.DataFrame:

@@ -66,4 +66,9 @@ def part(r: Reduction[T], window: Metrics, whole: Whole) -> T:
 def merged(r: Reduction[T], windows: list[Trace], whole: Whole) -> T:
     """`r` of a trace's windows, each reduced then merged in step order (tests; `windowed_stage`
     reduces each window as it is read and merges at the end)."""
-    return r.merged([part(r, of_window(w, whole), whole) for w in windows])
+    return r.merged(parts(r, windows, whole))
+
+
+def parts(r: Reduction[T], windows: list[Trace], whole: Whole) -> list[T]:
+    """`r`'s part of each of a trace's windows, in step order."""
+    return [part(r, of_window(w, whole), whole) for w in windows]

@@ -203,13 +203,23 @@ def _early(window: Trace, held: dict[Any, list[Any]]) -> None:
 
 
 def _reduce(m: Metrics, held: dict[Any, list[Any]]) -> None:
-    """Each reduction's part of one window's `m`, added to its parts; those whose merged value is a
-    part (`folds`) joined once FOLD windows' are held."""
+    """Each reduction's part of one window's `m`, added to its parts (`add`)."""
     for r, parts in held.items():
-        parts.append(r.of(m))
-        if getattr(r, "folds", False) and len(parts) >= FOLD:
-            parts[:] = [r.merged(parts)]
+        add(r, parts, r.of(m))
         m.end_rule()  # (a rule's placement, held for its reduction only)
+
+
+def add(r: Reduction[T], parts: list[T], part: T, fold: int | None = None) -> None:
+    """`part` (the next window's) added to `r`'s `parts`; those of a reduction whose merged value is
+    a part (`folds`: sums, counts, unions, whose merged value is smaller than its parts) joined
+    once `fold` (FOLD) windows' are held. A left fold: each join takes the joined value first and
+    the windows after it in order, so a merge that reads its parts in order (a float sum, the
+    first found) gives the same value folded (`windowing.assert_windowed` checks every reduction that
+    folds). A concatenation (`OfSteps`, `Idle`, `StepFlops`) does not fold: its merged value is
+    as large as its parts, so a join would free nothing and copy its rows again each time."""
+    parts.append(part)
+    if getattr(r, "folds", False) and len(parts) >= (fold or FOLD):
+        parts[:] = [r.merged(parts)]
 
 
 def steps_for(ranks: int) -> int:

@@ -75,7 +75,8 @@ def test_a_gradient_sized_as_a_later_windows_gather_counts_in_the_first(tmp_path
     assert f.layers == ["wte"]
 
 
-def _found(a: list[cm.Mismatch], b: list[cm.Mismatch]) -> None:
+def _found(a: cm._Part, b: cm._Part) -> None:
+    a, b = a.mismatches(), b.mismatches()
     assert [(f.group, f.step, f.k) for f in a] == [(f.group, f.step, f.k) for f in b]
     for x, y in zip(a, b, strict=True):
         pd.testing.assert_frame_equal(
@@ -86,7 +87,7 @@ def _found(a: list[cm.Mismatch], b: list[cm.Mismatch]) -> None:
 def _mismatches(trace) -> list[cm.Mismatch]:
     """The rule's two reductions, each windowed against the whole."""
     firsts = assert_windowed(trace, cm.FirstSteps())
-    return assert_windowed(trace, cm.Mismatches(firsts, cm._session_starts(trace)), _found)
+    return assert_windowed(trace, cm.Mismatches(firsts, cm._session_starts(trace)), _found).mismatches()
 
 
 def _steps(per_rank: dict[int, list[tuple[int, str, int]]], steps: int = 6, ranks: int = 2) -> Job:
