@@ -13,7 +13,7 @@ bandwidths are `float.__repr__` each (~0.45 us, the costliest part left); where 
 all-reduce in a group of 2, broadcast, p2p) busbw is algbw, so its text is reused.
 
 A group's ranks are written on its first call of each step, not on every call (`group_ranks`
-omitted after): at 1,024 ranks in one data-parallel group the list is ~5 KB of a ~5.2 KB line, and a
+omitted after): at 1,024 ranks in one data-parallel group the list is ~4 KB of a ~4.2 KB line, and a
 ZeRO-3 step makes hundreds of such calls. A group of `ALWAYS` ranks or fewer keeps them on every
 call (a few bytes; a reader without the fill below still sees a lone call as alone). The reader
 gives an omitted call the ranks of its group's last call that had them (`group_members.Fill`);
