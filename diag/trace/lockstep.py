@@ -29,8 +29,10 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from diag.errors import DiagError
+from diag.trace import shards
 from diag.trace.model import LoadProblem, Trace
 from diag.trace.reader import Unreadable, build_frames, is_int, named_outside, trace_files
+from diag.trace.shards import Got
 from diag.trace.stepfile import OutOfStep, Record, StepFile
 from diag.trace.window import ALL, Window
 
@@ -94,17 +96,30 @@ class _Reading:
     def steps(self) -> list[int]:
         return list(self.ahead)
 
+    def check_drained(self) -> None:
+        """At the file's end (`fill` to infinity): a record still held is of a window given already."""
+        for step, held in self.ahead.items():
+            raise OutOfStep(f"{self.file.path}:{held[0][0]}: step {step} after its window was given")
+
 
 class LockStep:
     """`for part in LockStep(path, 10): ...` then `.outside` and `.problems` (see the module);
     `ahead` None: `ahead_for` the files read."""
 
     def __init__(
-        self, path: str, size: int, window: Window = ALL, *, strict: bool = False, ahead: int | None = None
+        self,
+        path: str,
+        size: int,
+        window: Window = ALL,
+        *,
+        strict: bool = False,
+        ahead: int | None = None,
+        workers: int | None = None,
     ) -> None:
         if size < 1:
             raise DiagError(f"a window of {size} steps: it must hold at least one")
         self.path, self.size, self.window, self.strict, self.ahead = path, size, window, strict, ahead
+        self.workers = workers
         self.headers: dict[int, Record] = {}
         self.problems: list[LoadProblem] = []
         self.outside: Trace | None = None  # set once every window is given
@@ -118,25 +133,44 @@ class LockStep:
         if readings is None:
             return
         most = self.ahead if self.ahead is not None else ahead_for(len(readings))
-        lo = self.window.lo if self.window.lo is not None else self._first(readings, most)
+        n = self.workers if self.workers is not None else shards.workers_for([r.file.path for r in readings])
+        resume = None
+        if n and not self.strict:
+            source = shards.Shards(readings, n, self.window, most, by_kind)
+            try:
+                yield from self._windows(readings, source)
+                return
+            except shards.Uneven as e:  # read in-process from the first window on, those given skipped
+                resume = e.args[0]
+            finally:
+                source.close()
+        yield from self._windows(readings, _Local(readings, self.window, most, self.path), resume)
+
+    def _windows(
+        self, readings: list[_Reading], source: _Local | shards.Shards, resume: int | None = None
+    ) -> Iterator[Part]:
+        """The windows `source` reads, those before step `resume` read but not given."""
+        lo = self.window.lo if self.window.lo is not None else source.first()
         while lo is not None:
-            hi = lo + self.size if self.window.hi is None else min(lo + self.size, self.window.hi)
-            for r in readings:
-                r.fill(lo, hi, self.window, most)
-            taken = [r.take(lo, hi) for r in readings]
+            hi = self._hi(lo)
+            given = resume is None or lo >= resume
+            got = source.take(lo, hi, given)
             self._check()
-            if any(taken):
-                yield Part(Window(self.window.ranks, lo, hi), self._trace(readings, taken))
-            rest = [step for r in readings for step in r.steps()]
-            lo = lo + self.size * ((min(rest) - lo) // self.size) if rest and hi != self.window.hi else None
-        for r in readings:  # the user's window ended (the rest dropped) or every file did
-            r.fill(None, float("inf"), self.window, 1)
-            for step, held in r.ahead.items():
-                raise OutOfStep(f"{r.file.path}:{held[0][0]}: step {step} after its window was given")
+            after = lo + self.size * ((got.rest - lo) // self.size) if got.rest is not None else None
+            after = after if hi != self.window.hi else None
+            if after is not None:
+                source.ask(after, self._hi(after))  # (workers read it while the caller takes this one)
+            if got.frames is not None and given:
+                yield Part(Window(self.window.ranks, lo, hi), self._trace(readings, got))
+            lo = after
+        source.finish()  # the user's window ended (the rest dropped) or every file did
         self._check()
         self.problems = self._problems()
-        self.outside = self._trace(readings, [r.outside for r in readings])
+        self.outside = self._trace(readings, _frames(readings, [r.outside for r in readings], self.path))
         self.outside.problems = self.problems
+
+    def _hi(self, lo: int) -> int:
+        return lo + self.size if self.window.hi is None else min(lo + self.size, self.window.hi)
 
     def _scan(self) -> list[_Reading] | None:
         """Every file's first pass, its rank settled as `reader.read_into` settles it; the files
@@ -165,12 +199,6 @@ class LockStep:
             raise Unreadable(self.problems or [LoadProblem(self.path, "no readable trace")])
         return readings
 
-    def _first(self, readings: list[_Reading], most: int) -> int | None:
-        """The lowest step the files' first `ahead` stepped records hold (None: no step at all)."""
-        for r in readings:
-            r.fill(None, float("-inf"), self.window, most)
-        return min((step for r in readings for step in r.steps()), default=None)
-
     def _check(self) -> None:
         """With `strict`, the first problem `load_trace` would stop at, once one is seen."""
         if self.strict and any(f.troubled() for f in self._files):
@@ -182,38 +210,79 @@ class LockStep:
     def _problems(self) -> list[LoadProblem]:
         return [p for f in self._files for p in f.problems or ()]
 
-    def _trace(self, readings: list[_Reading], taken: list[list[tuple[int, Record]]]) -> Trace:
-        """A trace of each file's step-less records and `taken` (file by file, in line order, as
-        `load_trace` adds them), with every rank's header. A kind of no record in `taken` has the
-        same frame in every window, made once (a shallow copy each: a column added is the
-        window's own); meta's alone cost a sixth of the reading, made again each window."""
+    def _trace(self, readings: list[_Reading], got: Got) -> Trace:
+        """A trace of each file's step-less records and a window's (`got`: file by file, in line
+        order, as `load_trace` adds them), with every rank's header. A kind of no record in the
+        window has the same frame in every window, made once (a shallow copy each: a column added
+        is the window's own); meta's alone cost a sixth of the reading, made again each window."""
         if self._still is None:
             self._still_problems = []
-            self._still = build_frames(self._by_kind(readings, None), self._still_problems, self.path)
-        kinds = {rec["k"] for records in taken for _, rec in records}
-        problems: list[LoadProblem] = []
-        frames = build_frames(self._by_kind(readings, taken, kinds), problems, self.path)
-        frames.update({k: df.copy(deep=False) for k, df in self._still.items() if k not in kinds})
+            self._still = build_frames(by_kind(readings, None), self._still_problems, self.path)
+        frames, problems = dict(got.frames or {}), list(got.problems)
+        frames.update({k: df.copy(deep=False) for k, df in self._still.items() if k not in got.kinds})
         # (build_frames' message begins with the kind it skipped)
-        problems += [p for p in self._still_problems if p.message.split(" ", 1)[0] not in kinds]
+        problems += [p for p in self._still_problems if p.message.split(" ", 1)[0] not in got.kinds]
         return Trace({r: dict(h) for r, h in self.headers.items()}, frames, problems, [self.path])
 
-    @staticmethod
-    def _by_kind(
-        readings: list[_Reading], taken: list[list[tuple[int, Record]]] | None, kinds: set[str] | None = None
-    ) -> dict[str, list[Record]]:
-        """The records of `kinds` (None: every kind of no step) by kind: each file's step-less ones
-        and its `taken`, file by file and in line order."""
-        by_kind: dict[str, list[Record]] = defaultdict(list)
-        for i, r in enumerate(readings):
-            mine: dict[str, list[tuple[int, Record]]] = defaultdict(list)
-            for got in taken[i] if taken is not None else ():
-                mine[got[1]["k"]].append(got)
-            for kind in r.file.still_by_kind if kinds is None else kinds:
-                still, part = r.file.still_by_kind.get(kind, []), mine.get(kind, [])
-                merged = heapq.merge(still, part, key=lambda got: got[0]) if still and part else still or part
-                by_kind[kind].extend(rec for _, rec in merged)
-        return by_kind
+
+class _Local:
+    """The windows read in this process (`Shards` reads them in workers)."""
+
+    def __init__(self, readings: list[_Reading], window: Window, most: int, path: str) -> None:
+        self.readings, self.window, self.most, self.path = readings, window, most, path
+
+    def first(self) -> int | None:
+        """The lowest step the files' first `most` stepped records hold (None: no step at all)."""
+        for r in self.readings:
+            r.fill(None, float("-inf"), self.window, self.most)
+        return min((step for r in self.readings for step in r.steps()), default=None)
+
+    def take(self, lo: int, hi: int, frames: bool = True) -> Got:
+        """The window [lo, hi): its frames (None where it holds no record; empty where not `frames`)."""
+        for r in self.readings:
+            r.fill(lo, hi, self.window, self.most)
+        taken = [r.take(lo, hi) for r in self.readings]
+        rest = min((step for r in self.readings for step in r.steps()), default=None)
+        if not any(taken):
+            return Got(None, [], set(), rest)
+        return _frames(self.readings, taken, self.path, rest) if frames else Got({}, [], set(), rest)
+
+    def ask(self, lo: int, hi: int) -> None:
+        """(Nothing to read ahead in-process.)"""
+
+    def finish(self) -> None:
+        for r in self.readings:
+            r.fill(None, float("inf"), self.window, 1)
+            r.check_drained()
+
+    def close(self) -> None:
+        """(No worker to end.)"""
+
+
+def _frames(
+    readings: list[_Reading], taken: list[list[tuple[int, Record]]], path: str, rest: int | None = None
+) -> Got:
+    """The frames of the files' `taken` records and of their step-less ones of the same kinds."""
+    kinds = {rec["k"] for records in taken for _, rec in records}
+    problems: list[LoadProblem] = []
+    return Got(build_frames(by_kind(readings, taken, kinds), problems, path), problems, kinds, rest)
+
+
+def by_kind(
+    readings: list[_Reading], taken: list[list[tuple[int, Record]]] | None, kinds: set[str] | None = None
+) -> dict[str, list[Record]]:
+    """The records of `kinds` (None: every kind of no step) by kind: each file's step-less ones
+    and its `taken`, file by file and in line order."""
+    out: dict[str, list[Record]] = defaultdict(list)
+    for i, r in enumerate(readings):
+        mine: dict[str, list[tuple[int, Record]]] = defaultdict(list)
+        for got in taken[i] if taken is not None else ():
+            mine[got[1]["k"]].append(got)
+        for kind in r.file.still_by_kind if kinds is None else kinds:
+            still, part = r.file.still_by_kind.get(kind, []), mine.get(kind, [])
+            merged = heapq.merge(still, part, key=lambda got: got[0]) if still and part else still or part
+            out[kind].extend(rec for _, rec in merged)
+    return out
 
 
 def _rank(f: StepFile) -> int | None:

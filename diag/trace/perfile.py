@@ -23,6 +23,7 @@ from diag.trace.heap import release_memory
 from diag.trace.model import CATEGORICAL
 
 Finish = Callable[[str, pd.DataFrame], pd.DataFrame]
+Part = tuple[pd.DataFrame, dict[str, Any]]  # a frame of one kind's records and their dtypes as read
 _NUMBERS = ("int64", "float64")
 
 
@@ -34,34 +35,17 @@ class PerFile:
     """Each file's frame per kind, kept until `frames()` joins them."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list[tuple[pd.DataFrame, dict[str, Any]]]] = {}
+        self.parts: dict[str, list[Part]] = {}
 
     def add(self, by_kind: dict[str, list[dict[str, Any]]]) -> None:
-        """One file's records (by kind) -> one frame each, held small until joined: the kind column
-        dropped (the frame's kind says it), each string column categorical and each list column's
-        equal lists shared (a name or group held once, not once per record)."""
+        """One file's records (by kind) -> one frame each (`part`), held small until joined."""
         for kind, rows in by_kind.items():
-            if not rows:
-                continue
-            try:
-                df = pd.DataFrame.from_records(rows).drop(columns=["k"], errors="ignore")
-            except (TypeError, ValueError) as e:
-                raise Uneven from e
-            dtypes = dict(df.dtypes)
-            for col, dtype in dtypes.items():
-                text = isinstance(dtype, pd.StringDtype) or (col in CATEGORICAL and _objects(dtype))
-                if text and df[col].notna().any():
-                    try:
-                        df[col] = df[col].astype("category")
-                    except TypeError:  # unhashable values (lists) stay objects
-                        pass
-                if df[col].dtype == object:
-                    _share_lists(df, col)
-            self.parts.setdefault(kind, []).append((_own_columns(df), dtypes))
+            if rows:
+                self.parts.setdefault(kind, []).append(part(rows))
         by_kind.clear()
         release_memory()  # the file's dicts are freed: their pages back to the OS before the next
 
-    def extend(self, parts: dict[str, list[tuple[pd.DataFrame, dict[str, Any]]]]) -> None:
+    def extend(self, parts: dict[str, list[Part]]) -> None:
         """Another `PerFile`'s frames (one file's, read in a worker: `rankfiles`) after these."""
         for kind, frames in parts.items():
             self.parts.setdefault(kind, []).extend(frames)
@@ -87,22 +71,48 @@ class PerFile:
         out = {}
         while self.parts:
             kind, parts = self.parts.popitem()
-            dfs = [_as_read(df, dtypes) for df, dtypes in parts]
-            parts.clear()
-            joined = join(dfs) if len(dfs) > 1 else dfs[0]
-            dfs.clear()
-            try:
-                out[kind] = finish(kind, joined)
-            except (TypeError, ValueError) as e:
-                raise Uneven from e
-            # the joined frame as it was before `finish` sorted it: held, it lay under the next
-            # kind's join (a 64-rank x 1,000-step trace's layer frame, 49 MiB, under the comm join)
-            del joined
+            # the joined frame as it was before `finish` sorted it is freed before the next kind's
+            # join: held, it lay under it (a 64-rank x 1,000-step trace's layer frame, 49 MiB)
+            out[kind] = frame_of(kind, parts, finish)
             release_memory()
         # the files' frames are freed, but glibc keeps their pages in the heap, under the frames
         # the analysis allocates next: 332 of the 746 MiB RSS a 64-rank x 1,000-step load left
         release_memory()
         return out
+
+
+def part(rows: list[dict[str, Any]]) -> Part:
+    """Records of one kind -> a frame held small until joined: the kind column dropped (the
+    frame's kind says it), each string column categorical and each list column's equal lists
+    shared (a name or group held once, not once per record); with the dtypes they were read with.
+    Raises `Uneven` where the records make no frame (`build_frames` then reports them)."""
+    try:
+        df = pd.DataFrame.from_records(rows).drop(columns=["k"], errors="ignore")
+    except (TypeError, ValueError) as e:
+        raise Uneven from e
+    dtypes = dict(df.dtypes)
+    for col, dtype in dtypes.items():
+        text = isinstance(dtype, pd.StringDtype) or (col in CATEGORICAL and _objects(dtype))
+        if text and df[col].notna().any():
+            try:
+                df[col] = df[col].astype("category")
+            except TypeError:  # unhashable values (lists) stay objects
+                pass
+        if df[col].dtype == object:
+            _share_lists(df, col)
+    return _own_columns(df), dtypes
+
+
+def frame_of(kind: str, parts: list[Part], finish: Finish) -> pd.DataFrame:
+    """One kind's parts (emptied) joined into the frame `finish` makes of all their records at once."""
+    dfs = [_as_read(df, dtypes) for df, dtypes in parts]
+    parts.clear()
+    joined = join(dfs) if len(dfs) > 1 else dfs[0]
+    dfs.clear()
+    try:
+        return finish(kind, joined)
+    except (TypeError, ValueError) as e:
+        raise Uneven from e
 
 
 def _own_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 import pandas as pd
+import psutil
 import pytest
 
 from diag.errors import DiagError
@@ -48,6 +49,7 @@ def _stepped(df: pd.DataFrame) -> pd.Series:
 def _rows(df: pd.DataFrame) -> Counter[tuple[str, ...]]:
     """Each row as its values' text (lists of group ranks included), counted; a missing value is
     None or NaN by the frame's dtype, a whole number 3 or 3.0 (a window's column may hold no gap)."""
+    df = df[sorted(df.columns)]  # (a window's columns come in its records' order)
     return Counter(tuple(map(_cell, row)) for row in df.itertuples(index=False))
 
 
@@ -64,8 +66,9 @@ def _cell(value: Any) -> str:
 def _check(path: str, size: int, window: Window = ALL, ahead: int = AHEAD, compare: int = 4) -> list[Part]:
     """Reads `path` a window at a time and checks the contract against `load_trace`: every row,
     and the first and last `compare` / 2 windows whole (each a `load_trace` of the files)."""
-    reading = LockStep(path, size, window, ahead=ahead)
+    reading = LockStep(path, size, window, ahead=ahead, workers=0)
     parts = list(reading)
+    _same_in_workers(LockStep(path, size, window, ahead=ahead, workers=2), reading, parts)
     whole = reader.load_trace(path, window=window)
     for prev, part in itertools.pairwise(parts):
         assert prev.window.hi is not None and part.window.lo is not None and prev.window.hi <= part.window.lo
@@ -89,6 +92,21 @@ def _check(path: str, size: int, window: Window = ALL, ahead: int = AHEAD, compa
         still = outside.frames.get(kind, pd.DataFrame())
         assert _rows(still[~_stepped(still)]) == _rows(df[~_stepped(df)]), kind
     return parts
+
+
+def _same_in_workers(sharded: LockStep, reading: LockStep, parts: list[Part]) -> None:
+    """`sharded` (files read in forked workers: `trace.shards`) gives `reading`'s windows, outside
+    and problems, and leaves no worker behind."""
+    got = list(sharded)
+    assert [p.window for p in got] == [p.window for p in parts]
+    for mine, theirs in zip(got, parts):
+        _same_trace(mine.trace, theirs.trace)
+        assert _problems(mine.trace.problems) == _problems(theirs.trace.problems)
+    assert _problems(sharded.problems) == _problems(reading.problems)
+    assert sharded.outside is not None and reading.outside is not None
+    _same_trace(sharded.outside, reading.outside)
+    assert _problems(sharded.outside.problems) == _problems(reading.outside.problems)
+    assert psutil.Process().children() == []
 
 
 @pytest.mark.parametrize("path", DIAG_DIRS, ids=os.path.basename)
@@ -215,8 +233,10 @@ def test_records_written_late_find_their_window(tiled, tmp_path):
     _write(name, recs)
     between = sum(1 for r in recs[late : after + 1] if r.get("step", 0) >= 4)
     _check(path, 4, ahead=between + 1, compare=2)  # read on until the late record is read
-    with pytest.raises(OutOfStep):
-        list(LockStep(path, 4, ahead=between))  # the window given before it comes
+    for workers in (0, 2):
+        with pytest.raises(OutOfStep):
+            list(LockStep(path, 4, ahead=between, workers=workers))  # the window given before it comes
+    assert psutil.Process().children() == []
     _check(path, 2, ahead=between + 1, compare=2)
 
 
@@ -264,5 +284,50 @@ def test_a_file_of_no_header_and_a_stepped_line_of_no_step(tmp_path):
     name = str(tmp_path / "z" / "rank-00001.jsonl")
     recs = _records(name)
     _write(name, [*recs, {"k": "comm", "op": "barrier", "ts": 9}])
-    with pytest.raises(OutOfStep):
-        list(LockStep(str(tmp_path / "z"), 2))
+    for workers in (0, 2):
+        with pytest.raises(OutOfStep):
+            list(LockStep(str(tmp_path / "z"), 2, workers=workers))
+
+
+def test_workers_whose_frames_cannot_be_joined_hand_over_to_the_main_process(tiled, tmp_path):
+    """A field of numbers in one shard's window and of text in another's: one frame of all their
+    records holds both (objects), the shards' frames cannot be joined (`Uneven`); the windows from
+    there on are read in-process, the same as ever."""
+    path = str(tmp_path / "t")
+    shutil.copytree(tiled, path)
+    for name, value in (("rank-00000.jsonl", 1), ("rank-00002.jsonl", "a")):
+        recs = _records(os.path.join(path, name))
+        _write(os.path.join(path, name), [dict(r, x=value) if r.get("step") == 5 else r for r in recs])
+    parts = _check(path, 2, compare=BIG)
+    assert parts[2].window.lo == 4
+    assert set(parts[2].trace.steps["x"].dropna()) == {1, "a"}
+
+
+def test_a_kind_of_a_window_that_a_shard_holds_only_outside_every_step(tiled, tmp_path):
+    """Rank 0 overflows at step 5; rank 2's one overflow record carries no step (in every window):
+    the window of step 5 holds both, whichever worker read rank 2's file."""
+    path = str(tmp_path / "t")
+    shutil.copytree(tiled, path)
+    name = os.path.join(path, "rank-00000.jsonl")
+    recs = _records(name)
+    at = next(i for i, r in enumerate(recs) if r["k"] == "step" and r["step"] == 5)
+    flag = {
+        "k": "overflow",
+        "ts": recs[at]["ts"],
+        "overflow": True,
+        "scale_before": 1024.0,
+        "scale_after": 512.0,
+    }
+    _write(name, [*recs[: at + 1], dict(flag, step=5), *recs[at + 1 :]])
+    name = os.path.join(path, "rank-00002.jsonl")
+    _write(name, [*_records(name), {"ts": flag.pop("ts"), **flag}])  # (not the writer's line: read first)
+    parts = _check(path, 2, compare=BIG)
+    assert sorted(parts[2].trace.frames["overflow"]["rank"]) == [0, 2]
+
+
+def test_a_reading_left_early_ends_its_workers(tiled):
+    windows = iter(LockStep(tiled, 2, workers=2))
+    first = next(windows)
+    assert first.window.lo == 0 and len(psutil.Process().children()) == 2
+    windows.close()  # type: ignore[attr-defined]
+    assert psutil.Process().children() == []
