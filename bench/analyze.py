@@ -241,11 +241,13 @@ def _bytecode_env() -> dict[str, str]:
 HIGH_WATER: dict[str, int] = {}  # what -> peak RSS (bytes) of the largest process of its last run
 
 
-def _watch(cmd: list[str], what: str, root: str = ROOT) -> tuple[str, float, int, int, float]:
+def _watch(
+    cmd: list[str], what: str, root: str = ROOT, env_extra: dict[str, str] | None = None
+) -> tuple[str, float, int, int, float]:
     """(stdout, wall seconds from start to exit, peak RSS-sum, peak PSS-sum, CPU seconds of the
     process and the workers it waited for) of one command, with diag imported from `root`. The CPU
     time is what a loaded machine does not inflate: wall time there includes waiting for a core."""
-    env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
+    env = {**_bytecode_env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": root, **(env_extra or {})}
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
     # run from `root`: `python -m` puts the working directory first on sys.path, before PYTHONPATH
@@ -288,11 +290,16 @@ def measure(tool: str, folder: str) -> dict[str, float]:
     }
 
 
-def measure_cli(folder: str, root: str = ROOT, *options: str) -> dict[str, Any]:
-    """`diag analyze --json` as a user runs it (diag from the checkout `root`): wall time with
-    process start, peak memory, and the report itself."""
+def measure_cli(
+    folder: str, root: str = ROOT, *options: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`diag analyze --json` as a user runs it (diag from the checkout `root`, `env` added to its
+    environment): wall time with process start, peak memory, and the report itself."""
     out, wall, peak_rss, peak_pss, cpu = _watch(
-        [sys.executable, "-m", "diag", "analyze", "--json", *options, os.path.abspath(folder)], "diag", root
+        [sys.executable, "-m", "diag", "analyze", "--json", *options, os.path.abspath(folder)],
+        "diag",
+        root,
+        env,
     )
     return {
         "wall": wall,
@@ -322,10 +329,11 @@ def diag_trace(
     sub = os.path.join(folder, f"diag-{ranks}x{steps}")
     traces = os.path.join(sub, "traces")
     size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
-    if windowed:  # read whole against a window of steps at a time, this checkout both
+    if windowed:  # read whole against a window of steps at a time (in workers, and in-process)
         runs = [
             ("windowed", measure_cli(traces, ROOT, "--windowed")),
             ("whole", measure_cli(traces, ROOT, "--no-windowed")),
+            ("win 1 cpu", measure_cli(traces, ROOT, "--windowed", env={"DIAG_WORKERS": "0"})),
         ]
     else:
         runs = [("this", measure_cli(traces))]
@@ -341,6 +349,7 @@ def diag_trace(
         )
     if windowed:
         _windowed_ratio(runs[0][1], runs[1][1])
+        _workers_ratio(runs[0][1], runs[2][1])
     elif baseline:
         new, old = runs[0][1], runs[1][1]
         same = "same report" if new["report"] == old["report"] else "REPORTS DIFFER"
@@ -365,6 +374,21 @@ def _windowed_ratio(windowed: dict[str, Any], whole: dict[str, Any]) -> None:
         f"{'':44s}peak RSS whole/windowed {whole['high_water'] / windowed['high_water']:.2f}x, "
         f"CPU windowed/whole {windowed['cpu'] / whole['cpu']:.2f}x, {same} not run: "
         f"{', '.join(said['not_run']) or 'none'}; partial: {', '.join(said['partial']) or 'none'}",
+        flush=True,
+    )
+
+
+def _workers_ratio(workers: dict[str, Any], alone: dict[str, Any]) -> None:
+    """The windowed read in workers (`trace.shards`: the default where it has 2 cores or more)
+    against the same read in one process (`DIAG_WORKERS=0`): wall time, the tree's peak PSS, and
+    whether the reports are the same document."""
+    from diag.trace.workers import cores
+
+    same = "same report" if workers["report"] == alone["report"] else "REPORTS DIFFER"
+    print(
+        f"{'':44s}windowed, wall in-process/workers {alone['wall'] / workers['wall']:.2f}x on "
+        f"{cores()} cores, peak PSS workers/in-process {workers['peak_pss'] / alone['peak_pss']:.2f}x, "
+        f"CPU workers/in-process {workers['cpu'] / alone['cpu']:.2f}x, {same}",
         flush=True,
     )
 
