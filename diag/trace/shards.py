@@ -86,6 +86,8 @@ class Shards:
                 mine, theirs = Pipe()
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover (the child: coverage does not follow it)
+                    for end in (mine, *self._conns):  # held here, the main process' ends would
+                        end.close()  # never read as closed: no EOF for a worker it left
                     _child(theirs, readings[a:b], window, most, by_kind)
                 theirs.close()
                 self._pids.append(pid)
@@ -179,7 +181,10 @@ class Shards:
             try:
                 what, value = conn.recv()
             except EOFError:
-                raise WorkerError("a worker reading the trace ended without an answer") from None
+                raise WorkerError(
+                    "a worker process reading the trace ended without an answer (killed: out of "
+                    "memory?); DIAG_WORKERS=0 reads it in this process"
+                ) from None
             if what == "raise":
                 raise value
             if what == "error":

@@ -331,3 +331,47 @@ def test_a_reading_left_early_ends_its_workers(tiled):
     assert first.window.lo == 0 and len(psutil.Process().children()) == 2
     windows.close()  # type: ignore[attr-defined]
     assert psutil.Process().children() == []
+
+
+def test_a_worker_killed_is_one_clear_error(tiled):
+    from diag.trace.shards import WorkerError
+
+    windows = iter(LockStep(tiled, 2, workers=2))
+    next(windows)
+    for child in psutil.Process().children():
+        child.kill()
+    with pytest.raises(WorkerError, match="DIAG_WORKERS=0"):
+        list(windows)
+    assert psutil.Process().children() == []
+
+
+def test_workers_end_when_the_main_process_dies(tiled, tmp_path):
+    """Killed (the OOM killer), the main process leaves its workers nothing to read: they end."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import os, psutil, signal; from diag.trace.lockstep import LockStep\n"
+        f"w = iter(LockStep({tiled!r}, 1, workers=2)); next(w)\n"
+        "print(' '.join(str(c.pid) for c in psutil.Process().children()), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
