@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _PIECES = ["rank", "step", "which", "lo", "hi"]  # which: 0 the gap after the step, 1 its lead-in
 _WINDOWS = (("lo", "hi"), ("start", "lead_hi"))  # the gap after a step, its lead-in: (lo, hi)
-SPILL_PAIRS = 1 << 16  # (spill, row) pairs `_spilled` holds at once: ~5 MB of temporaries
+SPILL_PAIRS = 1 << 13  # (spill, row) pairs `_spilled` holds at once: ~1 MB of temporaries
 
 
 def gaps(metrics: Metrics) -> pd.DataFrame:
@@ -140,35 +140,26 @@ def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> tuple[np.ndarray, ...]:
     window (0 the gap, 1 the lead-in), lo and hi, in no order (`busy` sorts them). Every spill
     against each row of its rank, vectorized in chunks of about `SPILL_PAIRS` pairs (a loop a spill
     and window, its pieces as tuples, was `idle_between_steps`' largest cost: +18 MiB at 256 x 64)."""
-    got: list[tuple[np.ndarray, ...]] = []
+    none = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0)
     ranks = pd.Index(st["rank"].dropna().unique()).sort_values()  # st.groupby("rank")'s keys
+    if spills.empty or ranks.empty:
+        return none
     code = ranks.get_indexer(st["rank"])
     order = np.argsort(code, kind="stable")
     order = order[code[order] >= 0]  # each rank's rows, in row order
     count = np.bincount(code[code >= 0], minlength=len(ranks))
     first = np.cumsum(count) - count
-    own = ranks.get_indexer(spills["rank"]) if len(spills) else np.empty(0, np.int64)
-    by_rank = np.argsort(own, kind="stable")
-    by_rank = by_rank[own[by_rank] >= 0]  # spills.groupby("rank")'s, in order
-    sc = own[by_rank]
-    a, b = spills["lo"].to_numpy(dtype=float)[by_rank], spills["hi"].to_numpy(dtype=float)[by_rank]
-    n = count[sc]
+    own = ranks.get_indexer(spills["rank"])
+    n = np.append(count, 0)[own]  # the rows of its rank each spill meets (of a rank not in st: none)
+    a, b = spills["lo"].to_numpy(dtype=float), spills["hi"].to_numpy(dtype=float)
     cols = [(st[x].to_numpy(dtype=float), st[y].to_numpy(dtype=float)) for x, y in _WINDOWS]
     cut = np.flatnonzero(np.diff((np.cumsum(n) - n) // SPILL_PAIRS)) + 1
+    got: list[tuple[np.ndarray, ...]] = []
     for j in itertools.pairwise([0, *cut.tolist(), len(n)]):
-        chunk = slice(*j)
-        got.extend(
-            _spill_pairs(
-                cols,
-                order[np.repeat(first[sc[chunk]], n[chunk]) + _within(n[chunk])],
-                n[chunk],
-                a[chunk],
-                b[chunk],
-            )
-        )
-    if not got:
-        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0)
-    return tuple(np.concatenate([g[i] for g in got]) for i in range(4))
+        i = slice(*j)
+        row = order[np.repeat(first[own[i]], n[i]) + _within(n[i])]
+        got.extend(_spill_pairs(cols, row, n[i], a[i], b[i]))
+    return tuple(np.concatenate([g[k] for g in got]) for k in range(4)) if got else none
 
 
 def _within(n: np.ndarray) -> np.ndarray:
