@@ -149,16 +149,18 @@ def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> tuple[np.ndarray, ...]:
     order = order[code[order] >= 0]  # each rank's rows, in row order
     count = np.bincount(code[code >= 0], minlength=len(ranks))
     first = np.cumsum(count) - count
-    own = ranks.get_indexer(spills["rank"])
-    n = np.append(count, 0)[own]  # the rows of its rank each spill meets (of a rank not in st: none)
-    a, b = spills["lo"].to_numpy(dtype=float), spills["hi"].to_numpy(dtype=float)
     cols = [(st[x].to_numpy(dtype=float), st[y].to_numpy(dtype=float)) for x, y in _WINDOWS]
-    cut = np.flatnonzero(np.diff((np.cumsum(n) - n) // SPILL_PAIRS)) + 1
+    rank, lo, hi = spills["rank"], spills["lo"].to_numpy(dtype=float), spills["hi"].to_numpy(dtype=float)
     got: list[tuple[np.ndarray, ...]] = []
-    for j in itertools.pairwise([0, *cut.tolist(), len(n)]):
-        i = slice(*j)
-        row = order[np.repeat(first[own[i]], n[i]) + _within(n[i])]
-        got.extend(_spill_pairs(cols, row, n[i], a[i], b[i]))
+    for s0 in range(0, len(spills), SPILL_PAIRS):  # (a block of spills: its temporaries bounded too)
+        own = ranks.get_indexer(rank.iloc[s0 : s0 + SPILL_PAIRS])
+        n = np.append(count, 0)[own]  # the rows of its rank each spill meets (of a rank not in st: none)
+        a, b = lo[s0 : s0 + SPILL_PAIRS], hi[s0 : s0 + SPILL_PAIRS]
+        cut = np.flatnonzero(np.diff((np.cumsum(n) - n) // SPILL_PAIRS)) + 1
+        for j in itertools.pairwise([0, *cut.tolist(), len(n)]):
+            i = slice(*j)
+            row = order[np.repeat(first[own[i]], n[i]) + _within(n[i])]
+            got.extend(_spill_pairs(cols, row, n[i], a[i], b[i]))
     return tuple(np.concatenate([g[k] for g in got]) for k in range(4)) if got else none
 
 
