@@ -139,9 +139,9 @@ def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> tuple[np.ndarray, ...]:
     """The pieces of the `spills` in the idle windows of `st`'s rows: each one's row of `st`, which
     window (0 the gap, 1 the lead-in), lo and hi, in no order (`busy` sorts them). Every spill
     against each row of its rank, vectorized in chunks of about `SPILL_PAIRS` pairs: a loop a rank,
-    window and spill, its pieces as tuples, took 4.4 CPU s and +3.9 MiB of `gaps`' at 256 ranks x 16
-    steps windowed (65,024 spills), this 0.05 s and +0.9; at 256 x 64, 22.3 s and +18.2 MiB -> 0.3
-    and +1.7."""
+    window and spill, its pieces as tuples, took 0.87 CPU s and +3.9 MiB of `gaps`' at 256 ranks x
+    16 steps windowed (65,024 spills), this 0.03 s and +0.9; at 256 x 64 (325,120), 4.04 s and +18.2
+    MiB, this 0.09 s and +1.7."""
     none = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0)
     ranks = pd.Index(st["rank"].dropna().unique()).sort_values()  # st.groupby("rank")'s keys
     if spills.empty or ranks.empty:
