@@ -104,11 +104,52 @@ def merged(parts: list[Sums]) -> Sums:
     live = [p for p in parts if len(p.modules) or len(p.phases)]
     if len(live) <= 1:
         return live[0] if live else EMPTY
-    modules = pd.concat([p.modules for p in live], ignore_index=True)
-    phases = pd.concat([p.phases for p in live], ignore_index=True)
-    m = modules.groupby(KEYS, dropna=False, sort=False)[_MODULES[3:]].sum()
-    ph = phases.groupby([*KEYS, "phase"], dropna=False, sort=False)["dur"].sum()
-    return Sums(_sorted(m.reset_index(), KEYS), _sorted(ph.reset_index(), [*KEYS, "phase"]))
+    return Sums(
+        _summed([p.modules for p in live], KEYS, _MODULES[3:]),
+        _summed([p.phases for p in live], [*KEYS, "phase"], ["dur"]),
+    )
+
+
+def _summed(frames: list[pd.DataFrame], keys: list[str], values: list[str]) -> pd.DataFrame:
+    """The `values` of `frames` summed per `keys` (a missing key a key too), sorted by them: as
+    `concat(frames).groupby(keys, dropna=False).sum()`, whose float sums (compensated, in row order
+    within each key) it makes the same way. Keys are numbered a frame at a time (hash tables of a
+    frame's rows, not of all), values summed a column at a time: joining the frames whole and
+    grouping them by their keys peaked at 2.7x the parts (+33 MiB for 18 windows' at 256 ranks x
+    24 modules)."""
+    if any(not len(f) or not f.dtypes.equals(frames[0].dtypes) for f in frames):  # (as concat types them)
+        df = pd.concat(frames, ignore_index=True)
+        return _sorted(df.groupby(keys, dropna=False, sort=False)[values].sum().reset_index(), keys)
+    known = [_union([pd.Index(f[k].unique()) for f in frames]) for k in keys]
+    code = []
+    for f in frames:  # each row's keys as one number: its keys' places in `known`
+        c = np.zeros(len(f), np.int64)
+        for k, u in zip(keys, known, strict=True):
+            c *= len(u)
+            c += u.get_indexer(f[k])
+        code.append(c)
+    groups = _union([pd.Index(np.unique(c)) for c in code])
+    ids = np.concatenate([groups.get_indexer(c) for c in code])
+    del code
+    by = _by(ids, len(groups))
+    out, rest = {}, groups.to_numpy()
+    for k, u in reversed(list(zip(keys, known, strict=True))):
+        out[k] = u.take(rest % len(u))
+        rest = rest // len(u)
+    out = {k: out[k] for k in keys}
+    for v in values:
+        out[v] = (
+            pd.concat([f[v] for f in frames], ignore_index=True).groupby(by, observed=False).sum().to_numpy()
+        )
+    return _sorted(pd.DataFrame(out), keys)
+
+
+def _union(indexes: list[pd.Index]) -> pd.Index:
+    """The distinct values of `indexes` (each of distinct values), in the order they come."""
+    out = indexes[0]
+    for i in indexes[1:]:
+        out = out.append(i[out.get_indexer(i) < 0])
+    return out
 
 
 def chosen(s: Sums) -> Sums:

@@ -112,6 +112,28 @@ def test_a_gap_at_a_windows_end_is_the_union_of_both_windows_calls():
     assert idle.Idle().merged(parts).busy(st).tolist() == [0.0025]
 
 
+@pytest.mark.parametrize("pairs", [1, idle.SPILL_PAIRS])
+def test_spilled_calls_meet_each_row_of_their_rank(monkeypatch: pytest.MonkeyPatch, pairs: int) -> None:
+    """A spill in rank 0's gap after step 1 and the lead-in of step 2, one in rank 1's gap: each
+    row gets its own piece, whatever the chunks of (spill, row) pairs (`SPILL_PAIRS`)."""
+    monkeypatch.setattr(idle, "SPILL_PAIRS", pairs)
+    ms = 1_000_000
+    none = pd.DataFrame(columns=["rank", "step", "gap", "lead"])
+    spills = _spills([(1, 10.5 * ms, 10.8 * ms), (0, 11 * ms, 12.5 * ms), (2, 0, 99 * ms)])
+    parts = idle.IdleParts(True, pd.Series(dtype=float), none, _pieces([]), spills)
+    st = pd.DataFrame(
+        {
+            "rank": [1, 0, 0],
+            "step": [1, 1, 2],
+            "start": [0.0, 0.0, 12e6],
+            "lead_hi": [0.0, 0.0, 13e6],
+            "lo": [10e6, 10e6, 20e6],
+            "hi": [11e6, 12e6, 20e6],
+        }
+    )
+    assert parts.busy(st).tolist() == [0.0003, 0.001, 0.0005]
+
+
 def _pieces(rows: list[tuple]) -> pd.DataFrame:
     columns = ["rank", "step", "which", "lo", "hi"]
     return pd.DataFrame(rows, columns=columns).astype({"lo": float, "hi": float})
