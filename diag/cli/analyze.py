@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window-steps",
         type=int,
         metavar="N",
-        help="--windowed: steps a window (default: about 256 rank-steps a window, 1 from 256 ranks on)",
+        help="--windowed: steps a window (default: about 18,000 records a window, the records a step counted "
+        "at the first rank file's start)",
     )
     parser.add_argument(
         "--model",

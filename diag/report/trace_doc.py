@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from diag.metrics import layer_sums
@@ -47,23 +48,46 @@ def steps(per_step: Records, trace: Trace) -> list[dict[str, Any]]:
     st = trace.steps
     flags = st["applied"].astype("boolean").fillna(True) if not st.empty else pd.Series(dtype=bool)
     applied = flags.groupby(st["step"]).all() if not st.empty else flags
+    # per step at once (a step's own pandas calls took ~0.5 ms: 22,400 steps of a DDP job, 12 s)
+    by = df.groupby("step")
+    slow = df.loc[by["dur_ns"].idxmax().to_numpy()]  # the first of a step's slowest ranks
+    low, size, sampled = by["dur_ns"].min(), by.size(), by["sampled"].any()
+    dur = slow["dur_ns"].to_numpy()
+    max_ms, per_s = dur / 1e6, slow["samples"].to_numpy() / dur * 1e9  # the job's: over the slowest
+    tflops = _means(df["tflops"], df["step"], low.index)
     out = []
-    for step, g in df.groupby("step"):
-        slow = g.loc[g["dur_ns"].idxmax()]
+    for i, step in enumerate(low.index):
         out.append(
             {
                 "step": int(step),
-                "ranks": len(g),
-                "max_ms": slow["dur_ns"] / 1e6,
-                "min_ms": g["dur_ns"].min() / 1e6,
-                "slowest_rank": int(slow["rank"]),
+                "ranks": int(size.iloc[i]),
+                "max_ms": max_ms[i],
+                "min_ms": low.iloc[i] / 1e6,
+                "slowest_rank": int(slow["rank"].iloc[i]),
                 "applied": bool(applied.get(step, True)),
-                "sampled": bool(g["sampled"].any()),
-                "tflops": g["tflops"].mean(),
-                # the job's: its global batch over the slowest rank's time
-                "samples_per_s": slow["samples"] / slow["dur_ns"] * 1e9,
+                "sampled": bool(sampled.iloc[i]),
+                "tflops": tflops[i],
+                "samples_per_s": per_s[i],
             }
         )
+    return out
+
+
+def _means(values: pd.Series, keys: pd.Series, steps: pd.Index) -> np.ndarray:
+    """Each step's `values.mean()` as pandas makes it for one step's rows (NaN skipped, numpy's sum
+    in row order over the count): a groupby's mean sums otherwise (compensated), unlike it in the
+    last bits."""
+    v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+    order = np.argsort(keys.to_numpy(), kind="stable")
+    cuts = np.searchsorted(keys.to_numpy()[order], steps.to_numpy(), side="left")
+    ends = np.searchsorted(keys.to_numpy()[order], steps.to_numpy(), side="right")
+    out = np.full(len(steps), np.nan)
+    for i, (a, b) in enumerate(zip(cuts, ends)):
+        part = v[order[a:b]]
+        known = ~np.isnan(part)
+        count = int(known.sum())
+        if count:
+            out[i] = np.where(known, part, 0.0).sum(dtype=np.float64) / np.float64(count)
     return out
 
 

@@ -32,6 +32,7 @@ from diag.errors import DiagError
 from diag.trace import perfile, workers
 from diag.trace.model import LoadProblem
 from diag.trace.perfile import Uneven
+from diag.trace.safeio import file_size
 from diag.trace.window import Window
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class Shards:
 def _bounds(paths: list[str], n: int) -> list[tuple[int, int]]:
     """`n` runs of the files (fewer where there are fewer files), in file order, of about the same
     bytes each and at least one file each."""
-    sizes = [max(1, _size(p)) for p in paths]
+    sizes = [max(1, file_size(p)) for p in paths]
     n, total, a, acc = min(n, len(paths)), sum(sizes), 0, 0
     out: list[tuple[int, int]] = []
     for i, size in enumerate(sizes):
@@ -207,13 +208,6 @@ def _bounds(paths: list[str], n: int) -> list[tuple[int, int]]:
             a = i + 1
     out.append((a, len(paths)))
     return out
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def _least(values: list[int | None]) -> int | None:

@@ -5,6 +5,7 @@ sections made without the call and layer records (`windowed.partial`)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -159,3 +160,19 @@ def test_workers_give_the_report_read_in_process(name, capsys, monkeypatch):
     rc, alone, err = _analyze(capsys, *args)
     monkeypatch.setattr(shards, "workers_for", lambda files: 2)
     assert _analyze(capsys, *args) == (rc, alone, err)
+
+
+def test_a_window_holds_about_the_same_records_whatever_a_step_writes(tmp_path):
+    """`steps_for`: ~`WINDOW_RECORDS` records a window, counted a rank-step at the first file's
+    start: the ZeRO-3 sample's 71 a rank-step as before (256 rank-steps), a DDP job's 3 (a window
+    of 256 rank-steps cost it a fixed ~0.1 s each: 5x the whole read), 71 where no step is seen."""
+    zero3 = os.path.join(os.path.dirname(FOLDERS[0]), "zero3")
+    files = sorted(glob.glob(os.path.join(zero3, "rank-*.jsonl")))
+    assert windowed_stage.steps_for(files) == windowed_stage.RANK_STEPS // len(files)
+    step = ['{"k":"step","step":%d}', '{"k":"comm","step":%d}', '{"k":"layer","step":%d}']
+    ddp = [tmp_path / f"rank-{r:05d}.jsonl" for r in range(4)]
+    for f in ddp:
+        f.write_text('{"k":"header"}\n' + "".join(line % s + "\n" for s in range(9_000) for line in step))
+    assert windowed_stage.steps_for([str(f) for f in ddp]) == windowed_stage.WINDOW_RECORDS // 12
+    ddp[0].write_text('{"k":"header"}\n' + '{"k":"comm","step":0}\n' * 100)
+    assert windowed_stage.steps_for([str(f) for f in ddp]) == windowed_stage.RANK_STEPS // 4
