@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 PARALLEL_BYTES = 32 << 20  # total bytes of rank files above which workers are used (as `rankfiles`)
-# the main process reduces each window while the workers read the next: a core is left to it
-MIN_CORES, SPARE = 2, 1
+# one a core, none left spare: the main process mostly waits for the next window (256 ranks x 16
+# steps on 2 cores: in-process 15.2 s, one worker 12.3 s, two 10.7 s, docs/scale.md)
+MIN_CORES, SPARE = 2, 0
 
 
 class Got(NamedTuple):
@@ -59,8 +60,8 @@ ByKind = Callable[[list[Any], Taken, set[str]], dict[str, list[dict[str, Any]]]]
 
 
 def workers_for(files: list[str]) -> int:
-    """Workers for the windowed reading of `files`: `workers.workers_for`'s policy, a core left to
-    the main process (none where this OS cannot fork)."""
+    """Workers for the windowed reading of `files`: `workers.workers_for`'s policy, one a core (none
+    where this OS cannot fork)."""
     if not hasattr(os, "fork"):
         return 0
     return workers.workers_for(files, PARALLEL_BYTES, MIN_CORES, SPARE)
