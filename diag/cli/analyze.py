@@ -4,6 +4,8 @@ Inputs may be mixed (a trace plus the log of the same job); each one's kind is d
 Unreadable inputs are reported one line each on stderr (exit code 2) and the rest is analyzed; a log
 showing that the job failed (a rank raised, timed out or was killed) is reported the same way, exit 1;
 so is a trace that shows it (job_crash from the trace alone: an exception on record, a dead rank).
+Large inputs are read in worker processes (about one a core the process is given, at most 4):
+DIAG_WORKERS=N sets the most (0: everything in this process).
 """
 
 from __future__ import annotations
