@@ -19,6 +19,9 @@ of a window already yielded raises `OutOfStep`, for the caller to read the trace
 file was about 1 GB at 1,024 ranks, a trace's whole input at 16 steps (`bench.analyze
 --diag-trace 1024x16 --windowed`); the share keeps at least `AHEAD_MIN` (about a step of the ZeRO-3
 sample's records: the writer holds a record back a flush or two, `agent.pending`).
+
+Given `workers` (default: `shards.workers_for` the files), the second pass runs in forked worker
+processes, a run of the files each (`trace.shards`), and gives the same windows.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class Got(NamedTuple):
 
 
 Taken = list[list[tuple[int, dict[str, Any]]]]  # (line, record) of each file's window, by file
-# (readings, taken, kinds) -> records by kind, file by file (`LockStep._by_kind`)
+# (readings, taken, kinds) -> records by kind, file by file (`lockstep.by_kind`)
 ByKind = Callable[[list[Any], Taken, set[str]], dict[str, list[dict[str, Any]]]]
 
 
@@ -68,7 +68,8 @@ def workers_for(files: list[str]) -> int:
 
 
 class WorkerError(DiagError):
-    """A worker failed other than by `OutOfStep` (its traceback in the message)."""
+    """A worker ended without an answer, or failed with an exception that does not pickle (its
+    summary in the message); one that pickles is raised as it is."""
 
 
 class Shards:
@@ -101,7 +102,7 @@ class Shards:
             gc.unfreeze()
 
     def first(self) -> int | None:
-        """The lowest step the files' first `most` stepped records hold (`LockStep._first`)."""
+        """The lowest step the files' first `most` stepped records hold (`lockstep._Local.first`)."""
         return _least(self._ask(("first",)))
 
     def ask(self, lo: int, hi: int) -> None:
@@ -190,7 +191,7 @@ class Shards:
             if what == "raise":
                 raise value
             if what == "error":
-                raise WorkerError(f"a worker reading the trace failed:\n{value}")
+                raise WorkerError(f"a worker reading the trace failed: {value}")
             got.append(value)
         return got
 
@@ -269,13 +270,13 @@ def _window(
 
 
 def _failure(e: Exception) -> tuple[str, Any]:
-    """How a worker's exception travels: itself where it pickles, else its traceback."""
+    """How a worker's exception travels: itself where it pickles, else its one-line summary."""
     import pickle
 
     try:
         pickle.dumps(e)
     except Exception:  # noqa: BLE001
-        return ("error", "".join(traceback.format_exception(e)))
+        return ("error", traceback.format_exception_only(e)[-1].strip())
     return ("raise", e)
 
 
