@@ -239,7 +239,7 @@ def _records_per_rank_step(path: str) -> int | None:
     """The writer's stepped lines per step record in the file's first `SAMPLE_BYTES` (rounded up);
     None where they hold no step record or the file cannot be read (the reader reports why)."""
     from diag.trace import safeio
-    from diag.trace.stepfile import STEPPED_PREFIXES
+    from diag.trace.stepfile import STEPPED_PREFIXES, line_prefix
 
     try:
         with safeio.open_regular(path) as f:  # (a FIFO is refused, not waited on)
@@ -247,7 +247,8 @@ def _records_per_rank_step(path: str) -> int | None:
     except (safeio.InputError, OSError):
         return None
     lines = head.split(b"\n")[:-1]  # (the last one may be cut)
-    steps = sum(line.startswith(b'{"k":"step"') for line in lines)
+    step = line_prefix(schema.STEP)
+    steps = sum(line.startswith(step) for line in lines)
     stepped = sum(line.startswith(STEPPED_PREFIXES) for line in lines)
     return -(-stepped // steps) if steps else None
 

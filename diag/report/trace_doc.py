@@ -79,8 +79,8 @@ def _means(values: pd.Series, keys: pd.Series, steps: pd.Index) -> np.ndarray:
     last bits."""
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     order = np.argsort(keys.to_numpy(), kind="stable")
-    cuts = np.searchsorted(keys.to_numpy()[order], steps.to_numpy(), side="left")
-    ends = np.searchsorted(keys.to_numpy()[order], steps.to_numpy(), side="right")
+    ordered, wanted = keys.to_numpy()[order], steps.to_numpy()
+    cuts, ends = np.searchsorted(ordered, wanted, side="left"), np.searchsorted(ordered, wanted, side="right")
     out = np.full(len(steps), np.nan)
     for i, (a, b) in enumerate(zip(cuts, ends)):
         part = v[order[a:b]]

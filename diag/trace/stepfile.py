@@ -22,9 +22,15 @@ from diag.trace import group_members, safeio
 from diag.trace.model import LoadProblem
 from diag.trace.reader import Problems, group_renames, parse_line, rename_groups, sound_header
 
-# the writer's own start of a line of each kind that carries a step: lines `scan` does not parse
+
+def line_prefix(kind: str) -> bytes:
+    """The writer's own start of a line of `kind` (`{"k":"comm"`)."""
+    return f'{{"k":"{kind}"'.encode()
+
+
+# the writer's lines of each kind that carries a step: those `scan` does not parse
 STEPPED_PREFIXES = tuple(
-    f'{{"k":"{k}"'.encode()
+    line_prefix(k)
     for k in (schema.COMM, schema.LAYER, schema.STEP, schema.MEMORY, schema.OVERFLOW, schema.COMM_OPEN)
 )
 Record = dict[str, Any]
