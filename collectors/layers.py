@@ -39,7 +39,8 @@ change over the interval (None on CPU).
 Limits: a counting step runs every op through Python (x1.6 here, FlopCounterMode x2.7), and inside
 torch.compile'd code the mode causes graph breaks on sampled steps. `stop()` from another thread
 while the mode is pushed leaves it transparent and one self-removing hook that pops it at the
-training thread's next module call.
+training thread's next module call; `stop()` waits up to POP_WAIT_S for that call, so a detach
+returns with the job as before.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class FlopMode(TorchDispatchMode):
                     if self.agent is not None:  # None: the install's warm-up, no agent to tell
                         self.agent.record_error("layers", f"flops {packet}", exc)
         return out
+
+
+POP_WAIT_S = 1.0  # how long a stop() from another thread waits for the training thread's next module
+# call to pop the FlopMode (a running step makes one within milliseconds)
 
 
 class LayerRecorder:
@@ -289,6 +294,7 @@ class LayerRecorder:
             return
         mode.on = False
         handle: Any = None
+        popped = threading.Event()
 
         def pop_later(_mod: Any, _args: Any) -> None:
             try:
@@ -297,8 +303,13 @@ class LayerRecorder:
                 done = True
             if done:
                 handle.remove()
+                popped.set()
 
         handle = register_module_forward_pre_hook(pop_later)
+        if self.mode_thread != threading.get_ident():
+            # a detach returns once the job is as before: a running job's next module call is
+            # milliseconds away (a job blocked elsewhere keeps the hook until its next call)
+            popped.wait(POP_WAIT_S)
 
 
 def _warm_up() -> None:

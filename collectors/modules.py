@@ -126,7 +126,10 @@ class ModuleTracker:
         )
 
     def _uninstall(self) -> None:
-        self.live = False  # hooks still attached to live autograd graphs become no-ops
+        # under the switch: a boundary's `_hooks_on` past its `live` test has registered its hooks
+        # before this, and `_hooks_off` removes them (they outlived a detach when it did not wait)
+        with self._switch:
+            self.live = False  # hooks still attached to live autograd graphs become no-ops
         self._hooks_off()
         self.listener = None
         self.stack.clear()

@@ -161,6 +161,36 @@ def test_stop_from_another_thread_mid_step(tmp_path) -> None:
     assert diag_agent.current() is None and ag.module_stack == []
 
 
+def test_a_stop_from_another_thread_returns_once_the_job_is_as_before(tmp_path) -> None:
+    """The control thread's stop() while the FlopMode is pushed on a running training thread waits
+    for the training thread's next module call to pop it: when stop() returns, no hook of diag's is
+    left (it used to return with the self-removing hook still on: `diag detach` had returned and
+    the job was not yet as before)."""
+    from torch.nn.modules import module as torch_module
+
+    reference = train(4)
+    base = len(torch_module._global_forward_pre_hooks)
+    diag_agent.start(str(tmp_path), what=("layers",), layers_every=1, flops_every=1)
+    after_stop: list[tuple[int, int]] = []
+    stopper = threading.Thread(
+        target=lambda: (
+            diag_agent.stop(),
+            after_stop.append((len(torch_module._global_forward_pre_hooks), _len_torch_dispatch_stack())),
+        ),
+        name="stopper",
+    )
+
+    def pause(step: int) -> None:
+        if step == 1:  # the FlopMode is pushed on this thread; the stop's thread returns on its own
+            stopper.start()
+            time.sleep(0.3)
+
+    assert train(4, pause) == reference
+    stopper.join(10)
+    assert after_stop == [(base, 0)]  # the dispatch stack is per thread: the stopper's own is empty
+    assert len(torch_module._global_forward_pre_hooks) == base and _len_torch_dispatch_stack() == 0
+
+
 def _steps_of(trace_dir: str) -> dict[int, dict[tuple[str, str], int]]:
     out: dict[int, dict[tuple[str, str], int]] = {}
     for r in events(trace_dir, schema.LAYER):

@@ -176,3 +176,32 @@ def test_global_hooks_only_on_tracked_steps(tmp_path) -> None:
     assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base
     tracker.on_step(30)  # a boundary racing a stop() from another thread: installs nothing
     assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base
+
+
+def test_a_stop_racing_a_boundary_that_turns_the_hooks_on_leaves_none(tmp_path, monkeypatch) -> None:
+    """A detach (stop() on the control thread) while the training thread's boundary is between
+    `_hooks_on`'s `live` test and its registration: the stop waits for it and removes what it
+    registered. It used to find the hooks off, return, and leave them on the job (a compat-leg CI
+    run saw one global forward pre-hook left after `diag detach`)."""
+    import threading
+
+    base = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+    ag = diag_agent.start(str(tmp_path), what=("steps",), attribute_every=3, layers_every=0)
+    modules.ensure_installed(ag, ag.undo)
+    ag.begin_step(1)
+    ag.begin_step(4)  # untracked: the hooks are off
+    assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base
+    register = modules.register_module_forward_pre_hook
+    stopper = threading.Thread(target=diag_agent.stop, name="stopper")
+
+    def racing(hook: Any) -> Any:
+        stopper.start()
+        stopper.join(0.5)  # the stop runs now, as far as it can
+        return register(hook)
+
+    monkeypatch.setattr(modules, "register_module_forward_pre_hook", racing)
+    ag.begin_step(6)  # tracked: turns the hooks on while the stop runs
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)) == base
+    assert diag_agent.current() is None
