@@ -16,13 +16,22 @@ if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
     from diag.trace.model import Trace
 
-COUNTED = (
+MEASURED_COUNTED = (
     "measured: FLOPs counted from the shapes of the matmul/attention ops each rank ran inside "
     "its outermost module records on sampled steps (forward, backward and recomputation; that "
     "rank's share under TP/PP), held between samples; TFLOP/s = FLOPs / step time, median over "
-    "steady steps that were not sampled. model: Megatron's analytic FLOPs of one iteration / "
-    "(iteration time x world size), recomputation counted only as that formula does."
+    "steady steps that were not sampled."
 )
+MODEL_COUNTED = (
+    "model: Megatron's analytic FLOPs of one iteration / (iteration time x world size), "
+    "recomputation counted only as that formula does."
+)
+
+
+def how_counted(measured: bool, model: bool) -> str:
+    """How the views shown were counted: only those the job has (a DDP job with no model shape
+    was told of Megatron's formula, which nothing in its report used)."""
+    return " ".join(text for text, shown in ((MEASURED_COUNTED, measured), (MODEL_COUNTED, model)) if shown)
 
 
 def _device(trace: Trace, layout: dict[str, Any]) -> str | None:
@@ -102,8 +111,9 @@ def section(
         if "tflops" in log.columns
         else pd.Series(dtype=float)
     )
+    model_view = _model_view(trace, shape, layout, throughput.job_step_s(rows, quiet), value)
     return {
-        "counted": COUNTED,
+        "counted": how_counted(bool(len(known)), model_view is not None),
         # what one rank runs on, for the human reports: "rank" where the ranks ran on CPUs (the
         # demo, CI), not "GPU" (the JSON keys keep `tflops_per_gpu`)
         "per": "rank" if _device(trace, layout) == "cpu" else "GPU",
@@ -116,7 +126,7 @@ def section(
             **throughput.job_rates(rows, quiet),  # the job's samples/s, tokens/s (per rank: `per_rank`)
         },
         "dp": dp,
-        "model": _model_view(trace, shape, layout, throughput.job_step_s(rows, quiet), value),
+        "model": model_view,
         "log_tflops_median": printed.median() if len(printed) else None,
         "per_rank": Records(ranks),
         "per_step": Records(rows),  # one per (rank, step): rows when read

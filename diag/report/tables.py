@@ -102,7 +102,8 @@ def throughput_lines(doc: dict[str, Any]) -> list[str]:
         )
     elif tp.get("peak_note"):
         out.append(f"peak: {tp['peak_note']}")
-    out.append(f"counted: {tp['counted']}")
+    if tp.get("counted"):
+        out.append(f"counted: {tp['counted']}")
     return out
 
 

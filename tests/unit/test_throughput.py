@@ -226,6 +226,18 @@ def test_report_document_and_peak_option(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["throughput"]["peak"]["source"] == "--peak-tflops"
     assert out["summary"]["mfu"] == pytest.approx(want / 2e-12)
+    # how it was counted names the views shown: no model shape, no Megatron formula
+    assert (
+        tp["model"] is None
+        and tp["counted"].startswith("measured: FLOPs counted")
+        and "Megatron" not in tp["counted"]
+    )
+    shape = "layers=2,hidden=64,seq=64,vocab=1024,heads=4,batch=8"
+    assert main(["analyze", str(tmp_path / "t"), "--json", "--model", shape]) == 0
+    both = json.loads(capsys.readouterr().out)["throughput"]
+    assert both["model"] is not None and both["counted"].startswith(
+        tp["counted"] + " model: Megatron's analytic"
+    )
 
 
 def test_cpu_trace_says_no_peak_and_bad_options_are_one_line(tmp_path, capsys):
