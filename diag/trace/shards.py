@@ -5,8 +5,8 @@ its CPU at 256 ranks x 16 steps, docs/scale.md), one core's while the others idl
 forked once the first pass is done (`StepFile.scan` and `place`: headers, ranks and late group
 names, settled across the files), so it holds every file's state as the main process has it; it
 reads its shard's files a window at a time as `lockstep` reads them in-process (`_Reading`), and
-turns its window's records into one frame a kind (`perfile.part`, where `build_frames` would take
-them all at once). The main process joins the shards' frames in file order (`perfile.frame_of`:
+turns its window's records into frames a run of its files at a time (`CHUNK_RECORDS`: one frame a
+kind and run, `perfile.part`, where `build_frames` would take them all at once). The main process joins the shards' frames in file order (`perfile.frame_of`:
 the join `PerFile` gives the whole read, with `reader._finish`), so each window's trace is the
 in-process one. It asks for the next window as soon as it has this one: the workers parse it
 while the caller reduces this one.
@@ -42,6 +42,9 @@ PARALLEL_BYTES = 32 << 20  # total bytes of rank files above which workers are u
 # one a core, none left spare: the main process mostly waits for the next window (256 ranks x 16
 # steps on 2 cores: in-process 15.2 s, one worker 12.3 s, two 10.7 s, docs/scale.md)
 MIN_CORES, SPARE = 2, 0
+# a worker's window records made into frames this many at a time (a run of its files): as dicts,
+# its whole shard's window was most of a worker's memory (1,024 ranks: ~220 MiB PSS each)
+CHUNK_RECORDS = 8_192
 
 
 class Got(NamedTuple):
@@ -136,16 +139,8 @@ class Shards:
     def _parts(self, kind: str, got: list[Any]) -> list[perfile.Part]:
         """`kind`'s frames in file order: each shard's, or, where its window held none of that kind,
         its files' records of no step of it (those `build_frames` would have taken with the rest)."""
-        parts = []
-        for (a, b), (frames, _, _) in zip(self.bounds, got):
-            if kind in frames:
-                parts.append(frames[kind])
-                continue
-            shard = self.readings[a:b]
-            rows = self.by_kind(shard, [[] for _ in shard], {kind})[kind]
-            if rows:
-                parts.append(perfile.part(rows))
-        return parts
+        runs = [(self.readings[a:b], frames) for (a, b), (frames, _, _) in zip(self.bounds, got)]
+        return in_file_order(kind, runs, self.by_kind)
 
     def finish(self) -> None:
         """Every file read to its end: each reading's `outside` and its file's `problems` set as
@@ -254,19 +249,50 @@ def _serve(conn: Connection, readings: list[Any], window: Window, most: int, by_
 
 def _window(
     readings: list[Any], lo: int, hi: int, window: Window, most: int, by_kind: ByKind
-) -> tuple[dict[str, perfile.Part] | None, int, int | None]:
-    """This shard's (frames by kind (None: `Uneven`), records taken, lowest step held after)."""
-    for r in readings:
-        r.fill(lo, hi, window, most)
-    taken = [r.take(lo, hi) for r in readings]
-    count = sum(map(len, taken))
-    rest = _least([min(r.steps(), default=None) for r in readings])
-    kinds = {rec["k"] for records in taken for _, rec in records}
+) -> tuple[dict[str, list[perfile.Part]] | None, int, int | None]:
+    """This shard's (frames by kind, each a list of parts in file order (None: `Uneven`), records
+    taken, lowest step held after). Its files are taken a run at a time, each run's records made
+    into frames before the next run is read (`CHUNK_RECORDS`)."""
+    runs: list[tuple[list[Any], dict[str, perfile.Part]]] = []
+    count, start, taken = 0, 0, []
     try:
-        frames = {kind: perfile.part(rows) for kind, rows in by_kind(readings, taken, kinds).items() if rows}
+        for i, r in enumerate(readings):
+            r.fill(lo, hi, window, most)
+            taken.append(r.take(lo, hi))
+            held = sum(map(len, taken))
+            if held >= CHUNK_RECORDS or i == len(readings) - 1:
+                run, count, start = readings[start : i + 1], count + held, i + 1
+                kinds = {rec["k"] for records in taken for _, rec in records}
+                rows = by_kind(run, taken, kinds)
+                taken.clear()  # (the run's records are now only its rows, dropped as made frames)
+                runs.append((run, {kind: perfile.part(rows.pop(kind)) for kind in sorted(kinds)}))
+        kinds = {kind for _, frames in runs for kind in frames}
+        joined = {kind: in_file_order(kind, runs, by_kind) for kind in kinds}
     except Uneven:
-        return None, count, rest
-    return frames, count, rest
+        for r in readings[start:]:  # (the rest of the window read and dropped, as in one run)
+            r.fill(lo, hi, window, most)
+            count += len(r.take(lo, hi))
+        return None, count, _least([min(r.steps(), default=None) for r in readings])
+    return joined, count, _least([min(r.steps(), default=None) for r in readings])
+
+
+def in_file_order(
+    kind: str, runs: list[tuple[list[Any], dict[str, Any]]], by_kind: ByKind
+) -> list[perfile.Part]:
+    """`kind`'s parts of consecutive runs of the files (shards, or a worker's runs of its shard), in
+    file order: a run's own (a part, or a shard's list of them), or, where the window held no
+    record of that kind in the run, a part of its files' records of no step of that kind (those
+    `build_frames` would have taken with the rest of the window)."""
+    parts: list[perfile.Part] = []
+    for run, frames in runs:
+        got = frames.get(kind)
+        if got is not None:
+            parts += got if isinstance(got, list) else [got]
+            continue
+        rows = by_kind(run, [[] for _ in run], {kind})[kind]
+        if rows:
+            parts.append(perfile.part(rows))
+    return parts
 
 
 def _failure(e: Exception) -> tuple[str, Any]:

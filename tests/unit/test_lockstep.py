@@ -18,13 +18,20 @@ import psutil
 import pytest
 
 from diag.errors import DiagError
-from diag.trace import reader
+from diag.trace import reader, shards
 from diag.trace.lockstep import AHEAD, AHEAD_MIN, AHEAD_TOTAL, LockStep, OutOfStep, Part, ahead_for
 from diag.trace.window import ALL, Window
 from tests.conftest import ROOT
 from tests.unit.test_rankfiles import DIAG_DIRS, _damaged
 
 BIG = 100_000  # a window larger than any job here
+
+
+@pytest.fixture(autouse=True)
+def _one_file_a_run(monkeypatch) -> None:
+    """A worker makes frames of each of its files' window on its own (`shards.CHUNK_RECORDS`): its
+    runs of files joined in file order, as its shards are in the main process."""
+    monkeypatch.setattr(shards, "CHUNK_RECORDS", 1)
 
 
 def _problems(problems: list[reader.LoadProblem]) -> list[tuple[Any, ...]]:
@@ -63,12 +70,15 @@ def _cell(value: Any) -> str:
     return repr(value)
 
 
-def _check(path: str, size: int, window: Window = ALL, ahead: int = AHEAD, compare: int = 4) -> list[Part]:
+def _check(
+    path: str, size: int, window: Window = ALL, ahead: int = AHEAD, compare: int = 4, workers: int = 1
+) -> list[Part]:
     """Reads `path` a window at a time and checks the contract against `load_trace`: every row,
     and the first and last `compare` / 2 windows whole (each a `load_trace` of the files)."""
     reading = LockStep(path, size, window, ahead=ahead, workers=0)
     parts = list(reading)
-    _same_in_workers(LockStep(path, size, window, ahead=ahead, workers=2), reading, parts)
+    # one worker: the sample's files (2 or more) are its runs (`_one_file_a_run`); more: its shards
+    _same_in_workers(LockStep(path, size, window, ahead=ahead, workers=workers), reading, parts)
     whole = reader.load_trace(path, window=window)
     for prev, part in itertools.pairwise(parts):
         assert prev.window.hi is not None and part.window.lo is not None and prev.window.hi <= part.window.lo
@@ -328,8 +338,9 @@ def test_a_kind_of_a_window_that_a_shard_holds_only_outside_every_step(tiled, tm
     _write(name, [*recs[: at + 1], dict(flag, step=5), *recs[at + 1 :]])
     name = os.path.join(path, "rank-00002.jsonl")
     _write(name, [*_records(name), {"ts": flag.pop("ts"), **flag}])  # (not the writer's line: read first)
-    parts = _check(path, 2, compare=BIG)
-    assert sorted(parts[2].trace.frames["overflow"]["rank"]) == [0, 2]
+    for workers in (1, 2):  # rank 2's file a run of a worker's, then a shard of its own
+        parts = _check(path, 2, compare=BIG, workers=workers)
+        assert sorted(parts[2].trace.frames["overflow"]["rank"]) == [0, 2]
 
 
 def test_a_reading_left_early_ends_its_workers(tiled):

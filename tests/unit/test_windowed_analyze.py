@@ -160,6 +160,9 @@ def test_workers_give_the_report_read_in_process(name, capsys, monkeypatch):
     rc, alone, err = _analyze(capsys, *args)
     monkeypatch.setattr(shards, "workers_for", lambda files: 2)
     assert _analyze(capsys, *args) == (rc, alone, err)
+    monkeypatch.setattr(shards, "workers_for", lambda files: 1)
+    monkeypatch.setattr(shards, "CHUNK_RECORDS", 1)  # each file's window made frames on its own
+    assert _analyze(capsys, *args) == (rc, alone, err)
 
 
 def test_a_window_holds_about_the_same_records_whatever_a_step_writes(tmp_path):
