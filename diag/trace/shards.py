@@ -6,10 +6,10 @@ forked once the first pass is done (`StepFile.scan` and `place`: headers, ranks 
 names, settled across the files), so it holds every file's state as the main process has it; it
 reads its shard's files a window at a time as `lockstep` reads them in-process (`_Reading`), and
 turns its window's records into frames a run of its files at a time (`CHUNK_RECORDS`: one frame a
-kind and run, `perfile.part`, where `build_frames` would take them all at once). The main process joins the shards' frames in file order (`perfile.frame_of`:
-the join `PerFile` gives the whole read, with `reader._finish`), so each window's trace is the
-in-process one. It asks for the next window as soon as it has this one: the workers parse it
-while the caller reduces this one.
+kind and run, `perfile.part`, where `build_frames` would take them all at once). The main process
+joins the shards' frames in file order (`perfile.frame_of`: the join `PerFile` gives the whole
+read, with `reader._finish`), so each window's trace is the in-process one. It asks for the next
+window as soon as it has this one: the workers parse it while the caller reduces this one.
 
 A window whose shards' columns cannot be joined (`Uneven`: a column of numbers in one shard and of
 text in another) raises `Uneven` with that window's first step, and `lockstep` reads the files
