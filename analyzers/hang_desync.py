@@ -61,6 +61,15 @@ def detached(trace: Trace) -> set[int]:
     return {r for r, h in trace.headers.items() if schema.META_UNFINISHED_AT_DETACH in h}
 
 
+def _behind_when_detached(steps: pd.DataFrame, rank: int, at: int) -> bool:
+    """A detached rank `STEP_LAG` steps or more behind the furthest step the others had ended by
+    its last record (`at`, ns)."""
+    ends = pd.to_numeric(steps["ts"], errors="coerce") + pd.to_numeric(steps["dur"], errors="coerce")
+    others = steps.loc[(steps["rank"] != rank) & (ends <= at), "step"]
+    mine = steps.loc[steps["rank"] == rank, "step"]
+    return not others.empty and not mine.empty and others.max() - mine.max() >= STEP_LAG
+
+
 def _diverged(lasts: Tails, stopped_looking: set[int]) -> dict[str, dict[int, dict[str, Any]]]:
     """Groups whose members completed different numbers of collectives and ended in different ones;
     not a group whose every member was detached (each at its own moment: counts are not comparable)."""
@@ -207,7 +216,9 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     its own moment, with ops in flight then recorded as unfinished, not as evidence; in a running
     job, or in a diag trace with every rank's heartbeats, once no collective completed for max(2 s,
     5 median steps)), when a rank is >= 2 steps behind the furthest (not in a running job: between
-    two 0.5 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise; in a
+    two 0.5 s flushes a fast job's ranks look steps apart; a stopped rank is the first premise; a
+    rank whose trace a detach ended, each rank at its own moment: only behind the steps the others
+    had ended by its last record, and never silent since; in a
     diag trace with heartbeats, only if the others' processes went on that long after it: a job
     killed all at once loses each rank's last flush, a different number of steps each), or when a
     rank went silent >= max(60 s, 20 median steps) before the others' last event. Not when a rank
@@ -232,6 +243,11 @@ def hang_desync(trace: Trace, metrics: Metrics) -> list[Finding]:
     st = trace.steps
     max_step = st.groupby("rank")["step"].max() if not st.empty else pd.Series(dtype=int)
     behind = [int(r) for r, s in max_step.items() if max_step.max() - s >= STEP_LAG]
+    # a rank whose trace a detach ended (each rank at its own moment) was last seen where diag
+    # stopped looking: silent since, and behind only the steps the others ended after it
+    let_go = {r: int(seen[r]) for r in detached(trace) if r in seen.index}
+    stopped = [r for r in stopped if r not in let_go]
+    behind = [r for r in behind if r not in let_go or _behind_when_detached(st, r, let_go[r])]
     if liveness.live(trace):
         # a running job: each rank writes its records every 0.5 s, so a fast job's ranks look steps
         # apart between two flushes; a rank that stopped running is the premise above (_frozen)

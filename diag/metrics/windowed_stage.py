@@ -36,6 +36,7 @@ from diag.metrics.stage import Metrics
 from diag.metrics.window_metrics import Whole, of_window
 from diag.metrics.windowed import WINDOW, Figures, Windowed
 from diag.metrics.withheld import WITHHELD, WholeOnly
+from diag.trace import step_align
 from diag.trace.heap import release_memory
 from diag.trace.model import Trace
 from diag.trace.window import ALL, Window
@@ -174,6 +175,8 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
     early: dict[Any, list[Any]] = {}
     try:
         for part in reading:
+            if step_align.attached(part.trace):
+                raise NotWindowed("its ranks counted their steps from each one's attach (aligned whole)")
             acc.add(part.trace)
             latest.append(lasts.latest_of(part.trace.frames))
             if len(latest) >= FOLD:

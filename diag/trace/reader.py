@@ -327,6 +327,9 @@ def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
     trace.frames = (
         per_file.frames(_finish) if per_file is not None else build_frames(by_kind, trace.problems, path)
     )
+    from diag.trace import step_align
+
+    step_align.align(trace)  # (steps each rank counted from its own attach: one numbering)
     return trace
 
 
