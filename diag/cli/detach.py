@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from diag.control.client import request
+from diag.control.client import request, send
 from diag.errors import FAILURE, DiagError
+from diag.inject.checks import stopped_state
 from diag.procs import rank_targets
 
 
@@ -17,12 +18,20 @@ def run(args: argparse.Namespace) -> int:
     errors = []
     # one rank that cannot answer does not keep the others
     for pid, rank in rank_targets(args.pid, "nothing to detach"):
+        who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
         try:
+            state = stopped_state(pid)
+            if state:  # it cannot answer now: the request waits in its socket, done when resumed
+                send(pid, "detach")
+                errors.append(
+                    f"{who} is stopped ({state}): its detach is sent and takes effect when it resumes "
+                    f"(`kill -CONT {pid}`; `diag status` then no longer lists it)"
+                )
+                continue
             reply = request(pid, "detach")
         except DiagError as e:
             errors.append(str(e))
             continue
-        who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
         failed = reply.get("undo_failed") or []
         print(f"detached from {who}" + (f"; could not undo: {', '.join(failed)}" if failed else ""))
     if errors:

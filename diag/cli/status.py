@@ -15,7 +15,7 @@ from typing import Any
 from diag.control.client import attached_pids, request
 from diag.errors import FAILURE, DiagError
 from diag.inject.attach import sweep_expired
-from diag.inject.checks import status_fields
+from diag.inject.checks import stopped_state
 
 TIMEOUT_S = 3.0
 
@@ -65,8 +65,8 @@ def _ranks(pid: int) -> list[int]:
 
 def _ask(pid: int) -> tuple[dict[str, Any] | None, str | None]:
     """(reply, None) or (None, why not): a stopped process is named at once, not waited for."""
-    state = (status_fields(pid) or {}).get("State", "")
-    if state[:1] in ("T", "t"):
+    state = stopped_state(pid)
+    if state:
         return None, f"pid {pid} is stopped ({state}): it cannot answer until resumed (`kill -CONT {pid}`)"
     try:
         return request(pid, "status", timeout=TIMEOUT_S), None

@@ -34,6 +34,21 @@ def request(pid: int, cmd: str, timeout: float = 10.0, **args: Any) -> dict[str,
     return reply
 
 
+def send(pid: int, cmd: str, **args: Any) -> None:
+    """Send one command without waiting for its reply: a stopped process reads it (the socket holds
+    it) and acts on it when resumed. A DiagError when the process is not attached."""
+    path = protocol.socket_path(pid)
+    if not os.path.exists(path):
+        raise DiagError(f"pid {pid} is not attached (no control socket {path})", FAILURE)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2.0)
+        try:
+            sock.connect(path)
+            sock.sendall(protocol.encode({"cmd": cmd, **args}))
+        except OSError as e:
+            raise DiagError(f"pid {pid}: could not send {cmd} ({e})", FAILURE) from None
+
+
 def attached_pids() -> list[int]:
     """Pids with a live control socket; stale sockets of exited processes are removed."""
     out = []

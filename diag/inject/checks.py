@@ -179,6 +179,13 @@ def status_fields(pid: int) -> dict[str, str] | None:
     return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
 
 
+def stopped_state(pid: int) -> str | None:
+    """The process' state where it is stopped (SIGSTOP, a debugger: `T (stopped)`, `t (tracing
+    stop)`), None otherwise: it cannot answer a control socket until resumed."""
+    state = (status_fields(pid) or {}).get("State", "")
+    return state if state[:1] in ("T", "t") else None
+
+
 def describe_state(pid: int) -> str:
     """What became of the target after an injector went away abnormally, for the error line."""
     fields = status_fields(pid)

@@ -136,6 +136,33 @@ def test_one_stopped_process_neither_delays_nor_hides_the_others(tmp_path):
             p.wait()
 
 
+def test_a_stopped_process_is_told_to_detach_and_does_when_resumed(tmp_path):
+    """A new user's detach of a SIGSTOPped rank waited 11 s and said "control socket did not answer"
+    although the request got through (the rank detached 0.3 s after SIGCONT). Now: at once, one
+    line saying it is sent and when it takes effect; resumed, the process detaches."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(xdg), "OMP_NUM_THREADS": "1"}
+    proc = _python(AGENT, str(tmp_path / "trace"), env=env)
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        _state(proc.pid, "T")
+        t0 = time.monotonic()
+        res = _diag("detach", str(proc.pid), env=env, capture_output=True)
+        took = time.monotonic() - t0
+        assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res
+        assert f"pid {proc.pid} is stopped" in res.stderr and "detach is sent" in res.stderr, res.stderr
+        assert took < 8, f"detach took {took:.1f} s"  # CLI start-up included; was 10 s + the wait
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while f"pid {proc.pid}" in _diag("status", env=env, capture_output=True).stdout:
+            assert time.monotonic() < deadline, "resumed, the process did not detach"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_target_with_another_runtime_dir_is_refused_before_injecting(tmp_path, monkeypatch):
     """Issue 10: the agent started (socket in the job's XDG_RUNTIME_DIR), attach reported failure
     and status listed nothing. Now attach says where the job keeps its sockets, and injects nothing."""
