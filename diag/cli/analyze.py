@@ -202,7 +202,11 @@ def _windowed(paths: list[str], args: argparse.Namespace) -> Any:
     whole, as a trace the pass cannot read exactly is: said on stderr when asked for)."""
     if args.windowed is False or len(paths) != 1 or not os.path.isdir(paths[0]):
         return None
+    from diag.importers.detect import captures
     from diag.metrics import windowed_stage
+
+    if captures(paths[0]) > 1:
+        return None  # (one run per capture: `detect.expand`)
 
     size = windowed_stage.input_bytes(paths[0])
     if size is None or not (args.windowed or size > windowed_stage.available_bytes() / 2):

@@ -107,6 +107,27 @@ def test_diag_traces_of_two_runs(tmp_path):
         load_inputs([node0, rerun])
 
 
+def test_two_attaches_into_one_directory_are_two_captures(tmp_path):
+    """A second attach into the same trace directory writes `rank-N.1.jsonl` beside the first's
+    files: a new user's reused ./diag-trace was read as one trace (856 steps but 1,640 all_reduce
+    calls a rank, steps colliding), with no word. Now each capture is a run of its own."""
+    job = Job(ranks=2, steps=6)
+    job.each_step(lambda r, s: job.comm(r, s))
+    one = tmp_path / "one"
+    job.write(str(one))
+    assert load_inputs([str(one)]).sources == [str(one)]  # one capture: the directory, as before
+    job.write(str(tmp_path / "again"))
+    for r in range(2):
+        os.replace(tmp_path / "again" / f"rank-{r:05d}.jsonl", one / f"rank-{r:05d}.1.jsonl")
+    res = _diag(str(one))
+    assert res.returncode == 2 and "2 different runs (or capture windows)" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    each = _diag("--each-run", str(one))
+    assert each.returncode == 0, each.stderr
+    first, later = [line for line in each.stdout.splitlines() if line.startswith("== run")]
+    assert "rank-00000.jsonl" in first and "rank-00000.1.jsonl" in later  # in the order they came
+
+
 def test_job_id_tells_runs_apart(tmp_path, monkeypatch):
     from diag.agent.header import job_id
 
