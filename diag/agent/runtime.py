@@ -38,6 +38,7 @@ from diag.agent.ring import Ring
 from diag.agent.sched import SchedReader
 from diag.agent.undo import Undo
 from diag.agent.wakeup import Wakeup
+from diag.thread_name import name_this_thread
 from diag.trace.comm_line import DUR_AT, comm_line, comm_text, new_file
 from diag.trace.comm_line import FIELDS as COMM_FIELDS
 from diag.trace.flat_line import flat_text
@@ -371,6 +372,7 @@ class Agent:
 
     # ---- writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        name_this_thread()
         if self.self_time:
             self._in_hook.on = True  # hooks run here (idle listeners) are in writer_cpu_ns already
         every = FLUSH_INTERVAL_S

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.control import protocol
+from diag.thread_name import name_this_thread
 
 ACCEPT_POLL_S = 0.25
 CLIENT_DEADLINE_S = 2.0
@@ -86,6 +87,7 @@ class ControlServer:
             pass
 
     def _serve(self) -> None:
+        name_this_thread()
         sel = self._sel = selectors.DefaultSelector()
         clients: dict[socket.socket, _Client] = {}
         try:

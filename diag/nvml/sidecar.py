@@ -20,6 +20,7 @@ from typing import Any
 from diag.nvml.sample import GpuReader, XidWatch
 from diag.nvml.seam import Nvml, load_module, value
 from diag.schema import SCHEMA_VERSION
+from diag.thread_name import name_this_thread
 from diag.trace.writer import TraceFileWriter
 
 INTERVAL_S = 1.0
@@ -84,6 +85,7 @@ class Sidecar:
         return recs
 
     def _run(self) -> None:
+        name_this_thread()
         while not self._stop.is_set():
             try:
                 self.sample_once()

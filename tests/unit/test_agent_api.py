@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 import glob
 import os
+import sys
+import time
+
+import pytest
 
 from diag import agent as diag_agent
 from diag.agent.api import AgentAPI, CollectorState
@@ -91,3 +95,29 @@ def test_every_collector_with_an_installer_is_registered_and_resolves() -> None:
     assert set(COLLECTORS.values()) == with_install
     for name, module in COLLECTORS.items():
         assert callable(importlib.import_module(module).install), name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names in /proc are Linux's")
+def test_the_agents_threads_are_named_in_the_kernel(tmp_path, monkeypatch) -> None:
+    """`ls /proc/PID/task/*/comm` tells diag's threads from the job's (a new user checking that a
+    detach left none saw `python3.11` for every thread: Python 3.11 names threads for itself)."""
+
+    def kernel_names() -> set[str]:
+        out = set()
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out.add(f.read().strip())
+        return out
+
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))  # (the control socket's private directory)
+    diag_agent.start(str(tmp_path / "trace"), what=("steps",), control=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not {"diag-writer", "diag-control"} <= kernel_names():
+            assert time.monotonic() < deadline, kernel_names()
+            time.sleep(0.02)
+    finally:
+        diag_agent.stop()
+    assert not any(name.startswith("diag-") for name in kernel_names())
