@@ -12,9 +12,7 @@ from diag.errors import FAILURE, DiagError
 
 def request(pid: int, cmd: str, timeout: float = 10.0, **args: Any) -> dict[str, Any]:
     """Send one command and return the reply; a DiagError when the process is not attached."""
-    path = protocol.socket_path(pid)
-    if not os.path.exists(path):
-        raise DiagError(f"pid {pid} is not attached (no control socket {path})", FAILURE)
+    path = _socket_of(pid)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
@@ -37,9 +35,7 @@ def request(pid: int, cmd: str, timeout: float = 10.0, **args: Any) -> dict[str,
 def send(pid: int, cmd: str, **args: Any) -> None:
     """Send one command without waiting for its reply: a stopped process reads it (the socket holds
     it) and acts on it when resumed. A DiagError when the process is not attached."""
-    path = protocol.socket_path(pid)
-    if not os.path.exists(path):
-        raise DiagError(f"pid {pid} is not attached (no control socket {path})", FAILURE)
+    path = _socket_of(pid)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(2.0)
         try:
@@ -47,6 +43,14 @@ def send(pid: int, cmd: str, **args: Any) -> None:
             sock.sendall(protocol.encode({"cmd": cmd, **args}))
         except OSError as e:
             raise DiagError(f"pid {pid}: could not send {cmd} ({e})", FAILURE) from None
+
+
+def _socket_of(pid: int) -> str:
+    """The process' control socket; a DiagError when it has none (not attached)."""
+    path = protocol.socket_path(pid)
+    if not os.path.exists(path):
+        raise DiagError(f"pid {pid} is not attached (no control socket {path})", FAILURE)
+    return path
 
 
 def attached_pids() -> list[int]:
