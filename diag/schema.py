@@ -110,6 +110,7 @@ META_UNFINISHED_AT_DETACH = "unfinished_at_detach"  # comms in flight when the a
 META_LAYER_NUMBERS = "layer_numbers"  # {module name: model-wide layer index} where it differs (PP stages)
 META_STEP_ORIGIN = "step_origin"  # where step numbers come from: deepspeed, megatron, loop:NAME, optimizer,
 # or attach (counted from the moment of attach: not the program's iteration)
+STEP_OFFSET = "step_offset"  # in a rank's header (analysis): added to its attach-counted steps
 META_ATTRIBUTED_STEP = "attributed_step"  # one meta record per step whose comms carry their module
 
 # Megatron arguments its own TFLOPs formula reads (diag/metrics/model_flops.py): the agent copies them

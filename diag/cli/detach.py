@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from diag.control.client import request, send
 from diag.errors import FAILURE, DiagError
@@ -15,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    errors = []
+    errors, pending = [], []  # pending: not an error, not done yet (exit 1 all the same)
     # one rank that cannot answer does not keep the others
     for pid, rank in rank_targets(args.pid, "nothing to detach"):
         who = f"pid {pid}" + (f" (rank {rank})" if rank is not None else "")
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
             state = stopped_state(pid)
             if state:  # it cannot answer now: the request waits in its socket, done when resumed
                 send(pid, "detach")
-                errors.append(
+                pending.append(
                     f"{who} is stopped ({state}): its detach is sent and takes effect when it resumes "
                     f"(`kill -CONT {pid}`; `diag status` then no longer lists it)"
                 )
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         failed = reply.get("undo_failed") or []
         print(f"detached from {who}" + (f"; could not undo: {', '.join(failed)}" if failed else ""))
+    for line in pending:
+        print(f"diag detach: {line}", file=sys.stderr)
     if errors:
         raise DiagError("; ".join(errors), FAILURE)
-    return 0
+    return FAILURE if pending else 0

@@ -225,4 +225,8 @@ def summary_line(doc: dict[str, Any]) -> str:
     if s.get("overflows"):
         bits.append(f"{s['overflows']} overflow(s)")
     bits.append(f"{s['findings']} finding(s)")
+    shifted = (doc.get("layout") or {}).get("step_offsets")
+    if shifted:  # the report's step numbers are not the trace files' on those ranks
+        moved = ", ".join(f"rank {r} {d:+d}" for r, d in shifted.items())
+        bits.append(f"steps counted from each rank's attach, aligned by their ends ({moved})")
     return " · ".join(bits)

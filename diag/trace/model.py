@@ -185,6 +185,11 @@ class Trace:
                 groups.update({k: v for k, v in seen.items() if k not in groups and not _renamed(v)})
         if groups:
             out["groups"] = dict(sorted(groups.items()))
+        # ranks that counted steps from their own attach, renumbered onto one (`trace.step_align`)
+        key = schema.STEP_OFFSET
+        shifted = {str(r): h[key] for r, h in self.headers.items() if h.get(key)}
+        if shifted:
+            out["step_offsets"] = shifted
         return out
 
     def hosts(self) -> dict[int, str]:

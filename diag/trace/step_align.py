@@ -27,7 +27,7 @@ ATTACH = "attach"  # `step_origin` of a count from 0 at attach (collectors/steps
 NEAR = 0.25  # of the reference's median step: how close two matched step ends must be
 AGREE = 0.5  # of a rank's matched ends that must agree on its offset
 MIN_MATCHES = 3
-OFFSET_KEY = "step_offset"  # set in an aligned rank's header: what was added to its step numbers
+OFFSET_KEY = schema.STEP_OFFSET  # set in an aligned rank's header: what was added to its step numbers
 
 
 def attached(trace: Trace) -> bool:

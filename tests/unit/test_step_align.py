@@ -103,3 +103,6 @@ def test_the_windowed_pass_reads_such_a_trace_whole(tmp_path, capsys):
     out = capsys.readouterr()
     assert "reading the trace whole" in out.err and "attach" in out.err
     assert json.loads(out.out) == whole
+    assert whole["layout"]["step_offsets"] == {"1": 2}  # the report says which numbers moved
+    assert main(["analyze", path, "--no-windowed"]) == 0
+    assert "aligned by their ends (rank 1 +2)" in " ".join(capsys.readouterr().out.split())
