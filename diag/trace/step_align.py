@@ -57,9 +57,12 @@ def align(trace: Trace) -> dict[int, int]:
             off = _offset(ends[ref], ends[rank])
             if off is not None:
                 offsets[rank] = -off
-    # no negative step (-1 is "outside every step"): attach-counted ranks move up together
+    # no negative step (-1 is "outside every step"): attach-counted ranks move up together; onto a
+    # job's numbering, a rank that would go below it keeps its own
+    if own:
+        offsets = {r: d for r, d in offsets.items() if int(ends[r][1].min()) + d >= 0}
     low = min(int(ends[r][1].min()) + d for r, d in offsets.items())
-    lift = -low if low < 0 and not own else 0
+    lift = -low if low < 0 else 0
     shifts = {r: d + lift for r, d in offsets.items() if d + lift}
     if shifts:
         for kind, df in trace.frames.items():
