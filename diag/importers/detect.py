@@ -78,8 +78,7 @@ def captures(path: str) -> int:
     file in it writes `rank-N.K.jsonl` (the K-th after the first). Read as one trace, two attaches'
     steps collided (a new user's reused `./diag-trace`: 1,640 all_reduce calls a rank under 856
     steps, silently)."""
-    names = (os.path.basename(f) for f in glob.glob(os.path.join(path, "rank-*.jsonl*")))
-    return len({m.group(1) if (m := _CAPTURE.match(n)) else "" for n in names})
+    return len({_capture_of(f)[0] for f in glob.glob(os.path.join(path, "rank-*.jsonl*"))})
 
 
 def expand(path: str, depth: int = 3) -> list[tuple[str, str | None]]:

@@ -253,41 +253,40 @@ def _window(
     """This shard's (frames by kind, each a list of parts in file order (None: `Uneven`), records
     taken, lowest step held after). Its files are taken a run at a time, each run's records made
     into frames before the next run is read (`CHUNK_RECORDS`)."""
-    runs: list[tuple[list[Any], dict[str, perfile.Part]]] = []
-    count, start, taken = 0, 0, []
+    runs: list[tuple[list[Any], dict[str, list[perfile.Part]]]] = []
+    count, held, start, taken = 0, 0, 0, []
+    joined: dict[str, list[perfile.Part]] | None = None
     try:
         for i, r in enumerate(readings):
             r.fill(lo, hi, window, most)
             taken.append(r.take(lo, hi))
-            held = sum(map(len, taken))
+            held += len(taken[-1])
             if held >= CHUNK_RECORDS or i == len(readings) - 1:
-                run, count, start = readings[start : i + 1], count + held, i + 1
+                run, count, held, start = readings[start : i + 1], count + held, 0, i + 1
                 kinds = {rec["k"] for records in taken for _, rec in records}
                 rows = by_kind(run, taken, kinds)
                 taken.clear()  # (the run's records are now only its rows, dropped as made frames)
-                runs.append((run, {kind: perfile.part(rows.pop(kind)) for kind in sorted(kinds)}))
+                runs.append((run, {kind: [perfile.part(rows.pop(kind))] for kind in sorted(kinds)}))
         kinds = {kind for _, frames in runs for kind in frames}
         joined = {kind: in_file_order(kind, runs, by_kind) for kind in kinds}
     except Uneven:
         for r in readings[start:]:  # (the rest of the window read and dropped, as in one run)
             r.fill(lo, hi, window, most)
             count += len(r.take(lo, hi))
-        return None, count, _least([min(r.steps(), default=None) for r in readings])
     return joined, count, _least([min(r.steps(), default=None) for r in readings])
 
 
 def in_file_order(
-    kind: str, runs: list[tuple[list[Any], dict[str, Any]]], by_kind: ByKind
+    kind: str, runs: list[tuple[list[Any], dict[str, list[perfile.Part]]]], by_kind: ByKind
 ) -> list[perfile.Part]:
     """`kind`'s parts of consecutive runs of the files (shards, or a worker's runs of its shard), in
-    file order: a run's own (a part, or a shard's list of them), or, where the window held no
-    record of that kind in the run, a part of its files' records of no step of that kind (those
-    `build_frames` would have taken with the rest of the window)."""
+    file order: a run's own, or, where the window held no record of that kind in the run, a part
+    of its files' records of no step of that kind (those `build_frames` would have taken with the
+    rest of the window)."""
     parts: list[perfile.Part] = []
     for run, frames in runs:
-        got = frames.get(kind)
-        if got is not None:
-            parts += got if isinstance(got, list) else [got]
+        if kind in frames:
+            parts += frames[kind]
             continue
         rows = by_kind(run, [[] for _ in run], {kind})[kind]
         if rows:
