@@ -175,8 +175,6 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
     early: dict[Any, list[Any]] = {}
     try:
         for part in reading:
-            if step_align.attached(part.trace):
-                raise NotWindowed("its ranks counted their steps from each one's attach (aligned whole)")
             acc.add(part.trace)
             latest.append(lasts.latest_of(part.trace.frames))
             if len(latest) >= FOLD:
@@ -189,6 +187,11 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
     if loose:
         raise NotWindowed(f"{', '.join(loose)} records outside every step")
     figures = acc.done(outside)
+    if step_align.attached(outside) and step_align.shifts_of(
+        outside.headers, figures.frames.get(schema.STEP)
+    ):
+        # (windows are cut by step number: ranks that need renumbering are aligned on the whole)
+        raise NotWindowed("its ranks counted their steps from each one's attach, not alike (aligned whole)")
     latest.append(lasts.latest_of(outside.frames))
     frames = {k: df for k, df in outside.frames.items() if "step" not in df and k not in WITHHELD}
     frames.update({k: df for k, df in figures.frames.items() if len(df) or k in outside.frames})

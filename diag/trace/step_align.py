@@ -17,6 +17,8 @@ The shift is in each aligned rank's header (`step_offset`) for the report to say
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -42,13 +44,23 @@ def align(trace: Trace) -> dict[int, int]:
     made (rank -> steps added)."""
     if not attached(trace):
         return {}
-    steps = trace.frames.get(schema.STEP)
+    shifts = shifts_of(trace.headers, trace.frames.get(schema.STEP))
+    if shifts:
+        for kind, df in trace.frames.items():
+            trace.frames[kind] = _shifted(df, shifts)
+        for rank, d in shifts.items():
+            trace.headers[rank][OFFSET_KEY] = d
+    return shifts
+
+
+def shifts_of(heads: dict[int, dict[str, Any]], steps: pd.DataFrame | None) -> dict[int, int]:
+    """`align`'s shifts (rank -> steps to add) from the headers and the step records alone (the
+    windowed pass holds those whole: a job whose ranks need none is still read a window at a time)."""
     if steps is None or steps.empty or not {"rank", "step", "ts", "dur"} <= set(steps.columns):
         return {}
     ends = _ends(steps)
     if len(ends) < 2:
         return {}
-    heads = trace.headers
     own = [r for r in ends if heads.get(r, {}).get(schema.META_STEP_ORIGIN) != ATTACH]
     ref = min(own) if own else min(ends)
     offsets = {ref: 0}
@@ -63,13 +75,7 @@ def align(trace: Trace) -> dict[int, int]:
         offsets = {r: d for r, d in offsets.items() if int(ends[r][1].min()) + d >= 0}
     low = min(int(ends[r][1].min()) + d for r, d in offsets.items())
     lift = -low if low < 0 else 0
-    shifts = {r: d + lift for r, d in offsets.items() if d + lift}
-    if shifts:
-        for kind, df in trace.frames.items():
-            trace.frames[kind] = _shifted(df, shifts)
-        for rank, d in shifts.items():
-            heads[rank][OFFSET_KEY] = d
-    return shifts
+    return {r: d + lift for r, d in offsets.items() if d + lift}
 
 
 def _ends(steps: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -115,4 +121,4 @@ def _shifted(df: pd.DataFrame, shifts: dict[int, int]) -> pd.DataFrame:
     return out
 
 
-__all__ = ["ATTACH", "OFFSET_KEY", "align", "attached"]
+__all__ = ["ATTACH", "OFFSET_KEY", "align", "attached", "shifts_of"]
