@@ -18,7 +18,7 @@ demo: setup
 test: setup .venv/.bench
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=20  # the slowest, in CI's log: the suite is kept well under 30 min
 
 # the second leg: the real-job tests on Python 3.12 with the newest torch, DeepSpeed and megatron-core
 COMPAT_TESTS = tests/integration tests/unit/test_overflow.py tests/unit/test_steps.py \

@@ -85,13 +85,16 @@ class Sidecar:
         return recs
 
     def _run(self) -> None:
+        """A sample at once, then one an interval until stopped: a sidecar stopped before its thread
+        first ran (a loaded machine) still has its first sample."""
         name_this_thread()
-        while not self._stop.is_set():
+        while True:
             try:
                 self.sample_once()
             except Exception:  # noqa: BLE001 - a sidecar must outlive a driver hiccup
                 pass
-            self._stop.wait(self.interval)
+            if self._stop.wait(self.interval):
+                return
 
     def stop(self) -> None:
         self._stop.set()

@@ -120,4 +120,8 @@ def test_the_agents_threads_are_named_in_the_kernel(tmp_path, monkeypatch) -> No
             time.sleep(0.02)
     finally:
         diag_agent.stop()
-    assert not any(name.startswith("diag-") for name in kernel_names())
+    # (a joined thread's kernel task can outlive `join` by a moment on a loaded machine)
+    deadline = time.monotonic() + 10
+    while left := {name for name in kernel_names() if name.startswith("diag-")}:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.02)
