@@ -43,7 +43,7 @@ _source_checkout_path()
 __all__ = ["DiagError", "Trace", "__version__", "load"]
 
 
-def load(path: str, *, strict: bool = False) -> Trace:
+def load(path: str, *, strict: bool = False, capture: int | None = None) -> Trace:
     """Load a diag trace directory (one `rank-*.jsonl` per rank) into pandas frames.
 
     `trace.steps`, `.layers`, `.comms`, `.memory`, `.overflow`, `.gpu`, ...: one frame per record
@@ -51,6 +51,8 @@ def load(path: str, *, strict: bool = False) -> Trace:
     bytes (see `diag.trace.model.Trace` for every column and unit). `trace.headers[rank]` holds each
     rank's header, `trace.layout()` the parallel layout, `trace.problems` what could not be read.
     strict: raise `DiagError` on the first unreadable line instead of skipping it.
+    capture: which capture of a directory a second attach wrote into (0 the first, K its
+    `rank-N.K.jsonl` files); a directory holding several is refused without it (their steps collide).
 
         >>> tr = diag.load("diag-trace")
         >>> tr.steps.groupby("rank")["dur"].median() / 1e6   # ms per step and rank
@@ -59,4 +61,4 @@ def load(path: str, *, strict: bool = False) -> Trace:
     """
     from diag.trace.reader import load_trace
 
-    return load_trace(path, strict=strict)
+    return load_trace(path, strict=strict, capture=capture)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import glob
 import gzip
 import os
-import re
 import zlib
 
 from diag.importers import flight_recorder
 from diag.importers.errors import ImportProblem
 from diag.importers.jsonfile import GZIP_MAGIC
 from diag.trace import safeio
-from diag.trace.reader import TRACE_GLOB, trace_files
+from diag.trace.reader import TRACE_GLOB, capture_of, captures, trace_files
 
 DIAG, KINETO, LOG, FR = "diag", "kineto", "log", "flight_recorder"
 # files a directory contributes (a file named on the command line is always read)
@@ -64,23 +63,6 @@ def kind_of_file(path: str) -> str:
     raise ImportProblem("not a diag trace, PyTorch profiler trace or DeepSpeed/Megatron log")
 
 
-_CAPTURE = re.compile(r"^rank-\d+\.(\d+)\.jsonl")  # `writer.open_private`'s name of a rank's later capture
-
-
-def _capture_of(file: str) -> tuple[int, str]:
-    """(which capture: 0 the first, K its `.K` file; the name): captures in the order they came."""
-    m = _CAPTURE.match(os.path.basename(file))
-    return (int(m.group(1)) if m else 0, file)
-
-
-def captures(path: str) -> int:
-    """The capture windows a diag trace directory holds: an attach to a rank that already has a
-    file in it writes `rank-N.K.jsonl` (the K-th after the first). Read as one trace, two attaches'
-    steps collided (a new user's reused `./diag-trace`: 1,640 all_reduce calls a rank under 856
-    steps, silently)."""
-    return len({_capture_of(f)[0] for f in glob.glob(os.path.join(path, "rank-*.jsonl*"))})
-
-
 def expand(path: str, depth: int = 3) -> list[tuple[str, str | None]]:
     """(path, kind) pairs: a diag trace directory stays one entry; any other directory gives its
     files (sorted) and, `depth` levels down, its sub-folders' (a folder of runs, one per
@@ -92,7 +74,7 @@ def expand(path: str, depth: int = 3) -> list[tuple[str, str | None]]:
         return [(path, None)]
     if any(glob.glob(os.path.join(path, pat)) for pat in TRACE_GLOB):
         if captures(path) > 1:  # each file a source: `runs.group` tells the captures apart
-            return [(f, DIAG) for f in sorted(trace_files(path), key=_capture_of)]
+            return [(f, DIAG) for f in sorted(trace_files(path), key=capture_of)]
         return [(path, DIAG)]
     entries = sorted(e for e in glob.glob(os.path.join(path, "*")) if not os.path.basename(e).startswith("."))
     out: list[tuple[str, str | None]] = [

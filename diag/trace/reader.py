@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # imported where frames are built (`diag top` and the exporte
 # proc-<host>.jsonl: `diag watch`'s looks at each rank's process ("sidecar": "watch", `proc` events)
 TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl", "proc-*.jsonl")
 MAX_LINE_PROBLEMS = 20  # bad lines reported one by one per file; the rest are counted
+_CAPTURE = re.compile(r"^rank-\d+\.(\d+)\.jsonl")  # `writer.open_private`'s name of a rank's later capture
 
 
 class Unreadable(DiagError):
@@ -74,6 +76,49 @@ def trace_files(path: str) -> list[str]:
     if not files:
         raise DiagError(f"{path}: no diag trace files (rank-*.jsonl) in this directory")
     return files
+
+
+def capture_of(file: str) -> tuple[int, str]:
+    """(which capture: 0 the first, K its `.K` file; the name): captures in the order they came."""
+    m = _CAPTURE.match(os.path.basename(file))
+    return (int(m.group(1)) if m else 0, file)
+
+
+def capture_numbers(path: str) -> list[int]:
+    """The captures a diag trace directory holds, oldest first: an attach to a rank that already
+    has a file in it writes `rank-N.K.jsonl` (the K-th after the first). Read as one trace, two
+    attaches' steps collided (a new user's reused `./diag-trace`: 1,640 all_reduce calls a rank
+    under 856 steps, silently)."""
+    return sorted({capture_of(f)[0] for f in glob.glob(os.path.join(path, "rank-*.jsonl*"))})
+
+
+def captures(path: str) -> int:
+    """How many capture windows a diag trace directory holds (`capture_numbers`)."""
+    return len(capture_numbers(path))
+
+
+def of_capture(files: list[str], capture: int) -> list[str]:
+    """The files of one capture: its rank files, and the sidecars (gpu-, proc-, pid-: their names
+    carry no capture a host's dots could not fake), which every capture keeps."""
+    return [f for f in files if capture_of(f)[0] == capture or not os.path.basename(f).startswith("rank-")]
+
+
+def capture_files(path: str, capture: int | None) -> list[str]:
+    """`trace_files` of one capture: refused, with how to pick one, where `path` holds several and
+    none was named (read as one trace, their steps collide)."""
+    files = trace_files(path)
+    held = capture_numbers(path) if os.path.isdir(path) else []
+    if capture is None:
+        if len(held) > 1:
+            raise DiagError(
+                f"{path} holds {len(held)} captures (rank-N.jsonl, rank-N.1.jsonl ...): "
+                f"load one with diag.load(path, capture=K), K one of {', '.join(map(str, held))}"
+            )
+        return files
+    wanted = of_capture(files, capture)
+    if not any(os.path.basename(f).startswith("rank-") for f in wanted):
+        raise DiagError(f"{path}: no capture {capture} (it holds {', '.join(map(str, held)) or 'none'})")
+    return wanted
 
 
 Take = Callable[[dict[str, Any] | None, list[dict[str, Any]]], bool]
@@ -286,8 +331,9 @@ def _bandwidths(df: pd.DataFrame) -> None:
         df["busbw"] = list(bus)
 
 
-def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trace:
+def load_trace(path: str, *, strict: bool = False, window: Window = ALL, capture: int | None = None) -> Trace:
     """Read every rank file under `path` into a `Trace`. With `strict`, any problem is an error.
+    With `capture`, only that capture's files (`capture_files`: a directory of several needs one).
     With a `window`, a rank-NNNNN.jsonl of another rank is not opened, other ranks' records and
     steps outside it are dropped (no rank of `path` in the window: a Trace without headers).
 
@@ -298,17 +344,17 @@ def load_trace(path: str, *, strict: bool = False, window: Window = ALL) -> Trac
     from diag.trace.perfile import PerFile, Uneven
 
     try:
-        return _load(path, strict, window, PerFile())
+        return _load(path, strict, window, PerFile(), capture)
     except Uneven:
-        return _load(path, strict, window, None)
+        return _load(path, strict, window, None, capture)
 
 
-def _load(path: str, strict: bool, window: Window, per_file: Any) -> Trace:
+def _load(path: str, strict: bool, window: Window, per_file: Any, capture: int | None = None) -> Trace:
     """`load_trace` with each file's records turned into columns as read (`per_file`: in worker
     processes where the files are many and big, `rankfiles`), or held until every file is read
     (None)."""
     trace = Trace(sources=[path])
-    files = trace_files(path)
+    files = capture_files(path, capture)
     wanted = [f for f in files if not named_outside(f, window)]
     skipped = len(files) - len(wanted)
     if per_file is not None:
