@@ -7,6 +7,7 @@ from the aggregates alone, so a scrape costs O(ranks x collectives), never a re-
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from prometheus_client.core import Metric
 
 from diag.exporter.families import families
 from diag.tui.model import JobModel, trace_of
-from diag.tui.source import LiveSource
+from diag.tui.source import LiveSource, capture_note
 from diag.tui.view import build_view
 
 Analyze = Callable[[Any], tuple[list[Any], dict[str, str]]]
@@ -53,11 +54,24 @@ class Exporter:
         self._analyzed_version = -1
         self._last_analysis = float("-inf")
         self._thread: threading.Thread | None = None
+        self._capture = 0  # the capture the exporter said it follows
 
     def poll_once(self) -> int:
         chunks = self.source.poll()
+        self._say_capture()
         with self.lock:
             return self.model.ingest(chunks)
+
+    def _say_capture(self) -> None:
+        """One line on stderr when the directory holds several captures (a later attach's
+        `rank-N.K.jsonl`) and whenever a newer one appears: its metrics are the newest's alone."""
+        tail = self.source.tail
+        if tail.capture != self._capture:
+            self._capture = tail.capture
+            print(
+                f"diag export: note: {tail.directory} holds several captures: {capture_note(tail)}",
+                file=sys.stderr,
+            )
 
     def maybe_analyze(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -11,6 +11,7 @@ from typing import Any
 
 from diag import schema
 from diag.trace.model import Trace
+from diag.trace.reader import capture_of
 from diag.tui.state import CommStat, LayerStat, RankState
 from diag.tui.tail import Chunk
 
@@ -53,6 +54,7 @@ class JobModel:
         self.events = 0
         self.newest_ts = 0
         self.version = 0  # bumped on every change: the UI skips redraws when nothing changed
+        self.capture = 0  # of the rank files read (`DirTail` follows the newest)
 
     # ---- ingestion ---------------------------------------------------------------------------
     def ingest(self, chunks: list[Chunk]) -> int:
@@ -63,6 +65,8 @@ class JobModel:
                 self.refused[chunk.path] = chunk.problem
                 self.version += 1
             header = chunk.header
+            if header is not None and capture_of(chunk.path)[0] > self.capture:
+                self._restart(capture_of(chunk.path)[0])
             if header is not None:
                 self._paths[chunk.path] = header
                 if not header.get("sidecar"):
@@ -74,6 +78,14 @@ class JobModel:
         if n or any(c.header for c in chunks):
             self.version += 1
         return n
+
+    def _restart(self, capture: int) -> None:
+        """A later attach's files came into the directory: their records start afresh, not merged
+        with the earlier capture's (the same ranks' steps would collide). The version goes on up,
+        so the UI redraws."""
+        version = self.version
+        self.__init__()
+        self.capture, self.version = capture, version + 1
 
     def set_stragglers(self, ranks: set[int]) -> None:
         """The straggler rule's verdict from the latest analysis (the Ranks tab shows it too)."""

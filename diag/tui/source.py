@@ -43,7 +43,7 @@ class LiveSource:
     def describe(self) -> str:
         if not os.path.isdir(self.trace_dir):
             return f"live {self.label} (waiting: the directory does not exist yet)"
-        return f"live {self.label}"
+        return _noted(f"live {self.label}", self.tail)
 
 
 class ReplaySource:
@@ -65,7 +65,7 @@ class ReplaySource:
         self.paused = False
         self._headers: list[Chunk] = []
         self._queue: list[tuple[int, str, dict]] = []
-        tail = DirTail(trace_dir)
+        tail = self.tail = DirTail(trace_dir)
         first: dict[str, Chunk] = {}  # per file: header, skipped lines and problem, on the first poll
         while chunks := tail.poll():
             for c in chunks:
@@ -102,7 +102,22 @@ class ReplaySource:
 
     def describe(self) -> str:
         speed = "all at once" if self.speed <= 0 else f"x{self.speed:g}"
-        return f"replay {self.label or self.trace_dir} ({speed})"
+        return _noted(f"replay {self.label or self.trace_dir} ({speed})", self.tail)
+
+
+def capture_note(tail: DirTail) -> str:
+    """Where a directory holds several captures (a later attach's `rank-N.K.jsonl`), which one is
+    shown: the newest, not a merge of them; "" where it holds one."""
+    if not tail.capture:
+        return ""
+    k = tail.capture
+    return f"following capture {k}, the newest (rank-N.{k}.jsonl): `diag analyze --each-run` reads each"
+
+
+def _noted(text: str, tail: DirTail) -> str:
+    """A source's description, with the capture it follows where the directory holds several."""
+    note = capture_note(tail)
+    return f"{text} ({note})" if note else text
 
 
 def _ts(ev: dict) -> int:

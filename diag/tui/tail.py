@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.trace import group_members, safeio
-from diag.trace.reader import TRACE_GLOB, parse_line
+from diag.trace.reader import TRACE_GLOB, capture_of, of_capture, parse_line
 
 MAX_READ = 8 << 20  # bytes per file per poll: a huge backlog is read over several polls
 
@@ -85,17 +85,24 @@ class FileTail:
 
 
 class DirTail:
-    """Every trace file of a directory, including files that appear later (late ranks, sidecars)."""
+    """Every trace file of a directory, including files that appear later (late ranks, sidecars).
+    Of the captures a directory holds (a later attach writes `rank-N.K.jsonl` beside the first's
+    files), only the newest is followed: the live one; merged, their steps collided."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.files: dict[str, FileTail] = {}
+        self.capture = 0  # the capture followed (`reader.capture_of`)
 
     def discover(self) -> None:
-        for pat in TRACE_GLOB:
-            for path in glob.glob(os.path.join(self.directory, pat)):
-                if path not in self.files:
-                    self.files[path] = FileTail(path)
+        found = sorted({path for pat in TRACE_GLOB for path in glob.glob(os.path.join(self.directory, pat))})
+        newest = max((capture_of(path)[0] for path in found), default=0)
+        if newest > self.capture:  # a later attach into the directory: its files, not the earlier's
+            self.capture = newest
+            self.files = {path: self.files[path] for path in of_capture(list(self.files), newest)}
+        for path in of_capture(found, self.capture):
+            if path not in self.files:
+                self.files[path] = FileTail(path)
 
     def poll(self) -> list[Chunk]:
         self.discover()

@@ -21,6 +21,7 @@ from diag.tui.source import LiveSource, ReplaySource, trace_dir_of_pid
 from diag.tui.tail import DirTail
 from diag.tui.view import build_view
 from tests.conftest import ROOT
+from tests.unit.synth_trace import write_capture
 
 
 def _view(path):
@@ -115,6 +116,18 @@ def test_tailer_partial_lines_and_late_files(tmp_path):
     assert chunks["rank-00000.jsonl"].skipped == 1
     assert chunks["rank-00001.jsonl"].header["rank"] == 1
     assert tail.poll() == []
+
+
+def test_a_later_capture_is_followed_alone(tmp_path):
+    """A second attach into the directory `diag top` follows writes `rank-N.1.jsonl`: read with the
+    first's files, rank 0 counted both captures' steps; now the newest alone, and the summary says so."""
+    path = write_capture(str(tmp_path / "t"), 0)
+    m, src = JobModel(), LiveSource(path)
+    m.ingest(src.poll())
+    assert m.ranks[0].step_count == 6 and "following" not in src.describe()
+    write_capture(path, 1, steps=3)
+    m.ingest(src.poll())
+    assert m.ranks[0].step_count == 3 and "following capture 1, the newest" in src.describe()
 
 
 def test_replay_releases_records_by_their_time(real_trace):

@@ -107,6 +107,29 @@ class Job:
         return diag.load(path)
 
 
+def write_capture(directory: str, capture: int, steps: int = 6) -> str:
+    """One attach's trace of 2 ranks (`steps` steps, an all_reduce each) into `directory`, its files
+    named as `writer.open_private` names the K-th capture's (`rank-N.K.jsonl`; K=0 `rank-N.jsonl`)."""
+    job = Job(ranks=2, steps=steps)
+    job.each_step(lambda r, s: job.comm(r, s))
+    staged = f"{directory}.capture-{capture}"  # `write` loads what it wrote: a directory of its own
+    job.write(staged)
+    suffix = f".{capture}" if capture else ""
+    os.makedirs(directory, exist_ok=True)
+    for r in range(2):
+        os.replace(
+            os.path.join(staged, f"rank-{r:05d}.jsonl"),
+            os.path.join(directory, f"rank-{r:05d}{suffix}.jsonl"),
+        )
+    return directory
+
+
+def two_captures(directory: str, later_steps: int = 6) -> str:
+    """A directory two attaches wrote into: a capture of 6 steps, then one of `later_steps`."""
+    write_capture(directory, 0)
+    return write_capture(directory, 1, later_steps)
+
+
 def fired(trace: Trace, name: str) -> list[Any]:
     """Findings of one rule (through the registry, as `diag analyze` runs it)."""
     from diag.analyzers import registered_rules

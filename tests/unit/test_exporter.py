@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import diag
 from diag.exporter.server import Exporter, registry_for, run_analyzers
 from tests.unit import fake_nvml
-from tests.unit.synth_trace import Job
+from tests.unit.synth_trace import Job, write_capture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FP16 = os.path.join(ROOT, "sample_traces", "fp16_overflow")
@@ -113,6 +113,20 @@ def test_live_findings_are_the_rules_findings(fp16) -> None:
     want = {(f.rule, f.severity) for f in found}
     assert want and set(by(m["diag_findings"], "rule", "severity")) == want
     assert m["diag_live_findings"][(("job", "j"),)] == len(found)
+
+
+def test_a_later_capture_is_exported_alone_and_said(tmp_path, capsys) -> None:
+    """A second attach into the directory writes `rank-N.1.jsonl`: the exporter switches to it (its
+    counters the newest capture's, not both added up) and says so on stderr, once a switch."""
+    path = write_capture(str(tmp_path / "t"), 0)
+    ex = Exporter(path, "j", analyze=None)
+    read_all(ex)
+    assert capsys.readouterr().err == ""
+    write_capture(path, 1, steps=3)
+    read_all(ex)
+    assert by(scrape(ex)["diag_steps_total"], "rank") == {("0",): 3, ("1",): 3}
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "holds several captures: following capture 1" in err[0], err
 
 
 def test_gpu_health_from_the_sidecar_records(tmp_path) -> None:

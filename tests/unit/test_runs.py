@@ -12,7 +12,7 @@ import pytest
 from diag.importers import load_inputs
 from diag.importers.runs import MixedRuns
 from tests.unit.kineto_synth import Kineto
-from tests.unit.synth_trace import Job
+from tests.unit.synth_trace import Job, two_captures, write_capture
 from tests.workloads import launch
 
 
@@ -107,35 +107,17 @@ def test_diag_traces_of_two_runs(tmp_path):
         load_inputs([node0, rerun])
 
 
-def _capture(path, steps: int = 6):
-    """One attach's trace: 2 ranks of `steps` steps, an all_reduce each."""
-    job = Job(ranks=2, steps=steps)
-    job.each_step(lambda r, s: job.comm(r, s))
-    job.write(str(path))
-    return path
-
-
-def two_captures(tmp_path, later_steps: int = 6):
-    """A directory two attaches wrote into: a capture of 6 steps, then `rank-N.1.jsonl` of
-    `later_steps` beside it (as `writer.open_private` names a second capture's files)."""
-    one = _capture(tmp_path / "one")
-    _capture(tmp_path / "again", later_steps)
-    for r in range(2):
-        os.replace(tmp_path / "again" / f"rank-{r:05d}.jsonl", one / f"rank-{r:05d}.1.jsonl")
-    return one
-
-
 def test_two_attaches_into_one_directory_are_two_captures(tmp_path):
     """A second attach into the same trace directory writes `rank-N.1.jsonl` beside the first's
     files: a new user's reused ./diag-trace was read as one trace (856 steps but 1,640 all_reduce
     calls a rank, steps colliding), with no word. Now each capture is a run of its own."""
-    single = str(_capture(tmp_path / "single"))
+    single = write_capture(str(tmp_path / "single"), 0)
     assert load_inputs([single]).sources == [single]  # one capture: the directory, as before
-    one = two_captures(tmp_path)
-    res = _diag(str(one))
+    one = two_captures(str(tmp_path / "one"))
+    res = _diag(one)
     assert res.returncode == 2 and "2 different runs (or capture windows)" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
-    each = _diag("--each-run", str(one))
+    each = _diag("--each-run", one)
     assert each.returncode == 0, each.stderr
     first, later = [line for line in each.stdout.splitlines() if line.startswith("== run")]
     assert "rank-00000.jsonl" in first and "rank-00000.1.jsonl" in later  # in the order they came
@@ -146,13 +128,13 @@ def test_load_refuses_two_captures_and_reads_the_one_named(tmp_path):
     refused in one line saying how to pick one; `capture=K` reads that capture's files alone."""
     import diag
 
-    one = two_captures(tmp_path, later_steps=3)
+    one = two_captures(str(tmp_path / "one"), later_steps=3)
     with pytest.raises(diag.DiagError, match=r"holds 2 captures .*diag.load\(path, capture=K\)"):
-        diag.load(str(one))
-    assert diag.load(str(one), capture=0).steps.groupby("rank").size().tolist() == [6, 6]
-    assert diag.load(str(one), capture=1).steps.groupby("rank").size().tolist() == [3, 3]
+        diag.load(one)
+    assert diag.load(one, capture=0).steps.groupby("rank").size().tolist() == [6, 6]
+    assert diag.load(one, capture=1).steps.groupby("rank").size().tolist() == [3, 3]
     with pytest.raises(diag.DiagError, match="no capture 2"):
-        diag.load(str(one), capture=2)
+        diag.load(one, capture=2)
 
 
 def test_job_id_tells_runs_apart(tmp_path, monkeypatch):
