@@ -60,6 +60,22 @@ def build(args: argparse.Namespace) -> AgentOptions:
         raise DiagError(f"{flag}{exc.problem}", USAGE) from None
 
 
+def earlier_capture_note(command: str, trace_dir: str) -> str | None:
+    """The note for a trace directory that already holds rank files: this capture's go beside them
+    (`writer.open_private`'s rank-N.K.jsonl), which `diag analyze` reads as a run of its own and
+    `diag.load` refuses without `capture=K`. Said when it happens, not found out later."""
+    from diag.trace.reader import capture_numbers
+
+    held = capture_numbers(trace_dir)
+    if not held:
+        return None
+    what, them = ("a capture", "it") if len(held) == 1 else (f"{len(held)} captures", "them")
+    return (
+        f"diag {command}: note: {trace_dir} already holds {what}; this one is written beside {them} as "
+        f"rank-N.{held[-1] + 1}.jsonl (read them apart with `diag analyze --each-run`)"
+    )
+
+
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """The checked options as the JSON-ready dict the job receives."""
     return build(args).to_mapping()

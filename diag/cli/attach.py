@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     options = agent_options.options(args)
     ranks = rank_targets(args.pid, "attach again once its ranks run, or to a rank's pid")
+    note = agent_options.earlier_capture_note("attach", options["trace_dir"])  # before this one's files
     with ThreadPoolExecutor(max_workers=min(16, len(ranks))) as pool:
         futures = [
             pool.submit(attach_one, pid, rank, options, args.method, not args.no_torch) for pid, rank in ranks
@@ -69,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"diag: warning: pid {res.pid}: {res.warning}", file=sys.stderr)
     if results:  # the trace line only where something writes there (never before a failure alone)
         print(f"trace: {options['trace_dir']}")
+        if note and not all(res.reused for res in results):  # (a running agent keeps its file)
+            print(note, file=sys.stderr)
     if failed:
         raise DiagError("; ".join(failed), FAILURE)
     if args.duration is not None:

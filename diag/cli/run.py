@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 
 from diag.cli import agent_options
 from diag.errors import USAGE, DiagError
@@ -44,4 +45,6 @@ def run(args: argparse.Namespace) -> int:
     agent_options.build(args)  # a bad option fails here, not in every rank
     if shutil.which(command[0]) is None:
         raise DiagError(f"{command[0]}: command not found", USAGE)
+    if note := agent_options.earlier_capture_note("run", os.path.abspath(args.trace_dir)):
+        print(note, file=sys.stderr, flush=True)
     os.execvpe(command[0], command, environment(args, dict(os.environ)))  # never returns

@@ -137,6 +137,33 @@ def test_load_refuses_two_captures_and_reads_the_one_named(tmp_path):
         diag.load(one, capture=2)
 
 
+def test_run_or_attach_into_a_directory_holding_a_capture_says_so(tmp_path, monkeypatch, capsys):
+    """A second `diag run` or `diag attach` into a trace directory writes rank-N.1.jsonl beside the
+    first's files: said in one line on stderr as it starts, not found out at `diag analyze`. Not an
+    error; a fresh directory gets no note."""
+    import argparse
+
+    from diag.cli import attach
+    from diag.inject.attach import Attached
+
+    path = write_capture(str(tmp_path / "t"), 0)
+    note = (
+        f"note: {path} already holds a capture; this one is written beside it as rank-N.1.jsonl "
+        "(read them apart with `diag analyze --each-run`)\n"
+    )
+    assert launch.diag_cli("run", "--trace-dir", str(tmp_path / "new"), "--", "true").stderr == ""
+    res = launch.diag_cli("run", "--trace-dir", path, "--", "true")
+    assert res.returncode == 0 and res.stderr == f"diag run: {note}", res.stderr
+    monkeypatch.setattr(attach, "rank_targets", lambda pid, _hint: [(pid, 0)])
+    parser = argparse.ArgumentParser()
+    attach.add_arguments(parser)
+    for reused, says in ((False, f"diag attach: {note}"), (True, "")):  # a running agent keeps its file
+        found = Attached(123, 0, "ptrace", 0.01, reused=reused)
+        monkeypatch.setattr(attach, "attach_one", lambda *_, found=found: found)
+        assert attach.run(parser.parse_args(["123", "--trace-dir", path])) == 0
+        assert capsys.readouterr().err == says
+
+
 def test_job_id_tells_runs_apart(tmp_path, monkeypatch):
     from diag.agent.header import job_id
 
