@@ -33,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="[ADDR]:PORT",
         help="serve live metrics of the trace directory for Prometheus to scrape",
     )
+    parser.add_argument(
+        "--capture",
+        type=int,
+        metavar="K",
+        help="with --perfetto: which capture of a directory two attaches wrote into (0 the first, K its "
+        "rank-N.K.jsonl files); --prometheus follows the newest",
+    )
     prom = parser.add_argument_group("--prometheus options")
     prom.add_argument("--job", help="the job label (default: the trace directory's name)")
     prom.add_argument("--interval", type=float, default=2.0, help="seconds between reads of the files")
@@ -144,11 +151,13 @@ def perfetto(args: argparse.Namespace) -> int:
 
     import diag
     from diag.report.perfetto import timeline
-    from diag.trace.reader import Unreadable
+    from diag.trace.reader import ManyCaptures, Unreadable
 
     _refuse_kineto(args.trace_dir)
     try:
-        trace = diag.load(args.trace_dir)
+        trace = diag.load(args.trace_dir, capture=args.capture)
+    except ManyCaptures as e:
+        raise ManyCaptures(e.path, e.held, "--capture K") from None
     except Unreadable as e:  # nothing readable: one line per bad file
         for p in e.per_file():
             print(f"diag export: error: {p}", file=sys.stderr)

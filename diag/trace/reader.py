@@ -103,6 +103,18 @@ def of_capture(files: list[str], capture: int) -> list[str]:
     return [f for f in files if capture_of(f)[0] == capture or not os.path.basename(f).startswith("rank-")]
 
 
+class ManyCaptures(DiagError):
+    """A directory of several captures read with none named: the line says how to name one (`pick`:
+    the Python API's keyword here, a command's option where a command reads it)."""
+
+    def __init__(self, path: str, held: list[int], pick: str = "diag.load(path, capture=K)") -> None:
+        super().__init__(
+            f"{path} holds {len(held)} captures (rank-N.jsonl, rank-N.1.jsonl ...): "
+            f"read one with {pick}, K one of {', '.join(map(str, held))}"
+        )
+        self.path, self.held = path, held
+
+
 def capture_files(path: str, capture: int | None) -> list[str]:
     """`trace_files` of one capture: refused, with how to pick one, where `path` holds several and
     none was named (read as one trace, their steps collide)."""
@@ -110,10 +122,7 @@ def capture_files(path: str, capture: int | None) -> list[str]:
     held = capture_numbers(path) if os.path.isdir(path) else []
     if capture is None:
         if len(held) > 1:
-            raise DiagError(
-                f"{path} holds {len(held)} captures (rank-N.jsonl, rank-N.1.jsonl ...): "
-                f"load one with diag.load(path, capture=K), K one of {', '.join(map(str, held))}"
-            )
+            raise ManyCaptures(path, held)
         return files
     wanted = of_capture(files, capture)
     if not any(os.path.basename(f).startswith("rank-") for f in wanted):
