@@ -13,7 +13,7 @@ from diag.analyzers.base import rule
 
 from diag import schema
 from diag.findings import Cost, Finding, Fix
-from diag.metrics import positions, reduction, steps
+from diag.metrics import positions, rank_steps, reduction, steps
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -106,8 +106,9 @@ def _on_attributed(df: pd.DataFrame, steps: dict[int, set[int]]) -> pd.Series:
     """Rows of `df` (rank, step columns) on steps where module attribution was on."""
     if not steps:
         return pd.Series(True, index=df.index)
+    tracked = df["rank"].isin(list(steps)).to_numpy()
     return pd.Series(
-        [r not in steps or s in steps[r] for r, s in zip(df["rank"], df["step"])], index=df.index, dtype=bool
+        ~tracked | rank_steps.among(df, rank_steps.pairs(steps.items())), index=df.index, dtype=bool
     )
 
 

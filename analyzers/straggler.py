@@ -13,7 +13,7 @@ from diag.analyzers.base import rule
 from diag.analyzers.memory_growth import memory_growth
 
 from diag.findings import Cost, Finding, Fix
-from diag.metrics import positions, reduction
+from diag.metrics import positions, rank_steps, reduction
 from diag.metrics.comms import arrival_per_step, arrival_waits, last_per_step, transfer_dur
 from diag.metrics.idle import gaps
 from diag.metrics.onset import Onset, onsets, robust_sigma
@@ -208,11 +208,7 @@ def _compute_per_step(metrics: Metrics) -> pd.DataFrame:
     if df.empty:
         return df
     xfer = metrics.exposed["exposed_s"].to_numpy() if not metrics.exposed.empty else 0.0
-    extra = (
-        pd.Series(list(zip(df["rank"], df["step"]))).map(tail).fillna(0.0).to_numpy()
-        if not tail.empty
-        else 0.0
-    )
+    extra = rank_steps.looked_up(df, tail) if not tail.empty else 0.0
     df = df.assign(
         compute_s=(df["dur_s"] - df["exposed_s"] - extra).clip(lower=0),
         wait_s=(df["exposed_s"] - xfer + extra).clip(lower=0),
@@ -220,8 +216,7 @@ def _compute_per_step(metrics: Metrics) -> pd.DataFrame:
     st = metrics.trace.steps
     skipped = st[st["applied"].astype(object).eq(False)] if "applied" in st else st.iloc[:0]
     # steps skipped for an fp16 overflow take a different path (no optimizer update) on some ranks
-    gone = set(zip(skipped["rank"], skipped["step"]))
-    return df[[(r, s) not in gone for r, s in zip(df["rank"], df["step"])]]
+    return df[~rank_steps.among(df, skipped)]
 
 
 def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
@@ -406,11 +401,7 @@ def kernel_compute(metrics: Metrics) -> pd.DataFrame:
     k = k[(k["kind"].astype(str) == "compute") & k["step"].notna()]
     steady = metrics.steady_steps
     if not steady.empty:
-        k = k[
-            pd.Series(list(zip(k["rank"], k["step"])), index=k.index).isin(
-                set(zip(steady["rank"], steady["step"]))
-            )
-        ]
+        k = k[rank_steps.among(k, steady)]
     if k.empty or k["rank"].nunique() < 2:
         return pd.DataFrame()
     kinds = k.groupby(["step", "rank"], observed=True)["name"].agg(lambda s: tuple(sorted(s.astype(str))))

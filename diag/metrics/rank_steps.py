@@ -1,0 +1,39 @@
+"""(rank, step) keys of a frame's rows matched as columns: the rules matched them a Python tuple a
+row (`zip(df["rank"], df["step"])` into a set or a dict's lookup), 4-6 s and ~160 MB of tuples a
+million rank-steps, where pandas' index engine takes 0.1 s (issue 14: 1,024 ranks x 10,000 steps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+
+def keys(df: pd.DataFrame) -> pd.MultiIndex:
+    """The (rank, step) of each row of `df`."""
+    return pd.MultiIndex.from_arrays([df["rank"], df["step"]])
+
+
+def among(df: pd.DataFrame, other: pd.DataFrame | pd.MultiIndex) -> np.ndarray:
+    """Whether each row's (rank, step) is one of `other`'s (a frame's rows, or the keys themselves);
+    equal values of any dtype match (rank 1, step 5.0 is step 5), as tuples did."""
+    return keys(df).isin(other if isinstance(other, pd.MultiIndex) else keys(other))
+
+
+def pairs(items: Iterable[tuple[int, Iterable[int]]]) -> pd.MultiIndex:
+    """The (rank, step) keys of each rank's steps: `(rank, steps)` items."""
+    ranks, steps = [], []
+    for rank, its in items:
+        for step in its:
+            ranks.append(rank)
+            steps.append(step)
+    return pd.MultiIndex.from_arrays([ranks, steps])
+
+
+def looked_up(df: pd.DataFrame, values: pd.Series) -> np.ndarray:
+    """`values` (indexed by (rank, step), each once) at each row of `df`: 0.0 where it has none, or
+    NaN (`Series.map(values).fillna(0.0)` of the rows' tuples)."""
+    at = values.index.get_indexer(keys(df))
+    out = values.to_numpy(dtype=float)[np.maximum(at, 0)] if len(values) else np.zeros(len(df))
+    return np.where((at >= 0) & ~np.isnan(out), out, 0.0)
