@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import IO, Any
 
-from diag.report.records import Records, lazy, materialize
+from diag.report.records import Records, as_rows, lazy, materialize
+from diag.report.row_text import rows_text
 
 _OPTIONS: dict[str, Any] = {"indent": 2, "sort_keys": False, "default": str, "allow_nan": False}
 _ENCODER = json.JSONEncoder(**_OPTIONS)
@@ -36,10 +37,12 @@ def _write(value: Any, out: IO[str], depth: int) -> None:
     elif isinstance(value, Records):
         out.write("[")
         inner, n = "\n" + _INDENT * depth, 0
-        for chunk in value.chunks():  # a chunk's text as the encoder lays out a list, less its brackets
-            text = _ENCODER.encode(chunk)
-            out.write(("," if n else "") + inner + text[2:-2].replace("\n", inner))
-            n += len(chunk)
+        for part in value.parts():  # a chunk's text as the encoder lays out a list, less its brackets
+            text = rows_text(part)
+            if text is None:
+                text = _ENCODER.encode(as_rows(part))[2:-2]
+            out.write(("," if n else "") + inner + text.replace("\n", inner))
+            n += len(part)
         out.write((inner if n else "") + "]")
     else:
         inner = "\n" + _INDENT * depth

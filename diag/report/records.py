@@ -37,13 +37,22 @@ class Records:
     def __init__(self, frame: pd.DataFrame) -> None:
         self.frame = frame
 
-    def chunks(self) -> Iterator[list[dict[str, Any]]]:
+    def parts(self) -> Iterator[pd.DataFrame]:
+        """`frame`, `CHUNK` rows at a time."""
         for start in range(0, len(self.frame), CHUNK):
-            part = self.frame.iloc[start : start + CHUNK]
-            yield plain(part.astype(object).to_dict("records"))
+            yield self.frame.iloc[start : start + CHUNK]
+
+    def chunks(self) -> Iterator[list[dict[str, Any]]]:
+        for part in self.parts():
+            yield as_rows(part)
 
     def rows(self) -> list[dict[str, Any]]:
         return [row for chunk in self.chunks() for row in chunk]
+
+
+def as_rows(part: pd.DataFrame) -> list[dict[str, Any]]:
+    """A frame's rows as plain dicts."""
+    return plain(part.astype(object).to_dict("records"))
 
 
 def materialize(doc: Any) -> Any:
