@@ -62,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.prometheus is not None:
+        if args.capture is not None:  # (served silently from the newest, it read as obeyed)
+            raise DiagError("--capture is --perfetto's: --prometheus follows the newest capture", USAGE)
         return serve(args)
     return perfetto(args)
 

@@ -118,6 +118,8 @@ class ManyCaptures(DiagError):
 def capture_files(path: str, capture: int | None) -> list[str]:
     """`trace_files` of one capture: refused, with how to pick one, where `path` holds several and
     none was named (read as one trace, their steps collide)."""
+    if capture is not None and (type(capture) is not int):  # (a string from argv named a capture held)
+        raise DiagError(f"capture must be an integer (0 the first capture), got {capture!r}")
     files = trace_files(path)
     held = capture_numbers(path) if os.path.isdir(path) else []
     if capture is None:

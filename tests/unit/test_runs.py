@@ -135,11 +135,15 @@ def test_load_refuses_two_captures_and_reads_the_one_named(tmp_path):
     assert diag.load(one, capture=1).steps.groupby("rank").size().tolist() == [3, 3]
     with pytest.raises(diag.DiagError, match="no capture 2"):
         diag.load(one, capture=2)
+    with pytest.raises(diag.DiagError, match=r"capture must be an integer .* got '1'"):
+        diag.load(one, capture="1")  # type: ignore[arg-type]
     # `diag export --perfetto` reads it with `diag.load`: its refusal names its own option
     out = str(tmp_path / "out.json")
     res = launch.diag_cli("export", "--perfetto", out, one)
     assert res.returncode == 2 and "read one with --capture K, K one of 0, 1" in res.stderr, res.stderr
     assert launch.diag_cli("export", "--perfetto", out, "--capture", "1", one).returncode == 0
+    res = launch.diag_cli("export", "--prometheus", "127.0.0.1:0", "--capture", "0", one)
+    assert res.returncode == 2 and "--prometheus follows the newest capture" in res.stderr, res.stderr
     with open(out, encoding="utf-8") as f:
         assert sum(e.get("cat") == "step" for e in json.load(f)["traceEvents"]) == 2 * 3  # capture 1's
 
