@@ -19,7 +19,7 @@ ROW, KEY = "  ", "    "  # the indents of a row and its keys in a list at depth 
 
 def rows_text(part: pd.DataFrame) -> str | None:
     """`json.dumps(plain(part's rows as dicts), indent=2)` less its brackets' lines, or None."""
-    if part.empty or part.columns.empty:
+    if part.empty or part.columns.empty or not part.columns.is_unique:  # (a name twice: the dicts keep one)
         return None
     columns = []
     for name in part.columns:

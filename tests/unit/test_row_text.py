@@ -39,7 +39,8 @@ def test_every_kind_of_column_as_the_encoder_writes_it():
 def test_a_column_of_lists_or_times_is_left_to_the_encoder():
     lists = pd.DataFrame({"rank": [0, 1], "throttle": [["SwPowerCap"], []]})
     times = pd.DataFrame({"t": pd.to_datetime(["2026-01-01", "2026-01-02"])})
-    assert rows_text(lists) is None and rows_text(times) is None
+    twice = pd.DataFrame([[1, 2.5]], columns=["x", "x"])
+    assert rows_text(lists) is None and rows_text(times) is None and rows_text(twice) is None
     doc = {"a": Records(lists), "b": {"c": Records(times)}, "d": Records(pd.DataFrame({"x": [1.5]}))}
     out: list[str] = []
 
