@@ -70,5 +70,4 @@ _TOKENS: dict[type, Callable[[Any], str]] = {
     bool: lambda v: "true" if v else "false",
     int: int.__repr__,
     float: _float,
-    type(None): lambda v: "null",
 }

@@ -65,9 +65,9 @@ class JobModel:
                 self.refused[chunk.path] = chunk.problem
                 self.version += 1
             header = chunk.header
-            if header is not None and capture_of(chunk.path)[0] > self.capture:
-                self._restart(capture_of(chunk.path)[0])
             if header is not None:
+                if (capture := capture_of(chunk.path)[0]) > self.capture:
+                    self._restart(capture)
                 self._paths[chunk.path] = header
                 if not header.get("sidecar"):
                     self._add_header(header)
