@@ -281,12 +281,8 @@ def _write_ds_config(doc: dict[str, Any], path: str) -> None:
 
 
 def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> None:
-    """`doc`: `model.document`'s, its tables `Records`; `--json` alone writes it a table's chunk at a
-    time, the other renderers read it whole (`materialize`)."""
-    if args.markdown or args.html or args.ds_config_out or not args.json:
-        from diag.report.records import materialize
-
-        doc = materialize(doc)
+    """`doc`: `model.document`'s, its tables `Records`: `--json` writes a table a chunk of rows at a
+    time, the other renderers read its rows as they go (never the per-(rank, step) tables whole)."""
     if args.markdown:
         from diag.report import markdown
 

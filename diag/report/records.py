@@ -1,14 +1,16 @@
 """The report document's tables held as their frames until read: `diag analyze --json` writes a
-table's rows a chunk at a time (`json_report.write`), so the per-(rank, step) tables are never held
-whole as dicts (at 64 ranks x 1,000 steps the dicts, and the copy a second `plain` made of them, were
-the run's peak: docs/scale.md); the other renderers read the document with its tables as rows
-(`materialize`)."""
+table's rows a chunk at a time (`json_report.write`), and the other renderers read a table as a
+sequence of rows made a chunk at a time as they go (`Records` is one), so the per-(rank, step)
+tables are never held whole as dicts (at 64 ranks x 1,000 steps the dicts, and the copy a second
+`plain` made of them, were the run's peak; at 256 x 2,000 the terminal report's `materialize`
+doubled the run's peak RSS, 0.5 -> 1.0 GB: docs/scale.md). `materialize` makes the plain document
+(every table its list of rows) for those that keep or compare it whole."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 import pandas as pd
@@ -31,11 +33,33 @@ def plain(value: Any) -> Any:
     return value
 
 
-class Records:
-    """A table of the document: `frame`'s rows as plain dicts, made `CHUNK` rows at a time."""
+class Records(Sequence[dict[str, Any]]):
+    """A table of the document: `frame`'s rows as plain dicts, made `CHUNK` rows at a time as they
+    are read (iterated, indexed or sliced; each read makes them anew, none is kept)."""
 
     def __init__(self, frame: pd.DataFrame) -> None:
         self.frame = frame
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for chunk in self.chunks():
+            yield from chunk
+
+    @overload
+    def __getitem__(self, at: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, at: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, at: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(at, slice):
+            return as_rows(self.frame.iloc[at])
+        if not -len(self) <= at < len(self):
+            raise IndexError(f"row {at} of {len(self)}")
+        return as_rows(self.frame.iloc[[at]])[0]
+
+    def __repr__(self) -> str:
+        return f"Records({len(self)} rows)"
 
     def parts(self) -> Iterator[pd.DataFrame]:
         """`frame`, `CHUNK` rows at a time."""
