@@ -199,6 +199,7 @@ def read(path: str, window: Window = ALL, size: int | None = None) -> WindowedMe
         dict(outside.headers), _Held(frames, lasts.merge_latest(latest)), list(outside.problems), [path]
     )
     whole = Whole(figures.steps, figures.members)
+    whole.__dict__["steady_steps"] = figures.steady_steps  # (its cached property: the same frame, held once)
     stage = WindowedMetrics(trace, path=path, window=window, size=size, figures=figures, whole=whole)
     stage._reduced.update({r: r.merged(parts) for r, parts in early.items()})
     return stage
