@@ -243,12 +243,15 @@ def _comm_patterns(patterns: list[str]) -> None:
     os.environ[COMM_PATTERN_ENV] = check_comm_pattern(joined)
 
 
-def _numbered(path: str, run_no: int) -> str:
-    """report.md -> report.run2.md under --each-run (one file per run)."""
-    if not run_no:
-        return path
-    stem, ext = os.path.splitext(path)
-    return f"{stem}.run{run_no}{ext}"
+def _write_numbered(path: str, run_no: int, text: str) -> None:
+    """`path`, or report.md -> report.run2.md under --each-run (one file per run, each named on
+    stderr: the file asked for is not written)."""
+    if run_no:
+        stem, ext = os.path.splitext(path)
+        path = f"{stem}.run{run_no}{ext}"
+    write_report(path, text)
+    if run_no:
+        print(f"diag analyze: run {run_no}: wrote {path}", file=sys.stderr)
 
 
 def _model_option(text: str | None) -> dict[str, Any] | None:
@@ -286,11 +289,11 @@ def _render(doc: dict[str, Any], args: argparse.Namespace, run_no: int = 0) -> N
     if args.markdown:
         from diag.report import markdown
 
-        write_report(_numbered(args.markdown, run_no), markdown.render(doc))
+        _write_numbered(args.markdown, run_no, markdown.render(doc))
     if args.html:
         from diag.report import html
 
-        write_report(_numbered(args.html, run_no), html.render(doc))
+        _write_numbered(args.html, run_no, html.render(doc))
     if args.ds_config_out:
         _write_ds_config(doc, args.ds_config_out)
     if args.json:

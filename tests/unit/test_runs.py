@@ -70,6 +70,13 @@ def test_each_run_gives_one_report_per_run_and_no_desync(tmp_path):
     assert all(f["rule"] not in ("hang_desync", "idle_between_steps") for d in docs for f in d["findings"])
     text = _diag(str(tmp_path / "runs"), "--each-run", "-q").stdout
     assert "== run 1 of 2" in text and "== run 2 of 2" in text
+    md = tmp_path / "report.md"
+    r = _diag(str(tmp_path / "runs"), "--each-run", "-q", "--markdown", str(md))
+    assert r.returncode == 0, r.stderr
+    for i in (1, 2):  # a file a run, each named (report.md itself is not written)
+        assert (tmp_path / f"report.run{i}.md").stat().st_size
+        assert f"diag analyze: run {i}: wrote {tmp_path / f'report.run{i}.md'}\n" in r.stderr
+    assert not md.exists()
 
 
 def test_ranks_of_one_run_in_sub_folders_are_joined(tmp_path):
