@@ -10,6 +10,7 @@ when there is one.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -154,12 +155,30 @@ class MixedRuns(DiagError):
             for r in runs
         ]
         super().__init__(
-            f"inputs come from {len(runs)} different runs (or capture windows), not merged: "
+            f"inputs come from {_what(runs)}, not merged: "
             + "; ".join(parts)
             + " (analyze one at a time, or pass --each-run)"
         )
         # paths per run; logs (no identity of their own) are analyzed on their own under --each-run
         self.runs = [[s.path for s in r] for r in runs] + ([logs] if logs else [])
+
+
+def _what(runs: list[list[RunSig]]) -> str:
+    """What the runs are: the captures of one diag trace directory (attaches that wrote into it,
+    each capture's rank files one run) said so, else different runs."""
+    from diag.trace.reader import capture_of
+
+    files = [s.path for r in runs for s in r]
+    where = {os.path.dirname(os.path.abspath(f)) for f in files}
+    each = [{capture_of(s.path)[0] for s in r} for r in runs]
+    if (
+        len(where) == 1
+        and all(os.path.basename(f).startswith("rank-") and f.endswith(".jsonl") for f in files)
+        and all(len(c) == 1 for c in each)
+        and len(set().union(*each)) == len(runs)
+    ):
+        return f"{len(runs)} captures in {where.pop()} (attaches that wrote into one directory)"
+    return f"{len(runs)} different runs (or capture windows)"
 
 
 def _merged(run: list[RunSig]) -> str:
