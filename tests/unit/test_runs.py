@@ -122,7 +122,8 @@ def test_two_attaches_into_one_directory_are_two_captures(tmp_path):
     assert load_inputs([single]).sources == [single]  # one capture: the directory, as before
     one = two_captures(str(tmp_path / "one"))
     res = _diag(one)
-    assert res.returncode == 2 and f"2 captures in {one} (attaches that wrote into one directory)" in res.stderr, res.stderr
+    said = f"2 captures in {one} (attaches that wrote into one directory)"
+    assert res.returncode == 2 and said in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     each = _diag("--each-run", one)
     assert each.returncode == 0, each.stderr
