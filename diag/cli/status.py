@@ -78,10 +78,12 @@ def render(st: dict[str, Any]) -> str:
     """A few lines per process: who, where it writes, then one line per collector."""
     rank = f" rank {st['rank']}" if st.get("rank") is not None else ""
     lines = [
-        f"pid {st['pid']}{rank}: step {st['step']}, layers every {st['layers_every']}, "
+        f"pid {st['pid']}{rank}: at the job's step {st['step']}, layers every {st['layers_every']}, "
         f"{st['buffered']} buffered, trace {st['trace_file']}"
     ]
     kinds = sorted(set(st["captured"]) | set(st["dropped"]) | set(st["errors"]) | set(st["collectors"]))
+    if kinds:  # this attach's records: "step 2031" beside "step captured 12" read as a contradiction
+        lines.append("  records since the attach, per collector:")
     for kind in kinds:
         lines.append(
             f"  {kind:<10} captured {st['captured'].get(kind, 0):>8}  "

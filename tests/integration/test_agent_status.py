@@ -25,5 +25,9 @@ def test_status_lists_each_collector_once(tmp_path, monkeypatch):
     finally:
         agent.stop()
     assert st["captured"].get("steps") == 3 and "step" not in st["captured"]
-    rows = [line.split()[0] for line in render({**st, "rank": 0}).splitlines()[1:-1]]
+    lines = render({**st, "rank": 0}).splitlines()
+    # the job's step count, then this attach's records: "step 3" beside "captured 3" said apart
+    assert f"rank 0: at the job's step {st['step']}," in lines[0], lines[0]
+    assert lines[1] == "  records since the attach, per collector:", lines
+    rows = [line.split()[0] for line in lines[2:-1]]
     assert len(rows) == len(set(rows)) and {"steps", "memory"} <= set(rows), rows
