@@ -252,7 +252,7 @@ def _job(f: Families, m: JobModel, view: JobView, job: str) -> None:
     f.gauge(
         "diag_model_flops_per_second",
         "achieved model FLOP/s of one rank: FLOPs per step over the "
-        "job's step time (MFU = this / the GPU's peak)",
+        "job's step time (last 20 steps; MFU = this / the GPU's peak)",
         ("job",),
         lv,
         flops / (view.mean_ms / 1e3) if flops and view.mean_ms else None,
