@@ -15,10 +15,12 @@ setup: .venv/.installed
 demo: setup
 	.venv/bin/diag demo
 
+# pytest on two xdist workers: the real jobs (tests/conftest.py's SERIAL_GROUP) one after another on one
+# worker, the in-process tests on both; --durations: the slowest, in CI's log (kept well under 30 min)
 test: setup .venv/.bench
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/python -m pytest -q --durations=20  # the slowest, in CI's log: the suite is kept well under 30 min
+	.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=20
 
 # the second leg: the real-job tests on Python 3.12 with the newest torch, DeepSpeed and megatron-core
 COMPAT_TESTS = tests/integration tests/unit/test_overflow.py tests/unit/test_steps.py \
