@@ -83,11 +83,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = os.path.join(os.path.dirname(base), os.path.basename(base)[len("popen-") :])
 
 
+def _module(item: pytest.Item) -> str:
+    """The test's module name (`test_hang`), as SERIAL_UNITS and ALONE name them."""
+    return os.path.splitext(os.path.basename(str(item.path)))[0]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         rel = os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).split(os.sep)
-        module = os.path.splitext(rel[-1])[0]
+        module = _module(item)
         serial = rel[0] in SERIAL_FOLDERS or (rel[0] == "tui" and module in SERIAL_TUI)
         if serial or module in SERIAL_UNITS or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
@@ -103,7 +108,7 @@ def _cpu_turn(item: pytest.Item) -> Iterator[None]:
         yield
         return
     root = os.path.dirname(base)  # the run's folder: the workers' basetemps are in it
-    alone = os.path.splitext(os.path.basename(str(item.path)))[0] in ALONE
+    alone = _module(item) in ALONE
     gate = os.open(os.path.join(root, "cpu.gate"), os.O_RDWR | os.O_CREAT, 0o600)
     lock = os.open(os.path.join(root, "cpu.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
