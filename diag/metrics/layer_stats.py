@@ -66,9 +66,12 @@ def steady_samples(layers: pd.DataFrame, steady: pd.DataFrame) -> pd.DataFrame:
 
 def steady_rows(layers: pd.DataFrame, steady: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(`warmup` of each record, the records `steady_samples` keeps), one rank's records at a time:
-    a (rank, step) index of every record took +80 MiB at 64 ranks x 1,000 steps."""
+    a (rank, step) index of every record took +80 MiB at 64 ranks x 1,000 steps. The steady steps
+    looked at are those of the records' span of steps (a window's are a few of the job's: each
+    window grouped every steady step of a 256-rank x 500-step job, the windowed pass's peak)."""
     rank = layers["rank"].astype("int64").to_numpy()
     step = layers["step"].astype("int64").to_numpy()
+    steady = steady[steady["step"].between(step.min(), step.max()).to_numpy()]  # (others: no record)
     steady_steps = {
         int(r): np.unique(g.to_numpy()) for r, g in steady["step"].astype("int64").groupby(steady["rank"])
     }

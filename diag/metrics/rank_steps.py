@@ -22,13 +22,17 @@ def among(df: pd.DataFrame, other: pd.DataFrame | pd.MultiIndex) -> np.ndarray:
 
 
 def pairs(items: Iterable[tuple[int, Iterable[int]]]) -> pd.MultiIndex:
-    """The (rank, step) keys of each rank's steps: `(rank, steps)` items."""
+    """The (rank, step) keys of each rank's steps: `(rank, steps)` items. A rank's steps as one
+    array (a Python append a key was 1.7 s of a windowed pass over 256 ranks' 109 attributed
+    steps each: every window asks)."""
     ranks, steps = [], []
     for rank, its in items:
-        for step in its:
-            ranks.append(rank)
-            steps.append(step)
-    return pd.MultiIndex.from_arrays([ranks, steps])
+        mine = np.fromiter(its, dtype=np.int64)
+        ranks.append(np.full(len(mine), rank, dtype=np.int64))
+        steps.append(mine)
+    if not steps:
+        return pd.MultiIndex.from_arrays([[], []])
+    return pd.MultiIndex.from_arrays([np.concatenate(ranks), np.concatenate(steps)])
 
 
 def looked_up(df: pd.DataFrame, values: pd.Series) -> np.ndarray:

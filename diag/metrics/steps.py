@@ -18,17 +18,32 @@ NS = 1e9  # nanoseconds per second
 
 def step_frame(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, step) of a step frame: `dur_s`, `start`, `end` (ns). Steps with no
-    duration are dropped."""
-    df = steps.copy()
-    if df.empty:
+    duration are dropped. The step records' own columns are shared with `steps` (copy-on-write),
+    not copied, where no row is dropped and the rows are already in (rank, step) order, as a
+    writer's are: a 256-rank x 2,000-step trace held them twice (73 of its ~600 bytes a rank-step)."""
+    if steps.empty:
         return pd.DataFrame(columns=["rank", "step", "ts", "dur", "dur_s", "start", "end"])
-    df["dur"] = pd.to_numeric(df["dur"], errors="coerce")
-    df = df.dropna(subset=["dur"])
-    df = df[df["dur"] > 0].copy()
-    df["dur_s"] = df["dur"] / NS
+    df = steps.copy(deep=False)
+    dur = pd.to_numeric(df["dur"], errors="coerce")
+    timed = (dur > 0).to_numpy()  # (NaN is not)
+    if not timed.all():
+        df, dur = df[timed], dur[timed]
+    df["dur"] = dur
+    df["dur_s"] = dur / NS
     df["start"] = pd.to_numeric(df["ts"])
     df["end"] = df["start"] + df["dur"]
-    return df.sort_values(["rank", "step"]).reset_index(drop=True)
+    if not in_order(df["rank"], df["step"]):
+        df = df.sort_values(["rank", "step"])
+    return df.reset_index(drop=True)
+
+
+def in_order(rank: pd.Series, step: pd.Series) -> bool:
+    """Whether the (rank, step) keys strictly increase: the order `sort_values` gives them, whatever
+    its algorithm (equal keys, whose order a quicksort may change, are sorted as before)."""
+    if rank.dtype.kind not in "iu" or step.dtype.kind not in "iu":
+        return False
+    r, s = rank.to_numpy(), step.to_numpy()
+    return bool(((r[1:] > r[:-1]) | ((r[1:] == r[:-1]) & (s[1:] > s[:-1]))).all())
 
 
 def steady(df: pd.DataFrame, skip: int = 1) -> pd.DataFrame:

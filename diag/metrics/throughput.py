@@ -30,7 +30,7 @@ import pandas as pd
 
 from diag.metrics import positions
 from diag.metrics.agg import named
-from diag.metrics.steps import NS, steady
+from diag.metrics.steps import NS, in_order, steady
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -163,7 +163,11 @@ def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
     return st.rename(columns={"held": "flops"})
 
 
-_MEDIANS = ("tflops", "mfu", "samples_per_s", "tokens_per_s")
+_MEDIANS = {  # per_rank's columns: the rows' column each is the median of
+    "flops_per_step": "flops",
+    "step_ms": "dur_ns",
+    **{col: col for col in ("tflops", "mfu", "samples_per_s", "tokens_per_s")},
+}
 
 
 def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
@@ -172,27 +176,44 @@ def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
     rank: 10 ms a rank, 2.5 s of a 256-rank job's report."""
     if rows.empty:
         return pd.DataFrame(columns=RANK_COLUMNS)
-    pos = rows[["rank", "step"]].reset_index(drop=True)
-    by = pos.groupby("rank")["step"]
-    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
-    first = pos["step"].where(nth == 1).groupby(pos["rank"]).transform("max")  # the warm-up's end
-    kept = ((by.transform("size") <= 2) | (pos["step"] >= first)).to_numpy()
+    rank = rows["rank"].reset_index(drop=True)
+    kept = _past_warm_up(rank, rows["step"].reset_index(drop=True))
     unsampled = (~rows["sampled"]).to_numpy()
-    some = pd.Series(kept & unsampled).groupby(pos["rank"]).transform("any").to_numpy()
-    # (the masks made first and one copy of the columns read: the kept rows and the quiet ones
-    # as two copies of every column were 90 of a 256-rank x 2,000-step run's 486 MiB peak)
-    quiet = rows.loc[kept & (unsampled | ~some), ["rank", "flops", "dur_ns", *_MEDIANS]]
-    g = quiet.groupby("rank")
+    some = pd.Series(kept & unsampled).groupby(rank).transform("any").to_numpy()
+    quiet = kept & (unsampled | ~some)
+    # (one column of the quiet rows at a time: the masks and a copy of every column read were
+    # 90 of a 256-rank x 2,000-step run's 486 MiB peak, the copy alone 56 bytes a rank-step)
+    by = rank.to_numpy()[quiet]
     out = pd.DataFrame(
         {
-            "steps": g.size(),
-            "flops_per_step": g["flops"].median(),
-            "step_ms": g["dur_ns"].median() / 1e6,
-            **{col: g[col].median() for col in _MEDIANS},
+            "steps": pd.Series(by).groupby(by).size(),
+            **{name: _medians(rows[col], quiet, by) for name, col in _MEDIANS.items()},
         }
-    ).reindex(by.size().index)
+    ).reindex(np.unique(rank.dropna().to_numpy()))
+    out["step_ms"] /= 1e6
     out["steps"] = out["steps"].fillna(0).astype("int64")  # a rank none of whose steps is steady
     return out.rename_axis("rank").reset_index()[RANK_COLUMNS]
+
+
+def _medians(col: pd.Series, rows: np.ndarray, by: np.ndarray) -> pd.Series:
+    """The median of `col`'s `rows` per rank (`by`, the ranks of those rows)."""
+    return pd.Series(col.to_numpy()[rows]).groupby(by).median()
+
+
+def _past_warm_up(rank: pd.Series, step: pd.Series) -> np.ndarray:
+    """Whether each row is past its rank's warm-up: not its rank's first step, unless the rank has
+    two steps or fewer. Rows in (rank, step) order (a step frame's) are told by their position."""
+    if in_order(rank, step):
+        r = rank.to_numpy()
+        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+        sizes = np.diff(np.r_[starts, len(r)])
+        past = np.ones(len(r), dtype=bool)
+        past[starts] = False
+        return np.repeat(sizes <= 2, sizes) | past
+    pos = pd.DataFrame({"rank": rank, "step": step})
+    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
+    first = step.where(nth == 1).groupby(rank).transform("max")  # the warm-up's end
+    return ((rank.groupby(rank).transform("size") <= 2) | (step >= first)).to_numpy()
 
 
 def data_parallel(layout: dict[str, object]) -> int | None:

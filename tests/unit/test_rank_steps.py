@@ -28,3 +28,5 @@ def test_the_same_rows_as_tuples_in_a_set_and_a_dict():
     assert rank_steps.among(df, rank_steps.pairs(by_rank.items())).tolist() == [
         r in by_rank and s in by_rank[r] for r, s in zip(df["rank"], df["step"])
     ]
+    assert not rank_steps.among(df, rank_steps.pairs({}.items())).any()
+    assert not rank_steps.among(df, rank_steps.pairs({1: set()}.items())).any()

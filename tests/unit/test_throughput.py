@@ -8,6 +8,8 @@ import os
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diag.cli import main
 from diag.importers.logs import import_log
@@ -262,3 +264,56 @@ def test_a_log_printing_tflops_0_00_is_not_headlined_as_zero(capsys):
     assert s["tflops_source"] == "model on the log's times" and s["tflops_median"] > 0.005
     zero = {"measured": {"tflops_per_gpu": None, "mfu": None}, "model": None}
     assert report_model._headline(zero, log.assign(tflops=0.0)) == (None, None, None)
+
+
+def _per_rank_copied(rows: pd.DataFrame) -> pd.DataFrame:
+    """`per_rank` as it was made before it read one column at a time (masks by a sort, a copy of
+    every column the medians read)."""
+    pos = rows[["rank", "step"]].reset_index(drop=True)
+    by = pos.groupby("rank")["step"]
+    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
+    first = pos["step"].where(nth == 1).groupby(pos["rank"]).transform("max")
+    kept = ((by.transform("size") <= 2) | (pos["step"] >= first)).to_numpy()
+    unsampled = (~rows["sampled"]).to_numpy()
+    some = pd.Series(kept & unsampled).groupby(pos["rank"]).transform("any").to_numpy()
+    medians = ("tflops", "mfu", "samples_per_s", "tokens_per_s")
+    quiet = rows.loc[kept & (unsampled | ~some), ["rank", "flops", "dur_ns", *medians]]
+    g = quiet.groupby("rank")
+    out = pd.DataFrame(
+        {
+            "steps": g.size(),
+            "flops_per_step": g["flops"].median(),
+            "step_ms": g["dur_ns"].median() / 1e6,
+            **{col: g[col].median() for col in medians},
+        }
+    ).reindex(by.size().index)
+    out["steps"] = out["steps"].fillna(0).astype("int64")
+    return out.rename_axis("rank").reset_index()[throughput.RANK_COLUMNS]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # rank
+            st.integers(0, 6),  # step
+            st.booleans(),  # sampled
+            st.one_of(st.just(float("nan")), st.floats(1, 1e3)),  # flops
+            st.integers(1, 10**9),  # dur_ns
+        ),
+        min_size=1,
+        max_size=40,
+        unique_by=lambda row: row[:2],
+    ),
+    st.booleans(),
+)
+def test_per_rank_gives_what_the_copying_version_gave(rows, in_order):
+    """In (rank, step) order (a step frame's rows, told by position) or in any order."""
+    df = pd.DataFrame(rows, columns=["rank", "step", "sampled", "flops", "dur_ns"])
+    if in_order:
+        df = df.sort_values(["rank", "step"], ignore_index=True)
+    df["tflops"] = df["flops"] / (df["dur_ns"] / 1e9) / 1e12
+    df["mfu"] = df["tflops"] / 100
+    df["samples_per_s"] = 8 / (df["dur_ns"] / 1e9)
+    df["tokens_per_s"] = float("nan")
+    pd.testing.assert_frame_equal(throughput.per_rank(df), _per_rank_copied(df))

@@ -1,0 +1,70 @@
+"""`steps.step_frame` shares the step records' columns instead of copying them, and gives the frame
+the copying version gave for every input: rows out of order, equal (rank, step) keys, steps without
+a duration, steps that are not integers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diag.metrics.steps import NS, step_frame
+
+
+def _copied(steps: pd.DataFrame) -> pd.DataFrame:
+    """The frame as `step_frame` made it before it shared columns (a deep copy, then a sort)."""
+    df = steps.copy()
+    df["dur"] = pd.to_numeric(df["dur"], errors="coerce")
+    df = df.dropna(subset=["dur"])
+    df = df[df["dur"] > 0].copy()
+    df["dur_s"] = df["dur"] / NS
+    df["start"] = pd.to_numeric(df["ts"])
+    df["end"] = df["start"] + df["dur"]
+    return df.sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def _steps(ranks: int, per: int) -> pd.DataFrame:
+    """A writer's step records: by rank, then time, each step once, every one timed."""
+    n = ranks * per
+    return pd.DataFrame(
+        {
+            "step": np.tile(np.arange(per), ranks),
+            "ts": np.arange(n, dtype=np.int64) * 1000,
+            "dur": np.full(n, 900, dtype=np.int64),
+            "samples": [None] * n,
+            "applied": np.ones(n, dtype=bool),
+            "rank": np.repeat(np.arange(ranks), per),
+        }
+    )
+
+
+def test_a_writers_steps_keep_their_columns_shared_and_untouched():
+    raw = _steps(4, 50)
+    before = raw.copy()
+    out = step_frame(raw)
+    pd.testing.assert_frame_equal(out, _copied(raw))
+    for col in ("step", "ts", "samples", "rank"):
+        assert np.shares_memory(out[col].to_numpy(), raw[col].to_numpy()), col
+    out.loc[0, "ts"] = -1  # (a reader that writes into its frame: the records stay as read)
+    pd.testing.assert_frame_equal(raw, before)
+
+
+_row = st.tuples(
+    st.integers(0, 2),  # rank
+    st.integers(0, 4),  # step
+    st.one_of(st.none(), st.integers(-5, 50)),  # dur
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_row, max_size=30), st.booleans())
+def test_any_steps_give_the_frame_the_copying_version_gave(rows, float_steps):
+    df = pd.DataFrame(rows, columns=["rank", "step", "dur"])
+    df["ts"] = np.arange(len(df), dtype=np.int64) * 10
+    if float_steps:  # (steps attributed by time are floats: never taken as in order)
+        df["step"] = df["step"].astype(float)
+    if df.empty:
+        assert step_frame(df).empty
+        return
+    pd.testing.assert_frame_equal(step_frame(df), _copied(df))
