@@ -28,6 +28,7 @@ MAX_LINE_BYTES = 64 << 20
 MAX_INPUT_BYTES = 2 << 30
 GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20
+_SAMPLE = 1 << 16  # a gzip file's head whose ratio estimates its uncompressed size
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
@@ -130,21 +131,20 @@ def _cut(e: Exception) -> str:
 
 
 def plain_size(path: str) -> int:
-    """`file_size`, uncompressed: a gzip file's size times the ratio its first `_CHUNK` bytes
+    """`file_size`, uncompressed: a gzip file's size times the ratio its first `_SAMPLE` bytes
     decompress at (a JSON-lines trace compresses 5-10x: its size on disk understates what reading
     it holds). An estimate for planning; its trailer's ISIZE is the size mod 2^32 and only the last
     member's, wrong for the large files where the plan matters."""
     size = file_size(path)
     try:
         with open_regular(path) as f:
-            raw = f.read(_CHUNK)
+            raw = f.read(2)
+            raw = raw + f.read(_SAMPLE) if raw == GZIP_MAGIC else b""
     except (InputError, OSError):
-        return size
-    if raw[:2] != GZIP_MAGIC:
         return size
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        out = len(d.decompress(raw, 64 * _CHUNK))  # (a bomb's ratio is capped at 64)
+        out = len(d.decompress(raw, 64 * _SAMPLE))  # (a bomb's ratio is capped at 64)
     except zlib.error:
         return size
     used = len(raw) - len(d.unconsumed_tail) - len(d.unused_data)

@@ -185,3 +185,15 @@ def test_a_gzipped_later_capture_is_a_capture(capsys, tmp_path):
     assert main(["analyze", "--json", d]) == 2
     assert "2 captures in" in capsys.readouterr().err
     assert main(["analyze", "--json", "--each-run", d]) == 0
+
+
+def test_workers_plan_a_gzipped_file_by_its_uncompressed_size(tmp_path, monkeypatch):
+    """Whether to fork readers is asked of the bytes to parse: the gz copy plans as the plain."""
+    from diag.trace import workers
+
+    monkeypatch.delenv("DIAG_WORKERS", raising=False)
+    gz = _gzipped(HEALTHY, str(tmp_path / "gz"))
+    plain = sorted(os.path.join(HEALTHY, f) for f in os.listdir(HEALTHY) if f.startswith("rank-"))
+    least = int(0.8 * sum(os.path.getsize(f) for f in plain))
+    gzipped = sorted(os.path.join(gz, f) for f in os.listdir(gz) if f.startswith("rank-"))
+    assert workers.workers_for(gzipped, least, 1, 0) == workers.workers_for(plain, least, 1, 0) >= 1
