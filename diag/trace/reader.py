@@ -70,7 +70,8 @@ def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def trace_files(path: str) -> list[str]:
-    """The per-rank files of a trace directory (or the one file given)."""
+    """The per-rank files of a trace directory (or the one file given); a directory holding a file
+    both plain and gzipped is refused (`gzip_twins`)."""
     if not os.path.exists(path):
         raise DiagError(f"{path}: no such file or directory")
     if not os.path.isdir(path):

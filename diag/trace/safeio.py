@@ -2,10 +2,10 @@
 
 Every reader (the trace reader, the importers, the TUI's tail) opens through `open_regular`: a
 non-blocking open and an `fstat` refuse anything but a regular file before a byte is read, so a FIFO
-named `rank-0.jsonl` cannot hang a reader and a link to `/dev/zero` cannot fill its memory. A diag trace
-file is read through `open_lines`, which gunzips a file that starts with the gzip magic (an archived
-trace: `gzip rank-*.jsonl`), as `read_limited` does for whole documents. Reads are
-bounded by two documented limits, each overridable by an environment variable:
+named `rank-0.jsonl` cannot hang a reader and a link to `/dev/zero` cannot fill its memory. A diag
+trace file is read through `open_lines`, which gunzips a file that starts with the gzip magic (an
+archived trace: `gzip rank-*.jsonl`), as `read_limited` does a whole document. Reads are bounded by
+two documented limits, each overridable by an environment variable:
 
 - `DIAG_MAX_LINE_BYTES` (default 64 MiB): the longest JSON line of a diag trace; longer lines are
   skipped, never held whole.
@@ -104,7 +104,7 @@ def open_lines(path: str) -> Iterator[BinaryIO]:
             return
         f.seek(0)
         with gzip.GzipFile(fileobj=f, mode="rb") as g:
-            yield g  # type: ignore[misc]  # (a GzipFile reads as a BinaryIO)
+            yield cast(BinaryIO, g)  # (a GzipFile reads as one)
 
 
 def read_head(path: str, n: int) -> bytes:
