@@ -166,14 +166,14 @@ class MixedRuns(DiagError):
 def _what(runs: list[list[RunSig]]) -> str:
     """What the runs are: the captures of one diag trace directory (attaches that wrote into it,
     each capture's rank files one run) said so, else different runs."""
-    from diag.trace.reader import capture_of
+    from diag.trace.reader import SUFFIXES, capture_of
 
     files = [s.path for r in runs for s in r]
     where = {os.path.dirname(os.path.abspath(f)) for f in files}
     each = [{capture_of(s.path)[0] for s in r} for r in runs]
     if (
         len(where) == 1
-        and all(os.path.basename(f).startswith("rank-") and f.endswith(".jsonl") for f in files)
+        and all(os.path.basename(f).startswith("rank-") and f.endswith(SUFFIXES) for f in files)
         and all(len(c) == 1 for c in each)
         and len(set().union(*each)) == len(runs)
     ):

@@ -18,7 +18,6 @@ another's value takes one pass more). A reader of the withheld frames outside a 
 from __future__ import annotations
 
 import copy
-import glob
 import os
 import stat
 from collections.abc import Callable
@@ -36,9 +35,10 @@ from diag.metrics.stage import Metrics
 from diag.metrics.window_metrics import Whole, of_window
 from diag.metrics.windowed import WINDOW, Figures, Windowed
 from diag.metrics.withheld import WITHHELD, WholeOnly
-from diag.trace import step_align
+from diag.trace import safeio, step_align
 from diag.trace.heap import release_memory
 from diag.trace.model import Trace
+from diag.trace.reader import RANK_GLOB, matching
 from diag.trace.window import ALL, Window
 
 T = TypeVar("T")
@@ -245,12 +245,10 @@ def steps_for(files: list[str]) -> int:
 def _records_per_rank_step(path: str) -> int | None:
     """The writer's stepped lines per step record in the file's first `SAMPLE_BYTES` (rounded up);
     None where they hold no step record or the file cannot be read (the reader reports why)."""
-    from diag.trace import safeio
     from diag.trace.stepfile import STEPPED_PREFIXES, line_prefix
 
     try:
-        with safeio.open_regular(path) as f:  # (a FIFO is refused, not waited on)
-            head = f.read(SAMPLE_BYTES)
+        head = safeio.read_head(path, SAMPLE_BYTES)  # (a FIFO is refused, not waited on; gunzipped)
     except (safeio.InputError, OSError):
         return None
     lines = head.split(b"\n")[:-1]  # (the last one may be cut)
@@ -261,12 +259,14 @@ def _records_per_rank_step(path: str) -> int | None:
 
 
 def _rank_files(path: str) -> list[str]:
-    return glob.glob(os.path.join(path, "rank-*.jsonl*"))
+    return matching(path, RANK_GLOB)
 
 
 def input_bytes(path: str) -> int | None:
-    """The bytes of the diag rank files in directory `path` that are regular files (None: it holds
-    no rank file; a dangling link, a FIFO or a device is the reader's to report, not opened here)."""
+    """The bytes of the diag rank files in directory `path` that are regular files, a gzipped
+    one's uncompressed as `safeio.plain_size` estimates them (its size on disk is 5-10x under what
+    reading it holds) (None: it holds no rank file; a dangling link, a FIFO or a device is the
+    reader's to report, not read here)."""
     files = _rank_files(path)
     total = 0
     for f in files:
@@ -274,7 +274,7 @@ def input_bytes(path: str) -> int | None:
             st = os.stat(f)
         except OSError:
             continue
-        total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+        total += safeio.plain_size(f) if stat.S_ISREG(st.st_mode) else 0
     return total if files else None
 
 

@@ -23,9 +23,12 @@ if TYPE_CHECKING:  # imported where frames are built (`diag top` and the exporte
 
 # gpu-<host>.jsonl: the NVML sidecar's file (a header with "sidecar": "nvml", then `gpu` events)
 # proc-<host>.jsonl: `diag watch`'s looks at each rank's process ("sidecar": "watch", `proc` events)
-TRACE_GLOB = ("rank-*.jsonl", "pid-*.jsonl", "gpu-*.jsonl", "proc-*.jsonl")
+# each plain or gzipped (`gzip rank-*.jsonl` archives a trace; `safeio.open_lines` reads by content)
+SUFFIXES = (".jsonl", ".jsonl.gz")
+RANK_GLOB = tuple(f"rank-*{s}" for s in SUFFIXES)
+TRACE_GLOB = tuple(f"{kind}-*{s}" for kind in ("rank", "pid", "gpu", "proc") for s in SUFFIXES)
 MAX_LINE_PROBLEMS = 20  # bad lines reported one by one per file; the rest are counted
-_CAPTURE = re.compile(r"^rank-\d+\.(\d+)\.jsonl")  # `writer.open_private`'s name of a rank's later capture
+_CAPTURE = re.compile(r"^rank-\d+\.(\d+)\.jsonl(?:\.gz)?$")  # `writer.open_private`'s later capture
 
 
 class Unreadable(DiagError):
@@ -67,15 +70,36 @@ def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def trace_files(path: str) -> list[str]:
-    """The per-rank files of a trace directory (or the one file given)."""
+    """The per-rank files of a trace directory (or the one file given); a directory holding a file
+    both plain and gzipped is refused (`gzip_twins`)."""
     if not os.path.exists(path):
         raise DiagError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
         return [path]  # read_file refuses what is not a regular file, with the reason
-    files = sorted({f for pat in TRACE_GLOB for f in glob.glob(os.path.join(path, pat))})
+    files = matching(path, TRACE_GLOB)
     if not files:
         raise DiagError(f"{path}: no diag trace files (rank-*.jsonl) in this directory")
+    twice = gzip_twins(files)
+    if twice:  # read both, every record of the file counted twice; either alone, a guess
+        name = os.path.basename(twice[0])
+        raise DiagError(
+            f"{path}: holds {name[:-3]} and {name}, {TWINS}: move one of them out of the directory"
+        )
     return files
+
+
+TWINS = "one file plain and gzipped (gzip -k?)"
+
+
+def gzip_twins(files: list[str]) -> list[str]:
+    """The gzipped files of `files` whose plain file is there too (`gzip -k` keeps it)."""
+    names = set(files)
+    return [f for f in files if f.endswith(".gz") and f[:-3] in names]
+
+
+def matching(path: str, patterns: tuple[str, ...]) -> list[str]:
+    """The files of directory `path` that match any of `patterns`, sorted."""
+    return sorted({f for pat in patterns for f in glob.glob(os.path.join(path, pat))})
 
 
 def capture_of(file: str) -> tuple[int, str]:
@@ -89,7 +113,7 @@ def capture_numbers(path: str) -> list[int]:
     has a file in it writes `rank-N.K.jsonl` (the K-th after the first). Read as one trace, two
     attaches' steps collided (a new user's reused `./diag-trace`: 1,640 all_reduce calls a rank
     under 856 steps, silently)."""
-    return sorted({capture_of(f)[0] for f in glob.glob(os.path.join(path, "rank-*.jsonl*"))})
+    return sorted({capture_of(f)[0] for f in matching(path, RANK_GLOB)})
 
 
 def captures(path: str) -> int:
@@ -157,7 +181,7 @@ def read_file(
     fill = group_members.Fill()
     max_line = safeio.max_line_bytes()
     try:
-        with safeio.open_regular(path) as f:
+        with safeio.open_lines(path) as f:
             for i, (line, ended) in enumerate(safeio.iter_lines(f, max_line), start=1):
                 if line is None:
                     problems.add(
@@ -191,6 +215,10 @@ def read_file(
                         events.append(obj)
                         if take is not None and len(events) >= chunk and take(header, events):
                             events = []
+    except safeio.GzipCut as e:  # (what was read before the break stands, as a cut plain file's)
+        if header is None:
+            return None, [], [LoadProblem(path, str(e))]
+        problems.add(f"{e} after {read} events", truncated=True)
     except (safeio.InputError, OSError) as e:
         return (
             None,

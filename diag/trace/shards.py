@@ -32,7 +32,7 @@ from diag.errors import DiagError
 from diag.trace import perfile, workers
 from diag.trace.model import LoadProblem
 from diag.trace.perfile import Uneven
-from diag.trace.safeio import file_size
+from diag.trace.safeio import plain_size
 from diag.trace.window import Window
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ class Shards:
 def _bounds(paths: list[str], n: int) -> list[tuple[int, int]]:
     """`n` runs of the files (fewer where there are fewer files), in file order, of about the same
     bytes each and at least one file each."""
-    sizes = [max(1, file_size(p)) for p in paths]
+    sizes = [max(1, plain_size(p)) for p in paths]  # (a gzipped file: uncompressed)
     n, total, a, acc = min(n, len(paths)), sum(sizes), 0, 0
     out: list[tuple[int, int]] = []
     for i, size in enumerate(sizes):

@@ -65,6 +65,7 @@ class StepFile:
         self._lost: list[tuple[int, Record]] = []
         self._records = 0  # records read, kept or not (the truncation message counts them)
         self._error: LoadProblem | None = None
+        self._cut: str | None = None  # where a gzip stream breaks mid-file: why (both passes stop there)
         self._unsound: Record | None = None  # a header whose rank, pid or schema is not an integer
         self.problems: list[LoadProblem] | None = None  # set at the file's end
         self._second: Iterator[tuple[int, int, Record]] | None = None
@@ -80,6 +81,12 @@ class StepFile:
                     self._count(i, rec)
                     self.still.append((i, rec))
                     self._settled.append(i)
+        except safeio.GzipCut as e:
+            if self.header is None:  # (nothing of the file to keep: as `read_file` says it)
+                self._error = LoadProblem(self.path, str(e))
+                self.still, self.problems = [], [self._error]
+                return
+            self._cut = str(e)
         except (safeio.InputError, OSError) as e:
             self._error = LoadProblem(
                 self.path, str(e) if isinstance(e, safeio.InputError) else (e.strerror or str(e))
@@ -132,6 +139,8 @@ class StepFile:
                 if self.renames:
                     rename_groups([rec], self.renames)
                 yield rec["step"], i, rec
+        except safeio.GzipCut:
+            pass  # (where the first pass stopped: `_finish` says so)
         except (safeio.InputError, OSError) as e:
             raise OutOfStep(f"{self.path}: {e}") from e
         self.problems = self._finish()
@@ -147,7 +156,7 @@ class StepFile:
         lines; the second: those the first left); bad lines noted, too long ones by the first."""
         max_line = safeio.max_line_bytes()
         settled, k = self._settled, 0  # (the second pass: where the first's lines are)
-        with safeio.open_regular(self.path) as f:
+        with safeio.open_lines(self.path) as f:
             for i, (line, ended) in enumerate(safeio.iter_lines(f, max_line), start=1):
                 if line is None:
                     if first:
@@ -197,6 +206,8 @@ class StepFile:
                 )
             else:
                 problems.add(message, i)
+        if self._cut is not None:
+            problems.add(f"{self._cut} after {self._records} events", truncated=True)
         header = self.header if self.header is not None else self._unsound
         if header is None:
             problems.add("no header line: not a diag trace file")
@@ -211,4 +222,4 @@ class StepFile:
         """A problem is known already (`strict` stops at it)."""
         header = self.header
         newer = header is not None and int(header.get("schema", 0) or 0) > schema.SCHEMA_VERSION
-        return bool(self._error or self._raw or self._lost or header is None or newer)
+        return bool(self._error or self._cut or self._raw or self._lost or header is None or newer)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 HEAD_BYTES = 64 << 10  # where torch's export puts distributedInfo: before the (long) event list
-_DIAG_RANK = re.compile(r"^rank-0*(\d+)\.jsonl$")
+_DIAG_RANK = re.compile(r"^rank-0*(\d+)\.jsonl(?:\.gz)?$")  # (plain or gzipped: reader.SUFFIXES)
 _INFO_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 
 
@@ -119,6 +119,7 @@ def kineto_rank(path: str) -> int | None:
 
 
 def diag_file_rank(path: str) -> int | None:
-    """The rank in a diag trace file's name (rank-00003.jsonl); None for pid-/gpu- files."""
+    """The rank in a diag trace file's name (rank-00003.jsonl, or .jsonl.gz); None for pid-/gpu-
+    files."""
     m = _DIAG_RANK.match(os.path.basename(path))
     return int(m.group(1)) if m else None

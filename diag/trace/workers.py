@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Generator, Iterable
 from typing import TypeVar
 
-from diag.trace.safeio import file_size
+from diag.trace.safeio import plain_size
 
 MAX_WORKERS = 4  # a worker's peak (one file parsed) adds to the tree's memory: more cost more
 ENV = "DIAG_WORKERS"
@@ -40,13 +40,14 @@ def user_cap() -> int | None:
 
 def workers_for(paths: list[str], min_bytes: int, min_cores: int, spare: int) -> int:
     """Workers for reading `paths`: none for one file, for under `min_bytes` in all (a fork and the
-    frames' pickling cost more than they save there) or with fewer than `min_cores` cores; else one
-    a core, less `spare` cores left to the main process, at most `MAX_WORKERS` and `DIAG_WORKERS`."""
+    frames' pickling cost more than they save there; a gzipped file counted uncompressed, its work)
+    or with fewer than `min_cores` cores; else one a core, less `spare` cores left to the main
+    process, at most `MAX_WORKERS` and `DIAG_WORKERS`."""
     cap = user_cap()
     if cap == 0 or len(paths) < 2:
         return 0
     given = cores()
-    if given < min_cores or sum(file_size(p) for p in paths) < min_bytes:
+    if given < min_cores or sum(plain_size(p) for p in paths) < min_bytes:
         return 0
     n = min(len(paths), given - spare, MAX_WORKERS if cap is None else cap)
     return n if n >= 1 else 0
