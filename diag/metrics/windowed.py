@@ -116,6 +116,7 @@ class _Blocking:
             return comms.join_blocking(steady, None, None)
         values = [v for v in self.values if len(v)]
         joined = pd.concat(values) if values else pd.Series(dtype=float)
+        self.values = [joined]  # (held once: the windows' parts freed)
         gone = [g for g in [*self.gone, *extra] if len(g)]
         lost = pd.MultiIndex.from_frame(pd.concat(gone, ignore_index=True)) if gone else None
         return comms.join_blocking(steady, joined, lost)
@@ -154,10 +155,15 @@ class Windowed:
 
     def done(self, outside: Trace | None = None) -> Figures:
         """The figures, after every window and `outside`: the step-carrying records no window
-        holds (no integer step, or -1)."""
-        raw = {kind: _rejoin(parts) for kind, parts in self._step_parts.items()}
-        if outside is not None:
-            raw = {kind: _rejoin([df, outside.frame(kind)]) for kind, df in raw.items()}
+        holds (no integer step, or -1). Once: the windows' parts are replaced by what they join to."""
+        raw = {}
+        for kind, parts in self._step_parts.items():  # (each kind's windows' frames, held once:
+            # the joined frame replaces them, and the rejoins of every kind with their windows'
+            # frames still held were the pass's peak at 256 ranks x 500 steps)
+            parts[:] = [_rejoin(parts)]
+            if outside is not None:
+                parts[:] = [_rejoin([parts[0], outside.frame(kind)])]
+            raw[kind] = parts[0]
         every = steps.step_frame(raw[schema.STEP])
         attributed, by_time = 0, False
         if outside is not None and len(outside.comms):
@@ -167,7 +173,10 @@ class Windowed:
             attributed = int((pd.to_numeric(c["step"]) >= 0).sum()) if by_time else 0
             # the whole trace's calls then are not `stepped`: `stragglers` places them as written
             self._calls(c, between if by_time else c, between)
-        per_step = {how: _by_step(parts, by_time) for how, parts in self._per_step.items()}
+        per_step = {}
+        for how, parts in self._per_step.items():
+            parts[:] = [_by_step(parts, by_time)]
+            per_step[how] = parts[0]
         none = outside or Trace()
         self._split.done(
             comms.between_ranks(none.comms), none.frame(schema.LAYER), steps.step_frame(none.steps), every

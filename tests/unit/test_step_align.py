@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import diag
 from diag import schema
 from diag.trace import step_align
@@ -117,3 +120,42 @@ def test_ranks_counted_alike_from_their_start_are_still_read_a_window_at_a_time(
     assert main(["analyze", path, "--json", "--windowed"]) == 0
     err = capsys.readouterr().err
     assert "reading the trace whole" not in err and "steps at a time" in err
+
+
+def _ends_copied(steps):
+    """`step_align._ends` as it was made before it copied only the columns it reads."""
+    import numpy as np
+    import pandas as pd
+
+    st = steps[pd.to_numeric(steps["step"], errors="coerce") >= 0]
+    end = pd.to_numeric(st["ts"], errors="coerce") + pd.to_numeric(st["dur"], errors="coerce")
+    st = st.assign(end=end).dropna(subset=["end"]).sort_values(["rank", "end"], kind="stable")
+    return {
+        int(rank): (g["end"].to_numpy(dtype=float), g["step"].to_numpy(dtype=np.int64))
+        for rank, g in st.groupby("rank", sort=True)
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # rank
+            st.one_of(st.none(), st.integers(-1, 6)),  # step
+            st.integers(0, 50),  # ts
+            st.one_of(st.none(), st.integers(0, 9)),  # dur
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_ends_are_what_the_copying_version_gave(rows):
+    """Steps outside every step (-1) or of none, durations missing, equal ends: the same arrays."""
+    import numpy as np
+    import pandas as pd
+
+    steps = pd.DataFrame(rows, columns=["rank", "step", "ts", "dur"])
+    got, want = step_align._ends(steps), _ends_copied(steps)
+    assert list(got) == list(want)
+    for rank, (end, step) in want.items():
+        assert np.array_equal(got[rank][0], end) and np.array_equal(got[rank][1], step)
