@@ -9,6 +9,9 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree
 
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 import diag
@@ -16,7 +19,7 @@ from diag import agent, schema
 from diag.cli import main
 from diag.findings import Finding, Fix
 from diag.importers import load_inputs
-from diag.report import html, json_report, markdown, model, terminal
+from diag.report import html, json_report, markdown, model, terminal, trace_doc
 from tests.unit.kineto_samples import GPT_DS
 from tests.unit.synth_trace import MS
 
@@ -403,3 +406,40 @@ def test_terminal_tables_left_justify_names_and_right_justify_numbers():
     rows = [line.split("│") for line in out.getvalue().splitlines() if "send" in line or "1200" in line]
     (send,) = (r for r in rows if "send" in r[2])
     assert send[2].startswith(" send ") and send[3].endswith("    3 "), rows
+
+
+def _timeline_copied(trace):
+    """`trace_doc.step_timeline`'s rows as they were chosen before it made its masks first."""
+    st = trace.steps.dropna(subset=["ts", "dur", "step"])
+    st = st[st["rank"].isin(sorted(st["rank"].unique())[: trace_doc.TIMELINE_RANKS])]
+    return st[st["step"].isin(sorted(st["step"].unique())[-trace_doc.TIMELINE_STEPS :])]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),  # rank
+            st.one_of(st.none(), st.integers(0, 6)),  # step
+            st.one_of(st.none(), st.integers(0, 10**6)),  # dur
+        ),
+        max_size=40,
+    )
+)
+def test_step_timeline_keeps_the_rows_it_kept(rows):
+    """The lowest ranks and the last steps of those with a time, a duration and a step (2 and 3
+    kept here, so that the cut is made)."""
+    from diag.trace.model import Trace
+
+    steps = pd.DataFrame(rows, columns=["rank", "step", "dur"])
+    steps["ts"] = range(len(steps))
+    trace = Trace(frames={"step": steps})
+    kept = (trace_doc.TIMELINE_RANKS, trace_doc.TIMELINE_STEPS)
+    trace_doc.TIMELINE_RANKS, trace_doc.TIMELINE_STEPS = 2, 3
+    try:
+        want = _timeline_copied(trace)
+        got = trace_doc.step_timeline(trace)
+    finally:
+        trace_doc.TIMELINE_RANKS, trace_doc.TIMELINE_STEPS = kept
+    want = want.sort_values(["rank", "step"])  # (the timeline's own order)
+    assert [(r["rank"], r["step"]) for r in got] == list(zip(want["rank"], want["step"].astype(int)))
