@@ -70,6 +70,9 @@ SERIAL_UNITS = {
 ALONE = {"test_fault_matrix", "test_fault_extra", "test_top_looks", "test_scenarios"}
 ALONE |= {"test_straggler_contended", "test_fault_cells"}
 ALONE |= {"test_ddp_attach_steps"}  # step ends within SLEEP/3 (10 ms) of the program's: 18 ms once, loaded
+# a healthy profiled job that must show no DataLoader wait: with a real job beside it on the other
+# worker, its loader's ops took 5 ms a step of 21 (24%) and idle_between_steps fired once
+ALONE |= {"test_input_wait"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before the tmp_path factory is made from the option
