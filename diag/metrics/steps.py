@@ -56,10 +56,16 @@ def steady(df: pd.DataFrame, skip: int = 1) -> pd.DataFrame:
             return df[(df["step"] >= np.sort(df["step"].to_numpy())[skip]).to_numpy()]
     if df.empty or df.groupby("rank").size().min() <= skip + 1:
         return df
-    pos = df[["rank", "step"]].reset_index(drop=True)
+    step = df["step"].reset_index(drop=True)
+    return df[(step >= nth_step(df["rank"].reset_index(drop=True), step, skip)).to_numpy()]
+
+
+def nth_step(rank: pd.Series, step: pd.Series, n: int) -> pd.Series:
+    """Each row's rank's `n`-th smallest step (0 the first; NaN for a rank with `n` steps or
+    fewer): where its warm-up of `n` steps ends. `rank` and `step` share a default index."""
+    pos = pd.DataFrame({"rank": rank, "step": step})
     nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
-    first = pos["step"].where(nth == skip).groupby(pos["rank"]).transform("max")  # skip-th smallest
-    return df[(pos["step"] >= first).to_numpy()]
+    return step.where(nth == n).groupby(rank).transform("max")
 
 
 def join_steps(steady_steps: pd.DataFrame, values: pd.Series, name: str) -> pd.DataFrame:

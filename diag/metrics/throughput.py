@@ -30,7 +30,7 @@ import pandas as pd
 
 from diag.metrics import positions
 from diag.metrics.agg import named
-from diag.metrics.steps import NS, in_order, steady
+from diag.metrics.steps import NS, in_order, nth_step, steady
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -210,10 +210,7 @@ def _past_warm_up(rank: pd.Series, step: pd.Series) -> np.ndarray:
         past = np.ones(len(r), dtype=bool)
         past[starts] = False
         return np.repeat(sizes <= 2, sizes) | past
-    pos = pd.DataFrame({"rank": rank, "step": step})
-    nth = pos.sort_values(["rank", "step"], kind="stable").groupby("rank").cumcount().sort_index()
-    first = step.where(nth == 1).groupby(rank).transform("max")  # the warm-up's end
-    return ((rank.groupby(rank).transform("size") <= 2) | (step >= first)).to_numpy()
+    return ((rank.groupby(rank).transform("size") <= 2) | (step >= nth_step(rank, step, 1))).to_numpy()
 
 
 def data_parallel(layout: dict[str, object]) -> int | None:
