@@ -4,6 +4,7 @@
     python -m bench.analyze --sweep 1,10,100,1000 [--ranks 2] [--hta-max-mib 1200] [--keep DIR]
     python -m bench.analyze --tiny [--repeat 9]    (2 KB inputs: start-up, bench/analyze_startup.py)
     python -m bench.analyze --diag-trace 16x1000,64x1000 [--baseline /path/to/other/checkout]
+        [--diag-source zero3|ddp_contention] [--windowed]
 
 Input: a real 2-rank gloo run (sample_traces/generate_kineto.py, `--steps` profiled steps) in its
 GPU-shaped form (HTA only analyzes GPU kernels), replicated to `--ranks` uncompressed rank files,
@@ -160,14 +161,15 @@ def tiled_diag_rank(src: str, steps: int) -> bytes:
     return b"\n".join(out) + b"\n"
 
 
-def make_diag_input(folder: str, ranks: int, steps: int) -> int:
-    """`ranks` diag rank files of `steps` steps each under `folder`/traces, tiled from the real
-    2-rank ZeRO-3 run in sample_traces/zero3 (rank r a copy of its rank r % 2, its header's rank
-    set to r); returns their total size in bytes."""
+def make_diag_input(folder: str, ranks: int, steps: int, source: str = "zero3") -> int:
+    """`ranks` diag rank files of `steps` steps each under `folder`/traces, tiled from a real
+    2-rank run in sample_traces/`source` (zero3: ZeRO-3, ~15 KB a rank-step; ddp_contention: plain
+    DDP, ~1.3 KB, where the per-(rank, step) tables rather than the per-call rows dominate; rank r a
+    copy of its rank r % 2, its header's rank set to r); returns their total size in bytes."""
     out = os.path.join(folder, "traces")
     os.makedirs(out, exist_ok=True)
     srcs = [
-        tiled_diag_rank(os.path.join(ROOT, "sample_traces", "zero3", f"rank-{r:05d}.jsonl"), steps)
+        tiled_diag_rank(os.path.join(ROOT, "sample_traces", source, f"rank-{r:05d}.jsonl"), steps)
         for r in (0, 1)
     ]
     total = 0
@@ -318,6 +320,7 @@ def diag_trace(
     keep: bool,
     windowed: bool = False,
     steps: int | None = None,
+    source: str = "zero3",
 ) -> None:
     """`--diag-trace RANKSxSTEPS`: one line per checkout (this one, and `baseline` when given) with
     input MiB, wall and CPU seconds, the peak RSS (the kernel's high-water mark of the largest
@@ -326,9 +329,9 @@ def diag_trace(
     reports must be the same document (bounded memory may not change a finding or figure). The
     input is deleted afterwards unless `--keep` was given."""
     ranks, steps = (int(x) for x in shape.lower().split("x"))
-    sub = os.path.join(folder, f"diag-{ranks}x{steps}")
+    sub = os.path.join(folder, f"diag-{source}-{ranks}x{steps}")
     traces = os.path.join(sub, "traces")
-    size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps)
+    size = _size(traces) if os.path.isdir(traces) else make_diag_input(sub, ranks, steps, source)
     if windowed:  # read whole against a window of steps at a time (in workers, and in-process)
         runs = [
             ("windowed", measure_cli(traces, ROOT, "--windowed")),
@@ -444,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         help="diag's own traces (tiled from sample_traces/zero3): diag analyze's time and peak memory",
     )
     ap.add_argument(
+        "--diag-source",
+        default="zero3",
+        choices=("zero3", "ddp_contention"),
+        help="--diag-trace: the 2-rank sample the rank files are tiled from",
+    )
+    ap.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="--diag-trace: also run diag from this checkout (another commit), side by side",
@@ -476,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 keep=bool(args.keep),
                 windowed=args.windowed,
                 steps=args.window_steps,
+                source=args.diag_source,
             )
         return 0
     if (args.sweep and args.hta_max_mib > 0) or not (args.tiny or args.diag_trace or args.sweep):

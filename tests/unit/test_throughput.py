@@ -317,3 +317,57 @@ def test_per_rank_gives_what_the_copying_version_gave(rows, in_order):
     df["samples_per_s"] = 8 / (df["dur_ns"] / 1e9)
     df["tokens_per_s"] = float("nan")
     pd.testing.assert_frame_equal(throughput.per_rank(df), _per_rank_copied(df))
+
+
+def _held_flops_merged(steps: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
+    """`_held_flops` as it was made before it searched each rank's samples (three merges over the
+    union of the two frames' keys)."""
+    out = steps.merge(counted, on=["rank", "step"], how="left")
+    out["sampled"] = out["flops"].notna()
+    every = pd.concat([out[["rank", "step"]], counted[["rank", "step"]]]).drop_duplicates()
+    every = every.merge(counted, on=["rank", "step"], how="left").sort_values(["rank", "step"])
+    ahead = every.groupby("rank")["flops"].ffill()
+    every["held"] = pd.to_numeric(ahead.groupby(every["rank"]).bfill(), errors="coerce")
+    out = out.drop(columns="flops").merge(every[["rank", "step", "held"]], on=["rank", "step"], how="left")
+    return out.rename(columns={"held": "flops"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.integers(0, 3), st.just(float("nan"))),
+            st.one_of(st.integers(0, 8), st.just(float("nan"))),
+        ),
+        max_size=30,
+    ),
+    st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 9), st.one_of(st.just(float("nan")), st.integers(1, 9))),
+        max_size=20,
+        unique_by=lambda row: row[:2],
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_held_flops_gives_what_the_merges_gave(steps, counted, whole, ints):
+    """Steps repeated, null (rank or step) or before a rank's first sample; samples on steps with no duration;
+    a rank with no sample or only null ones; every step sampled with integer counts (their dtype
+    kept, as the merges kept it); steps in any order."""
+    steps_df = pd.DataFrame(steps, columns=["rank", "step"]).assign(dur=1)
+    for col in ("rank", "step"):
+        if steps_df[col].notna().all():
+            steps_df[col] = steps_df[col].astype("int64")
+    typed = {"rank": "int64", "step": "int64", "flops": "float64"}  # step_flops's
+    c = pd.DataFrame(counted, columns=["rank", "step", "flops"]).astype(typed)
+    if whole:  # every step counted
+        every = steps_df[["rank", "step"]].dropna().drop_duplicates().assign(flops=7.0).astype(typed)
+        c = pd.concat([c, every]).drop_duplicates(["rank", "step"], keep="last")
+    if ints:
+        c = c.dropna().astype({"flops": "int64"})
+    if c.empty:
+        return  # per_step_of does not search for no sample
+    c = c.reset_index(drop=True)
+    got = throughput._held_flops(steps_df, c)
+    want = _held_flops_merged(steps_df, c)
+    pd.testing.assert_series_equal(got["sampled"], want["sampled"], check_names=False)
+    pd.testing.assert_series_equal(got["flops"], want["flops"], check_names=False, check_index=False)
