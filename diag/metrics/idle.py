@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from diag.metrics import input_wait, positions
+from diag.metrics.row_keys import RowKeys
 from diag.metrics.steps import NS, steady
 
 if TYPE_CHECKING:
@@ -68,7 +69,9 @@ def windows(st: pd.DataFrame) -> pd.DataFrame:
 def with_lead(st: pd.DataFrame, first: pd.Series) -> pd.DataFrame:
     """`st` with each step's first forward (`first`: ts by (rank, step)), its lead-in seconds
     (`lead`, NaN where it has none before its end) and the lead-in window's end (`lead_hi`)."""
-    st = st.merge(first.rename("first").reset_index(), on=["rank", "step"], how="left")
+    keys = first.index
+    at = RowKeys(st).values(pd.Series(keys.get_level_values(0)), pd.Series(keys.get_level_values(1)), first)
+    st = st.assign(first=at).reset_index(drop=True)  # (a merge copied every column of `st`)
     lead = ((st["first"] - st["start"]) / NS).where(st["first"] < st["end"]).clip(lower=0)
     return st.assign(lead=lead, lead_hi=st["first"].where(lead.notna(), st["start"]))
 
@@ -94,15 +97,15 @@ class IdleParts:
         plus its lead-in's (up to `lead_hi`). Another window's calls spilled into an edge's idle
         window are united with that window's pieces there; spilled past the edge step (a call
         spanning a whole step of the other window: none seen), added to its seconds."""
+        rows = RowKeys(st)
         gap, lead = np.zeros(len(st)), np.zeros(len(st))
         if len(self.seconds):
-            base = st[["rank", "step"]].merge(self.seconds, on=["rank", "step"], how="left")
-            gap, lead = base["gap"].fillna(0.0).to_numpy(), base["lead"].fillna(0.0).to_numpy()
+            sec = self.seconds
+            gap, lead = (rows.values(sec["rank"], sec["step"], sec[col], 0.0) for col in ("gap", "lead"))
         extra = np.zeros((2, len(st)))
         if len(st) and (len(self.pieces) or len(self.spills)):
-            rows = _Rows(st)
             row, which, lo, hi = _spilled(self.spills, st)
-            at = np.concatenate((rows.at(self.pieces["rank"], self.pieces["step"]), rows.last[row]))
+            at = np.concatenate((rows.at(self.pieces["rank"], self.pieces["step"]), rows.last(row)))
             which = np.concatenate((self.pieces["which"].to_numpy(dtype=np.int64), which))
             lo = np.concatenate((self.pieces["lo"].to_numpy(dtype=float), lo))
             hi = np.concatenate((self.pieces["hi"].to_numpy(dtype=float), hi))
@@ -114,28 +117,6 @@ class IdleParts:
                 us, ue, uk = _unions(which[keep] * len(st) + at[keep], lo[keep], hi[keep])
                 extra = (_sums(uk, ue - us, 2 * len(st)) / NS).reshape(2, len(st))
         return 0.0 + gap + extra[0] + lead + extra[1]
-
-
-class _Rows:
-    """`st`'s rows by (rank, step): a key's last row (as a dict of them built in row order keeps
-    it), none (-1) for a key with a missing value. An index, not a dict of tuples (a tuple, its
-    values as Python objects and a dict entry a row of `st`: a rank-step each)."""
-
-    def __init__(self, st: pd.DataFrame) -> None:
-        keys = pd.MultiIndex.from_arrays([st["rank"], st["step"]])
-        last = ~keys.duplicated(keep="last") & ~(st["rank"].isna() | st["step"].isna()).to_numpy()
-        self._keys, self._rows = keys[last], np.flatnonzero(last)
-        self.last = self.at(st["rank"], st["step"])  # each row's key's last row
-
-    def at(self, rank: pd.Series, step: pd.Series) -> np.ndarray:
-        """The last row of each (rank, step) of `st`, -1 where none."""
-        if not len(rank):
-            return np.empty(0, np.int64)
-        found = self._keys.get_indexer(pd.MultiIndex.from_arrays([rank, step]))
-        found[(rank.isna() | step.isna()).to_numpy()] = -1
-        out = np.full(len(found), -1, np.int64)
-        out[found >= 0] = self._rows[found[found >= 0]]
-        return out
 
 
 def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> tuple[np.ndarray, ...]:

@@ -95,8 +95,8 @@ class Metrics:
 
     @cached_property
     def steady_steps(self) -> pd.DataFrame:
-        """`steps` without each rank's warm-up step."""
-        return steps.steady(self.steps)
+        """`steps` without each rank's warm-up step (`steps.STEADY_COLUMNS` of it)."""
+        return steps.steady_steps(self.steps)
 
     @cached_property
     def median_step_s(self) -> float:

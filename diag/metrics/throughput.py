@@ -22,6 +22,7 @@ GPU: model FLOPs / (iteration time x world size), the figure Megatron prints.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -170,7 +171,7 @@ def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
     has = np.zeros(len(st), dtype=bool)
     sampled = np.zeros(len(st), dtype=bool)
     bounds = np.flatnonzero(np.r_[True, c_rank[1:] != c_rank[:-1], True]) if len(c_rank) else [0]
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         a, b = np.searchsorted(ranked, c_rank[lo], "left"), np.searchsorted(ranked, c_rank[lo], "right")
         rows = slice(a, b) if order is None else order[a:b]
         steps = step[rows]

@@ -40,9 +40,9 @@ class Whole:
 
     @cached_property
     def steady_steps(self) -> pd.DataFrame:
-        """`steps.steady(steps)`, once for every window (a groupby over every rank-step: made a
+        """`steps.steady_steps(steps)`, once for every window (a groupby over every rank-step: made a
         window, it was a copy of the job's steps and ~0.1 s each at 512,000 rank-steps)."""
-        return steps.steady(self.steps)
+        return steps.steady_steps(self.steps)
 
 
 def member_counts(c: pd.DataFrame) -> dict[str, int]:

@@ -181,7 +181,7 @@ class Windowed:
         self._split.done(
             comms.between_ranks(none.comms), none.frame(schema.LAYER), steps.step_frame(none.steps), every
         )
-        steady = steps.steady(every)
+        steady = steps.steady_steps(every)
         empty = Trace(headers=self._headers)  # no kernel or host-op timeline: no row
         return Figures(
             steps=every,
