@@ -9,6 +9,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from diag.metrics.row_keys import RowKeys
+
 
 def keys(df: pd.DataFrame) -> pd.MultiIndex:
     """The (rank, step) of each row of `df`."""
@@ -37,7 +39,11 @@ def pairs(items: Iterable[tuple[int, Iterable[int]]]) -> pd.MultiIndex:
 
 def looked_up(df: pd.DataFrame, values: pd.Series) -> np.ndarray:
     """`values` (indexed by (rank, step), each once) at each row of `df`: 0.0 where it has none, or
-    NaN (`Series.map(values).fillna(0.0)` of the rows' tuples)."""
-    at = values.index.get_indexer(keys(df))
-    out = values.to_numpy(dtype=float)[np.maximum(at, 0)] if len(values) else np.zeros(len(df))
-    return np.where((at >= 0) & ~np.isnan(out), out, 0.0)
+    NaN (`Series.map(values).fillna(0.0)` of the rows' tuples). By `RowKeys` (a binary search where
+    `df`'s rows are a step frame's, in (rank, step) order): the index engine `get_indexer` built on
+    `values`' keys stayed with them, 14 MiB at 256 ranks x 2,000 steps."""
+    if not len(values):
+        return np.zeros(len(df))
+    index = values.index
+    rank, step = pd.Series(index.get_level_values(0)), pd.Series(index.get_level_values(1))
+    return RowKeys(df).values(rank, step, values, 0.0).astype(float)

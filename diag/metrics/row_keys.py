@@ -54,10 +54,9 @@ class RowKeys:
         none: a left merge of the rows with them, its dtype included (integers where every row has
         one), then `fillna(fill)`."""
         if self._sorted is None:  # (a key on two rows: the merge itself)
-            keys = pd.DataFrame({"rank": self._rank, "step": self._step})
-            got = keys.merge(
-                pd.DataFrame({"rank": rank, "step": step, "v": values}), on=["rank", "step"], how="left"
-            )["v"]
+            keys = pd.DataFrame({"rank": self._rank.to_numpy(), "step": self._step.to_numpy()})
+            got = pd.DataFrame({"rank": rank.to_numpy(), "step": step.to_numpy(), "v": values.to_numpy()})
+            got = keys.merge(got, on=["rank", "step"], how="left")["v"]
             return got.fillna(fill).to_numpy()
         at = self.at(rank, step)
         hit = at >= 0

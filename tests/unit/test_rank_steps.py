@@ -24,6 +24,12 @@ def test_the_same_rows_as_tuples_in_a_set_and_a_dict():
     want = pd.Series(list(zip(df["rank"], df["step"]))).map(values).fillna(0.0).to_numpy()
     assert np.array_equal(rank_steps.looked_up(df, values), want)
     assert not rank_steps.looked_up(df, values.iloc[:0]).any()
+    steps = other.sort_values(["rank", "step"], ignore_index=True)  # a step frame's rows: in order
+    want = pd.Series(list(zip(steps["rank"], steps["step"]))).map(values).fillna(0.0).to_numpy()
+    assert np.array_equal(rank_steps.looked_up(steps, values), want)
+    some = values.iloc[::2]
+    want = pd.Series(list(zip(steps["rank"], steps["step"]))).map(some).fillna(0.0).to_numpy()
+    assert np.array_equal(rank_steps.looked_up(steps, some), want)
     by_rank = {0: {1, 2}, 3: set()}
     assert rank_steps.among(df, rank_steps.pairs(by_rank.items())).tolist() == [
         r in by_rank and s in by_rank[r] for r, s in zip(df["rank"], df["step"])

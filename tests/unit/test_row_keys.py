@@ -76,7 +76,9 @@ def test_values_at_rows_are_a_left_merges(rows, in_order, data, fill, ints):
     if ints:
         keys = keys.dropna().astype({"v": "int64"})
     keys = keys.sample(frac=1, random_state=0)  # (in no order)
-    got = RowKeys(frame).values(keys["rank"], keys["step"], keys["v"], fill)
+    by_key = keys.set_index(["rank", "step"])["v"]  # (as `rank_steps.looked_up` has them)
+    asked = (pd.Series(by_key.index.get_level_values(i)) for i in (0, 1))
+    got = RowKeys(frame).values(*asked, by_key, fill)
     want = _merged(frame, keys, fill)
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     np.testing.assert_array_equal(got, want.to_numpy())
