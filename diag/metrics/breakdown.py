@@ -25,7 +25,7 @@ from diag.metrics import bandwidth, intervals, positions
 from diag.metrics.activity import Activities
 from diag.metrics.agg import named
 from diag.metrics.comms import between_ranks
-from diag.metrics.steps import by_ranks
+from diag.metrics.steps import by_ranks, in_order
 from diag.metrics.text import as_text, filled_text
 from diag.vocab import COMM, COMPUTE
 
@@ -354,10 +354,15 @@ def arrival_shares(counts: pd.DataFrame) -> pd.Series:
     return pd.Series(shares, index=per.index.to_numpy())[lambda s: s > 0]
 
 
-def step_times(trace: Trace) -> pd.DataFrame:
-    """rank, step, dur_ns from step events, else from the training log's iteration times."""
+def step_times(trace: Trace, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """rank, step, dur_ns from step events, else from the training log's iteration times. `frame`:
+    the step frame of `trace.steps` (`steps.step_frame`), whose columns are shared where it holds
+    the very rows kept here (each with a positive duration, in (rank, step) order: an untimed first
+    step dropped from both), not copied again (32 bytes a rank-step, held for the whole analysis)."""
     s = trace.steps
     if not s.empty and "dur" in s.columns and s["dur"].notna().any():
+        if frame is not None and _same_rows(s, frame):
+            return frame[["rank", "step", "dur"]].rename(columns={"dur": "dur_ns"})
         return s[["rank", "step", "dur"]].rename(columns={"dur": "dur_ns"}).dropna()
     log = trace.frame("log_step")
     if "iter_ms" in log.columns and log["iter_ms"].notna().any():
@@ -366,3 +371,14 @@ def step_times(trace: Trace) -> pd.DataFrame:
             {"rank": ok["rank"], "step": ok["step"], "dur_ns": (ok["iter_ms"] * 1e6).round().astype("int64")}
         )
     return pd.DataFrame(columns=["rank", "step", "dur_ns"])
+
+
+def _same_rows(records: pd.DataFrame, frame: pd.DataFrame) -> bool:
+    """Whether `frame` (`steps.step_frame(records)`) holds the rows of `records` whose rank, step and
+    dur are known, in their order, with their values: numeric durations, keys in order (so none
+    sorted, none null) and as many rows as durations known (so every one positive: the frame drops
+    the others)."""
+    dur = records["dur"]
+    if dur.dtype.kind not in "iuf" or not in_order(records["rank"], records["step"]):
+        return False
+    return len(frame) == int(dur.notna().sum())

@@ -85,7 +85,7 @@ class Metrics:
     @cached_property
     def step_times(self) -> pd.DataFrame:
         """rank, step, dur_ns from step events or the log (`breakdown.step_times`)."""
-        return breakdown.step_times(self.trace)
+        return breakdown.step_times(self.trace, self.steps)
 
     # ---- per-step tables (what the rules compare against the step) ---------------------------
     @cached_property

@@ -187,7 +187,7 @@ class Windowed:
             steps=every,
             steady_steps=steady,
             median_step_s=float(steady["dur_s"].median()) if not steady.empty else 0.0,
-            step_times=breakdown.step_times(Trace(frames=raw)),
+            step_times=breakdown.step_times(Trace(frames=raw), every),
             exposed=self._exposed.frame(steady, self._lost()),
             blocked=self._blocked.frame(steady, []),
             collectives=breakdown.stats_frame(breakdown.merge_sums(self._sums)),

@@ -9,7 +9,9 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diag.metrics import breakdown
 from diag.metrics.steps import NS, step_frame
+from diag.trace.model import Trace
 
 
 def _copied(steps: pd.DataFrame) -> pd.DataFrame:
@@ -68,3 +70,31 @@ def test_any_steps_give_the_frame_the_copying_version_gave(rows, float_steps):
         assert step_frame(df).empty
         return
     pd.testing.assert_frame_equal(step_frame(df), _copied(df))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_row, max_size=30), st.booleans(), st.sampled_from([None, "float64", "object"]))
+def test_step_times_share_the_step_frames_columns_only_where_its_rows_are_theirs(rows, in_order, dur_dtype):
+    """`breakdown.step_times` given the step frame gives the rows and values it gives alone: keys
+    in order or not, a step twice, durations null, zero or negative, integers, floats or objects."""
+    df = pd.DataFrame(rows, columns=["rank", "step", "dur"])
+    if in_order:
+        df = df.drop_duplicates(["rank", "step"]).sort_values(["rank", "step"], ignore_index=True)
+    df["ts"] = np.arange(len(df), dtype=np.int64) * 10
+    if dur_dtype:
+        df["dur"] = df["dur"].astype(dur_dtype)
+    trace = Trace(frames={"step": df})
+    alone = breakdown.step_times(trace)
+    shared = breakdown.step_times(trace, step_frame(df))
+    pd.testing.assert_frame_equal(shared.reset_index(drop=True), alone.reset_index(drop=True))
+
+
+def test_step_times_of_a_writers_steps_with_an_untimed_first_step_are_the_step_frames_columns():
+    raw = _steps(3, 20).astype({"dur": float})
+    raw.loc[raw["step"] == 0, "dur"] = np.nan
+    frame = step_frame(raw)
+    out = breakdown.step_times(Trace(frames={"step": raw}), frame)
+    assert np.shares_memory(out["dur_ns"].to_numpy(), frame["dur"].to_numpy())
+    pd.testing.assert_frame_equal(
+        out, breakdown.step_times(Trace(frames={"step": raw})).reset_index(drop=True)
+    )
