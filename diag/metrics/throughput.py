@@ -132,7 +132,7 @@ def per_step_of(
     `samples_per_s`/`tokens_per_s` the rank's replica's (NaN without `dp`)."""
     if steps.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    st = steps[["rank", "step", "dur"]].copy()
+    st = steps[["rank", "step", "dur"]]  # (copy-on-write: the columns are the step frame's until written)
     st["samples"] = pd.to_numeric(steps["samples"], errors="coerce") if "samples" in steps else np.nan
     st["tokens"] = pd.to_numeric(steps["tokens"], errors="coerce") if "tokens" in steps else np.nan
     if counted.empty:  # no step counted (no per-layer records): nothing to hold, the merges skipped
