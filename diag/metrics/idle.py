@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -66,19 +66,35 @@ def gaps(metrics: Metrics) -> pd.DataFrame:
 def windows(st: pd.DataFrame) -> pd.DataFrame:
     """The steps (`Metrics.steps`, the whole trace's) with their gap after: `gap_s`, `wall_s` and
     its window [`lo`, `hi`] (the step's end to the next one's start)."""
-    nxt = st.groupby("rank")["start"].shift(-1)
+    nxt = _next_start(st)
     between = ((nxt - st["end"]) / NS).fillna(0).clip(lower=0)
     return st.assign(gap_s=between, wall_s=st["dur_s"] + between, lo=st["end"], hi=nxt.fillna(st["end"]))
+
+
+def _next_start(st: pd.DataFrame) -> pd.Series:
+    """Each step's rank's next step's start (NaN for its last)."""
+    return st.groupby("rank")["start"].shift(-1)
 
 
 def with_lead(st: pd.DataFrame, first: pd.Series) -> pd.DataFrame:
     """`st` with each step's first forward (`first`: ts by (rank, step)), its lead-in seconds
     (`lead`, NaN where it has none before its end) and the lead-in window's end (`lead_hi`)."""
-    keys = first.index
-    at = RowKeys(st).values(pd.Series(keys.get_level_values(0)), pd.Series(keys.get_level_values(1)), first)
-    st = st.assign(first=at).reset_index(drop=True)  # (a merge copied every column of `st`)
+    st = st.assign(first=_first_at(st, first)).reset_index(drop=True)  # (a merge copied every column)
     lead = ((st["first"] - st["start"]) / NS).where(st["first"] < st["end"]).clip(lower=0)
     return st.assign(lead=lead, lead_hi=st["first"].where(lead.notna(), st["start"]))
+
+
+def _first_at(st: pd.DataFrame, first: pd.Series) -> np.ndarray:
+    """Each step's first forward (`first`: ts by (rank, step)), NaN where it has none."""
+    keys = first.index
+    return RowKeys(st).values(pd.Series(keys.get_level_values(0)), pd.Series(keys.get_level_values(1)), first)
+
+
+def _lead_end(st: pd.DataFrame, first: pd.Series) -> np.ndarray:
+    """`with_lead`'s `lead_hi` alone (what `Idle.of` reads, every window): the step's first forward
+    where it lies before the step's end, else the step's start."""
+    at = _first_at(st, first)
+    return np.where(at < st["end"].to_numpy(), at, st["start"].to_numpy())
 
 
 @dataclass(frozen=True)
@@ -196,9 +212,18 @@ class Idle:
             first = fwd.groupby(["rank", "step"], observed=True)["ts"].min()
         st, c = metrics.steps, metrics.comms
         if st.empty or c.empty or "ts" not in c:
-            return IdleParts(not lay.empty, first, *_split(c.iloc[:0], st.iloc[:0], None))
-        st = with_lead(windows(st), first) if not lay.empty else windows(st).assign(lead_hi=st["start"])
-        return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics)))
+            return IdleParts(not lay.empty, first, *_split(c.iloc[:0], st.iloc[:0], None, {}))
+        # (the step frame's columns and the three windows' bounds it reads, not `windows` and
+        # `with_lead`'s frames: every window of pass 2 reads every step of the trace)
+        end = st["end"]
+        cols = {
+            "start": st["start"],
+            "end": end,
+            "lo": end,
+            "hi": _next_start(st).fillna(end),
+            "lead_hi": _lead_end(st, first) if not lay.empty else st["start"],
+        }
+        return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics), cols))
 
     def merged(self, parts: list[IdleParts]) -> IdleParts:
         if len(parts) == 1:
@@ -248,19 +273,20 @@ class _Steps(NamedTuple):
 
 
 def _split(
-    c: pd.DataFrame, st: pd.DataFrame, held: tuple[float, float] | None
+    c: pd.DataFrame, st: pd.DataFrame, held: tuple[float, float] | None, bounds: dict[str, Any]
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(seconds, pieces, spills) of `IdleParts` from the calls `c` of the steps `held` (`st`: the
-    whole trace's steps with their idle windows: [lo, hi] after the step, [start, lead_hi] before
-    its first forward). That time is communication, not an input pipeline (the premise). Ranks in
-    chunks of bounded calls (`positions.rank_chunks`), vectorized over a chunk's ranks: a pass per
-    rank and window cost ~2 ms (1,536 of them on 256 ranks x 4 steps windowed: 2.9 s)."""
+    whole trace's steps; `bounds`, a column each: their idle windows, [lo, hi] after the step,
+    [start, lead_hi] before its first forward, and their end). That time is communication, not
+    an input pipeline (the premise). Ranks in chunks of bounded calls (`positions.rank_chunks`),
+    vectorized over a chunk's ranks: a pass per rank and window cost ~2 ms (1,536 of them on 256
+    ranks x 4 steps windowed: 2.9 s)."""
     if st.empty or c.empty:  # (`Idle.of` of no steps or calls: the steps without their windows)
         return _parts([])
     ranks = pd.Index(st["rank"].dropna().unique()).sort_values()  # st.groupby("rank")'s keys
     code = ranks.get_indexer(st["rank"])
     own = st["step"].between(*held).to_numpy() if held else np.zeros(len(st), dtype=bool)
-    cols = {col: st[col].to_numpy(dtype=float) for col in ("start", "end", "lo", "hi", "lead_hi")}
+    cols = {col: np.asarray(bounds[col], dtype=float) for col in ("start", "end", "lo", "hi", "lead_hi")}
     steps = _Steps(ranks.to_numpy(), code, own, st["step"].to_numpy(), cols)
     by_code = np.argsort(code, kind="stable")
     sorted_code = code[by_code]
