@@ -8,10 +8,12 @@ environment carries RANK (their own data-loader workers inherit it but sit below
 from __future__ import annotations
 
 import os
-
-import psutil
+from typing import TYPE_CHECKING
 
 from diag.errors import FAILURE, USAGE, DiagError
+
+if TYPE_CHECKING:  # (imported where used: `diag attach --help` needs no psutil, the attach extra)
+    import psutil
 
 
 def environ_rank(pid: int) -> int | None:
@@ -29,6 +31,8 @@ def environ_rank(pid: int) -> int | None:
 
 
 def _is_python(proc: psutil.Process) -> bool:
+    import psutil
+
     try:
         return "python" in proc.name().lower() or "python" in (proc.exe() or "").lower()
     except (psutil.Error, OSError):
@@ -37,6 +41,8 @@ def _is_python(proc: psutil.Process) -> bool:
 
 def ranks_under(pid: int) -> list[tuple[int, int | None]]:
     """[(pid, rank)] of the ranks at or under `pid`, by rank; `[(pid, None)]` for a lone process."""
+    import psutil
+
     try:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
@@ -86,6 +92,8 @@ def launcher_of(pid: int) -> str | None:
     """The launcher `pid` runs (torchrun's or DeepSpeed's), None for any other process: attached to,
     a launcher records nothing of the training (it runs none), so a launcher with no ranks under it
     yet is not a target."""
+    import psutil
+
     try:
         argv: list[str] = psutil.Process(pid).cmdline()
     except (psutil.Error, OSError):
@@ -97,6 +105,8 @@ def launcher_of(pid: int) -> str | None:
 
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:
+    import psutil
+
     try:
         return list(proc.children())
     except psutil.Error:

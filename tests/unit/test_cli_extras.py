@@ -22,6 +22,8 @@ SAMPLE = f"{ROOT}/sample_traces/healthy"
         ("pandas", ["analyze", SAMPLE], "analyze"),
         ("pandas", ["watch", SAMPLE, "--json", "--duration", "1"], "analyze"),
         ("prometheus_client", ["export", "--prometheus", "127.0.0.1:0", SAMPLE], "prometheus"),
+        ("psutil", ["attach", "1"], "attach"),
+        ("psutil", ["detach", "1"], "attach"),
     ],
 )
 def test_missing_extra_is_one_line(mod: str, argv: list[str], extra: str) -> None:
@@ -32,3 +34,18 @@ def test_missing_extra_is_one_line(mod: str, argv: list[str], extra: str) -> Non
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and f"pip install 'diag[{extra}]'" in lines[0] and mod in lines[0], lines
+
+
+@pytest.mark.parametrize("command", ["attach", "detach", "stacks", "status"])
+def test_help_needs_no_extra(command: str) -> None:
+    """`diag attach --help` on a fresh `pip install diag` (no psutil: the attach extra) printed the
+    missing-extra line instead of the options that say which extra to install (a new user's first
+    look, seen from the wheel)."""
+    res = subprocess.run(
+        [sys.executable, "-c", CODE.format(mod="psutil", argv=[command, "--help"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"usage: diag {command}"), res.stdout[:200]
