@@ -60,7 +60,9 @@ class RowKeys:
             return got.fillna(fill).to_numpy()
         at = self.at(rank, step)
         hit = at >= 0
-        if hit.sum() == self.size:  # every row has its value (each key once: each row once)
+        filled = np.zeros(self.size, dtype=bool)
+        filled[at[hit]] = True
+        if filled.all():  # every row has its value: the values' dtype, as the merge keeps it
             out = np.empty(self.size, values.dtype)
         else:
             out = np.full(self.size, fill, np.result_type(values.dtype, np.float64))
