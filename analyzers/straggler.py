@@ -19,7 +19,7 @@ from diag.metrics.idle import gaps
 from diag.metrics.onset import Onset, onsets, robust_sigma
 from diag.metrics.sched import runq_per_step
 from diag.metrics.selection import PerStep
-from diag.metrics.steps import NS
+from diag.metrics.steps import NS, by_step_and_rank
 from diag.metrics.text import as_text
 from diag.metrics.throttle import WINDOW_S, throttled_spans
 
@@ -231,7 +231,7 @@ def step_noise(df: pd.DataFrame, slow: int | None = None) -> float:
     from 110 to 65 ms at step 8 while rank 0's stayed at 120 ms; gap 1.4 sigma of itself, 3.6 of the
     step time; planted 80 ms stragglers 5.3-7.2 sigma of their gap)."""
     if slow is not None:
-        wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+        wide = by_step_and_rank(df, "compute_s")
         if slow in wide and wide.shape[1] >= 2:
             gap = (wide[slow] - wide.drop(columns=slow).median(axis=1)).dropna()
             if len(gap):
@@ -494,7 +494,7 @@ def _hold(fact: dict) -> float:
 
 def caused_wait(df: pd.DataFrame) -> pd.DataFrame:
     """Per step: which rank arrived last (the least `wait_s`) and the others' median wait for it."""
-    w = df.pivot_table(index="step", columns="rank", values="wait_s").dropna()
+    w = by_step_and_rank(df, "wait_s").dropna()
     if w.shape[1] < 2:
         return pd.DataFrame(columns=["last", "waited_s"])
     last = w.idxmin(axis=1)
@@ -677,7 +677,7 @@ def _by_work(trace: Trace, metrics: Metrics) -> list[Finding]:
     slow = int(med.idxmax())
     others = float(med.drop(slow).median())
     gap, step_s = float(med[slow]) - others, float(df["dur_s"].median())
-    wide = df.pivot_table(index="step", columns="rank", values="compute_s")
+    wide = by_step_and_rank(df, "compute_s")
     consistent = float((wide.idxmax(axis=1) == slow).mean()) if not wide.empty else 0.0
     waited = float(df[df["rank"] != slow].groupby("rank")["wait_s"].median().median())
     noise = step_noise(df, slow)
@@ -756,7 +756,7 @@ def _by_onset(trace: Trace, metrics: Metrics, df: pd.DataFrame) -> list[Finding]
         return []
     o = max(found, key=lambda o: o.gap_s * len(o.steps))
     slow, run = o.rank, df[df["step"].isin(o.steps)]
-    wide = run.pivot_table(index="step", columns="rank", values="compute_s")
+    wide = by_step_and_rank(run, "compute_s")
     med = wide.median()
     others = float(med.drop(slow).median())
     return _judged(

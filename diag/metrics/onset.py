@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from diag.metrics.steps import by_step_and_rank
+
 
 @dataclass(frozen=True)
 class Onset:
@@ -83,10 +85,10 @@ def onsets(
     and steps at its ends with under half its median excess are not part of it (`_trimmed`).
 
     `df`: `compute_per_step`'s rows (rank, step, dur_s, compute_s, wait_s)."""
-    wide = df.pivot_table(index="step", columns="rank", values="compute_s").dropna()
+    wide = by_step_and_rank(df, "compute_s").dropna()
     if wide.shape[1] < 2 or len(wide) < baseline + min_steps:
         return []
-    wait = df.pivot_table(index="step", columns="rank", values="wait_s").reindex(index=wide.index)
+    wait = by_step_and_rank(df, "wait_s").reindex(index=wide.index)
     dur = df.groupby("step")["dur_s"].mean().reindex(wide.index)
     top = wide.idxmax(axis=1)
     found = []
