@@ -22,7 +22,6 @@ GPU: model FLOPs / (iteration time x world size), the figure Megatron prints.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,7 @@ import pandas as pd
 
 from diag.metrics import positions
 from diag.metrics.agg import named
-from diag.metrics.steps import NS, in_order, nth_step, steady
+from diag.metrics.steps import NS, by_ranks, in_order, nth_step, steady
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -157,7 +156,7 @@ def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
     `counted`'s (rank, step) keys are unique (`step_flops` groups by them). A search of each rank's
     few sampled steps, a rank at a time: the merges over the union of both frames' keys that did
     this were 44.5 MiB (~91 bytes a rank-step) of the report's high-water mark at 256 ranks x 2,000
-    steps; this holds the two columns it makes (and, for rows not in rank order, their order)."""
+    steps; this holds the two columns it makes and the rows' rank codes (`by_ranks`)."""
     flops = pd.to_numeric(counted["flops"], errors="coerce")
     known = flops.notna().to_numpy()
     c_rank, c_step = counted["rank"].to_numpy()[known], counted["step"].to_numpy()[known]
@@ -165,15 +164,14 @@ def _held_flops(st: pd.DataFrame, counted: pd.DataFrame) -> pd.DataFrame:
     by = np.lexsort((c_step, c_rank))
     c_rank, c_step, c_flops = c_rank[by], c_step[by], c_flops[by]
     rank, step = st["rank"].to_numpy(), st["step"].to_numpy()
-    order = None if (rank[1:] >= rank[:-1]).all() else np.argsort(rank, kind="stable")
-    ranked = rank if order is None else rank[order]
     held = np.zeros(len(st), dtype=c_flops.dtype)
     has = np.zeros(len(st), dtype=bool)
     sampled = np.zeros(len(st), dtype=bool)
-    bounds = np.flatnonzero(np.r_[True, c_rank[1:] != c_rank[:-1], True]) if len(c_rank) else [0]
-    for lo, hi in itertools.pairwise(bounds):
-        a, b = np.searchsorted(ranked, c_rank[lo], "left"), np.searchsorted(ranked, c_rank[lo], "right")
-        rows = slice(a, b) if order is None else order[a:b]
+    for rows in by_ranks(st["rank"]):  # (slices where the rows are by rank, as a step frame's)
+        mine = rank[rows][0]
+        lo, hi = np.searchsorted(c_rank, mine, "left"), np.searchsorted(c_rank, mine, "right")
+        if lo == hi:  # no sample on this rank
+            continue
         steps = step[rows]
         # the rank's last sample at or before the step (a null step: its last), else its first
         at = np.maximum(np.searchsorted(c_step[lo:hi], steps, "right") - 1, 0)
