@@ -112,7 +112,27 @@ def live_engines(cls: type) -> list[Any]:
             classes.add(c)
             todo.extend(c.__subclasses__())
     found = gc.get_referrers(*classes)
-    return [o for o in found if type(o) in classes and hasattr(o, "global_steps")]
+    engines = [o for o in found if type(o) in classes and hasattr(o, "global_steps")]
+    building = under_construction(engines) if engines else set()
+    return [e for e in engines if id(e) not in building]
+
+
+def under_construction(objs: list[Any]) -> set[int]:
+    """ids of `objs` whose `__init__` runs on some thread now. The writer thread's scan of a job
+    under `diag run` can land inside `deepspeed.initialize` (an attach, inside it on the main
+    thread): such an engine has `global_steps` but not yet its layout (`dp_world_size`, a
+    PipelineEngine's `num_stages`), so it is left to its first forward, which describes it whole."""
+    ids = {id(o) for o in objs}
+    out: set[int] = set()
+    for top in sys._current_frames().values():
+        frame: Any = top
+        while frame is not None:
+            if frame.f_code.co_name == "__init__":
+                me = frame.f_locals.get("self")
+                if id(me) in ids and any(me is o for o in objs):
+                    out.add(id(me))
+            frame = frame.f_back
+    return out
 
 
 def settled(done: set[str], watched: dict[str, str]) -> bool:

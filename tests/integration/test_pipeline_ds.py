@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 PIPE = "tests.workloads.pipe_ds"
 STEPS = 4
-FEW = ["--micro-batches", "2", "--pace-ms", "50", "--steps", str(STEPS)]
+# --init-pause: the agent's scan for engines lands inside deepspeed.initialize (the layout stays whole)
+FEW = ["--micro-batches", "2", "--pace-ms", "50", "--steps", str(STEPS), "--init-pause", "0.5"]
 MANY = ["--micro-batches", "8", "--pace-ms", "100", "--steps", str(STEPS), "--truth"]
 ACTIVATION = 2 * 32 * 64 * 4  # micro-batch 2 x seq 32 x hidden 64 float32: every activation and gradient
 

@@ -75,6 +75,39 @@ def test_deepspeed_imported_after_install_is_patched_at_a_later_step(tmp_path, m
     assert cls.__dict__["_take_model_step"] is original
 
 
+def test_an_engine_still_in_its_init_is_not_a_live_engine():
+    """CI saw a PipelineEngine's header without `dp`: the writer thread's scan (`diag run`) found the
+    engine inside `deepspeed.initialize`, described it half-built and never again. An engine whose
+    `__init__` runs on any thread is left to its first forward."""
+    import threading
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from diag.collectors.steps import live_engines
+
+    inside, release = threading.Event(), threading.Event()
+    built: list = []
+
+    class HalfBuilt(DeepSpeedEngine):  # the real hierarchy; its __init__ stops where DeepSpeed's
+        def __init__(self) -> None:  # has set global_steps but not yet dp_world_size
+            self.__dict__["global_steps"] = 0
+            inside.set()
+            release.wait(10)
+            self.__dict__["dp_world_size"] = 1
+
+    def build() -> None:
+        built.append(HalfBuilt())
+
+    t = threading.Thread(target=build)
+    t.start()
+    try:
+        assert inside.wait(10)
+        assert [e for e in live_engines(DeepSpeedEngine) if type(e) is HalfBuilt] == []
+    finally:
+        release.set()
+        t.join(10)
+    assert [e for e in live_engines(DeepSpeedEngine) if type(e) is HalfBuilt] == built
+
+
 def test_megatron_optimizer_step_counted_once(tmp_path, monkeypatch):
     import megatron.core.optimizer.optimizer as mo
     from megatron.core.optimizer import OptimizerConfig

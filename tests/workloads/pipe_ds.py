@@ -138,6 +138,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="tie the output layer to the embedding (TiedLayerSpec with a forward_fn, as GPTModelPipe)",
     )
+    p.add_argument(
+        "--init-pause",
+        type=float,
+        default=0.0,
+        help="seconds of pause inside deepspeed.initialize, after the engine has global_steps and "
+        "before its layout (as a large model's initialize takes seconds): see slow_initialize",
+    )
     p.set_defaults(layers=4, batch=2)
     return p.parse_args(argv)
 
@@ -189,8 +196,26 @@ def data(args: argparse.Namespace) -> Iterator[tuple[torch.Tensor, torch.Tensor]
         n += 1
 
 
+def slow_initialize(pause: float) -> None:
+    """A pause before DeepSpeedEngine sets its data-parallel layout: the agent under `diag run` scans
+    for engines every flush (0.2 s), so its scan lands inside the engine's `__init__` (CI once saw
+    a header without `dp` that way, by chance)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    configure = DeepSpeedEngine._configure_distributed_model
+
+    def paused(self: Any, model: Any) -> Any:
+        time.sleep(pause)
+        return configure(self, model)
+
+    DeepSpeedEngine._configure_distributed_model = paused  # type: ignore[method-assign]
+
+
 def train(args: argparse.Namespace, prof: Any) -> dict[str, Any]:
     import deepspeed
+
+    if args.init_pause:
+        slow_initialize(args.init_pause)
 
     deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule builds its grid with deepspeed.comm
     torch.manual_seed(args.seed)
