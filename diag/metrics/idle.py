@@ -59,8 +59,10 @@ def gaps(metrics: Metrics) -> pd.DataFrame:
             st = st.assign(gap_s=st["gap_s"] + waits, loader_s=waits)
     st = st.assign(comm_gap_s=idle.busy(st))
     # (what its readers read: `steady` copies every column it is given, 96 bytes a rank-step with
-    # the windows' own, the windowed pass's high-water mark at 256 ranks x 2,000 steps)
-    return steady(st[[c for c in _GAPS if c in st.columns]])
+    # the windows' own, the windowed pass's high-water mark at 256 ranks x 2,000 steps; the
+    # frame rebound first, so that the windows' own columns are gone before the copy)
+    st = st[[c for c in _GAPS if c in st.columns]]
+    return steady(st)
 
 
 def windows(st: pd.DataFrame) -> pd.DataFrame:
@@ -119,11 +121,23 @@ class IdleParts:
         window are united with that window's pieces there; spilled past the edge step (a call
         spanning a whole step of the other window: none seen), added to its seconds."""
         rows = RowKeys(st)
-        gap, lead = np.zeros(len(st)), np.zeros(len(st))
-        if len(self.seconds):
-            sec = self.seconds
-            gap, lead = (rows.values(sec["rank"], sec["step"], sec[col], 0.0) for col in ("gap", "lead"))
-        extra = np.zeros((2, len(st)))
+        extra = self._spilled_seconds(st, rows)
+        # 0 + gap + extra gap + lead + extra lead, in that order (the same sums to the bit), each
+        # part made once the others are added: gap, lead and the spills' arrays all held at once were
+        # ~25 MiB of the windowed pass's high-water mark at 256 ranks x 2,000 steps
+        out = np.zeros(len(st))
+        sec = self.seconds
+        for col, more in (("gap", 0), ("lead", 1)):
+            if len(sec):
+                out += rows.values(sec["rank"], sec["step"], sec[col], 0.0)
+            if extra is not None:
+                out += extra[more]
+        return out
+
+    def _spilled_seconds(self, st: pd.DataFrame, rows: RowKeys) -> np.ndarray | None:
+        """Per row of `st`, the seconds of the pieces and spills in its gap (row 0) and lead-in (row
+        1), each (rank, step, which)'s united; None where there are none."""
+        extra = None
         if len(st) and (len(self.pieces) or len(self.spills)):
             row, which, lo, hi = _spilled(self.spills, st)
             at = np.concatenate((rows.at(self.pieces["rank"], self.pieces["step"]), rows.last(row)))
@@ -137,7 +151,7 @@ class IdleParts:
             if keep.any():  # each (rank, step, which)'s pieces united: one sort of them all
                 us, ue, uk = _unions(which[keep] * len(st) + at[keep], lo[keep], hi[keep])
                 extra = (_sums(uk, ue - us, 2 * len(st)) / NS).reshape(2, len(st))
-        return 0.0 + gap + extra[0] + lead + extra[1]
+        return extra
 
 
 def _spilled(spills: pd.DataFrame, st: pd.DataFrame) -> tuple[np.ndarray, ...]:

@@ -34,6 +34,11 @@ def within_runs(order: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
     return out
 
 
+def starts_of(values: np.ndarray) -> np.ndarray:
+    """Where each run of equal `values` begins (each rank's rows, where they are grouped by rank)."""
+    return np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if len(values) else np.zeros(0, np.int64)
+
+
 def run_starts(order: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
     """Where each run of equal `keys` begins in `order`."""
     new = np.zeros(len(order), dtype=bool)

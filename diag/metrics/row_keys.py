@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diag.metrics import positions
 from diag.metrics.steps import in_order
 
 _MAX_KEY = 1 << 62  # rank blocks x step span past this: the MultiIndex (no key overflows int64)
@@ -103,7 +104,7 @@ def _sorted_keys(rank: pd.Series, step: pd.Series) -> _Sorted | None:
     if not len(rank):
         return None
     r, s = rank.to_numpy(), step.to_numpy()
-    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # (sorted: each rank's rows a run)
+    starts = positions.starts_of(r)  # (sorted: each rank's rows a run)
     low, span = int(s.min()), int(s.max()) - int(s.min()) + 1
     if len(starts) * span >= _MAX_KEY:
         return None

@@ -21,8 +21,7 @@ def _starts(rank: pd.Series) -> np.ndarray | None:
     frames: each rank's rows a slice), else None."""
     if rank.dtype.kind not in "iu" or not rank.is_monotonic_increasing:
         return None
-    r = rank.to_numpy()
-    return np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if len(r) else np.zeros(0, np.int64)
+    return positions.starts_of(rank.to_numpy())
 
 
 def rank_rows(rank: pd.Series) -> Iterator[np.ndarray | slice]:

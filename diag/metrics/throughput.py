@@ -229,7 +229,7 @@ def _past_warm_up(rank: pd.Series, step: pd.Series) -> np.ndarray:
     two steps or fewer. Rows in (rank, step) order (a step frame's) are told by their position."""
     if in_order(rank, step):
         r = rank.to_numpy()
-        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+        starts = positions.starts_of(r)
         sizes = np.diff(np.r_[starts, len(r)])
         past = np.ones(len(r), dtype=bool)
         past[starts] = False

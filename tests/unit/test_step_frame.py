@@ -46,8 +46,9 @@ def test_a_writers_steps_keep_their_columns_shared_and_untouched():
     before = raw.copy()
     out = step_frame(raw)
     pd.testing.assert_frame_equal(out, _copied(raw))
-    for col in ("step", "ts", "samples", "rank"):
+    for col in ("step", "ts", "dur", "samples", "rank"):
         assert np.shares_memory(out[col].to_numpy(), raw[col].to_numpy()), col
+    assert np.shares_memory(out["start"].to_numpy(), raw["ts"].to_numpy())  # (numeric: not converted)
     out.loc[0, "ts"] = -1  # (a reader that writes into its frame: the records stay as read)
     pd.testing.assert_frame_equal(raw, before)
 
@@ -59,11 +60,17 @@ _row = st.tuples(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(_row, max_size=30), st.booleans())
-def test_any_steps_give_the_frame_the_copying_version_gave(rows, float_steps):
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_row, max_size=30), st.booleans(), st.sampled_from([None, "float64", "object"]), st.booleans()
+)
+def test_any_steps_give_the_frame_the_copying_version_gave(rows, float_steps, dur_dtype, object_ts):
     df = pd.DataFrame(rows, columns=["rank", "step", "dur"])
+    if dur_dtype:
+        df["dur"] = df["dur"].astype(dur_dtype)
     df["ts"] = np.arange(len(df), dtype=np.int64) * 10
+    if object_ts:  # (a log's records: numbers as objects, converted)
+        df["ts"] = df["ts"].astype(object)
     if float_steps:  # (steps attributed by time are floats: never taken as in order)
         df["step"] = df["step"].astype(float)
     if df.empty:
