@@ -122,15 +122,13 @@ def under_construction(objs: list[Any]) -> set[int]:
     under `diag run` can land inside `deepspeed.initialize` (an attach, inside it on the main
     thread): such an engine has `global_steps` but not yet its layout (`dp_world_size`, a
     PipelineEngine's `num_stages`), so it is left to its first forward, which describes it whole."""
-    ids = {id(o) for o in objs}
+    ids = {id(o) for o in objs}  # (`objs` holds them alive: an id here is one of them)
     out: set[int] = set()
     for top in sys._current_frames().values():
         frame: Any = top
         while frame is not None:
-            if frame.f_code.co_name == "__init__":
-                me = frame.f_locals.get("self")
-                if id(me) in ids and any(me is o for o in objs):
-                    out.add(id(me))
+            if frame.f_code.co_name == "__init__" and id(frame.f_locals.get("self")) in ids:
+                out.add(id(frame.f_locals["self"]))
             frame = frame.f_back
     return out
 
