@@ -88,3 +88,22 @@ def test_a_real_bubble_is_named_when_most_steps_are_noisy(tmp_path) -> None:
 def test_a_balanced_run_is_quiet_when_most_steps_are_noisy(tmp_path) -> None:
     """Both ranks wait 8 ms of a clean 100 ms step (0.09, under the schedule's 0.125 + 0.05)."""
     assert fired(_noisy_job(str(tmp_path), {0: 8, 1: 8}, NOISY_STEPS), "pipeline_bubble") == []
+
+
+CONTENDED = os.path.join(ROOT, "tests", "fixtures", "pp2_alexnet_contended")
+
+
+def test_a_wait_the_other_stages_cpu_wait_explains_is_no_bubble() -> None:
+    """DeepSpeedExamples' pipeline AlexNet on a 2-core host at load 4 (the fixture's README): rank 1
+    waited 0.39 of its compute, 0.15 s a step past the schedule's 0.25, while rank 0 waited 0.44 s a
+    step for a CPU: CRITICAL 'pipeline bubble 0.39' in 1 of 4 identical runs."""
+    from diag.analyzers.pipeline_bubble import host_made, measure
+
+    from diag.metrics.stage import Metrics
+
+    trace = diag.load(CONTENDED)
+    got = measure(trace, Metrics(trace))
+    assert got is not None and got.by_rank[1] > got.ideal + 0.05 > got.by_rank[0], got.by_rank
+    assert got.runq_by_rank[0] > (got.by_rank[1] - got.ideal) * got.compute_by_rank[1], got.runq_by_rank
+    assert host_made(got)
+    assert fired(trace, "pipeline_bubble") == []
