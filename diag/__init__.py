@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from diag.errors import DiagError
+from diag.errors import EXTRAS, DiagError, needs
 
 if TYPE_CHECKING:
     from diag.trace.model import Trace
@@ -59,6 +59,11 @@ def load(path: str, *, strict: bool = False, capture: int | None = None) -> Trac
 
     Imported lazily so that `import diag` inside a training job never pulls in pandas.
     """
-    from diag.trace.reader import load_trace
+    try:
+        from diag.trace.reader import load_trace
 
-    return load_trace(path, strict=strict, capture=capture)
+        return load_trace(path, strict=strict, capture=capture)
+    except ModuleNotFoundError as e:  # `pip install diag` alone has no pandas: say which extra
+        if (e.name or "").split(".")[0] not in EXTRAS:
+            raise
+        raise ModuleNotFoundError(f"diag.load {needs(e)}", name=e.name) from None

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 
 from diag import __version__
-from diag.errors import DiagError
+from diag.errors import EXTRAS, DiagError, needs
 
 # name -> module; the order is the order of `diag --help`
 COMMANDS = {
@@ -29,23 +29,10 @@ COMMANDS = {
     "export": "diag.cli.export",
 }
 
-# a missing third-party module -> the extra that installs it (pyproject.toml's optional-dependencies)
-EXTRAS = {
-    "pandas": "analyze",
-    "rich": "analyze",
-    "orjson": "analyze",
-    "psutil": "attach",
-    "py_spy": "attach",
-    "textual": "tui",
-    "prometheus_client": "prometheus",
-}
-
 
 def _missing(name: str, e: ModuleNotFoundError) -> str:
     """One line for a command whose optional dependency is not installed."""
-    extra = EXTRAS.get((e.name or "").split(".")[0])
-    how = f": pip install 'diag[{extra}]'" if extra else ""
-    return f"diag {name}: error: needs {e.name}, which is not installed{how}"
+    return f"diag {name}: error: {needs(e)}"
 
 
 def _summary(module_name: str) -> str | None:

@@ -49,3 +49,18 @@ def test_help_needs_no_extra(command: str) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"usage: diag {command}"), res.stdout[:200]
+
+
+def test_load_without_pandas_says_which_extra() -> None:
+    """`diag.load` from a plain `pip install diag` raised pandas' bare ModuleNotFoundError (a new
+    user of the wheel, session 28): the error says which extra to install, and is still one that
+    `except ImportError` catches."""
+    code = (
+        "import sys; sys.modules['pandas'] = None; import diag\n"
+        "try:\n    diag.load(sys.argv[1])\n"
+        "except ImportError as e:\n    print(type(e).__name__, e.name, e)"
+    )
+    res = subprocess.run([sys.executable, "-c", code, SAMPLE], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    said = "diag.load needs pandas, which is not installed: pip install 'diag[analyze]'"
+    assert res.stdout.strip() == f"ModuleNotFoundError pandas {said}", res.stdout
