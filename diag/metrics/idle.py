@@ -81,9 +81,10 @@ def _next_start(st: pd.DataFrame) -> pd.Series:
 def with_lead(st: pd.DataFrame, first: pd.Series) -> pd.DataFrame:
     """`st` with each step's first forward (`first`: ts by (rank, step)), its lead-in seconds
     (`lead`, NaN where it has none before its end) and the lead-in window's end (`lead_hi`)."""
-    st = st.assign(first=_first_at(st, first)).reset_index(drop=True)  # (a merge copied every column)
+    at = _first_at(st, first)
+    st = st.assign(first=at).reset_index(drop=True)  # (a merge copied every column)
     lead = ((st["first"] - st["start"]) / NS).where(st["first"] < st["end"]).clip(lower=0)
-    return st.assign(lead=lead, lead_hi=st["first"].where(lead.notna(), st["start"]))
+    return st.assign(lead=lead, lead_hi=_lead_end(st, at))
 
 
 def _first_at(st: pd.DataFrame, first: pd.Series) -> np.ndarray:
@@ -92,10 +93,9 @@ def _first_at(st: pd.DataFrame, first: pd.Series) -> np.ndarray:
     return RowKeys(st).values(pd.Series(keys.get_level_values(0)), pd.Series(keys.get_level_values(1)), first)
 
 
-def _lead_end(st: pd.DataFrame, first: pd.Series) -> np.ndarray:
-    """`with_lead`'s `lead_hi` alone (what `Idle.of` reads, every window): the step's first forward
-    where it lies before the step's end, else the step's start."""
-    at = _first_at(st, first)
+def _lead_end(st: pd.DataFrame, at: np.ndarray) -> np.ndarray:
+    """The lead-in window's end (`lead_hi`): the step's first forward (`at`, `_first_at`) where it
+    lies before the step's end, else the step's start (`with_lead`'s, and `Idle.of`'s every window)."""
     return np.where(at < st["end"].to_numpy(), at, st["start"].to_numpy())
 
 
@@ -235,7 +235,7 @@ class Idle:
             "end": end,
             "lo": end,
             "hi": _next_start(st).fillna(end),
-            "lead_hi": _lead_end(st, first) if not lay.empty else st["start"],
+            "lead_hi": _lead_end(st, _first_at(st, first)) if not lay.empty else st["start"],
         }
         return IdleParts(not lay.empty, first, *_split(c, st, _held(metrics), cols))
 
@@ -424,7 +424,7 @@ def _search(kc: np.ndarray, kv: np.ndarray, qc: np.ndarray, qv: np.ndarray, side
     out = np.empty(len(qc), np.int64)
     if not len(qc):
         return out
-    runs = np.flatnonzero(np.r_[True, qc[1:] != qc[:-1], True])  # (queries by code: a run each)
+    runs = np.r_[positions.starts_of(qc), len(qc)]  # (queries by code: a run each)
     for i, j in itertools.pairwise(runs):
         lo, hi = np.searchsorted(kc, qc[i], "left"), np.searchsorted(kc, qc[i], "right")
         out[i:j] = lo + np.searchsorted(kv[lo:hi], qv[i:j], side)
