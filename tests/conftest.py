@@ -52,6 +52,7 @@ SERIAL_UNITS = {
     "test_inject_native",
     "test_inject_raw",
     "test_layers",
+    "test_looker",  # processes killed and reaped on a schedule while the GIL is held
     "test_pending_entered",  # compares held times with OPEN_S
     "test_rank_labels",  # diag run of a training script
     "test_run_site",  # torchrun with a free port

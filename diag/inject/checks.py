@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 
 from diag.errors import FAILURE, USAGE, DiagError
+from diag.live.looker import status_fields  # (the looks' own reader: one /proc parser)
 
 MIN_PYTHON = (3, 10)
 CAP_SYS_PTRACE = 19
@@ -167,16 +168,6 @@ def _has_cap_sys_ptrace(status_file: str) -> bool:
     except (OSError, ValueError):
         pass
     return False
-
-
-def status_fields(pid: int) -> dict[str, str] | None:
-    """/proc/<pid>/status as a dict (State, TracerPid, ...), None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    return {k: v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
 
 
 def stopped_state(pid: int) -> str | None:

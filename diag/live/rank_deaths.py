@@ -19,6 +19,7 @@ reads it as the header's `process` fact `stopped_share`, `resumes`, `looked_s`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import signal
@@ -28,25 +29,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from diag.live.looker import LOOK_S, Looker, fact_of
 from diag.metrics.throttle import WINDOW_S as DUTY_WINDOW_S
 from diag.vocab import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from diag.live.proc_log import ProcLog
 
-LOOK_S = 0.02  # how often each rank's process is looked at (a thread; /proc reads, ~30 us a rank)
 _STOPS = {int(getattr(signal, name)) for name in STOP_SIGNALS}
 
 Facts = dict[int, dict[str, Any]]
-
-
-def exit_status(pid: int) -> int | None:
-    """A zombie's wait status (/proc/<pid>/stat's last field), None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def crashed(status: int) -> bool:
@@ -55,26 +47,20 @@ def crashed(status: int) -> bool:
     return sig not in _STOPS if sig else (status >> 8) != 0
 
 
+def local_pids(headers: dict[int, dict[str, Any]], host: str) -> dict[int, int]:
+    """{rank: pid} of the ranks whose process runs on this host (a sidecar is no rank)."""
+    return {
+        rank: h["pid"]
+        for rank, h in headers.items()
+        if rank >= 0 and h.get("host") == host and isinstance(h.get("pid"), int) and not h.get("sidecar")
+    }
+
+
 def process_facts(headers: dict[int, dict[str, Any]], host: str, now_ns: int) -> Facts:
     """Per rank whose process runs on this host: whether it is still there and its state letter
-    (R, S, T: stopped, Z: zombie, gone), as the rules read them (`schema`-free header key
-    `process`); a zombie's wait status as `exit`."""
-    from diag.inject.checks import status_fields
-
-    out = {}
-    for rank, h in headers.items():
-        pid = h.get("pid")
-        if rank < 0 or h.get("host") != host or not isinstance(pid, int) or h.get("sidecar"):
-            continue
-        fields = status_fields(pid)
-        state = "gone" if fields is None else fields.get("State", "?")[:1]
-        fact: dict[str, Any] = {"pid": pid, "state": state, "checked_ns": now_ns}
-        if state in ("Z", "X"):  # dead, not reaped yet by its launcher
-            fact["state"], status = "gone", exit_status(pid)
-            if status is not None:
-                fact["exit"] = status
-        out[rank] = fact
-    return out
+    (R, S, T: stopped, gone; a zombie is gone, its wait status as `exit`), as the rules read them
+    (`schema`-free header key `process`)."""
+    return {rank: fact_of(pid, now_ns) for rank, pid in local_pids(headers, host).items()}
 
 
 class Deaths:
@@ -93,7 +79,10 @@ class Deaths:
         with self.lock:
             for r, f in facts.items():
                 seen = self.states.setdefault(r, deque())
-                seen.append((f["checked_ns"], f["state"]))
+                if seen and seen[-1][0] > f["checked_ns"]:  # a look read late (the looker's pipe)
+                    bisect.insort(seen, (f["checked_ns"], f["state"]))
+                else:
+                    seen.append((f["checked_ns"], f["state"]))
                 while seen[0][0] < f["checked_ns"] - DUTY_WINDOW_S * 1e9:
                     seen.popleft()
             self.exits.update({r: f["exit"] for r, f in facts.items() if "exit" in f})
@@ -152,10 +141,37 @@ class Deaths:
     def _follow(
         self, headers: Callable[[], dict[int, dict[str, Any]]], host: str, stop: threading.Event
     ) -> None:
-        while not stop.wait(LOOK_S):
-            try:
-                known = dict(headers())
-            except RuntimeError:  # the main thread added a rank meanwhile: the next look has it
-                continue
-            if known:
-                self.look(process_facts(known, host, time.time_ns()))
+        """The looks of a looker process (`diag.live.looker`: taken on time whatever this process'
+        analyses hold), or from this thread where none starts or it ended."""
+        looker = _start_looker()
+        try:
+            while not stop.is_set():
+                try:
+                    known = dict(headers())
+                except RuntimeError:  # the main thread added a rank meanwhile: the next look has it
+                    known = None
+                if looker is None:
+                    if known:
+                        self.look(process_facts(known, host, time.time_ns()))
+                    stop.wait(LOOK_S)
+                    continue
+                if known is not None:
+                    looker.want(local_pids(known, host))
+                looks = looker.looks(5 * LOOK_S)
+                if looks is None:
+                    looker.close()
+                    looker = None
+                    continue
+                for facts in looks:
+                    if facts:
+                        self.look(facts)
+        finally:
+            if looker is not None:
+                looker.close()
+
+
+def _start_looker() -> Looker | None:
+    try:
+        return Looker()
+    except OSError:  # no interpreter to start (a frozen follower), no fork left: look from here
+        return None

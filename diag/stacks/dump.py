@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diag.errors import FAILURE, DiagError
-from diag.inject.checks import not_python_error, python_version, status_fields
+from diag.inject.checks import not_python_error, python_version
+from diag.live.looker import status_fields
 
 TIMEOUT_S = 30
 TRIES = 3  # a read of a changing stack fails now and then; the next one usually succeeds

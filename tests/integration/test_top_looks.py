@@ -27,8 +27,9 @@ PATIENCE_S = 30.0  # the test's patience, not a goal: a quiet machine names eith
 
 
 @contextlib.contextmanager
-def _top_on_a_job(tmp_path: Any) -> Iterator[tuple[list[Any], dict[int | None, int]]]:
-    """A training DDP job followed by the pump from its healthy start: (findings posted, rank pids)."""
+def _top_on_a_job(tmp_path: Any) -> Iterator[tuple[list[Any], dict[int | None, int], Any]]:
+    """A training DDP job followed by the pump from its healthy start: (findings posted, rank pids,
+    the pump)."""
     from diag.tui.pump import Pump, run_analyzers
     from diag.tui.source import LiveSource
 
@@ -58,7 +59,7 @@ def _top_on_a_job(tmp_path: Any) -> Iterator[tuple[list[Any], dict[int | None, i
         while pump.analyses == 0:  # the healthy start read and analyzed once
             assert time.monotonic() < deadline, "the pump never analyzed the healthy start"
             time.sleep(0.1)
-        yield posted, pids
+        yield posted, pids, pump
     finally:
         if pump is not None:
             pump.stop.set()
@@ -82,7 +83,13 @@ def _said(posted: list[Any], test: Callable[[Any], bool], since: int = 0) -> Any
             print(f"named {time.monotonic() - t0:.1f} s after the fault: {hit.title} ({hit.severity})")
             return hit
         time.sleep(0.2)
-    raise AssertionError([(f.rule, f.ranks, f.severity, f.title) for f in said])
+    analyses = [m for m in posted[since:] if isinstance(m, FindingsUpdated)]
+    raise AssertionError(
+        f"{len(analyses)} analyses posted in {PATIENCE_S:.0f} s, none named it: findings "
+        f"{[(f.rule, f.ranks, f.severity, f.title) for f in said]}, errors "
+        f"{[m.error for m in analyses if m.error]}, rules failed "
+        f"{[m.failures for m in analyses if m.failures]}"
+    )
 
 
 def _stopped_from_outside(f: Any) -> bool:
@@ -90,7 +97,7 @@ def _stopped_from_outside(f: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
-def top(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Any], dict[int | None, int]]]:
+def top(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Any], dict[int | None, int], Any]]:
     """One job and pump for both tests, in their order: the throttle (stopped at its test's end, rank
     1 running again), then the kill, which ends the job. A job each cost a start and a healthy
     first analysis more, training on both cores all along."""
@@ -99,7 +106,7 @@ def top(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Any], d
 
 
 def test_top_names_a_rank_throttled_from_outside(top):
-    posted, pids = top
+    posted, pids, _ = top
     assert posted and not any(_stopped_from_outside(f) for m in posted for f in getattr(m, "findings", []))
     throttle = Throttle(pids[1])
     try:
@@ -111,9 +118,20 @@ def test_top_names_a_rank_throttled_from_outside(top):
 
 def test_top_names_the_rank_that_died_first(top):
     """torchrun ends rank 0 within a moment of rank 1's SIGKILL: the looks every 20 ms saw rank 1
-    gone, killed, while rank 0 ran, so the analysis names rank 1 alone."""
-    posted, pids = top
+    gone, killed, while rank 0 ran, so the analysis names rank 1 alone. Only where torchrun reaped
+    rank 1 before any look (its monitor polls every 0.1 s; the looker wakes when the rank ends, a
+    few ms on a loaded host) is its status unseen: a death then proves nothing, and nothing may be
+    named of it but rank 1."""
+    posted, pids, pump = top
     since = len(posted)
     os.kill(pids[1], signal.SIGKILL)
-    f = _said(posted, lambda f: f.rule == "job_crash", since)
+    try:
+        f = _said(posted, lambda f: f.rule == "job_crash", since)
+    except AssertionError:
+        deaths = pump.looks.deaths
+        if 1 in deaths.exits:
+            raise
+        crash = [f for m in posted[since:] for f in getattr(m, "findings", []) if f.rule == "job_crash"]
+        assert not crash, crash
+        pytest.skip(f"torchrun reaped rank 1 before any look: its exit status unseen ({deaths.exits})")
     assert f.ranks == [1] and f.severity == "critical", f
