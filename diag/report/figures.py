@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from diag.ranks import NO_RANK, rank_name
-from diag.report import plots
+from diag.report import kept_ranks, plots
 from diag.report.trace_tables import per
 
 
@@ -91,10 +91,11 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
     overflow_steps = sorted({r["step"] for r in doc.get("overflows") or [] if r.get("step") is not None})
     per_step = (doc.get("throughput") or {}).get("per_step") or []
     big = max((r["tflops"] or 0 for r in per_step), default=0) >= 1
+    some = kept_ranks.note((doc.get("rank_steps") or {}).get("ranks"), len(doc.get("ranks") or []))
     return {
         "Step time": plots.lines(
             _by(m["step_times"], "rank", "step", "dur_ns", 1e-6),
-            "Step time",
+            "Step time" + some,
             "step",
             "ms",
             integer_x=True,
@@ -105,14 +106,16 @@ def figures(doc: dict[str, Any]) -> dict[str, str]:
         "Time breakdown per rank": plots.stacked_bars(bars, "Time breakdown per rank", unit),
         "Throughput per step": plots.lines(
             _by(per_step, "rank", "step", "tflops", 1.0 if big else 1e3),
-            "Throughput per step",
+            "Throughput per step" + some,
             "step",
             f"{'TFLOP/s' if big else 'GFLOP/s'} per {per(doc)}",
             integer_x=True,
             marks=overflow_steps,
             mark_label="overflow",
         ),
-        "Memory over time": plots.lines(_memory(doc), "Memory over time", "step", "MiB", integer_x=True),
+        "Memory over time": plots.lines(
+            _memory(doc), "Memory over time" + some, "step", "MiB", integer_x=True
+        ),
         "Collective bus bandwidth vs message size": plots.lines(
             _by(m["bandwidth_by_size"], "op", "bytes", "busbw"),
             "Collective bus bandwidth vs message size",

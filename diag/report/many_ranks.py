@@ -7,7 +7,8 @@ first and the last, and in each column of numbers the rank of its lowest and of 
 (in the units the cell prints: 900 KB/s below 1.2 MB/s), and the title says so. A table of several
 kinds of row a rank (the collectives' ops) gives each kind's extremes: all_gather's slowest rank is
 not hidden by all_reduce's, which are slower still. `--json` keeps
-every row: the decision on the report's per-(rank, step) rows at cluster scale (docs/scale.md).
+every rank's row of these tables; its per-(rank, step) tables keep some ranks' above 65,536
+rank-steps (`kept_ranks`).
 """
 
 from __future__ import annotations

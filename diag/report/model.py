@@ -13,7 +13,7 @@ import pandas as pd
 from diag import __version__
 from diag.metrics.stage import Metrics
 from diag.ranks import rank_labels
-from diag.report import mfu, trace_doc
+from diag.report import kept_ranks, mfu, trace_doc
 from diag.report.records import Records, materialize, plain
 from diag.trace.heap import release_memory
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "diag.analyze"
 _P = ParamSpec("_P")
-VERSION = 1
+VERSION = 2  # 2: the per-(rank, step) tables keep some ranks' rows above kept_ranks.ROWS
 
 
 def rows(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -136,6 +136,7 @@ def document(
     held = _Held(trace, partial)
     tp = held("throughput", mfu.section, metrics, peak_tflops, model)
     tflops, util, which = _headline(tp, log)
+    shown = kept_ranks.shown(steps, trace.memory, findings)  # None: every rank's rows
     doc = plain(
         {
             "schema": SCHEMA,
@@ -161,7 +162,7 @@ def document(
                 "collectives": table(metrics.collectives),
                 "bandwidth_by_size": table(held.figure("bandwidth_by_size", metrics)),
                 "stragglers": table(_stragglers(metrics, findings, failures)),
-                "step_times": table(steps),
+                "step_times": table(kept_ranks.only(steps, shown)),
                 "loss_scale": table(_loss_scale(trace)),
                 "steps_joined": table(
                     trace.frame("step_join")
@@ -174,12 +175,15 @@ def document(
             ),
             "steps": held("steps", lambda t: trace_doc.steps(tp["per_step"], t), partial=tp),
             "step_timeline": held("step_timeline", trace_doc.step_timeline),
-            "memory": trace_doc.memory(trace),
+            "memory": trace_doc.memory(trace, shown),
+            "rank_steps": {"rows": len(steps), "limit": kept_ranks.ROWS, "ranks": shown},
             "overflows": trace_doc.overflows(trace),
             "findings": [f.to_dict() for f in findings],
             "rule_failures": dict(failures),
         }
     )
+    if shown is not None and isinstance(tp.get("per_step"), Records):  # `steps` read every rank's
+        doc["throughput"]["per_step"] = Records(kept_ranks.only(tp["per_step"].frame, shown))
     if hasattr(trace, "bare"):  # the windowed pass (`windowed_stage`): how it read the trace
         not_run = sorted(k for k, v in failures.items() if _not_run(v))
         doc["windowed"] = {"partial": partial, "not_run": not_run}

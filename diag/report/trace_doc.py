@@ -11,6 +11,7 @@ import pandas as pd
 from diag.metrics import layer_sums
 from diag.metrics import steps as step_frames
 from diag.metrics.layer_stats import LayerSums, model_wide_layers, steady_sums
+from diag.report import kept_ranks
 from diag.report.records import Records
 
 if TYPE_CHECKING:
@@ -134,12 +135,13 @@ def _positive(v: float) -> float | None:
     return float(v) if v == v and v > 0 else None
 
 
-def memory(trace: Trace) -> dict[str, Any]:
-    """`peaks`: per rank device, peak allocated/reserved, capacity, peak RSS; `timeline`: every
-    memory record (rank, step, allocated, reserved, rss; bytes), `Records` (one per rank and step)."""
+def memory(trace: Trace, ranks: list[int] | None = None) -> dict[str, Any]:
+    """`peaks`: per rank device, peak allocated/reserved, capacity, peak RSS; `timeline`: the memory
+    records (rank, step, allocated, reserved, rss; bytes) of `ranks` (None: every rank's), `Records`
+    (one per rank and step); `by_step`: each step's highest across every rank (`kept_ranks.by_step`)."""
     mem = trace.memory
     if mem.empty:
-        return {"peaks": [], "timeline": []}
+        return {"peaks": [], "timeline": [], "by_step": []}
     peaks = []
     for rank, df in mem.groupby("rank"):
         num = {
@@ -161,7 +163,11 @@ def memory(trace: Trace) -> dict[str, Any]:
             }
         )
     cols = ["rank", "step", "ts", "allocated", "reserved", "rss"]
-    return {"peaks": peaks, "timeline": Records(mem[[c for c in cols if c in mem.columns]])}
+    return {
+        "peaks": peaks,
+        "timeline": Records(kept_ranks.only(mem[[c for c in cols if c in mem.columns]], ranks)),
+        "by_step": Records(kept_ranks.by_step(mem)),
+    }
 
 
 def overflows(trace: Trace) -> list[dict[str, Any]]:

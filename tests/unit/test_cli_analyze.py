@@ -79,7 +79,7 @@ def test_trace_plus_log_writes_all_reports(tmp_path):
     r = _diag(GPT_DS, "--markdown", str(md), "--html", str(html), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "diag.analyze" and doc["version"] == 1
+    assert doc["schema"] == "diag.analyze" and doc["version"] == 2
     assert doc["ranks"] == [0, 1] and doc["summary"]["overflows"] == 2
     assert [x["loss_scale"] for x in doc["metrics"]["loss_scale"]] == [256.0, 128.0, 64.0]
     assert {c["op"] for c in doc["metrics"]["collectives"]} == {"all_reduce"}
