@@ -26,7 +26,7 @@ from diag import schema
 from diag.findings import Finding, Fix
 from diag.metrics.steps import NS
 from diag.ranks import NO_RANK, rank_name, rank_names
-from diag.vocab import PEER_LOST, STOP_SIGNALS
+from diag.vocab import PEER_LOST, STOP_SIGNALS, ended_by
 
 if TYPE_CHECKING:
     from diag.metrics.stage import Metrics
@@ -304,6 +304,12 @@ def _dead_rank(
         ev.update(group=str(row["group"]), collective=str(row["kind"]), step=int(row["step"]))
         where = f"; {rank_name(row['rank'])} was left in {row['kind']} (group {row['group']}"
         where += f", step {ev['step']})"
+    ended = {r: ended_by(x) for r in dead if (x := liveness.exit_of(trace, r)) is not None}
+    if ended:
+        ev["ended_by"] = ended
+    by = set(ended.values())
+    # the watcher read the dead processes' wait status: named, not guessed
+    cause = next(iter(by)) if len(ended) == len(dead) and len(by) == 1 else None
     hows = {down[r]["how"] for r in dead}
     seen = (
         "its process is gone"
@@ -317,6 +323,7 @@ def _dead_rank(
         Finding(
             severity="critical",
             title=f"job crashed: {who} died"
+            + (f" ({cause})" if cause else "")
             + (f" after step {step[dead[0]]}" if dead[0] in step else "")
             + (  # a killed rank's last flush (up to 0.5 s of records) is lost with it
                 f" (its last record; its peers completed step {peer_step})"
@@ -324,8 +331,13 @@ def _dead_rank(
                 else ""
             )
             + where,
-            detail=f"{who}: {seen} (killed: SIGKILL, the OOM killer, a segfault). Its peers' "
-            "collectives then wait for it or fail.",
+            detail=f"{who}: {seen}"
+            + (
+                f", {'killed by' if cause.startswith('SIG') else 'ended with'} {cause}"
+                if cause
+                else " (killed: SIGKILL, the OOM killer, a segfault)"
+            )
+            + ". Its peers' collectives then wait for it or fail.",
             evidence=ev,
             ranks=dead,
             steps=sorted({s + 1 for s in step.values()}),

@@ -78,6 +78,19 @@ def watched_stopped(trace: Trace) -> dict[int, int]:
     return dict(out)
 
 
+def exit_of(trace: Trace, rank: int) -> int | None:
+    """The wait status the live watcher read of `rank`'s dead process (while it was a zombie):
+    the live look's, else the looks `diag watch` kept in the trace directory (`proc` records)."""
+    fact = trace.headers.get(rank, {}).get("process")
+    if isinstance(fact, dict) and fact.get("exit") is not None:
+        return int(fact["exit"])
+    p = trace.frame(schema.PROC)
+    if p.empty or not {"of_rank", "exit"} <= set(p.columns):
+        return None
+    seen = pd.to_numeric(p.loc[p["of_rank"] == rank, "exit"], errors="coerce").dropna()
+    return int(seen.iloc[-1]) if len(seen) else None
+
+
 def last_record(trace: Trace) -> pd.Series:
     """Each rank's last record of any kind (ns): steps, comms, stats heartbeats, errors, memory,
     layers; over each kind's per-rank latest (`lasts.latest`: a max a window of steps can reduce

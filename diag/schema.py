@@ -88,7 +88,19 @@ FIELDS: dict[str, tuple[str, ...]] = {
     # the watcher's looks at one rank's process over about a second (`diag watch`'s file
     # proc-<host>.jsonl, diag.live.proc_log): looks, how many saw it stopped (state T), how often it
     # resumed (T, then running or sleeping), the first and last look that saw it stopped (ns)
-    PROC: ("ts", "of_rank", "pid", "span", "looks", "stopped", "resumes", "first_stop", "last_stop", "state"),
+    PROC: (
+        "ts",
+        "of_rank",
+        "pid",
+        "span",
+        "looks",
+        "stopped",
+        "resumes",
+        "first_stop",
+        "last_stop",
+        "state",
+        "exit",  # the wait status of a process seen dead (a zombie) in this second, else null
+    ),
     # the training thread's CPU time and run-queue wait (runnable, waiting for a CPU), cumulative ns
     # from the kernel's schedstat, sampled by the agent's writer thread (diag.agent.sched)
     SCHED: ("ts", "cpu", "runq"),

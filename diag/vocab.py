@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import signal
 
 COMPUTE, COMM, MEMORY, OTHER = "compute", "comm", "memory", "other"
 
@@ -164,6 +165,19 @@ def host_comm_op(name: str) -> str | None:
 # how schedulers and users stop a job (scancel, a time limit, Ctrl-C): an exit by one of these, or an
 # interrupt, is the job being stopped, not failing (the log importer and job_crash)
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def ended_by(status: int) -> str:
+    """A process' wait status as people name it: the signal that killed it ("SIGKILL"), or "exit
+    code N" (the live looks read a dead rank's status while it is a zombie: `diag.live.looker`)."""
+    sig = status & 0x7F
+    if not sig:
+        return f"exit code {(status >> 8) & 0xFF}"
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
 
 # what a rank raises when a peer's process is gone (gloo's "Read error ... Connection reset by peer"
 # after a SIGKILL, NCCL's aborted communicator): a consequence of another rank's death, not a cause

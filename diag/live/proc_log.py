@@ -33,6 +33,7 @@ class _Window:
         self.looks = self.stopped = self.resumes = 0
         self.first_stop: int | None = None
         self.last_stop: int | None = None
+        self.exit: int | None = None  # its wait status, seen while it was a zombie
 
     def record(self, rank: int, end_ns: int, state: str) -> dict[str, Any]:
         return {
@@ -47,6 +48,7 @@ class _Window:
             "first_stop": self.first_stop,
             "last_stop": self.last_stop,
             "state": state,
+            "exit": self.exit,
         }
 
 
@@ -69,6 +71,8 @@ class ProcLog:
             if w is None:
                 w = self.windows[rank] = _Window(now, f.get("pid"))
             w.looks += 1
+            if "exit" in f:
+                w.exit = int(f["exit"])
             if state == "T":
                 w.stopped += 1
                 w.first_stop = w.first_stop or now

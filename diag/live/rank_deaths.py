@@ -116,11 +116,15 @@ class Deaths:
         earlier, if any; while some run, a rank ended by a stop signal is "stopped_by_signal", not
         gone (a crash); a running rank's recent stops and resumes (`duty`) beside its state."""
         with self.lock:
+            exits = dict(self.exits)
             if facts and all(f["state"] == "gone" for f in facts.values()):
-                return self.split or facts
-            stopped = {r for r, s in self.exits.items() if not crashed(s)}
+                facts = self.split or facts
+                return {r: _with_exit(f, exits.get(r)) for r, f in facts.items()}
+        stopped = {r for r, s in exits.items() if not crashed(s)}
         return {
-            r: {**f, "state": "stopped_by_signal"} if r in stopped else {**f, **self.duty(r)}
+            r: {**f, "state": "stopped_by_signal"}
+            if r in stopped
+            else _with_exit({**f, **self.duty(r)}, exits.get(r))
             for r, f in facts.items()
         }
 
@@ -168,6 +172,11 @@ class Deaths:
         finally:
             if looker is not None:
                 looker.close()
+
+
+def _with_exit(fact: dict[str, Any], status: int | None) -> dict[str, Any]:
+    """A gone rank's fact with the wait status an earlier look saw (the look now finds it reaped)."""
+    return {**fact, "exit": status} if fact["state"] == "gone" and status is not None else fact
 
 
 def _start_looker() -> Looker | None:

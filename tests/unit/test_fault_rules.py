@@ -167,6 +167,28 @@ def test_dead_rank_named_from_its_missing_process(tmp_path):
     assert fired(trace, "hang_desync") == []
 
 
+def test_a_dead_ranks_wait_status_is_named_not_guessed(tmp_path):
+    """The watcher read rank 1's status while it was a zombie (SIGKILL: 9): live from its look, and
+    post-mortem from the looks `diag watch` kept (`proc` records); never rank 0's SIGTERM."""
+    job = _hung_job()
+    _stuck(job, end_ms=1200, closed={0}, beats_to={1: 600})
+    trace = job.write(str(tmp_path))
+    now = job.start(0, 0) + 1500 * MS
+    trace.headers[0]["process"] = {"pid": 1000, "state": "gone", "checked_ns": now, "exit": 15}
+    trace.headers[1]["process"] = {"pid": 1001, "state": "gone", "checked_ns": now, "exit": 9}
+    (f,) = fired(trace, "job_crash")
+    assert f.title.startswith("job crashed: rank 1 died (SIGKILL) after step"), f.title
+    assert f.evidence["ended_by"] == {1: "SIGKILL"} and "killed by SIGKILL." in f.detail
+    trace.headers[1]["process"] = {"pid": 1001, "state": "gone", "checked_ns": now}  # not read
+    (g,) = fired(trace, "job_crash")
+    assert "ended_by" not in g.evidence and "(SIGKILL)" not in g.title and "the OOM killer" in g.detail
+    trace.frames[schema.PROC] = pd.DataFrame(
+        {"rank": -1, "of_rank": [1, 1, 0], "ts": [now - 2, now - 1, now], "exit": [None, 139 - 128, 15]}
+    )
+    (h,) = fired(trace, "job_crash")
+    assert h.evidence["ended_by"] == {1: "SIGSEGV"} and "(SIGSEGV)" in h.title
+
+
 def test_killed_rank_is_a_crash_not_a_desync_when_every_process_is_gone(tmp_path):
     """A live run: rank 1 killed (its last collectives never flushed: it looks behind in its group),
     rank 0 waited in the next bucket's all-reduce (heartbeat at 2 s) until the launcher ended it, no close:

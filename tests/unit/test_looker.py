@@ -7,6 +7,7 @@ later: the looks must have seen the zombie's status all the same."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -122,3 +123,31 @@ def test_the_looker_runs_none_of_the_users_site(tmp_path, monkeypatch):
     finally:
         looker.close()
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_reaped_rank_keeps_the_status_a_look_read_of_its_zombie(tmp_path):
+    """The next look finds rank 0 reaped (no status left to read): the rules still get its SIGKILL,
+    and the looks kept for the post-mortem have it in their second."""
+    from diag.live.proc_log import ProcLog
+
+    log = ProcLog(str(tmp_path), "h")
+    deaths = Deaths(log)
+    at = time.time_ns()
+    deaths.look(
+        {
+            0: {"pid": 1, "state": "gone", "checked_ns": at, "exit": 9},
+            1: {"pid": 2, "state": "R", "checked_ns": at},
+        }
+    )
+    now = {
+        0: {"pid": 1, "state": "gone", "checked_ns": at + 1},
+        1: {"pid": 2, "state": "R", "checked_ns": at + 1},
+    }
+    deaths.look(now)
+    assert deaths.facts(now)[0]["exit"] == 9 and "exit" not in deaths.facts(now)[1]
+    gone = {r: {**f, "state": "gone"} for r, f in now.items()}
+    assert deaths.facts(gone)[0]["exit"] == 9  # every process gone: the split, with the status
+    log.close()
+    with open(tmp_path / "proc-h.jsonl") as f:
+        records = [json.loads(line) for line in f][1:]
+    assert {r["of_rank"]: r["exit"] for r in records} == {0: 9, 1: None}
