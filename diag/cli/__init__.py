@@ -29,6 +29,19 @@ COMMANDS = {
     "export": "diag.cli.export",
 }
 
+# the extra each command needs beyond `pip install diag` (its --help ends with it): a plain install
+# ran `diag watch` into "needs pandas" with nothing in its --help to say so (a new user's check)
+NEEDS = {
+    "attach": "pip install 'diag[attach]'",
+    "detach": "pip install 'diag[attach]'",
+    "stacks": "pip install 'diag[attach]'",
+    "top": "pip install 'diag[tui]'",
+    "watch": "pip install 'diag[analyze]'",
+    "analyze": "pip install 'diag[analyze]'",
+    "diff": "pip install 'diag[analyze]'",
+    "export": "pip install 'diag[analyze]' (--prometheus: 'diag[prometheus]')",
+}
+
 
 def _missing(name: str, e: ModuleNotFoundError) -> str:
     """One line for a command whose optional dependency is not installed."""
@@ -82,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         print(_missing(name, e), file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog=f"diag {name}", description=module.__doc__)
+    parser = argparse.ArgumentParser(
+        prog=f"diag {name}",
+        description=module.__doc__,
+        epilog=f"Needs: {NEEDS[name]}" if name in NEEDS else None,
+    )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     module.add_arguments(parser)
     args = _parse(parser, argv[1:])

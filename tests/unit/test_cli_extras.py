@@ -51,6 +51,23 @@ def test_help_needs_no_extra(command: str) -> None:
     assert res.stdout.startswith(f"usage: diag {command}"), res.stdout[:200]
 
 
+@pytest.mark.parametrize(
+    ("command", "extra"), [("watch", "analyze"), ("analyze", "analyze"), ("top", "tui"), ("attach", "attach")]
+)
+def test_help_says_which_extra_the_command_needs(command: str, extra: str) -> None:
+    """A plain `pip install diag` ran `diag watch` into "needs pandas" with nothing in its --help to
+    say so (a new user of the wheel, session 29): the help ends with the extra, and prints without it."""
+    mod = {"analyze": "pandas", "tui": "textual", "attach": "psutil"}[extra]
+    res = subprocess.run(
+        [sys.executable, "-c", CODE.format(mod=mod, argv=[command, "--help"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip().endswith(f"Needs: pip install 'diag[{extra}]'"), res.stdout[-300:]
+
+
 def test_load_without_pandas_says_which_extra() -> None:
     """`diag.load` from a plain `pip install diag` raised pandas' bare ModuleNotFoundError (a new
     user of the wheel, session 28): the error says which extra to install, and is still one that
