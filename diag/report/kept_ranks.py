@@ -69,31 +69,41 @@ def only(frame: pd.DataFrame, ranks: list[int] | None) -> pd.DataFrame:
 def by_step(memory: pd.DataFrame) -> pd.DataFrame:
     """Per step, across every rank: how many ranks recorded memory, the highest allocated / reserved
     / RSS (bytes, null where no rank recorded it) and the rank of the highest allocated and RSS (the
-    lowest of equals)."""
-    steps = pd.to_numeric(memory["step"], errors="coerce") if "step" in memory else pd.Series(dtype=float)
-    if steps.notna().sum() == 0:
+    lowest of equals). By scatter (`ufunc.at` into a row a step), not a sort or a frame of the
+    records: made at the report's end, it was the run's traced peak (+3 MiB at 256 x 500)."""
+    steps = pd.to_numeric(memory["step"], errors="coerce").to_numpy(dtype=float) if "step" in memory else None
+    ok = None if steps is None else ~np.isnan(steps)
+    if steps is None or ok is None or not ok.any():
         return pd.DataFrame(columns=["step", "ranks"])
-    df = pd.DataFrame({"step": steps.to_numpy(), "rank": memory["rank"].to_numpy()})
+    at, names = _step_places(steps[ok].astype(np.int64))
+    count = np.bincount(at, minlength=len(names))
+    ranks = memory["rank"].to_numpy()[ok].astype(np.int64)
+    out: dict[str, np.ndarray] = {"step": names[count > 0], "ranks": count[count > 0]}
     for col in MEMORY:
-        if col in memory:
-            df[col] = pd.to_numeric(memory[col], errors="coerce").to_numpy(dtype=float)
-    df = df[df["step"].notna()].astype({"step": np.int64})
-    counts = df.groupby("step").size()
-    out = pd.DataFrame({"step": counts.index.to_numpy(), "ranks": counts.to_numpy()})
-    for col in MEMORY:
-        if col not in df:
+        if col not in memory:
             continue
-        top = (
-            df[df[col].notna()]
-            .sort_values(["step", col, "rank"], ascending=[True, False, True], kind="stable")
-            .drop_duplicates("step")
-            .set_index("step")
-            .reindex(counts.index)
-        )
-        out[f"{col}_max"] = top[col].to_numpy()
+        values = pd.to_numeric(memory[col], errors="coerce").to_numpy(dtype=float)[ok]
+        top = np.full(len(names), np.nan)
+        np.fmax.at(top, at, values)  # fmax: a step's NaN rows do not hide its numbers
+        out[f"{col}_max"] = top[count > 0]
         if col != "reserved":
-            out[f"{col}_rank"] = top["rank"].astype("Int64").to_numpy()
-    return out
+            hit = values == top[at]  # never where NaN
+            low = np.full(len(names), np.iinfo(np.int64).max)
+            np.minimum.at(low, at[hit], ranks[hit])
+            rank = pd.array(low, dtype="Int64")
+            rank[np.isnan(top)] = pd.NA
+            out[f"{col}_rank"] = rank[count > 0]
+    return pd.DataFrame(out)
+
+
+def _step_places(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's place in a row a step, and the step each place is: places are steps from the
+    lowest where they are dense (no sort), else the sorted distinct steps."""
+    lo, hi = int(steps.min()), int(steps.max())
+    if hi - lo < 2 * len(steps):
+        return steps - lo, np.arange(lo, hi + 1, dtype=np.int64)
+    names, at = np.unique(steps, return_inverse=True)
+    return at, names
 
 
 def note(ranks: list[int] | None, of: int) -> str:

@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diag import schema
 from diag.findings import Finding
@@ -90,3 +92,45 @@ def test_by_step_takes_the_highest_and_its_lowest_rank():
 def test_shown_is_every_rank_within_the_limit(rows):
     st = pd.DataFrame({"rank": [0] * rows, "step": range(rows), "dur_ns": [1.0] * rows})
     assert kept_ranks.shown(st, pd.DataFrame(), [], limit=5) is None
+
+
+def _by_step_sorted(memory: pd.DataFrame) -> pd.DataFrame:
+    """The same figures by a sort of the records (the first version's way, a frame of them)."""
+    df = memory[pd.to_numeric(memory["step"], errors="coerce").notna()].astype({"step": np.int64})
+    counts = df.groupby("step").size()
+    out = pd.DataFrame({"step": counts.index.to_numpy(), "ranks": counts.to_numpy()})
+    for col in ("allocated", "reserved", "rss"):
+        top = (
+            df[df[col].notna()]
+            .sort_values(["step", col, "rank"], ascending=[True, False, True])
+            .drop_duplicates("step")
+            .set_index("step")
+            .reindex(counts.index)
+        )
+        out[f"{col}_max"] = top[col].to_numpy(dtype=float)
+        if col != "reserved":
+            out[f"{col}_rank"] = top["rank"].astype("Int64").to_numpy()
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 5),  # rank
+            st.one_of(st.none(), st.integers(0, 6), st.integers(10**6, 10**6 + 3)),  # step: sparse too
+            *[st.one_of(st.none(), st.sampled_from([0.0, 1.0, 2.0, 2.0, 7.5]))] * 3,
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_by_step_is_the_sorts(rows):
+    memory = pd.DataFrame(rows, columns=["rank", "step", "allocated", "reserved", "rss"])
+    memory = memory.astype({"allocated": float, "reserved": float, "rss": float})
+    if memory["step"].isna().all():
+        assert kept_ranks.by_step(memory).empty
+        return
+    pd.testing.assert_frame_equal(
+        kept_ranks.by_step(memory), _by_step_sorted(memory), check_dtype=False, check_index_type=False
+    )
