@@ -92,19 +92,25 @@ class Looker:
         )
         self.buf = bytearray()
         self.sent: dict[int, int] | None = None
+        self.ended = False  # its stdin refused a write: it is gone (killed)
 
     def want(self, pids: dict[int, int]) -> None:
         """Look at these {rank: pid} from now on (sent only when they changed)."""
-        if pids != self.sent:
+        if pids != self.sent and not self.ended:
             stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
-            stdin.write(json.dumps(pids).encode() + b"\n")
-            stdin.flush()
+            try:
+                stdin.write(json.dumps(pids).encode() + b"\n")
+                stdin.flush()
+            except (OSError, ValueError):
+                self.ended = True
             self.sent = dict(pids)
 
     def looks(self, timeout: float) -> list[dict[int, dict[str, Any]]] | None:
         """The looks taken since the last call, waiting up to `timeout` for one; None: the looker
         ended (a broken pipe, or it was killed)."""
         out: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
+        if self.ended:
+            return None
         ready, _, _ = select.select([out], [], [], timeout)
         lines = _lines(out.fileno(), self.buf) if ready else []
         if lines is None:

@@ -151,3 +151,16 @@ def test_a_reaped_rank_keeps_the_status_a_look_read_of_its_zombie(tmp_path):
     with open(tmp_path / "proc-h.jsonl") as f:
         records = [json.loads(line) for line in f][1:]
     assert {r["of_rank"]: r["exit"] for r in records} == {0: 9, 1: None}
+
+
+def test_a_looker_killed_is_an_end_not_an_error():
+    """Its follower falls back to looking itself (`Deaths._follow`): nothing raised on its thread."""
+    looker = Looker()
+    try:
+        looker.proc.kill()
+        looker.proc.wait()
+        for pids in ({0: os.getpid()}, {0: os.getpid(), 1: 1}):  # the second write meets the broken pipe
+            looker.want(pids)
+        assert looker.looks(0.1) is None
+    finally:
+        looker.close()
