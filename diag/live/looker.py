@@ -148,6 +148,8 @@ def main() -> None:
                     os.close(end)
                 pids = {str(r): int(p) for r, p in json.loads(lines[-1]).items()}
                 ends = {r: fd for r, p in pids.items() if (fd := _pidfd(p)) is not None}
+        if not pids:  # no rank of this host (yet): nothing to say, nothing to wake the follower for
+            continue
         now = time.time_ns()
         facts = {r: fact_of(p, now) for r, p in pids.items()}
         for r in [r for r in ends if facts[r]["state"] == "gone"]:  # readable for good now
