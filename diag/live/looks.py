@@ -55,6 +55,13 @@ class Looks:
         self.deaths.look(facts)
         return self.deaths.facts(facts)
 
+    def latest(self) -> Facts:
+        """The ranks as the looks taken so far say (no new look), read as `look` reads them: what
+        a paced follower compares with what its last analysis read (`ended`), to wake for a death."""
+        with self.deaths.lock:
+            raw = {r: {"state": seen[-1][1]} for r, seen in self.deaths.states.items() if seen}
+        return self.deaths.facts(raw)
+
     def analyze(self, trace: Trace, facts: Facts, analyze: Analyze) -> tuple[list[Any], dict[str, str]]:
         """`analyze(trace)` with the facts in its headers, its findings' severities held; remembers
         whom it named throttled."""
@@ -90,6 +97,12 @@ def news(facts: Facts) -> tuple[tuple[int, str, bool], ...]:
             for r, f in facts.items()
         )
     )
+
+
+def ended(facts: Facts) -> frozenset[int]:
+    """The ranks whose process is gone (dead, or ended by a stop signal): a change a paced follower
+    wakes for. Not a stop (T): a throttled rank is seen stopped and running by turns."""
+    return frozenset(r for r, f in facts.items() if f["state"] in ("gone", "stopped_by_signal"))
 
 
 def alarming(facts: Facts) -> bool:

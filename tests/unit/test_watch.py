@@ -242,3 +242,36 @@ def test_two_findings_of_one_rule_are_two_entries():
         ("new", "exposed_comm"),
         ("cleared", "exposed_comm"),
     ]
+
+
+def test_a_paced_pause_ends_when_a_rank_is_seen_gone():
+    """After a slow analysis the watch pauses twice its time; a rank the looks see gone meanwhile
+    ends the pause (its death named at once), a rank seen stopped and running by turns (a throttle)
+    does not (an analysis every look would undo the pace)."""
+    import threading
+    import time
+
+    from diag.cli import watch
+    from diag.live.looks import Looks
+
+    looks = Looks()
+    at = time.time_ns()
+
+    def look(state: str, ns: int) -> None:
+        looks.deaths.look(
+            {0: {"pid": 1, "state": "S", "checked_ns": ns}, 1: {"pid": 2, "state": state, "checked_ns": ns}}
+        )
+
+    look("S", at)
+    flips = threading.Thread(
+        target=lambda: [look("TR"[i % 2], at + i) or time.sleep(0.02) for i in range(1, 40)]
+    )
+    t0 = time.monotonic()
+    flips.start()
+    watch._rest(1.0, looks, frozenset())
+    assert time.monotonic() - t0 >= 0.95  # the throttle's stops woke nothing
+    flips.join()
+    threading.Timer(0.3, look, args=("gone", at + 100)).start()
+    t0 = time.monotonic()
+    watch._rest(5.0, looks, frozenset())
+    assert 0.25 <= time.monotonic() - t0 < 1.5
