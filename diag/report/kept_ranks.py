@@ -71,9 +71,11 @@ def by_step(memory: pd.DataFrame) -> pd.DataFrame:
     / RSS (bytes, null where no rank recorded it) and the rank of the highest allocated and RSS (the
     lowest of equals). By scatter (`ufunc.at` into a row a step), not a sort or a frame of the
     records: made at the report's end, it was the run's traced peak (+3 MiB at 256 x 500)."""
-    steps = pd.to_numeric(memory["step"], errors="coerce").to_numpy(dtype=float) if "step" in memory else None
-    ok = None if steps is None else ~np.isnan(steps)
-    if steps is None or ok is None or not ok.any():
+    if "step" not in memory:
+        return pd.DataFrame(columns=["step", "ranks"])
+    steps = pd.to_numeric(memory["step"], errors="coerce").to_numpy(dtype=float)
+    ok = ~np.isnan(steps)
+    if not ok.any():
         return pd.DataFrame(columns=["step", "ranks"])
     at, names = _step_places(steps[ok].astype(np.int64))
     count = np.bincount(at, minlength=len(names))
