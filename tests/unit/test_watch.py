@@ -275,3 +275,48 @@ def test_a_paced_pause_ends_when_a_rank_is_seen_gone():
     t0 = time.monotonic()
     watch._rest(5.0, looks, frozenset())
     assert 0.25 <= time.monotonic() - t0 < 1.5
+
+
+def test_an_ended_job_is_left_when_its_grace_ends_not_after_a_paced_pause(monkeypatch):
+    """Once the job's processes are gone the watch reads their last flush when ENDED_GRACE_S ends:
+    no pause past it, however slow the analyses (twice their time kept the watch 8-11 s after a
+    killed DDP job on a loaded host)."""
+    import time
+    from types import SimpleNamespace
+
+    import diag.analyzers
+
+    from diag.cli import watch
+    from diag.live.looks import Looks
+
+    def slow_run_all(trace: object) -> tuple[list[Finding], dict[str, str]]:
+        time.sleep(0.2)
+        return [], {}
+
+    class Growing:  # a job whose last records keep coming in
+        events, version, headers = 1, 0, {0: {}}
+
+        def ingest(self, _chunks: object) -> None:
+            self.version += 1
+
+        def to_trace(self) -> SimpleNamespace:
+            return SimpleNamespace(headers={})
+
+    rests: list[float] = []
+
+    def rest(seconds: float, looks: object, gone: object) -> None:
+        rests.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(diag.analyzers, "run_all", slow_run_all)
+    monkeypatch.setattr(watch, "PACE", 2.0)
+    monkeypatch.setattr(watch, "ENDED_GRACE_S", 0.3)
+    monkeypatch.setattr(watch, "_rest", rest)
+    ended = SimpleNamespace(check=lambda headers: "ended")
+    args = SimpleNamespace(interval=0.01)
+    stream = watch.Stream(io.StringIO(), as_json=True)
+    t0 = time.monotonic()
+    code = watch._loop(args, SimpleNamespace(poll=lambda: []), Growing(), ended, stream, Looks(), None)
+    assert code == 0
+    assert rests and max(rests) <= 0.3, rests  # (paced: 0.4, twice the analysis)
+    assert time.monotonic() - t0 < 5
