@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -188,17 +187,11 @@ class ArrivalCalls:
         return pd.concat(rows, ignore_index=True) if len(rows) > 1 else (rows or parts)[0]
 
 
-_PER_STEP: weakref.WeakKeyDictionary[Metrics, pd.DataFrame] = weakref.WeakKeyDictionary()
-
-
 def compute_per_step(metrics: Metrics) -> pd.DataFrame:
     """Step time minus time blocked in collectives (blocking ones, and the wait at the step's last
-    async one, `async_tail_wait`): what the rank itself spent (its own work). Once per analysis
-    stage: the rule's whole-run test and its GPU-kernel fallback both read it."""
-    got = _PER_STEP.get(metrics)
-    if got is None:
-        got = _PER_STEP[metrics] = _compute_per_step(metrics)
-    return got
+    async one, `async_tail_wait`): what the rank itself spent (its own work). Once per rule
+    (`Metrics.for_rule`): the rule's whole-run test and its GPU-kernel fallback both read it."""
+    return metrics.for_rule(_compute_per_step)
 
 
 def _compute_per_step(metrics: Metrics) -> pd.DataFrame:

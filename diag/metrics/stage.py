@@ -10,6 +10,7 @@ are shared between readers: treat them as read-only (derive with `assign` / sele
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -36,6 +37,7 @@ class Metrics:
     _placement: positions.Positions | None = field(default=None, init=False, repr=False)
     _transfer: pd.Series | None = field(default=None, init=False, repr=False)
     _reduced: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
+    _for_rule: dict[Any, Any] | None = field(default=None, init=False, repr=False)
 
     # ---- whole-trace figures (the report's metrics section) -----------------------------------
     @cached_property
@@ -133,11 +135,24 @@ class Metrics:
             self._transfer = comms.transfer_dur(self.comms, self.placement)
         return self._transfer
 
+    def for_rule(self, make: Callable[[Metrics], T]) -> T:
+        """`make(self)`, once per rule: a figure two parts of one rule read, held until the rule ends
+        (`end_rule`) as `placement` is, not under the later rules and the report (the straggler
+        rule's per-step table, ~56 bytes a rank-step, was held to the report's end: the last stage
+        of a windowed analysis at 256 ranks x 2,000 steps). A dict of this stage's own: a copy
+        (`windowed_stage.settle`'s runs) makes its own on its first use."""
+        if self._for_rule is None:
+            self._for_rule = {}
+        if make not in self._for_rule:
+            self._for_rule[make] = make(self)
+        return self._for_rule[make]
+
     def end_rule(self) -> None:
-        """Drop what is held for one rule only (`placement`, `transfer`; `analyzers.run_all` after
-        each)."""
+        """Drop what is held for one rule only (`placement`, `transfer`, `for_rule`'s;
+        `analyzers.run_all` after each)."""
         self._placement = None
         self._transfer = None
+        self._for_rule = None
 
     @cached_property
     def exposed(self) -> pd.DataFrame:

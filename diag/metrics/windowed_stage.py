@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from diag import schema
-from diag.metrics import lasts, positions, reduction, size_medians
+from diag.metrics import lasts, positions, reduction, size_medians, spill
 from diag.metrics.reduction import Reduction
 from diag.metrics.split_windows import FOLD
 from diag.metrics.stage import Metrics
@@ -153,14 +153,17 @@ class WindowedMetrics(Metrics):
 
         parts: dict[Any, list[Any]] = {r: [] for r in asked}
         whole = self.whole or Whole(self.steps)
+        # what the pass never reads (the step records' frames, the per-step call figures) on disk
+        held = [self.trace.frames, *((self.figures.frames, self.figures.per_step) if self.figures else ())]
         try:
-            for part in LockStep(self.path, self.size, self.window):
-                with positions.known_members(whole.members):
-                    _reduce(of_window(part.trace, whole), parts)
+            with spill.spilled(held, keep=[whole.steps, whole.steady_steps]):
+                for part in LockStep(self.path, self.size, self.window):
+                    with positions.known_members(whole.members):
+                        _reduce(of_window(part.trace, whole), parts)
+                for r in asked:  # (each one's parts freed as it is merged, before the frames return)
+                    self._reduced[r] = r.merged(parts.pop(r))
         except OutOfStep as e:  # (pass 1 read them in step order: the files changed since)
             raise NotWindowed(str(e)) from None
-        for r in asked:
-            self._reduced[r] = r.merged(parts.pop(r))
         self.passes += 1
 
 

@@ -137,43 +137,47 @@ def document(
     tp = held("throughput", mfu.section, metrics, peak_tflops, model)
     tflops, util, which = _headline(tp, log)
     shown = kept_ranks.shown(steps, trace.memory, findings)  # None: every rank's rows
-    doc = plain(
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "diag_version": __version__,
+        "sources": list(trace.sources),
+        "ranks": trace.ranks,
+        "rank_labels": rank_labels(trace.ranks),  # -20267 -> "pid 20267": a process with no rank
+        "layout": trace.layout(),
+        "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
+        "summary": {
+            "steps": _steps_summary(steps, trace.steps),
+            "tflops_median": tflops,
+            "tflops_source": which,
+            "mfu": util,
+            "overflows": _overflows(trace),
+            "findings": len(findings),
+        },
+        "metrics": {
+            "breakdown": table(metrics.breakdown),
+            "step_split": table(metrics.step_split),
+            "overlap": table(metrics.overlap),
+            "collectives": table(metrics.collectives),
+            "bandwidth_by_size": table(held.figure("bandwidth_by_size", metrics)),
+            "stragglers": table(_stragglers(metrics, findings, failures)),
+            "step_times": table(kept_ranks.only(steps, shown)),
+            "loss_scale": table(_loss_scale(trace)),
+            "steps_joined": table(trace.frame("step_join")),  # trace + log by iteration (importers/join.py)
+        },
+        "throughput": tp,
+        "layers": held(
+            "layers",
+            lambda t: trace_doc.layers(t, tp["peak"]["tflops"] if tp["peak"] else None, metrics=metrics),
+        ),
+        "steps": held("steps", lambda t: trace_doc.steps(tp["per_step"], t), partial=tp),
+    }
+    if shown is not None and isinstance(tp.get("per_step"), Records):
+        # `steps` read every rank's rows: the others' freed before the sections after it are made
+        # (held, ~60 bytes a rank-step were the last stage's high-water mark, at the memory section)
+        tp["per_step"] = Records(kept_ranks.only(tp["per_step"].frame, shown))
+    doc.update(
         {
-            "schema": SCHEMA,
-            "version": VERSION,
-            "diag_version": __version__,
-            "sources": list(trace.sources),
-            "ranks": trace.ranks,
-            "rank_labels": rank_labels(trace.ranks),  # -20267 -> "pid 20267": a process with no rank
-            "layout": trace.layout(),
-            "problems": [{"path": p.path, "line": p.line, "message": str(p)} for p in trace.problems],
-            "summary": {
-                "steps": _steps_summary(steps, trace.steps),
-                "tflops_median": tflops,
-                "tflops_source": which,
-                "mfu": util,
-                "overflows": _overflows(trace),
-                "findings": len(findings),
-            },
-            "metrics": {
-                "breakdown": table(metrics.breakdown),
-                "step_split": table(metrics.step_split),
-                "overlap": table(metrics.overlap),
-                "collectives": table(metrics.collectives),
-                "bandwidth_by_size": table(held.figure("bandwidth_by_size", metrics)),
-                "stragglers": table(_stragglers(metrics, findings, failures)),
-                "step_times": table(kept_ranks.only(steps, shown)),
-                "loss_scale": table(_loss_scale(trace)),
-                "steps_joined": table(
-                    trace.frame("step_join")
-                ),  # trace + log by iteration (importers/join.py)
-            },
-            "throughput": tp,
-            "layers": held(
-                "layers",
-                lambda t: trace_doc.layers(t, tp["peak"]["tflops"] if tp["peak"] else None, metrics=metrics),
-            ),
-            "steps": held("steps", lambda t: trace_doc.steps(tp["per_step"], t), partial=tp),
             "step_timeline": held("step_timeline", trace_doc.step_timeline),
             "memory": trace_doc.memory(trace, shown),
             "rank_steps": {"rows": len(steps), "limit": kept_ranks.ROWS, "ranks": shown},
@@ -182,8 +186,7 @@ def document(
             "rule_failures": dict(failures),
         }
     )
-    if shown is not None and isinstance(tp.get("per_step"), Records):  # `steps` read every rank's
-        doc["throughput"]["per_step"] = Records(kept_ranks.only(tp["per_step"].frame, shown))
+    doc = plain(doc)
     if hasattr(trace, "bare"):  # the windowed pass (`windowed_stage`): how it read the trace
         not_run = sorted(k for k, v in failures.items() if _not_run(v))
         doc["windowed"] = {"partial": partial, "not_run": not_run}

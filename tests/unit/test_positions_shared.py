@@ -66,6 +66,35 @@ def test_a_rule_computes_the_transfer_times_once(monkeypatch):
     assert metrics.placed is None and metrics.transfer is not got
 
 
+def test_the_straggler_rules_per_step_table_is_held_for_the_rule_only(monkeypatch):
+    """`straggler.compute_per_step` is computed once while the rule runs (its whole-run test and
+    its fallbacks read it) and dropped when it ends (held under the report, ~56 bytes a rank-step,
+    it was the windowed pass's last stage's high-water mark); a copy of the stage (`settle`'s runs)
+    holds its own, never the stage's."""
+    import copy
+    import weakref
+
+    trace = diag.load(os.path.join(ROOT, "tests", "fixtures", "zero2_start"))
+    metrics = Metrics(trace)
+    made: list[weakref.ref] = []
+    real = straggler._compute_per_step
+
+    def counted(m):
+        df = real(m)
+        made.append(weakref.ref(df))
+        return df
+
+    monkeypatch.setattr(straggler, "_compute_per_step", counted)
+    run = copy.copy(metrics)
+    assert straggler.compute_per_step(run) is straggler.compute_per_step(run) and len(made) == 1
+    assert metrics._for_rule is None  # (the copy's own dict)
+    run.end_rule()
+    assert made[0]() is None  # nothing else holds it
+    _, failures = run_all(trace, only=["straggler"], metrics=metrics)
+    assert not failures, failures
+    assert len(made) == 2 and made[1]() is None
+
+
 @pytest.mark.parametrize("path", DIAG_DIRS, ids=os.path.basename)
 def test_the_shared_placement_gives_what_placing_anew_gives(path):
     trace = load_inputs([path], slim=True)

@@ -55,6 +55,24 @@ def test_rows_of_keys_are_a_dicts_last_row(rows, in_order, asked):
     np.testing.assert_array_equal(keys.last(every), _last_rows(frame, frame["rank"], frame["step"]))
 
 
+@settings(max_examples=200, deadline=None)
+@given(_FRAMES, _ASKED)
+def test_keys_searched_a_few_at_a_time_find_the_same_rows(rows, asked):
+    """`FIND_ROWS` keys a search (the chunks' bounds anywhere among the keys asked: every row's
+    own, then others): the same rows."""
+    import pytest
+
+    from diag.metrics import row_keys
+
+    frame = pd.DataFrame(rows, columns=["rank", "step"], dtype="int64")
+    frame = frame.drop_duplicates().sort_values(["rank", "step"], ignore_index=True)
+    q = pd.concat([frame[::-1], pd.DataFrame(asked, columns=["rank", "step"])], ignore_index=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(row_keys, "FIND_ROWS", 3)
+        got = RowKeys(frame).at(q["rank"], q["step"])
+    np.testing.assert_array_equal(got, _last_rows(frame, q["rank"], q["step"]))
+
+
 @settings(max_examples=300, deadline=None)
 @given(_FRAMES, st.booleans(), st.data(), st.sampled_from([NAN, 0.0]), st.booleans())
 def test_values_at_rows_are_a_left_merges(rows, in_order, data, fill, ints):
